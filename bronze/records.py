@@ -1,0 +1,275 @@
+"""Turning wal2json peek rows into bronze records: pure functions on columns, no I/O.
+
+A peek returns rows in decode order: each transaction as ``B``, its changes, ``C`` (always
+whole and contiguous), and non-transactional logical messages (``M`` with xid 0) on their
+own. Every change is keyed by ``(commit_lsn, seq)``: the LSN of its transaction's commit
+record (from the ``B`` row's JSON) and its position inside the transaction. A change's own
+LSN is not unique (COPY and multi-row inserts share one) and is kept only as information. A
+non-transactional message is a transaction of one: ``commit_lsn`` = its own LSN, ``seq`` 0.
+
+``TransactionAssembler`` consumes the peek in chunks, so a transaction of a million rows
+never has to sit in memory at once; state carried between chunks is one open transaction's
+header. The transaction's change count (``tx_changes``, stored on every row so a reader
+can tell it holds the whole transaction) is only known at its ``C``, so chunks carry a
+transaction number (``gid``) and ``finalize`` fills the count in once the peek is complete.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+UTC_US = pa.timestamp("us", tz="UTC")
+
+BRONZE_SCHEMA = pa.schema([
+    pa.field("slot", pa.string(), nullable=False),
+    pa.field("commit_lsn", pa.int64(), nullable=False),
+    pa.field("seq", pa.int32(), nullable=False),
+    pa.field("tx_changes", pa.int32(), nullable=False),
+    pa.field("xid", pa.int64()),
+    pa.field("lsn", pa.int64(), nullable=False),
+    pa.field("commit_ts", UTC_US),
+    pa.field("action", pa.string(), nullable=False),
+    pa.field("shipped_at", UTC_US, nullable=False),
+    pa.field("data", pa.string(), nullable=False),
+])
+
+# What the assembler emits per chunk: bronze columns minus slot/tx_changes/shipped_at, plus
+# the transaction number used to fill ``tx_changes`` in ``finalize``.
+ASSEMBLED_SCHEMA = pa.schema([
+    pa.field("commit_lsn", pa.int64(), nullable=False),
+    pa.field("seq", pa.int32(), nullable=False),
+    pa.field("gid", pa.int64(), nullable=False),
+    pa.field("xid", pa.int64()),
+    pa.field("lsn", pa.int64(), nullable=False),
+    pa.field("commit_ts", UTC_US),
+    pa.field("action", pa.string(), nullable=False),
+    pa.field("data", pa.string(), nullable=False),
+])
+
+_B, _C, _M = ord("B"), ord("C"), ord("M")
+
+
+class MalformedPeek(Exception):
+    """The peek output broke wal2json's framing (a bug or an unsupported plugin version)."""
+
+
+@dataclass
+class PeekColumns:
+    """One chunk of peek output, column-wise.
+
+    ``commit_lsn`` and ``commit_ts_us`` are taken from the JSON of ``B`` rows (0 elsewhere).
+    """
+
+    lsn: np.ndarray           # int64, the row's own LSN as the peek reports it
+    xid: np.ndarray           # int64, 0 for non-transactional messages
+    commit_lsn: np.ndarray    # int64
+    commit_ts_us: np.ndarray  # int64, microseconds since the epoch
+    action: np.ndarray        # uint8, the wal2json action letter
+    data: pa.StringArray      # the wal2json JSON; empty for B and C rows
+
+    def __len__(self) -> int:
+        return len(self.lsn)
+
+
+@dataclass
+class _Open:
+    """Header of the transaction still open at the end of the previous chunk."""
+
+    gid: int
+    start: int
+    commit_lsn: int
+    commit_ts_us: int
+    xid: int
+
+
+@dataclass
+class PeekSummary:
+    rows: int                     # all peek rows, B/C included
+    last_lsn: int | None          # the LSN the slot may be advanced to once this is stored
+    max_commit_lsn: int | None    # highest commit_lsn among kept changes
+    kept: int                     # change rows kept (newer than the recorded version)
+    transactions: int             # transactions kept (with at least one change)
+    tx_changes: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.int32))
+
+
+class TransactionAssembler:
+    """Groups peek rows into whole transactions and keys them ``(commit_lsn, seq)``.
+
+    Transactions with ``commit_lsn <= after_commit_lsn`` (already in bronze) are dropped:
+    this is what makes a re-delivered transaction harmless.
+    """
+
+    def __init__(self, after_commit_lsn: int) -> None:
+        self.after = after_commit_lsn
+        self._open: _Open | None = None
+        self._groups = 0
+        self._rows = 0
+        self._tx_changes: list[np.ndarray] = []
+        self._last_lsn: int | None = None
+        self._max_commit: int | None = None
+        self._kept = 0
+        self._kept_groups: set[int] = set()
+
+    def add(self, cols: PeekColumns) -> pa.RecordBatch:
+        n = len(cols)
+        if n == 0:
+            return pa.RecordBatch.from_pylist([], schema=ASSEMBLED_SCHEMA)
+        action = cols.action
+        is_b, is_c = action == _B, action == _C
+        is_solo = (action == _M) & (cols.xid == 0)
+        ends = is_c | is_solo
+        starts = is_b | is_solo
+        idx = np.arange(self._rows, self._rows + n, dtype=np.int64)
+
+        # Framing: a start only after an end (or at a clean boundary), and every other row
+        # inside an open transaction.
+        prev_end = np.empty(n, dtype=bool)
+        prev_end[0] = self._open is None
+        prev_end[1:] = ends[:-1]
+        if np.any(starts & ~prev_end) or np.any(~starts & prev_end):
+            bad = int(np.flatnonzero((starts & ~prev_end) | (~starts & prev_end))[0])
+            raise MalformedPeek(f"row {self._rows + bad} breaks transaction framing: "
+                                f"{cols.data[bad].as_py()[:120]}")
+
+        # Per-transaction headers: slot 0 is the transaction carried in from the last chunk.
+        local = np.cumsum(starts) - 1 + 1          # 0 = carried-in, 1.. = started here
+        sidx = np.flatnonzero(starts)
+        carried = self._open or _Open(-1, -1, 0, 0, 0)
+        g_gid = np.concatenate(([carried.gid], self._groups + np.arange(len(sidx))))
+        g_start = np.concatenate(([carried.start], idx[sidx]))
+        g_commit = np.concatenate(([carried.commit_lsn],
+                                   np.where(is_solo[sidx], cols.lsn[sidx], cols.commit_lsn[sidx])))
+        g_ts = np.concatenate(([carried.commit_ts_us], cols.commit_ts_us[sidx]))
+        g_xid = np.concatenate(([carried.xid], cols.xid[sidx]))
+        g_solo = np.concatenate(([False], is_solo[sidx]))
+
+        row_commit = g_commit[local]
+        row_start = g_start[local]
+        seq = idx - row_start - np.where(g_solo[local], 0, 1)
+        if np.any((~is_solo) & (cols.xid != g_xid[local])):
+            bad = int(np.flatnonzero((~is_solo) & (cols.xid != g_xid[local]))[0])
+            raise MalformedPeek(f"row {self._rows + bad} has xid {cols.xid[bad]} inside "
+                                f"transaction {g_xid[local][bad]}")
+
+        # Change counts, known at each end row: C (rows since B) or a solo message (1).
+        eidx = np.flatnonzero(ends)
+        if len(eidx):
+            gl = local[eidx]
+            count = np.where(is_solo[eidx], 1, idx[eidx] - g_start[gl] - 1)
+            self._tx_changes.append(np.stack([g_gid[gl], count], axis=1).astype(np.int64))
+
+        keep = ~is_b & ~is_c & (row_commit > self.after)
+        kidx = np.flatnonzero(keep)
+        if len(kidx):
+            self._kept += len(kidx)
+            self._max_commit = max(self._max_commit or 0, int(row_commit[kidx].max()))
+            self._kept_groups.update(np.unique(g_gid[local[kidx]]).tolist())
+
+        # Carry the last transaction over if it is still open.
+        last = n - 1
+        if ends[last]:
+            self._open = None
+        else:
+            gl = local[last]
+            self._open = _Open(int(g_gid[gl]), int(g_start[gl]), int(g_commit[gl]),
+                               int(g_ts[gl]), int(g_xid[gl]))
+        self._groups += len(sidx)
+        self._rows += n
+        self._last_lsn = int(cols.lsn[last])
+
+        xid = g_xid[local][kidx]
+        ts = g_ts[local][kidx]
+        return pa.RecordBatch.from_arrays([
+            pa.array(row_commit[kidx], pa.int64()),
+            pa.array(seq[kidx].astype(np.int32), pa.int32()),
+            pa.array(g_gid[local][kidx], pa.int64()),
+            pa.array(xid, pa.int64(), mask=xid == 0),
+            pa.array(cols.lsn[kidx], pa.int64()),
+            pa.array(ts, pa.int64(), mask=g_solo[local][kidx]).cast(UTC_US),
+            pa.array(action[kidx].view("S1")).cast(pa.string()),
+            _kept_text(cols.data, kidx, n_changes=int(np.count_nonzero(~is_b & ~is_c))),
+        ], schema=ASSEMBLED_SCHEMA)
+
+    def finish(self) -> PeekSummary:
+        """Close the peek. Raises if it ended inside a transaction (wal2json never does)."""
+        if self._open is not None:
+            raise MalformedPeek("peek ended inside a transaction")
+        counts = np.zeros(self._groups, dtype=np.int32)
+        for pairs in self._tx_changes:
+            counts[pairs[:, 0]] = pairs[:, 1]
+        return PeekSummary(rows=self._rows, last_lsn=self._last_lsn,
+                           max_commit_lsn=self._max_commit, kept=self._kept,
+                           transactions=len(self._kept_groups), tx_changes=counts)
+
+
+def _kept_text(data: pa.StringArray, kidx: np.ndarray, n_changes: int) -> pa.StringArray:
+    """The text of the kept rows. B/C rows carry empty text, so when every change row is
+    kept (the normal case) the kept rows are back to back in the buffer: no copy."""
+    if len(kidx) != n_changes or len(kidx) == 0 or data.offset != 0:
+        return data.take(pa.array(kidx))
+    offsets = np.frombuffer(data.buffers()[1], dtype=np.int32, count=len(data) + 1)
+    kept = np.append(offsets[kidx], offsets[kidx[-1] + 1]).astype(np.int32)
+    return pa.StringArray.from_buffers(len(kidx), pa.py_buffer(kept), data.buffers()[2])
+
+
+def finalize(batch: pa.RecordBatch, tx_changes: np.ndarray, slot: str,
+             shipped_at: pa.TimestampScalar) -> pa.RecordBatch:
+    """An assembled batch as bronze rows: slot, ``tx_changes`` filled in, ``shipped_at``."""
+    n = batch.num_rows
+    gid = batch.column("gid").to_numpy()
+    return pa.RecordBatch.from_arrays([
+        pa.array([slot] * n, pa.string()) if n else pa.array([], pa.string()),
+        batch.column("commit_lsn"),
+        batch.column("seq"),
+        pa.array(tx_changes[gid], pa.int32()),
+        batch.column("xid"),
+        batch.column("lsn"),
+        batch.column("commit_ts"),
+        batch.column("action"),
+        pa.array(np.full(n, shipped_at.value, dtype=np.int64), pa.int64()).cast(UTC_US),
+        batch.column("data"),
+    ], schema=BRONZE_SCHEMA)
+
+
+# --- Binary COPY decoding -------------------------------------------------------------
+
+COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+COPY_HEADER_LEN = len(COPY_SIGNATURE) + 8   # flags int32 + header extension length int32
+# Each tuple: int16 field count, four int64 fields, the int16 action, then the text.
+_ROW_HEAD = np.dtype([("n", ">i2"),
+                      ("l1", ">i4"), ("lsn", ">i8"), ("l2", ">i4"), ("xid", ">i8"),
+                      ("l3", ">i4"), ("commit_lsn", ">i8"), ("l4", ">i4"), ("ts", ">i8"),
+                      ("l5", ">i4"), ("action", ">i2"), ("l6", ">i4")])
+ROW_HEAD_LEN = _ROW_HEAD.itemsize
+
+
+def decode_copy_rows(rows: list) -> PeekColumns:
+    """Decode binary-COPY tuples (one buffer each, file header already removed).
+
+    The tuples must come from the shipper's peek query (four ``bigint`` columns, the
+    ``int2`` action and the wal2json text). Runs column-wise: one join, then numpy views - no per-row Python work.
+    """
+    n = len(rows)
+    lens = np.fromiter(map(len, rows), dtype=np.int64, count=n)
+    buf = np.frombuffer(b"".join(rows), dtype=np.uint8)
+    starts = np.zeros(n, dtype=np.int64)
+    np.cumsum(lens[:-1], out=starts[1:])
+    head_pos = (starts[:, None] + np.arange(ROW_HEAD_LEN)).ravel()
+    head = np.frombuffer(buf[head_pos].tobytes(), dtype=_ROW_HEAD)
+    data_len = lens - ROW_HEAD_LEN
+    if (np.any(head["n"] != 6) or np.any(head["l1"] != 8) or np.any(head["l2"] != 8)
+            or np.any(head["l3"] != 8) or np.any(head["l4"] != 8) or np.any(head["l5"] != 2)
+            or np.any(head["l6"].astype(np.int64) != data_len)):
+        raise MalformedPeek("unexpected binary COPY tuple layout")
+    mask = np.ones(len(buf), dtype=bool)
+    mask[head_pos] = False
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(data_len, out=offsets[1:])
+    data = pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(buf[mask]))
+    return PeekColumns(lsn=head["lsn"].astype(np.int64), xid=head["xid"].astype(np.int64),
+                       commit_lsn=head["commit_lsn"].astype(np.int64),
+                       commit_ts_us=head["ts"].astype(np.int64),
+                       action=head["action"].astype(np.uint8), data=data)

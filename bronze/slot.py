@@ -1,0 +1,162 @@
+"""The replication slot: bounded peeks, advancing, state, creation.
+
+Operational risk, stated once: a logical slot pins WAL from its ``restart_lsn`` until it is
+advanced. If the shipper stops for long, the source's WAL disk fills (or, with
+``max_slot_wal_keep_size``, the slot is invalidated and a re-baseline is needed). Every peek
+also re-decodes from ``restart_lsn``, so peeks are always bounded (``upto_nchanges`` and a
+statement timeout) and the slot is advanced right after each bronze commit.
+
+``pg_replication_slot_advance`` is not transactional and can go backwards after a crash;
+this module never treats the slot position as the record of progress (bronze holds that).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import psycopg
+from psycopg import sql
+
+from bronze.records import COPY_HEADER_LEN, COPY_SIGNATURE, PeekColumns, decode_copy_rows
+from pipelines.errors import UserError
+from pipelines.lsn import Lsn
+
+PLUGIN = "wal2json"
+CHUNK_BYTES = 32 << 20
+
+
+def plugin_options(tables: tuple[str, ...]) -> list[str]:
+    """wal2json options, as name/value pairs, shared by the shipper and its witnesses."""
+    return ["format-version", "2", "include-xids", "1", "include-timestamp", "1",
+            "include-lsn", "1",
+            "add-tables", ",".join(tables)]
+
+
+def peek_query(slot: str, tables: tuple[str, ...], upto_nchanges: int) -> sql.Composed:
+    """Binary COPY of a bounded peek.
+
+    Per row: its LSN, xid, the commit LSN and time (B rows only, else 0), the action letter,
+    and the wal2json text - empty for B and C rows, whose content is folded into the
+    columns, so the change rows' text arrives back to back.
+    """
+    options = sql.SQL(", ").join(sql.Literal(o) for o in plugin_options(tables))
+    return sql.SQL("""COPY (
+  SELECT (p.lsn - '0/0'::pg_lsn)::bigint,
+         p.xid::text::bigint,
+         CASE WHEN a.action = 'B'
+              THEN ((p.data::json ->> 'lsn')::pg_lsn - '0/0'::pg_lsn)::bigint ELSE 0 END,
+         CASE WHEN a.action = 'B'
+              THEN (extract(epoch FROM (p.data::json ->> 'timestamp')::timestamptz)
+                    * 1000000)::bigint ELSE 0 END,
+         ascii(a.action)::int2,
+         CASE WHEN a.action IN ('B', 'C') THEN '' ELSE p.data END
+  FROM pg_logical_slot_peek_changes({slot}, NULL, {upto}, {options}) AS p,
+       LATERAL (SELECT substr(p.data, 12, 1) AS action) AS a
+) TO STDOUT (FORMAT binary)""").format(slot=sql.Literal(slot), upto=sql.Literal(upto_nchanges),
+                                       options=options)
+
+
+def peek(conn: psycopg.Connection, slot: str, tables: tuple[str, ...],
+         upto_nchanges: int, chunk_bytes: int = CHUNK_BYTES) -> Iterator[PeekColumns]:
+    """Stream one bounded peek as column chunks of about ``chunk_bytes``.
+
+    The slot is not moved. wal2json only cuts between transactions, so one huge transaction
+    arrives whole; the chunks keep it out of memory at once.
+    """
+    rows: list = []
+    size = 0
+    first = True
+    with conn.cursor().copy(peek_query(slot, tables, upto_nchanges)) as copy:
+        while row := copy.read():
+            if first:
+                if bytes(row[:len(COPY_SIGNATURE)]) != COPY_SIGNATURE:
+                    raise RuntimeError("peek did not return binary COPY data")
+                row = row[COPY_HEADER_LEN:]
+                first = False
+                if not row:
+                    continue
+            if len(row) == 2 and bytes(row) == b"\xff\xff":   # trailer; read on to the end
+                continue
+            rows.append(row)
+            size += len(row)
+            if size >= chunk_bytes:
+                yield decode_copy_rows(rows)
+                rows, size = [], 0
+    if rows:
+        yield decode_copy_rows(rows)
+
+
+@dataclass(frozen=True)
+class SlotState:
+    plugin: str
+    database: str
+    active_pid: int | None
+    wal_status: str | None
+    confirmed_flush_lsn: int | None
+    restart_lsn: int | None
+    lag_bytes: int | None
+
+
+def slot_state(conn: psycopg.Connection, slot: str) -> SlotState | None:
+    row = conn.execute("""
+        SELECT plugin, database, active_pid, wal_status,
+               (confirmed_flush_lsn - '0/0'::pg_lsn)::bigint,
+               (restart_lsn - '0/0'::pg_lsn)::bigint,
+               (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint
+        FROM pg_replication_slots WHERE slot_name = %s""", [slot]).fetchone()
+    return SlotState(*row) if row else None
+
+
+def advance(conn: psycopg.Connection, slot: str, lsn: int) -> None:
+    """Move the slot's confirmed position to ``lsn`` if it is behind (never backwards)."""
+    conn.execute("""
+        SELECT pg_replication_slot_advance(slot_name, %(lsn)s::text::pg_lsn)
+        FROM pg_replication_slots
+        WHERE slot_name = %(slot)s AND confirmed_flush_lsn < %(lsn)s::text::pg_lsn""",
+                 {"slot": slot, "lsn": str(Lsn(lsn))})
+
+
+@dataclass(frozen=True)
+class CreatedSlot:
+    consistent_point: int
+    snapshot_name: str | None
+
+
+def replication_connection(dsn: str) -> psycopg.Connection:
+    return psycopg.connect(dsn, replication="database", autocommit=True, connect_timeout=10)
+
+
+def identify_system(dsn: str) -> tuple[str, int]:
+    """(system identifier, timeline) of the source, through the replication protocol."""
+    with replication_connection(dsn) as rconn:
+        row = rconn.execute("IDENTIFY_SYSTEM").fetchone()
+    return str(row[0]), int(row[1])
+
+
+def create_slot(rconn: psycopg.Connection, slot: str) -> CreatedSlot:
+    """Create the logical slot with an exported snapshot on a replication connection.
+
+    The snapshot stays importable (``SET TRANSACTION SNAPSHOT``) while ``rconn`` is open and
+    idle, so rows that existed before the slot can be counted at its consistent point.
+    """
+    try:
+        row = rconn.execute(sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} EXPORT_SNAPSHOT")
+                            .format(sql.Identifier(slot), sql.Identifier(PLUGIN))).fetchone()
+    except psycopg.errors.UndefinedFile:
+        raise UserError("the wal2json output plugin is not installed on the source server: "
+                        "install it (Debian: apt-get install postgresql-15-wal2json) and "
+                        "rerun `lakecdc setup`.") from None
+    except psycopg.Error as exc:
+        if "could not access file" in str(exc):
+            raise UserError("the wal2json output plugin is not installed on the source "
+                            "server: install it (Debian: apt-get install "
+                            "postgresql-15-wal2json) and rerun `lakecdc setup`.") from None
+        raise
+    _name, consistent_point, snapshot_name, _plugin = row
+    return CreatedSlot(int(Lsn.parse(consistent_point)), snapshot_name)
+
+
+def drop_slot(conn: psycopg.Connection, slot: str) -> None:
+    conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                 "WHERE slot_name = %s", [slot])

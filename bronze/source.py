@@ -1,0 +1,132 @@
+"""Checks and preparation of the source database: each problem a person can fix becomes one
+``UserError`` sentence saying what to do.
+
+- ``connect``: a bad or unreachable DSN is reported without its password.
+- ``check_source``: ``wal_level``, REPLICATION privilege, captured tables present.
+- ``identity_problem`` / ``ensure_replica_identity``: the replica identity must supply the
+  old dims on UPDATE and DELETE; setup creates a unique index on the identity columns and
+  sets ``REPLICA IDENTITY USING INDEX`` (the columns must be NOT NULL; FULL is the fallback).
+  The shipper refuses to run when a table's identity cannot supply them, rather than ship
+  changes gold would have to skip.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+from pipelines.captured import IDENTITY_COLUMNS, identity_index_name
+from pipelines.errors import UserError, redact
+
+
+def connect(dsn: str, what: str = "source", **kwargs) -> psycopg.Connection:
+    try:
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=10, **kwargs)
+    except psycopg.ProgrammingError as exc:
+        raise UserError(f"the {what} DSN is not a valid connection string "
+                        f"({_first_line(exc)}); use postgresql://user@host:port/dbname.") from None
+    except psycopg.OperationalError as exc:
+        raise UserError(f"cannot connect to the {what} database {redact(dsn)}: "
+                        f"{_first_line(exc)}; check the DSN, that the server is up and "
+                        "that pg_hba.conf admits this client.") from None
+
+
+def _first_line(exc: Exception) -> str:
+    lines = [ln.strip() for ln in redact(str(exc)).splitlines() if ln.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+def check_source(conn: psycopg.Connection, tables: tuple[str, ...]) -> None:
+    wal_level = conn.execute("SHOW wal_level").fetchone()[0]
+    if wal_level != "logical":
+        raise UserError(f"the source has wal_level = {wal_level}; set wal_level = logical "
+                        "(ALTER SYSTEM SET wal_level = logical) and restart Postgres.")
+    user, can_replicate = conn.execute(
+        "SELECT current_user, rolreplication OR rolsuper FROM pg_roles "
+        "WHERE rolname = current_user").fetchone()
+    if not can_replicate:
+        raise UserError(f"role {user} cannot use replication slots; as a superuser run "
+                        f"ALTER ROLE {user} REPLICATION (see infra/postgres/roles.sql).")
+    db = conn.execute("SELECT current_database()").fetchone()[0]
+    for table in tables:
+        if conn.execute("SELECT to_regclass(%s)", [table]).fetchone()[0] is None:
+            raise UserError(f"captured table {table} does not exist in database {db}; "
+                            "create it or fix LAKECDC_TABLES.")
+
+
+def _split(table: str) -> tuple[str, str]:
+    schema, name = table.split(".", 1)
+    return schema, name
+
+
+def identity_problem(conn: psycopg.Connection, table: str) -> str | None:
+    """Why ``table``'s replica identity cannot supply the old dims, or None if it can."""
+    schema, name = _split(table)
+    ident = conn.execute("""
+        SELECT c.relreplident FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %s AND c.relname = %s""", [schema, name]).fetchone()
+    if ident is None:
+        return f"table {table} does not exist"
+    kind = ident[0]
+    if kind == "f":
+        return None
+    if kind == "n":
+        return f"table {table} has REPLICA IDENTITY NOTHING"
+    where = "i.indisreplident" if kind == "i" else "i.indisprimary"
+    cols = {r[0] for r in conn.execute(f"""
+        SELECT a.attname FROM pg_index i
+        JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+        WHERE n.nspname = %s AND c.relname = %s AND {where}""", [schema, name])}
+    missing = [c for c in IDENTITY_COLUMNS if c not in cols]
+    if missing:
+        return (f"the replica identity of {table} lacks {', '.join(missing)}, so UPDATE and "
+                "DELETE would not carry the old counts")
+    return None
+
+
+def require_identity(conn: psycopg.Connection, tables: tuple[str, ...]) -> None:
+    for table in tables:
+        problem = identity_problem(conn, table)
+        if problem:
+            raise UserError(f"{problem}; run `lakecdc setup` to set REPLICA IDENTITY USING "
+                            f"INDEX on ({', '.join(IDENTITY_COLUMNS)}), or ALTER TABLE "
+                            f"{table} REPLICA IDENTITY FULL.")
+
+
+def ensure_replica_identity(conn: psycopg.Connection, table: str) -> bool:
+    """Make the identity cover the dims; returns True if anything was changed.
+
+    Builds the index ``CONCURRENTLY`` so writers are not blocked; a leftover invalid index
+    from an interrupted build is dropped and rebuilt.
+    """
+    if identity_problem(conn, table) is None:
+        return False
+    schema, name = _split(table)
+    nullable = [r[0] for r in conn.execute("""
+        SELECT a.attname FROM pg_attribute a
+        JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %s AND c.relname = %s AND a.attname = ANY(%s) AND NOT a.attnotnull
+        """, [schema, name, list(IDENTITY_COLUMNS)])]
+    if nullable:
+        raise UserError(f"column(s) {', '.join(nullable)} of {table} allow NULL, so they "
+                        "cannot form the replica identity index; make them NOT NULL, or run "
+                        f"ALTER TABLE {table} REPLICA IDENTITY FULL, then rerun setup.")
+    index = identity_index_name(table)
+    valid = conn.execute("""
+        SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %s AND c.relname = %s""", [schema, index]).fetchone()
+    try:
+        if valid is not None and not valid[0]:
+            conn.execute(sql.SQL("DROP INDEX CONCURRENTLY {}")
+                         .format(sql.Identifier(schema, index)))
+        conn.execute(sql.SQL("CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {} ON {} ({})").format(
+            sql.Identifier(index), sql.Identifier(schema, name),
+            sql.SQL(", ").join(map(sql.Identifier, IDENTITY_COLUMNS))))
+        conn.execute(sql.SQL("ALTER TABLE {} REPLICA IDENTITY USING INDEX {}").format(
+            sql.Identifier(schema, name), sql.Identifier(index)))
+    except psycopg.errors.InsufficientPrivilege:
+        raise UserError(f"setting the replica identity of {table} needs its owner: run "
+                        "`lakecdc setup` once as the table owner (or a superuser).") from None
+    return True

@@ -1,0 +1,130 @@
+"""The bronze Delta table ``bronze/wal2json_changes`` and the shipper's progress inside it.
+
+Progress lives in the same Delta commit as the data it describes, as two Delta app
+transactions (``txn`` actions):
+
+- app id ``<slot>``: the highest ``commit_lsn`` stored (DESIGN §3.1). The shipper drops
+  re-delivered transactions with ``commit_lsn <=`` this version.
+- app id ``<slot>:end_lsn``: the LSN the slot may be advanced to - the end of the last
+  transaction stored or passed over (transactions that touched only uncaptured tables). The
+  slot is never advanced past it, so a slot ahead of it means someone else moved the slot.
+
+The table is append-only (``delta.appendOnly``): streaming readers fail on other commits.
+Which source it was built from (slot, database, system identifier) is kept as JSON in the
+table description (delta-rs refuses non-Delta table properties).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Iterator
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+from bronze.records import BRONZE_SCHEMA
+
+END_SUFFIX = ":end_lsn"
+TABLE_CONFIG = {
+    "delta.appendOnly": "true",
+    "delta.checkpointInterval": "20",
+    # Stats for the key columns only, not for the JSON payload.
+    "delta.dataSkippingNumIndexedCols": "9",
+    "delta.logRetentionDuration": "interval 30 days",
+}
+
+
+@dataclass(frozen=True)
+class Progress:
+    commit_lsn: int   # highest commit_lsn in bronze (0: none yet)
+    end_lsn: int      # where the slot may be advanced to
+
+
+@dataclass(frozen=True)
+class SourceIdentity:
+    slot: str
+    database: str
+    system_identifier: str
+
+
+class BronzeTable:
+    def __init__(self, uri: str, storage_options: dict | None = None) -> None:
+        self.uri = uri
+        self.storage_options = storage_options
+
+    def _table(self) -> DeltaTable:
+        return DeltaTable(self.uri, storage_options=self.storage_options)
+
+    def exists(self) -> bool:
+        return DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options)
+
+    def create(self, ident: SourceIdentity, end_lsn: int) -> None:
+        """Create the empty table recording the slot's starting point."""
+        DeltaTable.create(
+            self.uri, BRONZE_SCHEMA, mode="error", name="wal2json_changes",
+            description=_describe(ident), configuration=TABLE_CONFIG,
+            storage_options=self.storage_options,
+            commit_properties=_progress_props(ident.slot, Progress(0, end_lsn),
+                                              {"lakecdc.operation": "setup"}))
+
+    def identity(self) -> SourceIdentity:
+        return _parse_description(self._table().metadata().description)
+
+    def set_system_identifier(self, system_identifier: str) -> None:
+        """After a re-baseline onto another cluster (failover, restore)."""
+        ident = self.identity()
+        if ident.system_identifier != system_identifier:
+            self._table().alter.set_table_description(_describe(SourceIdentity(
+                ident.slot, ident.database, system_identifier)))
+
+    def progress(self, slot: str) -> Progress | None:
+        table = self._table()
+        commit_lsn = table.transaction_version(slot)
+        end_lsn = table.transaction_version(slot + END_SUFFIX)
+        if commit_lsn is None or end_lsn is None:
+            return None
+        return Progress(commit_lsn, end_lsn)
+
+    def append(self, batches: Iterator[pa.RecordBatch], slot: str, progress: Progress,
+               metadata: dict | None = None) -> None:
+        """Append all ``batches`` and the new progress in one Delta commit.
+
+        Data files are streamed out as the batches come; nothing is visible to readers
+        until the single log entry is written. If the process dies before that, the files
+        are orphans for VACUUM and the table is unchanged.
+        """
+        reader = pa.RecordBatchReader.from_batches(BRONZE_SCHEMA, batches)
+        write_deltalake(self.uri, reader, mode="append", storage_options=self.storage_options,
+                        commit_properties=_progress_props(slot, progress, metadata))
+
+    def record_progress(self, slot: str, progress: Progress, metadata: dict | None = None):
+        """A commit with no rows: only moves ``end_lsn`` past transactions with no changes."""
+        self.append(iter(()), slot, progress, metadata)
+
+    def version(self) -> int:
+        return self._table().version()
+
+
+_DESCRIPTION = "lakecdc bronze: raw wal2json v2 changes keyed (commit_lsn, seq). source="
+
+
+def _describe(ident: SourceIdentity) -> str:
+    return _DESCRIPTION + json.dumps(asdict(ident), sort_keys=True)
+
+
+def _parse_description(text: str | None) -> SourceIdentity:
+    if not text or not text.startswith(_DESCRIPTION):
+        return SourceIdentity("", "", "")
+    return SourceIdentity(**json.loads(text[len(_DESCRIPTION):]))
+
+
+def _progress_props(slot: str, progress: Progress, metadata: dict | None) -> CommitProperties:
+    return CommitProperties(
+        app_transactions=[Transaction(slot, progress.commit_lsn),
+                          Transaction(slot + END_SUFFIX, progress.end_lsn)],
+        custom_metadata={k: str(v) for k, v in (metadata or {}).items()})
+
+
+__all__ = ["BronzeTable", "Progress", "SourceIdentity", "TableNotFoundError"]

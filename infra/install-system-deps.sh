@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what lakecdc needs from Debian on a fresh machine, and nothing already present:
+# PostgreSQL 15 with the wal2json output plugin (for the tests and the demo) and a Java 17
+# runtime (for Spark). Debian's postgresql package would create and start a "main" cluster
+# on port 5432; lakecdc starts its own throw-away clusters instead, so that is switched off.
+set -euo pipefail
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+need=()
+[ -x /usr/lib/postgresql/15/bin/pg_ctl ] || need+=(postgresql-15)
+[ -f /usr/lib/postgresql/15/lib/wal2json.so ] || need+=(postgresql-15-wal2json)
+command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+command -v runuser >/dev/null 2>&1 || need+=(util-linux)
+
+if [ ${#need[@]} -eq 0 ]; then
+    echo "system dependencies present"
+    exit 0
+fi
+
+echo "installing: ${need[*]}"
+$SUDO mkdir -p /etc/postgresql-common
+if ! grep -qs '^create_main_cluster *= *false' /etc/postgresql-common/createcluster.conf; then
+    echo "create_main_cluster = false" | $SUDO tee -a /etc/postgresql-common/createcluster.conf >/dev/null
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"

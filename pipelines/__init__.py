@@ -1,0 +1,1 @@
+"""How lakecdc runs: configuration, the Spark factory, the CLI and one entry point per job."""

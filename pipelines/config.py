@@ -1,0 +1,103 @@
+"""The one configuration object, built at the entry point from flags and ``LAKECDC_*``.
+
+Flags override environment variables; environment variables override defaults. Nothing else
+in lakecdc reads the environment: every component receives the values it needs from here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from pipelines.errors import UserError
+
+DEFAULT_TABLES = ("public.notifications", "public.notification_history")
+_SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
+_TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$")
+
+# Guards that tests may switch off on purpose to prove the checker catches the damage
+# (negative controls). Never set this in production.
+# - version_check: bronze's recorded progress decides what is new (drop commit_lsn <= the
+#   recorded version; complete an interrupted advance on start).
+# - commit_before_advance: the slot moves only after the bronze commit.
+GUARDS = frozenset({"version_check", "commit_before_advance"})
+
+
+@dataclass(frozen=True)
+class Config:
+    source_dsn: str | None = None
+    dashboard_dsn: str | None = None
+    lakehouse: str = "./lakehouse"
+    slot: str = "lakecdc"
+    tables: tuple[str, ...] = DEFAULT_TABLES
+    # Shipper tuning.
+    upto_nchanges: int = 50_000
+    peek_timeout_s: int = 300
+    poll_interval_s: float = 1.0
+    progress_commit_interval_s: float = 60.0
+    memory_budget_mb: int = 256
+    chunk_mb: float = 32.0
+    spill_dir: str | None = None
+    # Test hooks: fault points ("name:n,...") and guards switched off (negative controls).
+    faults: str = ""
+    disabled_guards: frozenset[str] = field(default_factory=frozenset)
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None, **flags) -> "Config":
+        """Build from ``env`` (default ``os.environ``) and flags (``None`` = not given)."""
+        env = os.environ if env is None else env
+        values: dict = {
+            "source_dsn": env.get("LAKECDC_SOURCE_DSN"),
+            "dashboard_dsn": env.get("LAKECDC_DASHBOARD_DSN"),
+            "lakehouse": env.get("LAKECDC_LAKEHOUSE", cls.lakehouse),
+            "slot": env.get("LAKECDC_SLOT", cls.slot),
+            "faults": env.get("LAKECDC_FAULT", ""),
+            "disabled_guards": frozenset(
+                g for g in env.get("LAKECDC_UNSAFE_DISABLE_GUARDS", "").split(",") if g),
+        }
+        if env.get("LAKECDC_TABLES"):
+            values["tables"] = tuple(t.strip() for t in env["LAKECDC_TABLES"].split(","))
+        values.update({k: v for k, v in flags.items() if v is not None})
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if not _SLOT_NAME.match(self.slot):
+            raise UserError(f"slot name {self.slot!r} is invalid: use 1-63 lower-case letters, "
+                            "digits or underscores (LAKECDC_SLOT or --slot).")
+        for table in self.tables:
+            if not _TABLE_NAME.match(table):
+                raise UserError(f"captured table {table!r} must be written schema.table "
+                                "(LAKECDC_TABLES).")
+        unknown = self.disabled_guards - GUARDS
+        if unknown:
+            raise UserError(f"unknown guard(s) in LAKECDC_UNSAFE_DISABLE_GUARDS: "
+                            f"{', '.join(sorted(unknown))}; known: {', '.join(sorted(GUARDS))}.")
+        if self.upto_nchanges < 1 or self.peek_timeout_s < 1 or self.chunk_mb <= 0:
+            raise UserError("--max-changes, --peek-timeout and --chunk-mb must be positive.")
+
+    def require_source(self) -> str:
+        if not self.source_dsn:
+            raise UserError("no source database: set LAKECDC_SOURCE_DSN or pass --source-dsn "
+                            "(for example postgresql://lakecdc@db:5432/notify).")
+        return self.source_dsn
+
+    @property
+    def dashboard(self) -> str:
+        return self.dashboard_dsn or self.require_source()
+
+    def table_path(self, layer: str, name: str) -> str:
+        return f"{self.lakehouse.rstrip('/')}/{layer}/{name}"
+
+    @property
+    def bronze_path(self) -> str:
+        return self.table_path("bronze", "wal2json_changes")
+
+    def guard_on(self, guard: str) -> bool:
+        return guard not in self.disabled_guards
+
+    def with_(self, **changes) -> "Config":
+        return replace(self, **changes)

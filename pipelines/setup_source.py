@@ -1,0 +1,91 @@
+"""``lakecdc setup``: prepare the source, the slot and the lakehouse. Idempotent.
+
+Steps, each skipped when already done:
+1. check the source (``wal_level``, REPLICATION, captured tables);
+2. replica identity covering the dims on every captured table;
+3. the logical slot, created with an exported snapshot, and the bronze table recording the
+   slot's consistent point as where shipping starts.
+
+A slot without bronze, or bronze without its slot, is never papered over: both mean changes
+may have been missed, and only ``--rebaseline`` (an explicit decision) starts again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bronze import slot as slots
+from bronze.source import check_source, connect, ensure_replica_identity
+from bronze.table import BronzeTable, Progress, SourceIdentity
+from pipelines.config import Config
+from pipelines.errors import UserError
+from pipelines.lakehouse import check_writable
+from pipelines.lsn import fmt
+
+
+@dataclass
+class SetupReport:
+    actions: list[str] = field(default_factory=list)
+
+    def did(self, text: str) -> None:
+        self.actions.append(text)
+
+
+def setup(config: Config, rebaseline: bool = False,
+          storage_options: dict | None = None) -> SetupReport:
+    report = SetupReport()
+    dsn = config.require_source()
+    check_writable(config.lakehouse)
+    bronze = BronzeTable(config.bronze_path, storage_options)
+    with connect(dsn) as conn:
+        check_source(conn, config.tables)
+        for table in config.tables:
+            if ensure_replica_identity(conn, table):
+                report.did(f"set REPLICA IDENTITY USING INDEX on {table}")
+        db = conn.execute("SELECT current_database()").fetchone()[0]
+        state = slots.slot_state(conn, config.slot)
+        has_bronze = bronze.exists()
+        if state is not None and has_bronze and not rebaseline:
+            report.did(f"slot {config.slot} and bronze already set up (nothing changed)")
+            return report
+        if not rebaseline:
+            if state is not None:
+                raise UserError(f"replication slot {config.slot} exists but there is no bronze "
+                                f"table at {config.bronze_path}; if the lakehouse was lost, "
+                                "start again with `lakecdc setup --rebaseline`.")
+            if has_bronze:
+                raise UserError(f"bronze at {config.bronze_path} exists but slot "
+                                f"{config.slot} does not; changes since bronze's last commit "
+                                "may be lost: re-baseline with `lakecdc setup --rebaseline`.")
+        if state is not None:
+            slots.drop_slot(conn, config.slot)
+            report.did(f"dropped slot {config.slot}")
+    system_id, _timeline = slots.identify_system(dsn)
+    with slots.replication_connection(dsn) as rconn:
+        created = slots.create_slot(rconn, config.slot)
+        report.did(f"created slot {config.slot} at {fmt(created.consistent_point)}")
+        # The exported snapshot is valid while rconn stays open: the place for an exact
+        # baseline count of the rows that existed before the slot.
+    ident = SourceIdentity(config.slot, db, system_id)
+    if not has_bronze:
+        try:
+            bronze.create(ident, created.consistent_point)
+        except BaseException:
+            # Leave no slot without bronze behind: it would pin WAL and block the next setup.
+            with connect(dsn) as conn:
+                slots.drop_slot(conn, config.slot)
+            raise
+        report.did(f"created bronze table {config.bronze_path}")
+    else:
+        progress = bronze.progress(config.slot) or Progress(0, 0)
+        if created.consistent_point <= progress.end_lsn:
+            raise UserError(f"the new slot starts at {fmt(created.consistent_point)}, before "
+                            f"what bronze holds ({fmt(progress.end_lsn)}): the source was "
+                            "restored to an earlier point; use a new LAKECDC_LAKEHOUSE.")
+        bronze.record_progress(config.slot, Progress(progress.commit_lsn,
+                                                     created.consistent_point),
+                               {"lakecdc.operation": "rebaseline",
+                                "lakecdc.systemIdentifier": system_id})
+        bronze.set_system_identifier(system_id)
+        report.did(f"re-baselined bronze at {fmt(created.consistent_point)}")
+    return report

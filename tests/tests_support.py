@@ -1,0 +1,36 @@
+"""Running the real CLI from tests, and waiting on conditions without fixed sleeps."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipelines.config import Config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli_env(config: Config) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKECDC_")}
+    env.update({"LAKECDC_SOURCE_DSN": config.source_dsn, "LAKECDC_LAKEHOUSE": config.lakehouse,
+                "LAKECDC_SLOT": config.slot, "PYTHONPATH": str(ROOT)})
+    if config.dashboard_dsn:
+        env["LAKECDC_DASHBOARD_DSN"] = config.dashboard_dsn
+    return env
+
+
+def run_cli(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipelines", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def wait_for(condition, timeout: float, interval: float = 0.05) -> None:
+    """Poll ``condition`` until true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)

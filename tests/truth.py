@@ -1,0 +1,83 @@
+"""Independent truth for exactness checks. Nothing here uses the pipeline's own code paths.
+
+- ``Witness``: a second logical slot that sees the same WAL as the shipper's and is never
+  advanced. Its plain-SQL peek, parsed row by row with ``json.loads``, says which
+  transactions committed and exactly which change rows wal2json emitted for each.
+- ``check_bronze``: bronze must hold every witnessed transaction exactly once, in order,
+  with nothing else (invariant I1 of RELIABILITY.md). Raises ``AssertionError``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import psycopg
+from deltalake import DeltaTable
+
+CAPTURED = "public.notifications,public.notification_history"
+
+
+def lsn_int(text: str) -> int:
+    hi, lo = text.split("/")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+class Witness:
+    def __init__(self, dsn: str, name: str, tables: str = CAPTURED) -> None:
+        self.dsn, self.name, self.tables = dsn, name, tables
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'wal2json')", [name])
+
+    def transactions(self) -> dict[int, list[str]]:
+        """commit LSN → the JSON of its change rows in order (messages: their own LSN)."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT data FROM pg_logical_slot_peek_changes(%s, NULL, NULL, "
+                "'format-version', '2', 'include-xids', '1', 'include-timestamp', '1', "
+                "'include-lsn', '1', 'add-tables', %s)", [self.name, self.tables]).fetchall()
+        result: dict[int, list[str]] = {}
+        current: list[str] | None = None
+        commit = None
+        for (data,) in rows:
+            action = json.loads(data)["action"]
+            if action == "B":
+                current, commit = [], lsn_int(json.loads(data)["lsn"])
+            elif action == "C":
+                if current:
+                    result[commit] = current
+                current = None
+            elif current is None:          # non-transactional message
+                result[lsn_int(json.loads(data)["lsn"])] = [data]
+            else:
+                current.append(data)
+        return result
+
+    def drop(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                         "WHERE slot_name = %s", [self.name])
+
+
+def bronze_rows(path: str) -> list[dict]:
+    return DeltaTable(path).to_pyarrow_table().to_pylist()
+
+
+def check_bronze(path: str, witnessed: dict[int, list[str]]) -> None:
+    """I1: every witnessed transaction exactly once and whole; nothing else."""
+    rows = bronze_rows(path)
+    keys = [(r["commit_lsn"], r["seq"]) for r in rows]
+    dupes = len(keys) - len(set(keys))
+    assert dupes == 0, f"bronze holds {dupes} duplicate (commit_lsn, seq) keys"
+    by_tx: dict[int, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_tx[r["commit_lsn"]].append(r)
+    missing = sorted(set(witnessed) - set(by_tx))
+    extra = sorted(set(by_tx) - set(witnessed))
+    assert not missing, f"{len(missing)} committed transactions missing from bronze"
+    assert not extra, f"{len(extra)} bronze transactions the source never committed"
+    for commit, expected in witnessed.items():
+        got = sorted(by_tx[commit], key=lambda r: r["seq"])
+        assert [r["seq"] for r in got] == list(range(len(got))), f"gap in seq at {commit}"
+        assert all(r["tx_changes"] == len(expected) for r in got), f"tx_changes wrong at {commit}"
+        assert [r["data"] for r in got] == expected, f"transaction {commit} differs"

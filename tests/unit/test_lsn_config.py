@@ -1,0 +1,77 @@
+import pytest
+
+from pipelines.config import Config
+from pipelines.errors import UserError, redact
+from pipelines.faults import FaultPoints
+from pipelines.lsn import Lsn, fmt
+
+
+@pytest.mark.parametrize("text,value", [
+    ("0/0", 0),
+    ("0/1536B18", 0x1536B18),
+    ("16/3002D50", (0x16 << 32) | 0x3002D50),
+    ("FFFFFFFF/FFFFFFFF", 2**64 - 1),
+])
+def test_lsn_parses_and_formats_round_trip(text, value):
+    assert int(Lsn.parse(text)) == value
+    assert str(Lsn(value)) == text
+
+
+@pytest.mark.parametrize("bad", ["", "16", "/1", "1/", "x/1", "1/2/3", "123456789/0"])
+def test_lsn_rejects_malformed_text(bad):
+    with pytest.raises(ValueError):
+        Lsn.parse(bad)
+
+
+def test_lsn_orders_as_unsigned_positions():
+    values = ["1/0", "0/FFFFFFFF", "0/10", "FFFFFFFF/0", "0/9"]
+    assert [str(v) for v in sorted(map(Lsn.parse, values))] == \
+        ["0/9", "0/10", "0/FFFFFFFF", "1/0", "FFFFFFFF/0"]
+    assert Lsn.parse("0/A") == Lsn(10)
+    assert fmt(None) == "-"
+
+
+def test_flags_override_environment_which_overrides_defaults():
+    env = {"LAKECDC_SOURCE_DSN": "postgresql://a@h/db", "LAKECDC_SLOT": "from_env",
+           "LAKECDC_LAKEHOUSE": "/lh"}
+    cfg = Config.load(env=env, slot="from_flag", lakehouse=None)
+    assert (cfg.slot, cfg.lakehouse, cfg.source_dsn) == ("from_flag", "/lh", "postgresql://a@h/db")
+    assert cfg.dashboard == "postgresql://a@h/db"          # defaults to the source
+    assert Config.load(env={}).slot == "lakecdc"
+    assert Config.load(env={}).bronze_path == "./lakehouse/bronze/wal2json_changes"
+
+
+@pytest.mark.parametrize("env,fragment", [
+    ({"LAKECDC_SLOT": "Bad-Name"}, "slot name"),
+    ({"LAKECDC_TABLES": "notifications"}, "schema.table"),
+    ({"LAKECDC_UNSAFE_DISABLE_GUARDS": "nonsense"}, "unknown guard"),
+])
+def test_invalid_configuration_is_a_user_error(env, fragment):
+    with pytest.raises(UserError, match=fragment):
+        Config.load(env=env)
+
+
+def test_missing_source_dsn_says_what_to_set():
+    with pytest.raises(UserError, match="LAKECDC_SOURCE_DSN"):
+        Config.load(env={}).require_source()
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("postgresql://user:s3cret@db:5432/x", "postgresql://user:***@db:5432/x"),
+    ("host=db password=s3cret user=u", "host=db password=*** user=u"),
+    ("host=db password='s 3cret' user=u", "host=db password=*** user=u"),
+    ("postgresql://user@db/x", "postgresql://user@db/x"),
+])
+def test_redact_hides_passwords_in_any_dsn_form(text, expected):
+    assert redact(text) == expected
+    assert "s3cret" not in redact(f"could not connect: {text}")
+
+
+def test_fault_point_fires_only_on_its_nth_pass(monkeypatch):
+    calls = []
+    monkeypatch.setattr("os._exit", lambda code: calls.append(code))
+    faults = FaultPoints("after_peek:3,other:1")
+    for _ in range(5):
+        faults.hit("after_peek")
+        faults.hit("unlisted")
+    assert calls == [137]
