@@ -23,7 +23,7 @@ from pipelines.errors import UserError
 from pipelines.lsn import Lsn
 
 PLUGIN = "wal2json"
-CHUNK_BYTES = 32 << 20
+CHUNK_BYTES = 16 << 20
 
 
 def plugin_options(tables: tuple[str, ...]) -> list[str]:

@@ -89,9 +89,9 @@ def setup(ctx, rebaseline):
               help="Statement timeout of one peek, seconds [300].")
 @click.option("--poll-interval", "poll_interval_s", type=float,
               help="Seconds between peeks when idle [1].")
-@click.option("--chunk-mb", type=float, help="Peek rows are converted in chunks of this size [32].")
+@click.option("--chunk-mb", type=float, help="Peek rows are converted in chunks of this size [16].")
 @click.option("--memory-budget-mb", type=int,
-              help="Rows held in memory per batch before spilling to local disk [256].")
+              help="Rows held in memory per batch before spilling to local disk [128].")
 @click.pass_context
 def ship(ctx, once, **flags):
     """slot → bronze."""
@@ -100,6 +100,96 @@ def ship(ctx, once, **flags):
     totals = Shipper(_config(ctx, **flags)).run(once=once, stop=_stop_on_signals())
     click.echo(f"shipped {totals.changes} changes in {totals.transactions} transactions "
                f"({totals.commits} bronze commits)")
+
+
+def _once_option(help_text: str):
+    return click.option("--once", is_flag=True, help=help_text)
+
+
+@cli.command()
+@_once_option("Process what bronze holds now (availableNow), then exit.")
+@click.pass_context
+def silver(ctx, once):
+    """bronze → silver (Spark Structured Streaming)."""
+    from pipelines.run import Pipeline
+
+    result = Pipeline(_config(ctx)).silver(once=once, stop=_stop_on_signals())
+    click.echo(f"silver: {result.changes_rows} rows, {result.quarantined_rows} quarantined")
+
+
+@cli.command()
+@_once_option("Apply what silver holds now (availableNow), then exit.")
+@click.option("--accept-errors-upto", metavar="LSN",
+              help="Treat quarantined (unparseable) silver rows up to this commit LSN as "
+                   "count-neutral, after checking silver/quarantine; e.g. 0/4A3F2C0.")
+@click.pass_context
+def gold(ctx, once, accept_errors_upto):
+    """silver → gold service_stats (idempotent MERGE of whole transactions)."""
+    from pipelines.lsn import Lsn
+    from pipelines.run import Pipeline
+
+    try:
+        accept = int(Lsn.parse(accept_errors_upto)) if accept_errors_upto else None
+    except ValueError as exc:
+        raise UserError(f"--accept-errors-upto: {exc}; write an LSN like 0/4A3F2C0.") from None
+    result = Pipeline(_config(ctx)).gold(once=once, stop=_stop_on_signals(),
+                                         accept_errors_upto=accept)
+    click.echo(f"gold: {result.applied_transactions} transactions applied")
+
+
+@cli.command()
+@_once_option("Push gold's latest version once, then exit.")
+@click.pass_context
+def push(ctx, once):
+    """gold → dashboard Postgres service_stats."""
+    from pipelines.run import Pipeline
+
+    result = Pipeline(_config(ctx)).push(once=once, stop=_stop_on_signals())
+    if once:
+        click.echo(f"push: gold version {result.gold_version}"
+                   + ("" if result.pushed else " (already pushed)"))
+
+
+@cli.command()
+@_once_option("Drain everything committed before it started through every layer, then exit.")
+@click.pass_context
+def run(ctx, once):
+    """All stages: ship, silver, gold, push."""
+    from pipelines.run import Pipeline
+
+    pipeline = Pipeline(_config(ctx))
+    if once:
+        report = pipeline.run_once()
+        timing = ", ".join(f"{k} {v:.1f}s" for k, v in report.seconds.items())
+        click.echo(f"run: shipped {report.shipped}, silver {report.silver_rows} "
+                   f"({report.quarantined} quarantined), gold {report.gold_transactions} "
+                   f"transactions, dashboard at gold version {report.pushed_version} ({timing})")
+    else:
+        pipeline.run_continuous(_stop_on_signals())
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def status(ctx, as_json):
+    """Slot lag and wal_status; per layer the last commit LSN, version and freshness."""
+    from pipelines.status import collect, render, to_json
+
+    report = collect(_config(ctx))
+    click.echo(to_json(report) if as_json else render(report))
+
+
+@cli.command()
+@click.option("--seconds", type=float, default=40.0, show_default=True,
+              help="How long traffic and the continuous pipeline run.")
+@click.option("--out", type=click.Path(), default="demo-output", show_default=True,
+              help="Where the lakehouse, the summary and the PNG go.")
+def demo(seconds, out):
+    """Own local Postgres + wal2json, Notify-like traffic, the whole pipeline, a summary
+    and a picture."""
+    from pipelines.demo import run_demo
+
+    run_demo(seconds=seconds, out_dir=out, stop=_stop_on_signals())
 
 
 def main(argv: list[str] | None = None) -> int:

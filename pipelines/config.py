@@ -22,7 +22,8 @@ _TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$")
 # - version_check: bronze's recorded progress decides what is new (drop commit_lsn <= the
 #   recorded version; complete an interrupted advance on start).
 # - commit_before_advance: the slot moves only after the bronze commit.
-GUARDS = frozenset({"version_check", "commit_before_advance"})
+# - gold_txn: gold's MERGE and pending writes carry txnAppId/txnVersion (replays skipped).
+GUARDS = frozenset({"version_check", "commit_before_advance", "gold_txn"})
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,8 @@ class Config:
     peek_timeout_s: int = 300
     poll_interval_s: float = 1.0
     progress_commit_interval_s: float = 60.0
-    memory_budget_mb: int = 256
-    chunk_mb: float = 32.0
+    memory_budget_mb: int = 128
+    chunk_mb: float = 16.0
     spill_dir: str | None = None
     # Test hooks: fault points ("name:n,...") and guards switched off (negative controls).
     faults: str = ""

@@ -4,7 +4,8 @@ Steps, each skipped when already done:
 1. check the source (``wal_level``, REPLICATION, captured tables);
 2. replica identity covering the dims on every captured table;
 3. the logical slot, created with an exported snapshot, and the bronze table recording the
-   slot's consistent point as where shipping starts.
+   slot's consistent point as where shipping starts;
+4. the dashboard tables (``service_stats`` and the push progress table).
 
 A slot without bronze, or bronze without its slot, is never papered over: both mean changes
 may have been missed, and only ``--rebaseline`` (an explicit decision) starts again.
@@ -14,13 +15,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import psycopg
+
 from bronze import slot as slots
 from bronze.source import check_source, connect, ensure_replica_identity
 from bronze.table import BronzeTable, Progress, SourceIdentity
+from gold.push import ensure_dashboard_tables
 from pipelines.config import Config
 from pipelines.errors import UserError
 from pipelines.lakehouse import check_writable
 from pipelines.lsn import fmt
+
+
+def _dashboard_tables(dsn: str) -> None:
+    with connect(dsn, what="dashboard") as conn:
+        try:
+            ensure_dashboard_tables(conn)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise UserError(f"the dashboard role cannot create service_stats "
+                            f"({str(exc).splitlines()[0]}); create the tables from "
+                            "infra/postgres/dashboard_schema.sql as their owner, or grant "
+                            "CREATE on the schema.") from None
 
 
 @dataclass
@@ -42,6 +57,8 @@ def setup(config: Config, rebaseline: bool = False,
         for table in config.tables:
             if ensure_replica_identity(conn, table):
                 report.did(f"set REPLICA IDENTITY USING INDEX on {table}")
+    _dashboard_tables(config.dashboard)
+    with connect(dsn) as conn:
         db = conn.execute("SELECT current_database()").fetchone()[0]
         state = slots.slot_state(conn, config.slot)
         has_bronze = bronze.exists()

@@ -5,12 +5,14 @@
   transactions committed and exactly which change rows wal2json emitted for each.
 - ``check_bronze``: bronze must hold every witnessed transaction exactly once, in order,
   with nothing else (invariant I1 of RELIABILITY.md). Raises ``AssertionError``.
+- ``source_truth`` / ``check_gold``: service_stats by a ``GROUP BY`` over the source tables
+  at a quiet point, plus the history rows the test purged itself (I3, I4).
 """
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import psycopg
 from deltalake import DeltaTable
@@ -81,3 +83,48 @@ def check_bronze(path: str, witnessed: dict[int, list[str]]) -> None:
         assert [r["seq"] for r in got] == list(range(len(got))), f"gap in seq at {commit}"
         assert all(r["tx_changes"] == len(expected) for r in got), f"tx_changes wrong at {commit}"
         assert [r["data"] for r in got] == expected, f"transaction {commit} differs"
+
+
+def source_truth(dsn: str, purged: Counter | None = None) -> Counter:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("""
+            SELECT service_id::text, template_id::text, notification_type::text,
+                   notification_status, count(*)
+            FROM (SELECT service_id, template_id, notification_type, notification_status
+                  FROM notifications UNION ALL
+                  SELECT service_id, template_id, notification_type, notification_status
+                  FROM notification_history) t
+            GROUP BY 1, 2, 3, 4""").fetchall()
+    truth = Counter({tuple(r[:4]): r[4] for r in rows})
+    truth.update(purged or Counter())
+    return truth
+
+
+def gold_counts(lakehouse: str) -> Counter:
+    rows = DeltaTable(f"{lakehouse}/gold/service_stats").to_pyarrow_table().to_pylist()
+    return Counter({(r["service_id"], r["template_id"], r["notification_type"],
+                     r["notification_status"]): r["count"] for r in rows})
+
+
+def dashboard_counts(dsn: str) -> Counter:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT service_id, template_id, notification_type, "
+                            "notification_status, count FROM service_stats").fetchall()
+    return Counter({tuple(r[:4]): r[4] for r in rows})
+
+
+def _nonzero(c: Counter) -> dict:
+    return {k: v for k, v in c.items() if v != 0}
+
+
+def check_gold(lakehouse: str, source_dsn: str, dashboard_dsn: str,
+               purged: Counter | None = None) -> None:
+    """I3 and I4: gold = truth exactly (no clamps: negatives would show), dashboard = gold."""
+    truth = _nonzero(source_truth(source_dsn, purged))
+    gold = _nonzero(gold_counts(lakehouse))
+    differ = {k: (gold.get(k), truth.get(k)) for k in set(gold) | set(truth)
+              if gold.get(k) != truth.get(k)}
+    assert not differ, f"gold differs from the source on {len(differ)} keys: " \
+                       f"{list(differ.items())[:3]}"
+    dashboard = _nonzero(dashboard_counts(dashboard_dsn))
+    assert dashboard == gold, "the dashboard differs from gold"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import io
 import random
 import uuid
+from collections import Counter
 
 import psycopg
 
@@ -64,9 +64,19 @@ def hard_delete(conn: psycopg.Connection, fraction: float) -> None:
     conn.execute("DELETE FROM notifications WHERE random() < %s", [fraction])
 
 
-def mixed(dsn: str, seed: int = 7, scale: int = 1) -> None:
+def purge_history(conn: psycopg.Connection, fraction: float) -> Counter:
+    """Retention purge of history; returns the purged rows' dims (the truth still counts
+    them: DESIGN §2)."""
+    rows = conn.execute("DELETE FROM notification_history WHERE random() < %s RETURNING "
+                        "service_id::text, template_id::text, notification_type::text, "
+                        "notification_status", [fraction]).fetchall()
+    return Counter(tuple(r) for r in rows)
+
+
+def mixed(dsn: str, seed: int = 7, scale: int = 1) -> Counter:
     """Inserts, transitions, archival moves, deletes, rollbacks, savepoints, COPY,
-    multi-row inserts, uncaptured-table writes and logical messages."""
+    multi-row inserts, uncaptured-table writes, logical messages and a history purge.
+    Returns the purged history rows' dims."""
     rng = random.Random(seed)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS uncaptured (x int)")
@@ -94,4 +104,4 @@ def mixed(dsn: str, seed: int = 7, scale: int = 1) -> None:
         transition(conn, 0.3, "delivered")
         archive(conn, 0.2)
         hard_delete(conn, 0.1)
-        conn.execute("DELETE FROM notification_history WHERE random() < 0.3")
+        return purge_history(conn, 0.3)

@@ -182,5 +182,7 @@ def test_binary_copy_tuples_decode_column_wise():
 
 def test_binary_copy_with_an_unexpected_layout_is_refused():
     bad = struct.pack(">hiq", 1, 8, 5)
-    with pytest.raises(MalformedPeek):
+    with pytest.raises(MalformedPeek, match="layout"):
         decode_copy_rows([bad + b"\x00" * 60])
+    with pytest.raises(MalformedPeek, match="shorter"):
+        decode_copy_rows([bad])

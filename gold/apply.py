@@ -1,0 +1,356 @@
+"""The gold micro-batch: complete source transactions only, one idempotent MERGE per batch.
+
+Tables (both Delta, both written only here):
+
+- ``gold/service_stats``: dims, ``count``, ``last_commit_lsn`` (newest source commit that
+  changed the key), ``updated_at``. Change data feed on (the push reads it); rows whose count
+  reaches 0 stay, so the dashboard learns about them. Every MERGE carries in its commit
+  info (``userMetadata``) the batch id and the *watermark*: the newest source commit gold
+  now includes (``commit_lsn``, ``commit_ts``).
+- ``gold/_pending``: aggregated contributions (``gold.deltas.CONTRIBUTIONS``) of source
+  transactions not applied yet: those silver has delivered only part of, and every
+  transaction after the first such one (so gold always holds a prefix of the commit order
+  and its watermark means "exact as of this LSN").
+
+Batch ``b`` (silver rows ``S``), in this order:
+
+1. If ``_pending``'s newest commit is batch ``b``'s, both writes below already happened:
+   return (a replay after the last write, before Spark's checkpoint commit).
+2. Read ``_pending`` at a pinned version ``P`` (its state after batch ``b-1``).
+3. Check ``S`` for rows gold must stop on (truncate of notifications, parse errors...):
+   raise before writing anything, so a replay after the fix sees the same state.
+4. ``C = aggregate(contributions(S) ∪ P)``; ``cutoff`` = lowest incomplete transaction.
+5. MERGE the net key deltas of transactions below ``cutoff`` into gold, with
+   ``txnAppId = "lakecdc-gold"``, ``txnVersion = b``: Delta skips it if batch ``b`` was
+   already merged. (Empty source still commits: it records the watermark.)
+6. Overwrite ``_pending`` with the rest of ``C``, also with ``txnAppId/txnVersion = b``.
+7. Return; Spark then commits batch ``b`` to the checkpoint.
+
+Replay (the process dies anywhere, Spark re-runs batch ``b`` with the same rows):
+died before 5 - nothing written, recomputed from the same inputs; between 5 and 6 - the
+inputs (``S``, ``_pending`` still at ``b-1``) are unchanged, so the recomputed MERGE is the
+same one and Delta skips it, then 6 runs; after 6 - step 1 returns. The MERGE happens
+before ``_pending`` moves because a replay recomputes everything from ``_pending``: were it
+written first, a replay would add the carried rows twice. With ``guard=False`` (negative
+controls only) no txn is set and step 1 is skipped: a replay after 5 counts twice.
+
+Limits, stated: one gold writer per table (two concurrent jobs would interleave batch ids);
+a lost or older checkpoint is refused by ``gold.stream`` rather than replayed blindly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Protocol
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+
+from gold import commit_metadata as metadata
+from gold import deltas as D
+from gold import parse_commit_metadata as parse_metadata
+from pipelines.captured import DIMS
+from pipelines.errors import UserError
+from pipelines.lsn import fmt
+
+log = logging.getLogger("lakecdc.gold")
+
+APP_ID = "lakecdc-gold"
+SEED_APP_ID = "lakecdc-gold-seed"
+
+GOLD_SCHEMA = StructType([
+    *[StructField(c, StringType(), False) for c in DIMS],
+    StructField("count", LongType(), False),
+    StructField("last_commit_lsn", LongType(), True),
+    StructField("updated_at", TimestampType(), True),
+])
+
+GOLD_PROPERTIES = {
+    "delta.enableChangeDataFeed": "true",
+    # The push reads gold with delta-rs; keep to features every reader has.
+    "delta.enableDeletionVectors": "false",
+    "delta.checkpointInterval": "20",
+    "delta.logRetentionDuration": "interval 30 days",
+}
+PENDING_PROPERTIES = {"delta.checkpointInterval": "20",
+                      "delta.enableDeletionVectors": "false",
+                      "delta.logRetentionDuration": "interval 7 days"}
+
+_TXN_APP = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+class Faults(Protocol):
+    """Fault points (``pipelines.faults.FaultPoints``): ``after_gold_merge``,
+    ``after_gold_pending``."""
+
+    def hit(self, name: str) -> None: ...
+
+
+class _NoFaults:
+    def hit(self, name: str) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class GoldPaths:
+    gold: str
+    pending: str
+
+    @classmethod
+    def beside(cls, gold_path: str) -> "GoldPaths":
+        """``_pending`` next to ``service_stats`` (``<lakehouse>/gold/_pending``)."""
+        return cls(gold_path, gold_path.rstrip("/").rsplit("/", 1)[0] + "/_pending")
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    batch_id: int
+    silver_rows: int = 0
+    applied_transactions: int = 0
+    merged_keys: int = 0
+    pending_transactions: int = 0
+    commit_lsn: int | None = None       # watermark after this batch (None: unchanged)
+    replayed: bool = False              # step 1: already fully applied
+    seconds: float = 0.0
+
+
+def last_metadata(spark: SparkSession, path: str, limit: int = 100) -> dict | None:
+    """The newest lakecdc commit metadata in the latest ``limit`` commits of ``path``."""
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    for row in DeltaTable.forPath(spark, path).history(limit).select("userMetadata").collect():
+        found = parse_metadata(row.userMetadata)
+        if found is not None:
+            return found
+    return None
+
+
+def ensure_gold_tables(spark: SparkSession, paths: GoldPaths) -> list[str]:
+    """Create gold and ``_pending`` if absent; returns what was created. Idempotent.
+
+    Refuses (``UserError``) when one exists without the other after gold has applied
+    batches: the carried partial transactions would be lost or applied twice.
+    """
+    have_gold = DeltaTable.isDeltaTable(spark, paths.gold)
+    have_pending = DeltaTable.isDeltaTable(spark, paths.pending)
+    if have_gold != have_pending and (have_gold or have_pending):
+        progress = last_metadata(spark, paths.gold if have_gold else paths.pending)
+        if progress and "batch_id" in progress:
+            missing = paths.pending if have_gold else paths.gold
+            raise UserError(f"{missing} is missing but gold has applied batches; gold cannot "
+                            f"continue exactly: {D.REBUILD}.")
+    created = []
+    if not have_gold:
+        _create(spark, paths.gold, GOLD_SCHEMA, GOLD_PROPERTIES)
+        created.append(paths.gold)
+    if not have_pending:
+        _create(spark, paths.pending, D.CONTRIBUTIONS, PENDING_PROPERTIES)
+        created.append(paths.pending)
+    return created
+
+
+def _create(spark: SparkSession, path: str, schema: StructType, props: dict) -> None:
+    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+    for key, value in props.items():
+        builder = builder.property(key, value)
+    builder.execute()
+
+
+def seed_gold(spark: SparkSession, gold_path: str, counts: DataFrame, commit_lsn: int,
+              commit_ts: datetime | None = None) -> bool:
+    """Write baseline counts (dims + ``count``) exact as of source ``commit_lsn``.
+
+    For setup's exported-snapshot baseline and for rebuilds. One commit carrying the rows,
+    a txn (``lakecdc-gold-seed``, ``commit_lsn``) and metadata ``operation: seed``; the
+    gold stream then ignores silver rows with ``commit_lsn <=`` it (``seed_floor``).
+    ``counts`` holds one row per key. Allowed only on a gold table that has applied no batch
+    (created here if absent). Returns False if this exact seed was already written
+    (idempotent retry).
+    """
+    if not DeltaTable.isDeltaTable(spark, gold_path):
+        _create(spark, gold_path, GOLD_SCHEMA, GOLD_PROPERTIES)
+    progress = last_metadata(spark, gold_path)
+    if progress is not None and progress.get("operation") == "seed" \
+            and progress.get("commit_lsn") == commit_lsn:
+        return False
+    if progress is not None:
+        raise UserError(f"gold at {gold_path} already holds counts; seed only a new table "
+                        f"({D.REBUILD}).")
+    now = datetime.now(timezone.utc)
+    rows = counts.select(*[F.col(c).cast("string") for c in DIMS],
+                         F.col("count").cast("long"),
+                         F.lit(commit_lsn).cast("long").alias("last_commit_lsn"),
+                         F.lit(now).cast("timestamp").alias("updated_at"))
+    (rows.write.format("delta").mode("append")
+     .option("txnAppId", SEED_APP_ID).option("txnVersion", commit_lsn)
+     .option("userMetadata", metadata(operation="seed", commit_lsn=commit_lsn,
+                                      commit_ts=commit_ts.isoformat() if commit_ts else None))
+     .save(gold_path))
+    return True
+
+
+def seed_floor(spark: SparkSession, gold_path: str, limit: int = 1000) -> int:
+    """Commit LSN of gold's seed (0 if unseeded): silver rows at or below it are already
+    in the seeded counts."""
+    if not DeltaTable.isDeltaTable(spark, gold_path):
+        return 0
+    for row in DeltaTable.forPath(spark, gold_path).history(limit).select(
+            "userMetadata").collect():
+        found = parse_metadata(row.userMetadata)
+        if found and found.get("operation") == "seed":
+            return int(found["commit_lsn"])
+    return 0
+
+
+class GoldBatchWriter:
+    """The ``foreachBatch`` function of the gold stream (see the module docstring).
+
+    ``floor_lsn``: silver rows with ``commit_lsn <=`` it are already in gold (its seed).
+    ``accept_errors_upto``: parse-error rows with ``commit_lsn <=`` it count 0 instead of
+    stopping gold (the operator checked them in quarantine).
+    ``guard=False`` switches the txnAppId/txnVersion protection off: negative controls only.
+    """
+
+    def __init__(self, paths: GoldPaths, tables: D.CountedTables = D.COUNTED, *,
+                 floor_lsn: int = 0, accept_errors_upto: int = 0, guard: bool = True,
+                 faults: Faults | None = None) -> None:
+        self.paths = paths
+        self.tables = tables
+        self.floor_lsn = floor_lsn
+        self.accept_errors_upto = accept_errors_upto
+        self.guard = guard
+        self.faults = faults or _NoFaults()
+        self.results: list[BatchResult] = []
+        self.failure: BaseException | None = None
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        try:
+            result = self.apply(batch, batch_id)
+        except BaseException as exc:
+            # Spark wraps the error into a StreamingQueryException; keep the original so
+            # the job can re-raise a GoldStopped (exit 2, one sentence) as itself.
+            self.failure = exc
+            raise
+        self.results.append(result)
+        log.info("gold batch %d: %d silver rows, %d transactions applied (%d keys), %d "
+                 "carried, %.2fs%s", batch_id, result.silver_rows,
+                 result.applied_transactions, result.merged_keys,
+                 result.pending_transactions, result.seconds,
+                 " (replay: already applied)" if result.replayed else "")
+
+    def apply(self, batch: DataFrame, batch_id: int) -> BatchResult:
+        started = time.monotonic()
+        spark = batch.sparkSession
+        pending_meta = self._pending_head(spark)
+        if self.guard and pending_meta[1] is not None and pending_meta[1] >= batch_id:
+            return BatchResult(batch_id, replayed=True, seconds=time.monotonic() - started)
+        pending = (spark.read.format("delta").option("versionAsOf", pending_meta[0])
+                   .load(self.paths.pending))
+        silver = batch.where(F.col("commit_lsn") > F.lit(self.floor_lsn)).persist()
+        try:
+            checked = D.profile(silver, self.tables, self.accept_errors_upto).first()
+            if checked.problem is not None:
+                raise D.stop_error(checked.problem.asDict(), self.tables)
+            silver_rows = checked.rows
+            combined = D.aggregate(D.contributions(silver, self.tables)
+                                   .unionByName(pending)).persist()
+            try:
+                return self._apply_combined(spark, combined, batch_id, silver_rows,
+                                            pending.isEmpty(), started)
+            finally:
+                combined.unpersist()
+        finally:
+            silver.unpersist()
+
+    def _apply_combined(self, spark: SparkSession, combined: DataFrame, batch_id: int,
+                        silver_rows: int, pending_was_empty: bool,
+                        started: float) -> BatchResult:
+        txs = D.transactions(combined).persist()
+        try:
+            summary = D.completeness(txs).first()
+            if summary.broken:
+                raise D.GoldInputError(
+                    f"silver delivered more rows than the transaction at commit LSN "
+                    f"{fmt(summary.first_broken)} has (or rows disagreeing about its size); "
+                    f"gold stopped: {D.REBUILD}.")
+            cutoff = summary.cutoff
+            applied = D.below(txs, cutoff).agg(
+                F.count(F.lit(1)).alias("n"), F.max("commit_lsn").alias("lsn"),
+                # ISO text with its offset, formatted by Spark: Python would convert the
+                # timestamp to its own local zone.
+                F.date_format(F.max_by("commit_ts", "commit_lsn"),
+                              "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX").alias("ts")).first()
+        finally:
+            txs.unpersist()
+        result = dict(batch_id=batch_id, silver_rows=silver_rows,
+                      applied_transactions=applied.n,
+                      pending_transactions=summary.transactions - applied.n)
+        if applied.n:
+            keys = D.key_deltas(D.below(combined, cutoff)).persist()
+            try:
+                result["merged_keys"] = keys.count()
+                self._merge(spark, keys, batch_id, applied)
+            finally:
+                keys.unpersist()
+            result["commit_lsn"] = applied.lsn
+        self.faults.hit("after_gold_merge")
+        carried = D.at_or_above(combined, cutoff)
+        if result["pending_transactions"] or not pending_was_empty:
+            self._write_pending(carried, batch_id, result["pending_transactions"])
+            self.faults.hit("after_gold_pending")
+        return BatchResult(**result, seconds=time.monotonic() - started)
+
+    def _merge(self, spark: SparkSession, keys: DataFrame, batch_id: int, applied) -> None:
+        now = datetime.now(timezone.utc)
+        source = keys.withColumn("updated_at", F.lit(now).cast("timestamp"))
+        on = " AND ".join(f"g.{c} = s.{c}" for c in DIMS)
+        merge = (DeltaTable.forPath(spark, self.paths.gold).alias("g")
+                 .merge(source.alias("s"), on)
+                 .whenMatchedUpdate(set={
+                     "count": "g.count + s.delta",
+                     "last_commit_lsn": "greatest(g.last_commit_lsn, s.last_commit_lsn)",
+                     "updated_at": "s.updated_at"})
+                 .whenNotMatchedInsert(values={
+                     **{c: f"s.{c}" for c in DIMS}, "count": "s.delta",
+                     "last_commit_lsn": "s.last_commit_lsn", "updated_at": "s.updated_at"}))
+        confs = {_USER_METADATA: metadata(
+            batch_id=batch_id, commit_lsn=applied.lsn,
+            commit_ts=applied.ts,
+            transactions=applied.n)}
+        if self.guard:
+            confs.update({_TXN_APP: APP_ID, _TXN_VERSION: str(batch_id)})
+        # Session confs are how Delta takes txn/metadata for MERGE. The batch's session is
+        # the stream's own clone, and they are unset right after, so no other write of the
+        # session can pick them up.
+        for key, value in confs.items():
+            spark.conf.set(key, value)
+        try:
+            merge.execute()
+        finally:
+            for key in confs:
+                spark.conf.unset(key)
+
+    def _write_pending(self, carried: DataFrame, batch_id: int, transactions: int) -> None:
+        writer = (carried.write.format("delta").mode("overwrite")
+                  .option("userMetadata", metadata(batch_id=batch_id,
+                                                   transactions=transactions)))
+        if self.guard:
+            writer = writer.option("txnAppId", APP_ID).option("txnVersion", batch_id)
+        writer.save(self.paths.pending)
+
+    def _pending_head(self, spark: SparkSession) -> tuple[int, int | None]:
+        """(version, batch id of the newest lakecdc write or None) of ``_pending``.
+
+        Looks past a few foreign commits (an OPTIMIZE someone ran) for the batch id.
+        """
+        rows = (DeltaTable.forPath(spark, self.paths.pending).history(20)
+                .select("version", "userMetadata").collect())
+        metas = [m for m in (parse_metadata(r.userMetadata) for r in rows) if m]
+        return rows[0].version, metas[0].get("batch_id") if metas else None

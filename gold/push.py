@@ -1,0 +1,264 @@
+"""``lakecdc push [--once]``: gold → the dashboard's Postgres ``service_stats`` (DESIGN §3.4).
+
+JVM-free: gold is read with delta-rs, Postgres written with psycopg 3.
+
+One push, at one gold version ``V`` (fixed when the push starts):
+
+1. In one Postgres transaction, lock this gold table's row of ``lakecdc_push_progress``
+   (created at version -1 if missing; the lock also serialises concurrent pushers).
+2. Nothing to do if it records ``V`` or later for the same Delta table id: a replayed or
+   stale push (F13) changes nothing, not even ``pushed_at``.
+3. Otherwise the keys that changed in gold versions ``(pushed, V]`` come from gold's change
+   data feed, and their *absolute* counts at ``V`` (the newest post-image per key; a key
+   whose newest change is a delete is deleted). No progress yet, a different table id
+   (gold rebuilt as a new table) or a feed that cannot be read (vacuumed) means a full
+   push: every gold row at ``V``, and dashboard rows absent from gold are deleted.
+4. ``COPY`` them into a temp table, ``INSERT … ON CONFLICT DO UPDATE`` / ``DELETE`` into
+   ``service_stats``, set the progress row to ``V``, COMMIT. All or nothing.
+
+Absolute counts make a repeated push harmless by themselves; the version guard keeps an
+older version from overwriting a newer one. The dashboard therefore always shows gold at
+one version, and gold only ever holds whole source transactions (``gold.apply``), so the
+dashboard never shows part of a source transaction. ``source_commit_lsn``/``_ts`` of a row
+are the gold watermark of the push that wrote it: the count is exact as of that commit.
+
+When the dashboard is the captured source database, the push's writes stay out of the
+replication slot because the shipper asks wal2json for the captured tables only
+(``add-tables``; F20). The two tables here must never be added to the captured tables.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from importlib import resources
+
+import psycopg
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError, TableNotFoundError
+from psycopg import sql
+
+from bronze.source import connect
+from gold import parse_commit_metadata
+from pipelines.captured import DIMS
+from pipelines.errors import UserError
+from pipelines.lakehouse import is_remote
+
+log = logging.getLogger("lakecdc.push")
+
+STATS_TABLE = "service_stats"
+PROGRESS_TABLE = "lakecdc_push_progress"
+_STAGE = "lakecdc_push_stage"
+_KEEP = ("insert", "update_postimage", "delete")
+
+
+@dataclass(frozen=True)
+class PushResult:
+    gold_version: int
+    previous_version: int | None      # None: no push before (or another table)
+    pushed: bool                      # False: already pushed, nothing changed
+    full: bool = False
+    upserted: int = 0
+    deleted: int = 0
+    source_commit_lsn: int | None = None
+    seconds: float = 0.0
+
+
+class _Faults:
+    def hit(self, name: str) -> None:
+        return None
+
+
+def dashboard_ddl() -> str:
+    return resources.files("infra").joinpath("postgres/dashboard_schema.sql").read_text()
+
+
+def ensure_dashboard_tables(conn: psycopg.Connection) -> None:
+    """Create ``service_stats`` and ``lakecdc_push_progress`` if absent. Idempotent."""
+    with conn.transaction():
+        conn.execute(dashboard_ddl())
+
+
+def push_once(gold_path: str, dashboard_dsn: str, storage_options: dict | None = None, *,
+              version: int | None = None, faults=None) -> PushResult:
+    """Push gold (at its latest version, or ``version``) to the dashboard; see module doc."""
+    started = time.monotonic()
+    table = open_gold(gold_path, storage_options, version)
+    with connect(dashboard_dsn, what="dashboard") as conn:
+        result = push_table(conn, table, gold_key(gold_path), faults or _Faults())
+    result = PushResult(**{**result.__dict__, "seconds": time.monotonic() - started})
+    if result.pushed:
+        log.info("pushed gold version %d (%s push): %d rows upserted, %d deleted, %.2fs",
+                 result.gold_version, "full" if result.full else "incremental",
+                 result.upserted, result.deleted, result.seconds)
+    return result
+
+
+def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
+             once: bool = False, interval_s: float = 5.0,
+             storage_options: dict | None = None) -> list[PushResult]:
+    """Push until ``stop`` is set (``once``: a single push). Returns the pushes that wrote.
+
+    A lost connection or a gold read that fails is retried at the next interval; problems
+    a person must fix (``UserError``) end the loop.
+    """
+    done: list[PushResult] = []
+    while True:
+        try:
+            result = push_once(gold_path, dashboard_dsn, storage_options)
+            if result.pushed:
+                done.append(result)
+        except (psycopg.OperationalError, DeltaError, OSError) as exc:
+            if once:
+                raise
+            log.warning("push failed, retrying in %.0fs: %s", interval_s, exc)
+        if once or stop.wait(interval_s):
+            return done
+
+
+def gold_key(gold_path: str) -> str:
+    """How the progress table names a gold table: its absolute path, or its URI."""
+    if is_remote(gold_path):
+        return gold_path.rstrip("/")
+    return os.path.abspath(gold_path.removeprefix("file://").removeprefix("file:"))
+
+
+def open_gold(gold_path: str, storage_options: dict | None = None,
+              version: int | None = None) -> DeltaTable:
+    uri = gold_path if is_remote(gold_path) else gold_key(gold_path)
+    try:
+        return DeltaTable(uri, version=version, storage_options=storage_options)
+    except TableNotFoundError:
+        at = "" if version is None else f" (version {version})"
+        raise UserError(f"there is no gold table at {gold_path}{at}: run `lakecdc gold` "
+                        "first.") from None
+
+
+def gold_position(table: DeltaTable, history_limit: int = 200) -> tuple[int | None,
+                                                                      datetime | None]:
+    """Gold's watermark at ``table.version()``: the source commit (LSN, time) it includes."""
+    version = table.version()
+    for entry in table.history(history_limit):
+        if entry.get("version", version) > version:
+            continue
+        meta = parse_commit_metadata(entry.get("userMetadata"))
+        if meta and meta.get("commit_lsn") is not None:
+            ts = meta.get("commit_ts")
+            return int(meta["commit_lsn"]), datetime.fromisoformat(ts) if ts else None
+    return None, None
+
+
+def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults) -> PushResult:
+    """Steps 1-4 of the module docstring on an open connection (autocommit mode)."""
+    version, table_id = table.version(), table.metadata().id
+    with conn.transaction():
+        conn.execute(sql.SQL("INSERT INTO {} (gold_table, gold_version) VALUES (%s, -1) "
+                             "ON CONFLICT DO NOTHING").format(sql.Identifier(PROGRESS_TABLE)),
+                     [key])
+        prev_version, prev_id, prev_lsn = conn.execute(
+            sql.SQL("SELECT gold_version, gold_table_id, source_commit_lsn FROM {} "
+                    "WHERE gold_table = %s FOR UPDATE").format(sql.Identifier(PROGRESS_TABLE)),
+            [key]).fetchone()
+        same_table = prev_id == table_id and prev_version >= 0
+        if same_table and prev_version >= version:
+            return PushResult(version, prev_version, pushed=False)
+        rows, deleted, full = None, [], not same_table
+        if not full:
+            try:
+                rows, deleted = changed_keys(table, prev_version + 1, version)
+            except DeltaError as exc:
+                log.warning("gold's change data feed from version %d is not readable (%s); "
+                            "pushing every row", prev_version + 1, exc)
+                full = True
+        if full:
+            rows = snapshot_rows(table)
+        lsn, ts = gold_position(table)
+        if lsn is None:       # no watermark recorded (old gold): the newest change pushed
+            lsn = max([r[4] for r in rows if r[4] is not None] + [prev_lsn or 0]) or None
+        _stage(conn, rows, deleted)
+        faults.hit("after_push_stage")
+        upserted, removed = _apply(conn, full, lsn, ts)
+        conn.execute(sql.SQL(
+            "UPDATE {} SET gold_version = %s, gold_table_id = %s, "
+            "source_commit_lsn = %s::bigint, source_commit_ts = %s::timestamptz, "
+            "pushed_at = now() WHERE gold_table = %s").format(sql.Identifier(PROGRESS_TABLE)),
+            [version, table_id, lsn, ts, key])
+    return PushResult(version, prev_version if same_table else None, pushed=True, full=full,
+                      upserted=upserted, deleted=removed, source_commit_lsn=lsn)
+
+
+def changed_keys(table: DeltaTable, start: int, end: int) -> tuple[list[tuple], list[tuple]]:
+    """Keys changed in gold versions [start, end]: (their rows at ``end``, deleted keys).
+
+    Gold rows are only inserted and updated, so the newest post-image (or insert) of a key is
+    its row at ``end``; a delete wins only when nothing newer follows (a table overwritten
+    in place deletes and re-inserts within one version: the insert wins).
+    """
+    feed = pa.table(table.load_cdf(starting_version=start, ending_version=end))
+    latest: dict[tuple, tuple[tuple[int, int], dict]] = {}
+    for change in feed.to_pylist():
+        kind = change["_change_type"]
+        if kind not in _KEEP:
+            continue
+        key = tuple(change[c] for c in DIMS)
+        order = (change["_commit_version"], 0 if kind == "delete" else 1)
+        if key not in latest or order > latest[key][0]:
+            latest[key] = (order, change)
+    rows, deleted = [], []
+    for key, (_, change) in latest.items():
+        if change["_change_type"] == "delete":
+            deleted.append(key)
+        else:
+            rows.append((*key, change["count"], change["last_commit_lsn"]))
+    return rows, deleted
+
+
+def snapshot_rows(table: DeltaTable) -> list[tuple]:
+    data = pa.table(table.to_pyarrow_table(columns=[*DIMS, "count", "last_commit_lsn"]))
+    return [tuple(r[c] for c in (*DIMS, "count", "last_commit_lsn")) for r in data.to_pylist()]
+
+
+def _stage(conn: psycopg.Connection, rows: list[tuple], deleted: list[tuple]) -> None:
+    stage = sql.Identifier(_STAGE)
+    conn.execute(sql.SQL(
+        "CREATE TEMP TABLE {} (service_id text NOT NULL, template_id text NOT NULL, "
+        "notification_type text NOT NULL, notification_status text NOT NULL, "
+        "count bigint, deleted boolean NOT NULL) ON COMMIT DROP").format(stage))
+    columns = sql.SQL(", ").join(map(sql.Identifier, (*DIMS, "count", "deleted")))
+    with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN").format(stage, columns)) as copy:
+        for r in rows:
+            copy.write_row((*r[:4], r[4], False))
+        for key in deleted:
+            copy.write_row((*key, None, True))
+
+
+def _apply(conn: psycopg.Connection, full: bool, lsn: int | None,
+           ts: datetime | None) -> tuple[int, int]:
+    stats, stage = sql.Identifier(STATS_TABLE), sql.Identifier(_STAGE)
+    dims = sql.SQL(", ").join(map(sql.Identifier, DIMS))
+    same_key = sql.SQL(" AND ").join(
+        sql.SQL("t.{c} = s.{c}").format(c=sql.Identifier(c)) for c in DIMS)
+    upserted = conn.execute(sql.SQL(
+        "INSERT INTO {stats} AS t ({dims}, count, source_commit_lsn, source_commit_ts, "
+        "pushed_at) SELECT {dims}, count, %s::bigint, %s::timestamptz, now() FROM {stage} "
+        "WHERE NOT deleted "
+        "ON CONFLICT ({dims}) DO UPDATE SET count = EXCLUDED.count, "
+        "source_commit_lsn = EXCLUDED.source_commit_lsn, "
+        "source_commit_ts = EXCLUDED.source_commit_ts, pushed_at = EXCLUDED.pushed_at"
+    ).format(stats=stats, dims=dims, stage=stage), [lsn, ts]).rowcount
+    if full:
+        # A full push replaces the table: keys gold no longer has go too.
+        removed = conn.execute(sql.SQL(
+            "DELETE FROM {stats} t WHERE NOT EXISTS "
+            "(SELECT 1 FROM {stage} s WHERE NOT s.deleted AND {same})"
+        ).format(stats=stats, stage=stage, same=same_key)).rowcount
+    else:
+        removed = conn.execute(sql.SQL(
+            "DELETE FROM {stats} t USING {stage} s WHERE s.deleted AND {same}"
+        ).format(stats=stats, stage=stage, same=same_key)).rowcount
+    return upserted, removed

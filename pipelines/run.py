@@ -1,0 +1,161 @@
+"""``lakecdc run``: every stage, in one process.
+
+- ``run_once``: ship until the slot is drained, then silver and gold with ``availableNow``,
+  then one push. Everything committed on the source before it started reaches the
+  dashboard, then it returns.
+- ``run_continuous``: the shipper and the push in threads, silver and gold as streaming
+  queries in one Spark session. Stops on the ``stop`` event (SIGTERM / Ctrl-C) or on the
+  first failure of any stage, which is then raised. Each stage commits its progress with
+  its data, so stopping anywhere - even mid-batch - only repeats work the next run skips.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from bronze.ship import Shipper
+from gold.push import push_once, run_push
+from gold.stream import run_gold, start_gold
+from pipelines.config import Config
+from pipelines.faults import FaultPoints
+from silver.stream import SilverLocations, run_silver, start_silver
+
+log = logging.getLogger("lakecdc.run")
+
+
+@dataclass(frozen=True)
+class Locations:
+    silver: SilverLocations
+    gold: str
+    gold_pending: str
+    gold_checkpoint: str
+
+    @classmethod
+    def from_config(cls, config: Config) -> "Locations":
+        return cls(SilverLocations.from_config(config),
+                   config.table_path("gold", "service_stats"),
+                   config.table_path("gold", "_pending"),
+                   config.table_path("_checkpoints", "gold"))
+
+
+@dataclass
+class OnceReport:
+    shipped: int = 0
+    silver_rows: int = 0
+    quarantined: int = 0
+    gold_transactions: int = 0
+    pushed_version: int | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class Pipeline:
+    def __init__(self, config: Config, spark_factory: Callable | None = None,
+                 trigger_interval: str = "1 second", push_interval_s: float = 0.5) -> None:
+        self.config = config
+        self.where = Locations.from_config(config)
+        self._spark_factory = spark_factory
+        self._spark = None
+        self.trigger_interval = trigger_interval
+        self.push_interval_s = push_interval_s
+        self.faults = FaultPoints(config.faults)
+        self.gold_options = {"guard": config.guard_on("gold_txn"), "faults": self.faults,
+                             "pending_path": self.where.gold_pending}
+
+    @property
+    def spark(self):
+        if self._spark is None:
+            if self._spark_factory is None:
+                from pipelines.spark import get_or_create
+                self._spark_factory = get_or_create
+            self._spark = self._spark_factory()
+        return self._spark
+
+    # --- stages, one at a time -----------------------------------------------------------
+
+    def silver(self, once: bool, stop: threading.Event | None = None):
+        s = self.where.silver
+        return run_silver(self.spark, s.bronze_path, s.silver_path, s.quarantine_path,
+                          s.checkpoint_root, self.config.tables, once=once, stop=stop,
+                          trigger_interval=self.trigger_interval)
+
+    def gold(self, once: bool, stop: threading.Event | None = None,
+             accept_errors_upto: int | None = None):
+        w = self.where
+        extra = {} if accept_errors_upto is None else {"accept_errors_upto": accept_errors_upto}
+        return run_gold(self.spark, w.silver.silver_path, w.gold, w.gold_checkpoint, once=once,
+                        stop=stop, trigger_interval=self.trigger_interval,
+                        **self.gold_options, **extra)
+
+    def push(self, once: bool, stop: threading.Event | None = None):
+        if once:
+            return push_once(self.where.gold, self.config.dashboard, faults=self.faults)
+        return run_push(self.where.gold, self.config.dashboard, stop or threading.Event(),
+                        interval_s=self.push_interval_s)
+
+    # --- all stages -----------------------------------------------------------------------
+
+    def run_once(self) -> OnceReport:
+        report = OnceReport()
+        started = time.monotonic()
+        report.shipped = Shipper(self.config).run(once=True).changes
+        report.seconds["ship"] = time.monotonic() - started
+        t = time.monotonic()
+        silver = self.silver(once=True)
+        report.silver_rows, report.quarantined = silver.changes_rows, silver.quarantined_rows
+        report.seconds["silver"] = time.monotonic() - t
+        t = time.monotonic()
+        report.gold_transactions = self.gold(once=True).applied_transactions
+        report.seconds["gold"] = time.monotonic() - t
+        t = time.monotonic()
+        report.pushed_version = self.push(once=True).gold_version
+        report.seconds["push"] = time.monotonic() - t
+        return report
+
+    def run_continuous(self, stop: threading.Event) -> None:
+        errors: list[BaseException] = []
+
+        def guarded(name: str, target: Callable[[], object]) -> threading.Thread:
+            def body():
+                try:
+                    target()
+                except BaseException as exc:   # any stage failing stops all of them
+                    log.error("%s stopped: %s", name, exc)
+                    errors.append(exc)
+                    stop.set()
+            thread = threading.Thread(target=body, name=f"lakecdc-{name}", daemon=True)
+            thread.start()
+            return thread
+
+        threads = [guarded("ship", lambda: Shipper(self.config).run(once=False, stop=stop))]
+        queries = []
+        try:
+            s, w = self.where.silver, self.where
+            queries += start_silver(self.spark, s.bronze_path, s.silver_path, s.quarantine_path,
+                                    s.checkpoint_root, self.config.tables, once=False,
+                                    trigger_interval=self.trigger_interval)
+            queries.append(start_gold(self.spark, s.silver_path, w.gold, w.gold_checkpoint,
+                                      once=False, trigger_interval=self.trigger_interval,
+                                      **self.gold_options))
+            threads.append(guarded("push", lambda: self.push(once=False, stop=stop)))
+            while not stop.is_set():
+                for query in queries:
+                    if not query.isActive:
+                        errors.append(query.exception() or RuntimeError(
+                            f"query {query.name} stopped"))
+                        stop.set()
+                stop.wait(0.5)
+        finally:
+            stop.set()
+            for query in queries:
+                try:
+                    query.stop()
+                except Exception as exc:       # stopping is best effort; progress is safe
+                    log.warning("stopping %s: %s", query.name, exc)
+            for thread in threads:
+                thread.join(timeout=120)
+        if errors:
+            raise errors[0]

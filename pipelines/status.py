@@ -1,0 +1,142 @@
+"""``lakecdc status``: how far each layer has got, read without Spark.
+
+- slot: ``wal_status``, lag in bytes (current WAL position − confirmed position), positions;
+- per Delta layer: table version, the newest source ``commit_lsn`` it holds, that change's
+  source commit time and the freshness (now − that time). Values come from the Delta log
+  and per-file statistics, so status stays cheap on large tables;
+- dashboard: the pushed gold version and the newest source commit it reflects.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import asdict, dataclass
+
+import psycopg
+from deltalake import DeltaTable
+from psycopg import sql
+
+from bronze import slot as slots
+from pipelines.config import Config
+from pipelines.lsn import fmt
+
+
+@dataclass
+class LayerStatus:
+    layer: str
+    version: int | None = None
+    commit_lsn: int | None = None
+    commit_ts: dt.datetime | None = None
+    note: str = ""
+
+    def freshness_s(self, now: dt.datetime) -> float | None:
+        return None if self.commit_ts is None else round((now - self.commit_ts).total_seconds(), 3)
+
+
+def _max_stat(table: DeltaTable, column: str):
+    actions = table.get_add_actions(flatten=True)
+    name = f"max.{column}"
+    if actions.num_rows == 0 or name not in actions.column_names:
+        return None
+    values = [v for v in actions.column(name).to_pylist() if v is not None]
+    return max(values) if values else None
+
+
+def delta_layer(layer: str, uri: str, lsn_column: str, ts_column: str,
+                storage_options: dict | None = None) -> LayerStatus:
+    """An append-only layer: the newest change it holds, from per-file statistics."""
+    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
+        return LayerStatus(layer, note="not created yet")
+    table = DeltaTable(uri, storage_options=storage_options)
+    ts = _max_stat(table, ts_column)
+    if isinstance(ts, dt.datetime) and ts.tzinfo is None:
+        ts = ts.replace(tzinfo=dt.timezone.utc)
+    return LayerStatus(layer, table.version(), _max_stat(table, lsn_column), ts)
+
+
+def gold_layer(uri: str, storage_options: dict | None = None) -> LayerStatus:
+    """Gold's watermark is recorded in its commits: exact as of that source commit."""
+    from gold.push import gold_position
+
+    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
+        return LayerStatus("gold", note="not created yet")
+    table = DeltaTable(uri, storage_options=storage_options)
+    commit_lsn, commit_ts = gold_position(table)
+    if commit_ts is not None and commit_ts.tzinfo is None:
+        commit_ts = commit_ts.replace(tzinfo=dt.timezone.utc)
+    return LayerStatus("gold", table.version(), commit_lsn, commit_ts)
+
+
+def dashboard_layer(dsn: str) -> LayerStatus:
+    from gold.push import PROGRESS_TABLE   # the name lives with the push
+
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute(sql.SQL(
+                "SELECT gold_version, source_commit_lsn, source_commit_ts FROM {} "
+                "ORDER BY pushed_at DESC NULLS LAST LIMIT 1").format(
+                    sql.Identifier(PROGRESS_TABLE))).fetchone()
+    except psycopg.errors.UndefinedTable:
+        return LayerStatus("dashboard", note="not created yet")
+    if row is None or row[0] is None or row[0] < 0:
+        return LayerStatus("dashboard", note="nothing pushed yet")
+    return LayerStatus("dashboard", *row)
+
+
+def collect(config: Config, storage_options: dict | None = None) -> dict:
+    with psycopg.connect(config.require_source(), autocommit=True, connect_timeout=10) as conn:
+        state = slots.slot_state(conn, config.slot)
+    layers = [
+        delta_layer("bronze", config.bronze_path, "commit_lsn", "commit_ts", storage_options),
+        delta_layer("silver", config.table_path("silver", "changes"), "commit_lsn",
+                    "commit_ts", storage_options),
+        gold_layer(config.table_path("gold", "service_stats"), storage_options),
+        dashboard_layer(config.dashboard),
+    ]
+    now = dt.datetime.now(dt.timezone.utc)
+    return {
+        "slot": None if state is None else {
+            "name": config.slot, "wal_status": state.wal_status, "lag_bytes": state.lag_bytes,
+            "confirmed_flush_lsn": fmt(state.confirmed_flush_lsn),
+            "restart_lsn": fmt(state.restart_lsn), "active_pid": state.active_pid},
+        "layers": [{**asdict(l), "commit_lsn": fmt(l.commit_lsn) if l.commit_lsn else None,
+                    "commit_ts": l.commit_ts.isoformat() if l.commit_ts else None,
+                    "freshness_s": l.freshness_s(now)} for l in layers],
+    }
+
+
+def render(report: dict) -> str:
+    slot = report["slot"]
+    lines = []
+    if slot is None:
+        lines.append("slot: MISSING (run `lakecdc setup`, or `lakecdc setup --rebaseline`)")
+    else:
+        lines.append(f"slot {slot['name']}: wal_status={slot['wal_status']}  "
+                     f"lag={_bytes(slot['lag_bytes'])}  confirmed={slot['confirmed_flush_lsn']}"
+                     f"  restart={slot['restart_lsn']}")
+    lines.append(f"{'layer':<10} {'version':>8} {'commit_lsn':>14}  {'source commit (UTC)':<26}"
+                 f" {'freshness':>10}")
+    for l in report["layers"]:
+        if l["note"]:
+            lines.append(f"{l['layer']:<10} {l['note']}")
+            continue
+        ts = (l["commit_ts"] or "-")[:26].replace("T", " ")
+        fresh = "-" if l["freshness_s"] is None else f"{l['freshness_s']:.1f}s"
+        lines.append(f"{l['layer']:<10} {l['version'] if l['version'] is not None else '-':>8} "
+                     f"{l['commit_lsn'] or '-':>14}  {ts:<26} {fresh:>10}")
+    return "\n".join(lines)
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def to_json(report: dict) -> str:
+    return json.dumps(report, indent=2, default=str)

@@ -1,0 +1,85 @@
+"""Notify-like source traffic for the demo and benchmarks.
+
+Each ``step`` does what a Notify day does, in small transactions: create notifications,
+move some through their statuses (created → sending → delivered / failures), archive
+finished ones to ``notification_history`` (INSERT history + DELETE in one transaction), hard
+delete a few, and roll one transaction back. Deterministic for a given seed (up to the
+random row choices Postgres makes).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+
+import psycopg
+
+SERVICES = [uuid.UUID(int=(0x5E << 120) + i) for i in range(6)]
+SERVICE_NAMES = {s: f"service-{i + 1}" for i, s in enumerate(SERVICES)}
+TEMPLATES = [uuid.UUID(int=(0x7E << 120) + i) for i in range(4)]
+TYPES = ("email", "sms", "letter")
+FINAL = ("delivered", "permanent-failure", "temporary-failure", "technical-failure")
+
+_INSERT = """
+INSERT INTO notifications (id, service_id, template_id, notification_type,
+                           notification_status, key_type, created_at, "to", billable_units)
+SELECT gen_random_uuid(), (%(services)s::uuid[])[1 + floor(random() * %(ns)s)::int],
+       (%(templates)s::uuid[])[1 + floor(random() * %(nt)s)::int],
+       (%(types)s::notification_type[])[1 + floor(random() * 3)::int],
+       'created', 'normal', now(), 'someone@example.com', 1
+FROM generate_series(1, %(n)s)"""
+
+
+class Traffic:
+    def __init__(self, dsn: str, seed: int = 1) -> None:
+        self.dsn = dsn
+        self.rng = random.Random(seed)
+        self.steps = 0
+
+    def step(self, conn: psycopg.Connection, inserts: int = 20) -> None:
+        rng = self.rng
+        conn.execute(_INSERT, {"services": SERVICES, "templates": TEMPLATES,
+                               "types": list(TYPES), "ns": len(SERVICES),
+                               "nt": len(TEMPLATES), "n": inserts})
+        conn.execute("UPDATE notifications SET notification_status = 'sending', "
+                     "sent_at = now() WHERE notification_status = 'created' AND "
+                     "random() < 0.5")
+        final = rng.choices(FINAL, weights=(90, 4, 4, 2))[0]
+        conn.execute("UPDATE notifications SET notification_status = %s, updated_at = now() "
+                     "WHERE notification_status = 'sending' AND random() < 0.4", [final])
+        if rng.random() < 0.3:
+            with conn.transaction():
+                conn.execute("CREATE TEMP TABLE IF NOT EXISTS moving (id uuid) ON COMMIT DROP")
+                conn.execute("INSERT INTO moving SELECT id FROM notifications WHERE "
+                             "notification_status = ANY(%s) AND random() < 0.3",
+                             [list(FINAL)])
+                conn.execute("INSERT INTO notification_history SELECT n.* FROM notifications n "
+                             "JOIN moving USING (id)")
+                conn.execute("DELETE FROM notifications n USING moving m WHERE n.id = m.id")
+        if rng.random() < 0.2:
+            conn.execute("DELETE FROM notifications WHERE id IN (SELECT id FROM notifications "
+                         "ORDER BY random() LIMIT 2)")
+        if rng.random() < 0.2:
+            try:
+                with conn.transaction():
+                    conn.execute(_INSERT, {"services": SERVICES, "templates": TEMPLATES,
+                                           "types": list(TYPES), "ns": len(SERVICES),
+                                           "nt": len(TEMPLATES), "n": 5})
+                    raise _Rollback
+            except _Rollback:
+                pass
+        self.steps += 1
+
+    def run(self, stop: threading.Event, interval_s: float = 0.2, inserts: int = 20) -> None:
+        """Steps until ``stop`` is set (for a background thread)."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                started = time.monotonic()
+                self.step(conn, inserts)
+                stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
+
+
+class _Rollback(Exception):
+    pass

@@ -1,0 +1,169 @@
+"""bronze → silver as pure DataFrame transforms: wal2json v2 text to typed change rows.
+
+``parse_changes(bronze, known_tables)`` contract:
+
+- **One row out per row in**, never filtered, keyed by bronze's ``(commit_lsn, seq)`` and
+  carrying ``tx_changes``, so a reader can tell when it holds a whole transaction. Row order
+  is not meaningful (Spark); order by ``(commit_lsn, seq)``.
+- **Deterministic**: the output depends only on the bronze row and ``known_tables``. A
+  replayed micro-batch produces the same rows, which is what lets the Delta sink's skip of
+  an already-committed batch be exact.
+- **Never raises on data**. A row that cannot be trusted gets ``error`` set and ``op`` and
+  every parsed column NULL (so ``op IS NULL`` ⇔ ``error IS NOT NULL``); its raw JSON goes to
+  quarantine through ``quarantine_rows``, which applies the same rules.
+- The JSON is parsed once per row (one ``from_json``; later steps read its struct).
+
+Errors, first match wins: ``malformed JSON`` (not JSON, or a field of the wrong JSON type);
+``no action in JSON``; ``JSON action X differs from bronze action Y``; ``unknown action X``;
+``change without schema or table``; ``unknown table s.t`` (a change of a table not in
+``known_tables``); ``I/U without columns``, ``D without identity``; ``duplicate or unnamed
+column in columns/identity``; ``X without id, ... in columns`` (the new id and dims must all
+be present and non-NULL for I/U); ``X identity lacks ...`` (the replica identity of a D, or
+of a U that has one, must carry the old id and dims). The last two protect gold: a change it
+cannot attribute must stop it loudly, never be counted as NULL dims or skipped (DESIGN §2).
+
+Carried through, not errors: logical messages (op ``M``, ``message_prefix`` /
+``message_content``, no table); truncates (op ``T``: gold decides); columns added mid-stream
+(every new value is in the ``columns`` map); numeric ``NaN`` / ``Infinity`` (kept as text).
+
+Numbers: wal2json 2.5 writes numerics as bare JSON numbers, and Spark's ``from_json`` reads a
+bare number into a string field through a double (``12345678901234567890.123456789012345``
+becomes ``"1.2345678901234567E19"``, ``1.50`` becomes ``"1.5"``; measured on Spark 4.1.1).
+So bare scalar column values are quoted in the text first and reach silver exactly as
+Postgres printed them. (wal2json 2.5 prints numeric NaN/±Infinity as ``null``; a bare
+``NaN`` from elsewhere is carried as the text ``NaN``.)
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from pipelines.captured import IDENTITY_COLUMNS
+from silver.schema import SILVER_CHANGES, SILVER_QUARANTINE, WAL2JSON_CHANGE
+
+CHANGE_ACTIONS = ("I", "U", "D", "T")
+MESSAGE_ACTION = "M"
+KEY_COLUMNS = IDENTITY_COLUMNS      # id + the four dims, new (I/U) and old (identity)
+
+_CORRUPT = "_corrupt_record"
+_PARSE_SCHEMA = StructType([*WAL2JSON_CHANGE.fields, StructField(_CORRUPT, StringType())])
+_JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
+
+# A bare JSON scalar (number, NaN, Infinity) as the value of a "value" key. In wal2json v2
+# "value" is only ever a key of a column object, and the text `"value":` cannot occur inside
+# a JSON string (its quotes would be escaped), so only column values are touched.
+_BARE_VALUE = r'("value":\s*)(-?[0-9][0-9.eE+\-]*|NaN|-?Infinity)(?=\s*[,}])'
+_QUOTED_VALUE = '$1"$2"'
+
+
+def parse_changes(bronze: DataFrame, known_tables: Iterable[str]) -> DataFrame:
+    """Bronze rows as silver change rows, in ``SILVER_CHANGES`` column order and types."""
+    parsed = _parsed(bronze, known_tables)
+    ok = F.col("error").isNull()
+    action = F.col("_j.action")
+    change = action.isin(*CHANGE_ACTIONS)
+    message = action == MESSAGE_ACTION
+    new, old = F.col("_new"), F.col("_old")
+    values = {
+        "op": action,
+        "schema_name": F.when(change, F.col("_j.schema")),
+        "table_name": F.when(change, F.col("_j.table")),
+        **{c: F.try_element_at(new, F.lit(c)) for c in KEY_COLUMNS},
+        **{f"old_{c}": F.try_element_at(old, F.lit(c)) for c in KEY_COLUMNS},
+        "columns": new,
+        "message_prefix": F.when(message, F.col("_j.prefix")),
+        "message_content": F.when(message, F.col("_j.content")),
+    }
+    # Everything parsed is NULL on a failed row: consumers filter on one column, not many.
+    exprs = {name: F.when(ok, value) for name, value in values.items()}
+    return parsed.select(*[
+        exprs.get(f.name, F.col(f.name)).cast(f.dataType).alias(f.name)
+        for f in SILVER_CHANGES.fields])
+
+
+def quarantine_rows(bronze: DataFrame, known_tables: Iterable[str]) -> DataFrame:
+    """The bronze rows ``parse_changes`` marks failed, with their raw JSON and the error.
+
+    Same rules as ``parse_changes`` (same ``_parsed``), so for any bronze input the rows
+    here are exactly the rows of ``parse_changes`` with ``error`` set.
+    """
+    failed = F.struct(*[F.col(f.name).cast(f.dataType).alias(f.name)
+                        for f in SILVER_QUARANTINE.fields])
+    # A flat-map rather than `where(error IS NOT NULL)`: the optimizer pushes a filter below
+    # the projections, substituting the whole error expression - and the from_json inside
+    # it - at every reference (over a hundred JSON parses per row, 13x slower, measured).
+    # A generator's input is not substituted, so the JSON is parsed once per row here too.
+    return _parsed(bronze, known_tables).select(
+        F.inline(F.when(F.col("error").isNotNull(), F.array(failed))))
+
+
+def _parsed(bronze: DataFrame, known_tables: Iterable[str]) -> DataFrame:
+    """Bronze columns, the parsed JSON ``_j``, column maps ``_new``/``_old`` and ``error``.
+
+    Three projections so the costly expressions are evaluated once per row: the optimizer
+    does not inline a non-trivial expression that a later projection uses more than once.
+    """
+    text = F.regexp_replace(F.col("data"), _BARE_VALUE, _QUOTED_VALUE)
+    with_json = bronze.select("*", F.from_json(text, _PARSE_SCHEMA, _JSON_OPTIONS).alias("_j"))
+    with_maps = with_json.select("*", _name_map(F.col("_j.columns")).alias("_new"),
+                                 _name_map(F.col("_j.identity")).alias("_old"))
+    return with_maps.select("*", _error(tuple(known_tables)).alias("error"))
+
+
+def _name_map(entries: Column) -> Column:
+    """``[{name, value}, ...]`` as a name → value map; NULL if names are missing or repeat.
+
+    ``map_from_entries`` raises on a NULL or duplicate key under Spark's default
+    ``mapKeyDedupPolicy``; the guard keeps poison input from failing the whole stream.
+    """
+    names = F.transform(entries, lambda c: c["name"])
+    well_named = (F.forall(entries, lambda c: c["name"].isNotNull())
+                  & (F.size(F.array_distinct(names)) == F.size(entries)))
+    return F.when(well_named, F.map_from_entries(
+        F.transform(entries, lambda c: F.struct(c["name"], c["value"]))))
+
+
+def _missing(values: Column) -> Column:
+    """Comma-separated key columns that are absent or NULL in ``values`` ('' if none)."""
+    return F.concat_ws(", ", *[F.when(F.try_element_at(values, F.lit(c)).isNull(), F.lit(c))
+                               for c in KEY_COLUMNS])
+
+
+def _error(known_tables: tuple[str, ...]) -> Column:
+    j = F.col("_j")
+    action = j["action"]
+    columns, identity = j["columns"], j["identity"]
+    change = action.isin(*CHANGE_ACTIONS)
+    writes = action.isin("I", "U")
+    qualified = F.concat_ws(".", j["schema"], j["table"])
+    missing_new, missing_old = _missing(F.col("_new")), _missing(F.col("_old"))
+    # Every condition is NULL-safe or guarded by the ones before it: `when` treats NULL as
+    # false, which must never let a bad row through as a good one.
+    return (
+        F.when(j.isNull() | j[_CORRUPT].isNotNull(), F.lit("malformed JSON"))
+        .when(action.isNull(), F.lit("no action in JSON"))
+        .when(action != F.col("action"),
+              F.concat(F.lit("JSON action "), action, F.lit(" differs from bronze action "),
+                       F.col("action")))
+        .when(~change & (action != MESSAGE_ACTION), F.concat(F.lit("unknown action "), action))
+        .when(change & (j["schema"].isNull() | j["table"].isNull()),
+              F.lit("change without schema or table"))
+        .when(change & ~qualified.isin(*known_tables),
+              F.concat(F.lit("unknown table "), qualified))
+        .when(writes & (F.coalesce(F.size(columns), F.lit(0)) <= 0),
+              F.concat(action, F.lit(" without columns")))
+        .when((action == "D") & (F.coalesce(F.size(identity), F.lit(0)) <= 0),
+              F.lit("D without identity"))
+        .when(writes & F.col("_new").isNull(), F.lit("duplicate or unnamed column in columns"))
+        .when(identity.isNotNull() & F.col("_old").isNull(),
+              F.lit("duplicate or unnamed column in identity"))
+        .when(writes & (missing_new != ""),
+              F.concat(action, F.lit(" without "), missing_new, F.lit(" in columns")))
+        .when(action.isin("U", "D") & identity.isNotNull() & (missing_old != ""),
+              F.concat(action, F.lit(" identity lacks "), missing_old,
+                       F.lit(": the replica identity must cover id and the dims")))
+    )

@@ -1,0 +1,364 @@
+"""gold.apply and gold.stream on real Delta tables: completeness, replay, crashes (F12, F15, F18).
+
+Silver input comes from ``Sim``, a tiny in-memory model of the two source tables that
+emits silver rows transaction by transaction. The truth every test compares gold with is
+``Sim.truth()``: GROUP BY dims over the simulated ``notifications`` + ``notification_history``
+rows plus the rows purged from history - computed from the model's tables, never from
+gold's own delta rules.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from pyspark.sql import Row
+
+from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables, last_metadata, seed_gold
+from gold.deltas import GoldStopped
+from gold.stream import run_gold, start_gold
+from pipelines.errors import UserError
+from silver.schema import SILVER_CHANGES
+
+pytestmark = pytest.mark.spark
+
+LIVE = ("public", "notifications")
+HIST = ("public", "notification_history")
+TS = datetime(2025, 3, 1, 12, 0, 0)
+REPO = Path(__file__).resolve().parents[2]
+DIM_NAMES = ("service_id", "template_id", "notification_type", "notification_status")
+
+
+class Sim:
+    """The source tables as dicts, and the silver rows their changes produce."""
+
+    def __init__(self, first_lsn: int = 1000) -> None:
+        self.live: dict[str, tuple] = {}
+        self.hist: dict[str, tuple] = {}
+        self.purged: Counter = Counter()
+        self.lsn = first_lsn
+        self.txs: list[list[dict]] = []
+        self.truths: list[dict[tuple, int]] = []    # truth after each transaction
+        self._ids = 0
+
+    @property
+    def rows(self) -> list[dict]:
+        return [r for tx in self.txs for r in tx]
+
+    def truth(self) -> dict[tuple, int]:
+        total = Counter(self.live.values()) + Counter(self.hist.values()) + self.purged
+        return {k: v for k, v in total.items() if v}
+
+    def _commit(self, changes: list[dict]) -> list[dict]:
+        self.lsn += 100
+        tx = [_silver_row(self.lsn, seq, len(changes), **c) for seq, c in enumerate(changes)]
+        self.txs.append(tx)
+        self.truths.append(self.truth())
+        return tx
+
+    def create(self, *dims: tuple) -> list[str]:
+        ids = []
+        for d in dims:
+            self._ids += 1
+            ids.append(f"n{self._ids}")
+            self.live[ids[-1]] = d
+        self._commit([dict(op="I", table=LIVE, id=i, new=self.live[i]) for i in ids])
+        return ids
+
+    def set_status(self, ids: list[str], status: str) -> None:
+        changes = []
+        for i in ids:
+            old = self.live[i]
+            self.live[i] = (*old[:3], status)
+            changes.append(dict(op="U", table=LIVE, id=i, new=self.live[i], old=old))
+        self._commit(changes)
+
+    def touch(self, ids: list[str]) -> None:
+        """An UPDATE of a non-key column: no identity in the WAL."""
+        self._commit([dict(op="U", table=LIVE, id=i, new=self.live[i]) for i in ids])
+
+    def archive(self, ids: list[str]) -> None:
+        changes = []
+        for i in ids:
+            self.hist[i] = self.live.pop(i)
+            changes += [dict(op="I", table=HIST, id=i, new=self.hist[i]),
+                        dict(op="D", table=LIVE, id=i, old=self.hist[i])]
+        self._commit(changes)
+
+    def purge(self, ids: list[str]) -> None:
+        for i in ids:
+            self.purged[self.hist[i]] += 1
+        self._commit([dict(op="D", table=HIST, id=i, old=self.hist.pop(i)) for i in ids])
+
+    def delete(self, ids: list[str]) -> None:
+        self._commit([dict(op="D", table=LIVE, id=i, old=self.live.pop(i)) for i in ids])
+
+    def message(self) -> None:
+        self._commit([dict(op="M", table=None)])
+
+    def truncate_live(self) -> None:
+        self.live.clear()
+        self._commit([dict(op="T", table=LIVE)])
+
+
+def _silver_row(commit_lsn, seq, tx_changes, op, table, id=None, new=None, old=None):
+    new, old = new or (None,) * 4, old or (None,) * 4
+    schema, name = table or (None, None)
+    return dict(commit_lsn=commit_lsn, seq=seq, tx_changes=tx_changes, xid=commit_lsn // 100,
+                lsn=commit_lsn - 50 + seq, commit_ts=TS, op=op, schema_name=schema,
+                table_name=name, id=id if new[0] else None,
+                **dict(zip(DIM_NAMES, new)), old_id=id if old[0] else None,
+                **{f"old_{c}": v for c, v in zip(DIM_NAMES, old)}, columns=None,
+                message_prefix="app" if op == "M" else None,
+                message_content="hello" if op == "M" else None, error=None, shipped_at=TS)
+
+
+def busy_sim() -> tuple[Sim, list[str]]:
+    """Every kind of change once or more, over three services."""
+    sim = Sim()
+    a = ("svc-a", "tpl-1", "email", "created")
+    b = ("svc-b", "tpl-2", "sms", "created")
+    c = ("svc-c", "tpl-3", "letter", "created")
+    ids = sim.create(a, a, a, b, b, c)
+    sim.set_status(ids[:4], "sending")
+    sim.touch(ids[:2])
+    sim.message()
+    sim.set_status(ids[:2], "delivered")
+    sim.archive(ids[:3])
+    sim.create(c, b)
+    sim.purge(ids[:1])
+    sim.delete([ids[3], ids[5]])               # svc-b "sending" drops to 0
+    return sim, ids
+
+
+def df(spark, rows):
+    return spark.createDataFrame([Row(**r) for r in rows], SILVER_CHANGES)
+
+
+def gold_counts(spark, path) -> dict[tuple, int]:
+    return {tuple(r[c] for c in DIM_NAMES): r["count"]
+            for r in spark.read.format("delta").load(path).collect()}
+
+
+def nonzero(counts: dict) -> dict:
+    return {k: v for k, v in counts.items() if v}
+
+
+@pytest.fixture
+def paths(spark, tmp_path) -> GoldPaths:
+    p = GoldPaths.beside(str(tmp_path / "gold" / "service_stats"))
+    ensure_gold_tables(spark, p)
+    return p
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashAt:
+    """In-process stand-in for a kill at a fault point: raises instead of exiting."""
+
+    def __init__(self, point: str) -> None:
+        self.point = point
+
+    def hit(self, name: str) -> None:
+        if name == self.point:
+            raise Crash(name)
+
+
+# --- the batch function, called directly ------------------------------------------------
+
+def test_only_complete_transactions_are_applied_and_the_rest_is_carried(spark, paths):
+    sim, _ = busy_sim()
+    rows = sim.rows
+    tx_cut = sim.txs[4]                      # the status change of two rows: split it
+    first = [r for r in rows if r["commit_lsn"] < tx_cut[0]["commit_lsn"]] + tx_cut[:1]
+    second = [r for r in rows if r not in first]
+    writer = GoldBatchWriter(paths)
+
+    r0 = writer.apply(df(spark, first), 0)
+    assert r0.applied_transactions == 4 and r0.pending_transactions == 1
+    assert r0.commit_lsn == sim.txs[3][0]["commit_lsn"]
+    assert gold_counts(spark, paths.gold) == sim.truths[3]
+
+    r1 = writer.apply(df(spark, second), 1)
+    assert r1.pending_transactions == 0
+    assert nonzero(gold_counts(spark, paths.gold)) == sim.truth()
+    # A key counted in batch 0 and emptied in batch 1 stays, at 0, for the dashboard.
+    assert gold_counts(spark, paths.gold)[("svc-b", "tpl-2", "sms", "sending")] == 0
+    assert spark.read.format("delta").load(paths.pending).isEmpty()
+    meta = last_metadata(spark, paths.gold)
+    assert (meta["batch_id"], meta["commit_lsn"]) == (1, sim.lsn)
+
+
+def test_a_later_complete_transaction_waits_for_an_earlier_incomplete_one(spark, paths):
+    sim = Sim()
+    a = ("svc-a", "tpl-1", "email", "created")
+    sim.create(a, a)                          # tx 1: two rows
+    sim.create(a)                             # tx 2: one row
+    writer = GoldBatchWriter(paths)
+    r0 = writer.apply(df(spark, [sim.txs[0][0], sim.txs[1][0]]), 0)
+    assert (r0.applied_transactions, r0.pending_transactions) == (0, 2)
+    assert gold_counts(spark, paths.gold) == {}
+    writer.apply(df(spark, [sim.txs[0][1]]), 1)
+    assert gold_counts(spark, paths.gold) == sim.truth() == {a: 3}
+
+
+@pytest.mark.parametrize("guard", [True, False], ids=["guard_on", "guard_off_negative_control"])
+def test_killed_after_merge_before_pending_replays_without_double_count(spark, paths, guard):
+    sim, _ = busy_sim()
+    rows = sim.rows
+    split = len(rows) - 1                     # the last transaction arrives in batch 1
+    with pytest.raises(Crash):
+        GoldBatchWriter(paths, guard=guard, faults=CrashAt("after_gold_merge")).apply(
+            df(spark, rows[:split]), 0)
+    restarted = GoldBatchWriter(paths, guard=guard)
+    restarted.apply(df(spark, rows[:split]), 0)          # Spark re-runs batch 0
+    restarted.apply(df(spark, rows[split:]), 1)
+    got = nonzero(gold_counts(spark, paths.gold))
+    if guard:
+        assert got == sim.truth()
+    else:
+        # The checker must be able to fail: without the txn guard batch 0 counts twice.
+        before_last, final = sim.truths[-2], sim.truth()
+        assert got != final
+        assert got == nonzero({k: before_last.get(k, 0) + final.get(k, 0)
+                               for k in {*before_last, *final}})
+
+
+def test_killed_after_pending_write_replay_is_a_no_op(spark, paths):
+    sim, _ = busy_sim()
+    a = ("svc-a", "tpl-1", "email", "created")
+    sim.create(a, a, a)                       # a 3-row transaction, 2 rows in batch 0
+    rows = sim.rows
+    split = len(rows) - 1
+    with pytest.raises(Crash):
+        GoldBatchWriter(paths, faults=CrashAt("after_gold_pending")).apply(
+            df(spark, rows[:split]), 0)
+    restarted = GoldBatchWriter(paths)
+    # Recomputing would add the carried 2 rows to the same 2 rows again (4 of 3: a stop);
+    # the recorded batch id in _pending says batch 0 is done.
+    assert restarted.apply(df(spark, rows[:split]), 0).replayed
+    restarted.apply(df(spark, rows[split:]), 1)
+    assert nonzero(gold_counts(spark, paths.gold)) == sim.truth()
+
+
+def test_failure_path_truncate_stops_before_writing_anything(spark, paths):
+    sim = Sim()
+    a = ("svc-a", "tpl-1", "email", "created")
+    sim.create(a)
+    sim.truncate_live()
+    with pytest.raises(GoldStopped, match="rebuild-gold"):
+        GoldBatchWriter(paths).apply(df(spark, sim.rows), 0)
+    assert gold_counts(spark, paths.gold) == {}
+    assert last_metadata(spark, paths.gold) is None
+
+
+# --- the stream ---------------------------------------------------------------------
+
+def write_silver(spark, path, rows, files=1):
+    df(spark, rows).repartition(files, "seq").write.format("delta").mode("append").save(path)
+
+
+def test_stream_split_into_small_batches_is_exact(spark, tmp_path):
+    sim, _ = busy_sim()
+    silver = str(tmp_path / "silver" / "changes")
+    gold = str(tmp_path / "gold" / "service_stats")
+    ckpt = str(tmp_path / "checkpoints" / "gold")
+    rows = sim.rows
+    # Two silver commits that cut a transaction in half, each spread over several files;
+    # one file per micro-batch splits transactions across batches too.
+    cut = next(i for i, r in enumerate(rows) if r["tx_changes"] > 2 and r["seq"] == 1)
+    write_silver(spark, silver, rows[:cut], files=3)
+    write_silver(spark, silver, rows[cut:], files=3)
+    run = run_gold(spark, silver, gold, ckpt, once=True, max_files_per_trigger=1)
+    assert len(run.batches) >= 3
+    assert any(b.pending_transactions for b in run.batches)
+    assert nonzero(gold_counts(spark, gold)) == sim.truth()
+    assert run.commit_lsn == sim.lsn
+    props = spark.sql(f"DESCRIBE DETAIL delta.`{gold}`").first().properties
+    assert props["delta.enableChangeDataFeed"] == "true"
+    # Nothing new: a second run applies nothing and changes nothing.
+    again = run_gold(spark, silver, gold, ckpt, once=True)
+    assert again.applied_transactions == 0
+    assert nonzero(gold_counts(spark, gold)) == sim.truth()
+    # F18: with the checkpoint gone, starting would count silver again: refused.
+    shutil.rmtree(ckpt)
+    with pytest.raises(UserError, match="checkpoint"):
+        start_gold(spark, silver, gold, ckpt, once=True)
+
+
+def test_stream_truncate_stops_loudly_then_a_seeded_rebuild_resumes_exactly(spark, tmp_path):
+    sim = Sim()
+    a = ("svc-a", "tpl-1", "email", "created")
+    b = ("svc-b", "tpl-2", "sms", "created")
+    ids = sim.create(a, a, b)
+    sim.truncate_live()
+    silver = str(tmp_path / "silver" / "changes")
+    write_silver(spark, silver, sim.rows)
+    gold = str(tmp_path / "gold" / "service_stats")
+    with pytest.raises(GoldStopped, match="TRUNCATE of public.notifications"):
+        run_gold(spark, silver, gold, str(tmp_path / "ck1"), once=True)
+    # The rebuild: a new gold seeded with the source's counts at the truncate's LSN (the
+    # source is empty then), a new checkpoint; later changes apply on top.
+    shutil.rmtree(tmp_path / "gold")
+    seed_at = sim.lsn
+    paths = GoldPaths.beside(gold)
+    ensure_gold_tables(spark, paths)
+    assert seed_gold(spark, gold, spark.createDataFrame([], "service_id string, "
+                     "template_id string, notification_type string, "
+                     "notification_status string, count bigint"), seed_at)
+    new_ids = sim.create(b, b)
+    sim.set_status(new_ids[:1], "sending")
+    write_silver(spark, silver, sim.rows[len(ids) + 1:])      # rows after the truncate
+    run_gold(spark, silver, gold, str(tmp_path / "ck2"), once=True)
+    assert nonzero(gold_counts(spark, gold)) == sim.truth()
+
+
+# --- F12 with a real kill: a subprocess dies inside the batch after the MERGE commit ------
+
+CRASHING_GOLD = textwrap.dedent("""
+    import sys
+    from gold.stream import run_gold
+    from pipelines.faults import FaultPoints
+    from pipelines.spark import get_or_create
+    silver, gold, ckpt, guard, fault = sys.argv[1:]
+    run_gold(get_or_create("lakecdc-gold-crash"), silver, gold, ckpt, once=True,
+             guard=guard == "on", faults=FaultPoints(fault))
+""")
+
+
+@pytest.mark.parametrize("guard", ["on", "off"], ids=["guard_on", "guard_off_negative_control"])
+def test_gold_killed_after_merge_commit_before_checkpoint(spark, tmp_path, guard):
+    sim, _ = busy_sim()
+    silver = str(tmp_path / "silver" / "changes")
+    gold = str(tmp_path / "gold" / "service_stats")
+    ckpt = str(tmp_path / "checkpoints" / "gold")
+    write_silver(spark, silver, sim.rows, files=2)
+    proc = subprocess.Popen([sys.executable, "-c", CRASHING_GOLD, silver, gold, ckpt, guard,
+                             "after_gold_merge:1"], start_new_session=True, cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _, err = proc.communicate(timeout=600)
+    finally:
+        try:                                   # the JVM child of the killed driver, if any
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 137, err.decode()[-2000:]
+    assert nonzero(gold_counts(spark, gold)) == sim.truth()     # the MERGE did commit
+    assert not os.path.exists(os.path.join(ckpt, "commits", "0"))
+    run_gold(spark, silver, gold, ckpt, once=True, guard=guard == "on")   # batch 0 again
+    got = nonzero(gold_counts(spark, gold))
+    if guard == "on":
+        assert got == sim.truth()
+    else:
+        assert got == {k: 2 * v for k, v in sim.truth().items()}

@@ -1,0 +1,198 @@
+"""gold → Postgres service_stats: absolute counts, version guard, atomicity, F13 and F20.
+
+Gold is written by the real batch function (``GoldBatchWriter``, Spark MERGE with change
+data feed) from ``Sim`` silver rows; the dashboard is compared with ``Sim.truth()``, the
+model's own GROUP BY, not with gold.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import psycopg
+import pytest
+from test_gold_apply import Sim, df   # the source model and its silver rows
+
+from bronze.slot import plugin_options
+from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables
+from gold.push import ensure_dashboard_tables, gold_key, open_gold, push_once
+from pipelines.errors import UserError
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+A = ("svc-a", "tpl-1", "email", "created")
+B = ("svc-b", "tpl-2", "sms", "created")
+
+
+def dashboard(conn) -> dict[tuple, tuple]:
+    rows = conn.execute("SELECT service_id, template_id, notification_type, "
+                        "notification_status, count, source_commit_lsn, pushed_at "
+                        "FROM service_stats").fetchall()
+    return {tuple(r[:4]): tuple(r[4:]) for r in rows}
+
+
+def counts(conn) -> dict[tuple, int]:
+    return {k: v[0] for k, v in dashboard(conn).items()}
+
+
+def progress(conn, gold_path):
+    return conn.execute("SELECT gold_version, source_commit_lsn FROM lakecdc_push_progress "
+                        "WHERE gold_table = %s", [gold_key(gold_path)]).fetchone()
+
+
+def nonzero(d: dict) -> dict:
+    return {k: v for k, v in d.items() if v}
+
+
+@pytest.fixture
+def gold(spark, tmp_path):
+    paths = GoldPaths.beside(str(tmp_path / "gold" / "service_stats"))
+    ensure_gold_tables(spark, paths)
+    return paths
+
+
+@pytest.fixture
+def dash(source_db):
+    with source_db.connect() as conn:
+        ensure_dashboard_tables(conn)
+        ensure_dashboard_tables(conn)          # idempotent
+        yield conn
+
+
+def apply(spark, paths, sim, start, batch_id):
+    """Apply the sim's transactions from index ``start`` on as batch ``batch_id``."""
+    GoldBatchWriter(paths).apply(df(spark, [r for tx in sim.txs[start:] for r in tx]),
+                                 batch_id)
+    return len(sim.txs)
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashAt:
+    def __init__(self, point):
+        self.point = point
+
+    def hit(self, name):
+        if name == self.point:
+            raise Crash(name)
+
+
+def test_push_is_incremental_absolute_and_a_replay_is_a_no_op(spark, gold, dash, source_db):
+    sim = Sim()
+    ids = sim.create(A, A, A, B)
+    sim.set_status(ids[:2], "sending")
+    done = apply(spark, gold, sim, 0, 0)
+    first_truth = sim.truth()
+
+    first = push_once(gold.gold, source_db.dsn)
+    assert first.pushed and first.full and first.upserted == len(first_truth)
+    assert counts(dash) == first_truth
+    assert progress(dash, gold.gold) == (first.gold_version, sim.lsn)
+    before = dashboard(dash)
+
+    replay = push_once(gold.gold, source_db.dsn)                 # F13: pushed already
+    assert not replay.pushed
+    assert dashboard(dash) == before                             # not even pushed_at moved
+
+    sim.set_status(ids[2:3], "sending")                          # svc-a created: 1 -> 0
+    sim.archive(ids[:1])                                         # count-neutral
+    sim.create(B)
+    apply(spark, gold, sim, done, 1)
+    second = push_once(gold.gold, source_db.dsn)
+    changed = {k for k in {*first_truth, *sim.truth()}
+               if first_truth.get(k, 0) != sim.truth().get(k, 0)}
+    assert second.pushed and not second.full and second.upserted == len(changed)
+    assert nonzero(counts(dash)) == sim.truth()
+    assert counts(dash)[A] == 0                                  # the key stays, at 0
+    after = dashboard(dash)
+    for key in set(after) - changed:                             # untouched rows untouched
+        assert after[key] == before[key]
+    assert progress(dash, gold.gold) == (second.gold_version, sim.lsn)
+
+
+def test_a_stale_push_of_an_older_gold_version_changes_nothing(spark, gold, dash, source_db):
+    sim = Sim()
+    ids = sim.create(A, B)
+    done = apply(spark, gold, sim, 0, 0)
+    old_version = open_gold(gold.gold).version()
+    sim.set_status(ids, "delivered")
+    apply(spark, gold, sim, done, 1)
+    assert push_once(gold.gold, source_db.dsn).pushed
+    latest = dashboard(dash)
+    stale = push_once(gold.gold, source_db.dsn, version=old_version)
+    assert not stale.pushed
+    assert dashboard(dash) == latest and nonzero(counts(dash)) == sim.truth()
+
+
+def test_failure_path_push_dying_before_commit_leaves_nothing_behind(spark, gold, dash,
+                                                                    source_db):
+    sim = Sim()
+    sim.create(A, B, B)
+    apply(spark, gold, sim, 0, 0)
+    with pytest.raises(Crash):
+        push_once(gold.gold, source_db.dsn, faults=CrashAt("after_push_stage"))
+    assert counts(dash) == {}
+    assert progress(dash, gold.gold) is None
+    assert push_once(gold.gold, source_db.dsn).pushed
+    assert counts(dash) == sim.truth()
+
+
+def test_a_rebuilt_gold_is_pushed_in_full_and_vanished_keys_are_removed(spark, gold, dash,
+                                                                        source_db):
+    sim = Sim()
+    sim.create(A, B)
+    apply(spark, gold, sim, 0, 0)
+    push_once(gold.gold, source_db.dsn)
+    shutil.rmtree(gold.gold)                  # a new table (new Delta id) at the same path
+    shutil.rmtree(gold.pending)
+    ensure_gold_tables(spark, gold)
+    rebuilt = Sim(first_lsn=sim.lsn)
+    rebuilt.create(B, B)
+    apply(spark, gold, rebuilt, 0, 0)
+    result = push_once(gold.gold, source_db.dsn)
+    assert result.full and result.deleted == 1
+    assert counts(dash) == rebuilt.truth() == {B: 2}
+
+
+def _slot_changes(conn, slot, options) -> list[str]:
+    return [r[0] for r in conn.execute(
+        "SELECT data FROM pg_logical_slot_peek_changes(%s, NULL, NULL, VARIADIC %s)",
+        [slot, options]).fetchall()]
+
+
+def test_push_into_the_source_database_never_reaches_the_slot(spark, gold, dash, source_db):
+    """F20: the shipper's add-tables keeps the push's writes out of the change stream."""
+    sim = Sim()
+    sim.create(A, B)
+    apply(spark, gold, sim, 0, 0)
+    slot = source_db.slot + "_f20"
+    dash.execute("SELECT pg_create_logical_replication_slot(%s, 'wal2json')", [slot])
+    try:
+        dash.execute("INSERT INTO notifications (id, service_id, template_id, "
+                     "notification_type, notification_status, key_type, created_at) VALUES "
+                     "(gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 'sms', "
+                     "'created', 'normal', now())")
+        assert push_once(gold.gold, source_db.dsn).pushed
+        captured = _slot_changes(dash, slot, plugin_options(("public.notifications",
+                                                             "public.notification_history")))
+        assert any('"table":"notifications"' in c for c in captured)    # the slot works
+        assert not any("service_stats" in c or "lakecdc_push" in c for c in captured)
+        # Negative control: without add-tables the push's rows are in the stream.
+        everything = _slot_changes(dash, slot, ["format-version", "2"])
+        assert any('"table":"service_stats"' in c for c in everything)
+    finally:
+        dash.execute("SELECT pg_drop_replication_slot(%s)", [slot])
+
+
+def test_failure_path_missing_gold_and_bad_dsn_are_user_errors(tmp_path, gold, source_db):
+    with pytest.raises(UserError, match="no gold table"):
+        push_once(str(tmp_path / "nowhere"), source_db.dsn)
+    with pytest.raises(UserError, match="dashboard"):
+        push_once(gold.gold, "postgresql://nobody:secret@127.0.0.1:1/none")
+    with pytest.raises(UserError) as info:
+        push_once(gold.gold, "postgresql://nobody:secret@127.0.0.1:1/none")
+    assert "secret" not in str(info.value)
+    with psycopg.connect(source_db.dsn) as conn:   # nothing was created by the failures
+        assert conn.execute("SELECT to_regclass('service_stats')").fetchone()[0] is None

@@ -1,0 +1,263 @@
+"""``silver.stream``: bronze → silver through real Delta tables and Structured Streaming.
+
+Bronze comes either from the real shipper (Postgres 15 + wal2json) or, for inputs wal2json
+never produces, is written with ``bronze.table.BronzeTable`` exactly as the shipper writes
+it. Every run is ``availableNow`` or ``processAllAvailable``: no sleeps.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from bronze.records import BRONZE_SCHEMA
+from bronze.table import BronzeTable, Progress, SourceIdentity
+from pipelines.errors import UserError
+from silver.stream import SilverLocations, run_silver, start_silver
+
+KNOWN = ("public.notifications", "public.notification_history")
+SVC = "11111111-1111-4111-8111-111111111111"
+TPL = "22222222-2222-4222-8222-222222222222"
+NOW = dt.datetime(2026, 11, 21, 6, 0, tzinfo=dt.timezone.utc)
+KEY = ["commit_lsn", "seq", "tx_changes"]
+
+
+def nid(n: int) -> str:
+    return f"00000000-0000-4000-8000-{n:012d}"
+
+
+def insert_json(n: int, table: str = "notifications", extra: str = "") -> str:
+    """A wal2json v2 insert of notification ``n`` (``extra``: raw column objects to add)."""
+    cols = [("id", "uuid", nid(n)), ("service_id", "uuid", SVC), ("template_id", "uuid", TPL),
+            ("notification_type", "notification_type", "email"),
+            ("notification_status", "text", "created")]
+    text = json.dumps({"action": "I", "xid": n, "timestamp": "2026-11-21 06:00:00+00",
+                       "lsn": "0/1", "schema": "public", "table": table,
+                       "columns": [{"name": a, "type": t, "value": v} for a, t, v in cols]},
+                      separators=(",", ":"))
+    return text[:-2] + extra + "]}"
+
+
+def delete_json(n: int) -> str:
+    ident = [("id", nid(n)), ("service_id", SVC), ("template_id", TPL),
+             ("notification_type", "email"), ("notification_status", "created")]
+    return json.dumps({"action": "D", "xid": n, "timestamp": "2026-11-21 06:00:00+00",
+                       "lsn": "0/1", "schema": "public", "table": "notifications",
+                       "identity": [{"name": a, "type": "text", "value": v} for a, v in ident]},
+                      separators=(",", ":"))
+
+
+def row(commit_lsn: int, data: str, seq: int = 0, tx_changes: int = 1,
+        action: str = "I") -> dict:
+    return dict(slot="s", commit_lsn=commit_lsn, seq=seq, tx_changes=tx_changes, xid=7,
+                lsn=commit_lsn, commit_ts=NOW, action=action, shipped_at=NOW, data=data)
+
+
+def append_bronze(path: str, rows: list[dict]) -> None:
+    """One bronze commit, written the way the shipper writes it (with its progress)."""
+    table = BronzeTable(path)
+    if not table.exists():
+        table.create(SourceIdentity("s", "db", "1"), 0)
+    top = max(r["commit_lsn"] for r in rows)
+    table.append(iter([pa.RecordBatch.from_pylist(rows, schema=BRONZE_SCHEMA)]), "s",
+                 Progress(top, top))
+
+
+POISON = {
+    110: ("not json", "malformed JSON"),
+    120: (insert_json(1, table="other"), "unknown table public.other"),
+}
+FIRST = [row(100, insert_json(1)),
+         row(110, POISON[110][0]),
+         row(120, POISON[120][0]),
+         # Bare NaN (invalid JSON) and a column added mid-stream: carried, not quarantined.
+         row(130, insert_json(3, extra=',{"name":"rate_multiplier","type":"numeric",'
+                                        '"value":NaN},{"name":"postage","type":"text",'
+                                        '"value":"second"}'))]
+SECOND = [row(200, insert_json(2), 0, 2), row(200, delete_json(1), 1, 2, action="D")]
+
+
+@pytest.fixture
+def loc(tmp_path: Path) -> SilverLocations:
+    root = tmp_path / "lakehouse"
+    return SilverLocations(bronze_path=str(root / "bronze" / "wal2json_changes"),
+                           silver_path=str(root / "silver" / "changes"),
+                           quarantine_path=str(root / "silver" / "quarantine"),
+                           checkpoint_root=str(root / "_checkpoints" / "silver"))
+
+
+def read(spark, path: str):
+    return spark.read.format("delta").load(path)
+
+
+def version(spark, path: str) -> int:
+    return spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").collect()[0]["version"]
+
+
+def run_once(spark, loc: SilverLocations, known=KNOWN):
+    return run_silver(spark, **asdict(loc), known_tables=known, once=True)
+
+
+def assert_one_silver_row_per_bronze_row(spark, loc: SilverLocations) -> None:
+    assertDataFrameEqual(read(spark, loc.silver_path).select(KEY),
+                         read(spark, loc.bronze_path).select(KEY))
+
+
+def quarantined(spark, loc: SilverLocations):
+    return read(spark, loc.quarantine_path).select("commit_lsn", "error", "data")
+
+
+def expected_quarantine(spark):
+    return spark.createDataFrame([(k, err, data) for k, (data, err) in POISON.items()],
+                                 "commit_lsn bigint, error string, data string")
+
+
+@pytest.mark.spark
+@pytest.mark.integration
+def test_shipped_changes_reach_silver_once(spark, source_db, config):
+    from bronze.ship import Shipper
+    from pipelines.setup_source import setup
+
+    setup(config)
+    insert = ("INSERT INTO notifications (id, service_id, template_id, notification_type, "
+              "notification_status, key_type, created_at, rate_multiplier) "
+              "VALUES (%s, %s, %s, %s, 'created', 'normal', now(), %s)")
+    source_db.execute(insert, [nid(1), SVC, TPL, "email", "1.50"])
+    source_db.execute(insert, [nid(2), SVC, TPL, "sms", "NaN"])
+    source_db.execute("UPDATE notifications SET notification_status = 'sending' WHERE id = %s",
+                      [nid(1)])
+    source_db.execute("UPDATE notifications SET billable_units = 2 WHERE id = %s", [nid(2)])
+    # Before a commit: a non-transactional message is decodable only once WAL is flushed
+    # past it, and the message alone does not flush (Postgres < 17 has no flush option).
+    source_db.execute("SELECT pg_logical_emit_message(false, 'silver-test', 'hello')")
+    with source_db.connect() as conn, conn.transaction():      # archival move
+        conn.execute("INSERT INTO notification_history SELECT * FROM notifications "
+                     "WHERE id = %s", [nid(1)])
+        conn.execute("DELETE FROM notifications WHERE id = %s", [nid(1)])
+    Shipper(config).run(once=True)
+
+    loc = SilverLocations.from_config(config)
+    first = run_once(spark, loc, config.tables)
+
+    bronze_rows = read(spark, loc.bronze_path).count()
+    assert (first.changes_rows, first.quarantined_rows) == (bronze_rows, 0)
+    assert_one_silver_row_per_bronze_row(spark, loc)
+    silver = (read(spark, loc.silver_path)
+              .where((F.col("op") != "M") | (F.col("message_prefix") == "silver-test"))
+              .select("op", "table_name", "id", "notification_type", "notification_status",
+                      "old_id", "old_notification_status", F.col("columns")["rate_multiplier"],
+                      "message_content", "error"))
+    assertDataFrameEqual(silver, spark.createDataFrame([
+        ("I", "notifications", nid(1), "email", "created", None, None, "1.50", None, None),
+        # wal2json 2.5 prints numeric NaN as null: carried, not quarantined.
+        ("I", "notifications", nid(2), "sms", "created", None, None, None, None, None),
+        ("U", "notifications", nid(1), "email", "sending", nid(1), "created", "1.50", None, None),
+        # No key column changed, yet wal2json 2.5 (format v2) sends the identity anyway:
+        # the old dims equal the new ones.
+        ("U", "notifications", nid(2), "sms", "created", nid(2), "created", None, None, None),
+        ("I", "notification_history", nid(1), "email", "sending", None, None, "1.50", None,
+         None),
+        ("D", "notifications", None, None, None, nid(1), "sending", None, None, None),
+        ("M", None, None, None, None, None, None, None, "hello", None),
+    ], silver.schema))
+    assert read(spark, loc.quarantine_path).count() == 0
+
+    versions = (version(spark, loc.silver_path), version(spark, loc.quarantine_path))
+    again = run_once(spark, loc, config.tables)
+    assert (again.changes_rows, again.quarantined_rows) == (0, 0)
+    assert (version(spark, loc.silver_path), version(spark, loc.quarantine_path)) == versions
+    assert_one_silver_row_per_bronze_row(spark, loc)
+
+
+@pytest.mark.spark
+def test_poison_is_quarantined_and_the_running_stream_keeps_going(spark, loc):
+    append_bronze(loc.bronze_path, FIRST)
+    queries = start_silver(spark, **asdict(loc), known_tables=KNOWN, once=False,
+                           trigger_interval="200 milliseconds")
+    try:
+        for query in queries:
+            query.processAllAvailable()
+        assertDataFrameEqual(quarantined(spark, loc), expected_quarantine(spark))
+        append_bronze(loc.bronze_path, SECOND)                  # after the poison
+        for query in queries:
+            query.processAllAvailable()
+        assert all(q.isActive and q.exception() is None for q in queries)
+    finally:
+        for query in queries:
+            query.stop()
+
+    assert_one_silver_row_per_bronze_row(spark, loc)
+    assertDataFrameEqual(
+        read(spark, loc.silver_path).select("commit_lsn", "seq", "op", "id", "old_id",
+                                            F.col("columns")["rate_multiplier"].alias("rate"),
+                                            F.col("columns")["postage"].alias("postage"),
+                                            "error"),
+        spark.createDataFrame([
+            (100, 0, "I", nid(1), None, None, None, None),
+            (110, 0, None, None, None, None, None, "malformed JSON"),
+            (120, 0, None, None, None, None, None, "unknown table public.other"),
+            (130, 0, "I", nid(3), None, "NaN", "second", None),
+            (200, 0, "I", nid(2), None, None, None, None),
+            (200, 1, "D", None, nid(1), None, None, None),
+        ], "commit_lsn bigint, seq int, op string, id string, old_id string, "
+           "rate string, postage string, error string"))
+    assertDataFrameEqual(quarantined(spark, loc), expected_quarantine(spark))
+
+
+def _drop_last_commit(checkpoint: Path) -> Path:
+    last = max((p for p in (checkpoint / "commits").iterdir() if p.name.isdigit()),
+               key=lambda p: int(p.name))
+    last.unlink()
+    # Its checksum too: a crash before the commit file is written leaves neither.
+    (last.parent / f".{last.name}.crc").unlink(missing_ok=True)
+    return last
+
+
+@pytest.mark.spark
+def test_a_replayed_batch_is_skipped_by_the_sink(spark, loc):
+    """F11: killed after the sink's Delta commit, before the checkpoint's commit file."""
+    append_bronze(loc.bronze_path, FIRST)
+    append_bronze(loc.bronze_path, SECOND)
+    run_once(spark, loc)
+    versions = (version(spark, loc.silver_path), version(spark, loc.quarantine_path))
+
+    checkpoints = Path(loc.checkpoint_root)
+    dropped = [_drop_last_commit(checkpoints / name) for name in ("changes", "quarantine")]
+    replay = run_once(spark, loc)
+
+    assert all(p.exists() for p in dropped)             # the batches did run again ...
+    assert (replay.changes_rows, replay.quarantined_rows) == (0, 0)     # ... and wrote nothing
+    assert (version(spark, loc.silver_path), version(spark, loc.quarantine_path)) == versions
+    assert_one_silver_row_per_bronze_row(spark, loc)
+    assertDataFrameEqual(quarantined(spark, loc), expected_quarantine(spark))
+
+
+@pytest.mark.spark
+def test_a_lost_checkpoint_refuses_to_start_instead_of_duplicating(spark, loc):
+    """F18: without its checkpoint the sink cannot recognise its own batches."""
+    append_bronze(loc.bronze_path, SECOND)
+    run_once(spark, loc)
+    shutil.rmtree(Path(loc.checkpoint_root) / "changes")
+
+    with pytest.raises(UserError, match="checkpoint .* is missing"):
+        run_once(spark, loc)
+    assert_one_silver_row_per_bronze_row(spark, loc)
+
+
+@pytest.mark.spark
+def test_refuses_missing_bronze_and_foreign_tables(spark, loc):
+    with pytest.raises(UserError, match="no bronze table"):
+        start_silver(spark, **asdict(loc), known_tables=KNOWN, once=True)
+    append_bronze(loc.bronze_path, SECOND)
+    spark.createDataFrame([(1,)], "x int").write.format("delta").save(loc.silver_path)
+    with pytest.raises(UserError, match="does not have the silver schema"):
+        start_silver(spark, **asdict(loc), known_tables=KNOWN, once=True)
+    assert not Path(loc.checkpoint_root).exists()        # nothing was started
