@@ -54,7 +54,7 @@ class SpillBuffer:
             yield from self._memory
             return
         self._writer.close()
-        with pa.memory_map(self._path) as source:
+        with pa.OSFile(self._path) as source:   # not mmap: mapped pages would stay resident
             reader = ipc.open_file(source)
             for i in range(reader.num_record_batches):
                 yield reader.get_batch(i)

@@ -21,12 +21,23 @@ from dataclasses import asdict, dataclass
 from typing import Iterator
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import (ColumnProperties, CommitProperties, DeltaTable, Transaction,
+                       WriterProperties, write_deltalake)
 from deltalake.exceptions import TableNotFoundError
 
 from bronze.records import BRONZE_SCHEMA
 
 END_SUFFIX = ":end_lsn"
+# The Parquet writer holds whole row groups in memory: with ~1 kB of JSON per row, small
+# row groups keep the shipper's peak RSS near 500 MB through a 1M-row transaction
+# (measured: 1.8 GB with the defaults and a memory-mapped spill file).
+ROW_GROUP_ROWS = 8192
+TARGET_FILE_BYTES = 64 << 20
+_WRITER = WriterProperties(
+    max_row_group_size=ROW_GROUP_ROWS, compression="ZSTD",
+    # Every JSON payload is unique: a dictionary only costs memory and time.
+    column_properties={"data": ColumnProperties(dictionary_enabled=False,
+                                                statistics_enabled="NONE")})
 TABLE_CONFIG = {
     "delta.appendOnly": "true",
     "delta.checkpointInterval": "20",
@@ -97,6 +108,8 @@ class BronzeTable:
         """
         reader = pa.RecordBatchReader.from_batches(BRONZE_SCHEMA, batches)
         write_deltalake(self.uri, reader, mode="append", storage_options=self.storage_options,
+                        target_file_size=TARGET_FILE_BYTES,
+                        writer_properties=_WRITER,
                         commit_properties=_progress_props(slot, progress, metadata))
 
     def record_progress(self, slot: str, progress: Progress, metadata: dict | None = None):

@@ -91,7 +91,7 @@ def setup(ctx, rebaseline):
               help="Seconds between peeks when idle [1].")
 @click.option("--chunk-mb", type=float, help="Peek rows are converted in chunks of this size [16].")
 @click.option("--memory-budget-mb", type=int,
-              help="Rows held in memory per batch before spilling to local disk [128].")
+              help="Rows held in memory per batch before spilling to local disk [64].")
 @click.pass_context
 def ship(ctx, once, **flags):
     """slot → bronze."""
@@ -180,7 +180,7 @@ def status(ctx, as_json):
 
 
 @cli.command()
-@click.option("--seconds", type=float, default=40.0, show_default=True,
+@click.option("--seconds", type=float, default=60.0, show_default=True,
               help="How long traffic and the continuous pipeline run.")
 @click.option("--out", type=click.Path(), default="demo-output", show_default=True,
               help="Where the lakehouse, the summary and the PNG go.")

@@ -38,7 +38,7 @@ class Config:
     peek_timeout_s: int = 300
     poll_interval_s: float = 1.0
     progress_commit_interval_s: float = 60.0
-    memory_budget_mb: int = 128
+    memory_budget_mb: int = 64
     chunk_mb: float = 16.0
     spill_dir: str | None = None
     # Test hooks: fault points ("name:n,...") and guards switched off (negative controls).

@@ -84,9 +84,10 @@ def run_demo(seconds: float, out_dir: str, stop: threading.Event) -> None:
                              slot="lakecdc_demo", poll_interval_s=0.2)
         for line in setup(config).actions:
             _say(f"setup: {line}")
-        _say("starting Spark (the first start downloads the Delta jars) ...")
+        _say("starting Spark (the first start downloads the Delta jars) and creating the "
+             "lakehouse tables ...")
         pipeline = Pipeline(config)
-        pipeline.spark   # start it before the clock runs
+        pipeline.run_once()   # warm up: tables, JVM, first plans - before the clock runs
 
         traffic = Traffic(dsn, seed=42)
         threads.append(threading.Thread(target=traffic.run, args=(traffic_stop, 0.1, 30),

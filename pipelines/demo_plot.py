@@ -31,7 +31,7 @@ def plot(counts: dict[tuple[str, str], int], freshness: list[tuple[float, float]
             bottoms[s] += v
     bars.set_title("service_stats on the dashboard: notifications by status")
     bars.set_ylabel("notifications")
-    bars.legend(fontsize=8)
+    bars.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     bars.tick_params(axis="x", rotation=20)
     if freshness:
         xs, ys = zip(*freshness)

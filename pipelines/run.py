@@ -151,11 +151,24 @@ class Pipeline:
         finally:
             stop.set()
             for query in queries:
-                try:
-                    query.stop()
-                except Exception as exc:       # stopping is best effort; progress is safe
-                    log.warning("stopping %s: %s", query.name, exc)
+                _stop_between_batches(query)
             for thread in threads:
                 thread.join(timeout=120)
         if errors:
             raise errors[0]
+
+
+def _stop_between_batches(query, timeout_s: float = 120.0) -> None:
+    """Stop a streaming query, letting a running micro-batch finish first.
+
+    Stopping mid-batch is safe (the batch re-runs next time: every sink is idempotent) but
+    kills tasks noisily and wastes the work; waiting a little is kinder to the operator.
+    """
+    deadline = time.monotonic() + timeout_s
+    try:
+        while query.isActive and query.status.get("isTriggerActive") and \
+                time.monotonic() < deadline:
+            time.sleep(0.2)
+        query.stop()
+    except Exception as exc:       # best effort: progress is already safe
+        log.warning("stopping %s: %s", query.name, exc)

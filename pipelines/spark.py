@@ -23,7 +23,9 @@ _LOCAL_CONF = {
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.databricks.delta.properties.defaults.checkpointInterval": "20",
     "spark.sql.streaming.minBatchesToRetain": "20",
-    "spark.driver.extraJavaOptions": "-Dio.netty.tryReflectionSetAccessible=true",
+    # Stream threads run Java regexes over long error messages when a query stops: the
+    # default thread stack overflows on them.
+    "spark.driver.extraJavaOptions": "-Dio.netty.tryReflectionSetAccessible=true -Xss16m",
 }
 
 
