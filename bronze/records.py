@@ -38,16 +38,10 @@ BRONZE_SCHEMA = pa.schema([
 
 # What the assembler emits per chunk: bronze columns minus slot/tx_changes/shipped_at, plus
 # the transaction number used to fill ``tx_changes`` in ``finalize``.
-ASSEMBLED_SCHEMA = pa.schema([
-    pa.field("commit_lsn", pa.int64(), nullable=False),
-    pa.field("seq", pa.int32(), nullable=False),
-    pa.field("gid", pa.int64(), nullable=False),
-    pa.field("xid", pa.int64()),
-    pa.field("lsn", pa.int64(), nullable=False),
-    pa.field("commit_ts", UTC_US),
-    pa.field("action", pa.string(), nullable=False),
-    pa.field("data", pa.string(), nullable=False),
-])
+ASSEMBLED_SCHEMA = pa.schema(
+    [BRONZE_SCHEMA.field(n) for n in ("commit_lsn", "seq")]
+    + [pa.field("gid", pa.int64(), nullable=False)]
+    + [BRONZE_SCHEMA.field(n) for n in ("xid", "lsn", "commit_ts", "action", "data")])
 
 _B, _C, _M = ord("B"), ord("C"), ord("M")
 

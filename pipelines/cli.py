@@ -1,7 +1,7 @@
 """The ``lakecdc`` command line (also ``python -m pipelines``).
 
 Exit codes: 0 success, 1 verification found drift, 2 usage or configuration error (one
-sentence on stderr, no traceback), anything else a failure. ``main(argv)`` never raises
+sentence on stderr, no traceback), 3 an unexpected failure (traceback, passwords redacted). ``main(argv)`` never raises
 ``SystemExit`` on success, so it can be a Databricks wheel-task entry point.
 """
 
@@ -11,6 +11,7 @@ import logging
 import signal
 import sys
 import threading
+import traceback
 
 import click
 
@@ -34,6 +35,9 @@ def _configure_logging(verbose: bool) -> None:
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     root.propagate = False
+    # py4j reports Python exceptions raised inside Spark callbacks itself; lakecdc reports
+    # them once, as its own errors.
+    logging.getLogger("py4j").setLevel(logging.DEBUG if verbose else logging.CRITICAL)
 
 
 def _stop_on_signals() -> threading.Event:
@@ -59,12 +63,21 @@ def _stop_on_signals() -> threading.Event:
 def cli(ctx, source_dsn, dashboard_dsn, lakehouse, slot, verbose):
     """Exact CDC from Postgres into a Delta lakehouse, pushed back to Postgres dashboards."""
     _configure_logging(verbose)
-    ctx.obj = {"source_dsn": source_dsn, "dashboard_dsn": dashboard_dsn,
-               "lakehouse": lakehouse, "slot": slot}
+    ctx.obj = {"flags": {"source_dsn": source_dsn, "dashboard_dsn": dashboard_dsn,
+                         "lakehouse": lakehouse, "slot": slot},
+               "verbose": verbose}
 
 
 def _config(ctx, **flags) -> Config:
-    return Config.load(**ctx.obj, **flags)
+    return Config.load(**ctx.obj["flags"], **flags)
+
+
+def _pipeline(ctx, **flags):
+    from pipelines.run import Pipeline
+    from pipelines.spark import get_or_create
+
+    level = "WARN" if ctx.obj["verbose"] else "FATAL"
+    return Pipeline(_config(ctx, **flags), spark_factory=lambda: get_or_create(log_level=level))
 
 
 @cli.command()
@@ -111,9 +124,7 @@ def _once_option(help_text: str):
 @click.pass_context
 def silver(ctx, once):
     """bronze → silver (Spark Structured Streaming)."""
-    from pipelines.run import Pipeline
-
-    result = Pipeline(_config(ctx)).silver(once=once, stop=_stop_on_signals())
+    result = _pipeline(ctx).silver(once=once, stop=_stop_on_signals())
     click.echo(f"silver: {result.changes_rows} rows, {result.quarantined_rows} quarantined")
 
 
@@ -126,14 +137,13 @@ def silver(ctx, once):
 def gold(ctx, once, accept_errors_upto):
     """silver → gold service_stats (idempotent MERGE of whole transactions)."""
     from pipelines.lsn import Lsn
-    from pipelines.run import Pipeline
 
     try:
         accept = int(Lsn.parse(accept_errors_upto)) if accept_errors_upto else None
     except ValueError as exc:
         raise UserError(f"--accept-errors-upto: {exc}; write an LSN like 0/4A3F2C0.") from None
-    result = Pipeline(_config(ctx)).gold(once=once, stop=_stop_on_signals(),
-                                         accept_errors_upto=accept)
+    result = _pipeline(ctx).gold(once=once, stop=_stop_on_signals(),
+                                 accept_errors_upto=accept)
     click.echo(f"gold: {result.applied_transactions} transactions applied")
 
 
@@ -142,9 +152,7 @@ def gold(ctx, once, accept_errors_upto):
 @click.pass_context
 def push(ctx, once):
     """gold → dashboard Postgres service_stats."""
-    from pipelines.run import Pipeline
-
-    result = Pipeline(_config(ctx)).push(once=once, stop=_stop_on_signals())
+    result = _pipeline(ctx).push(once=once, stop=_stop_on_signals())
     if once:
         click.echo(f"push: gold version {result.gold_version}"
                    + ("" if result.pushed else " (already pushed)"))
@@ -155,9 +163,7 @@ def push(ctx, once):
 @click.pass_context
 def run(ctx, once):
     """All stages: ship, silver, gold, push."""
-    from pipelines.run import Pipeline
-
-    pipeline = Pipeline(_config(ctx))
+    pipeline = _pipeline(ctx)
     if once:
         report = pipeline.run_once()
         timing = ", ".join(f"{k} {v:.1f}s" for k, v in report.seconds.items())
@@ -184,12 +190,16 @@ def status(ctx, as_json):
               help="How long traffic and the continuous pipeline run.")
 @click.option("--out", type=click.Path(), default="demo-output", show_default=True,
               help="Where the lakehouse, the summary and the PNG go.")
-def demo(seconds, out):
+@click.pass_context
+def demo(ctx, seconds, out):
     """Own local Postgres + wal2json, Notify-like traffic, the whole pipeline, a summary
     and a picture."""
     from pipelines.demo import run_demo
+    from pipelines.spark import get_or_create
 
-    run_demo(seconds=seconds, out_dir=out, stop=_stop_on_signals())
+    level = "WARN" if ctx.obj["verbose"] else "FATAL"
+    run_demo(seconds=seconds, out_dir=out, stop=_stop_on_signals(),
+             spark_factory=lambda: get_or_create(log_level=level))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     except DriftFound as exc:
         click.echo(f"lakecdc: drift: {exc}", err=True)
         return 1
+    except Exception:
+        # Not the user's doing: keep the traceback (passwords redacted), and keep exit 1
+        # free for drift.
+        click.echo(redact(traceback.format_exc()), err=True)
+        return 3
     return 0
 
 

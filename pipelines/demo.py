@@ -64,7 +64,8 @@ def _diff(a: dict, b: dict) -> int:
     return sum(1 for k in set(a) | set(b) if a.get(k, 0) != b.get(k, 0))
 
 
-def run_demo(seconds: float, out_dir: str, stop: threading.Event) -> None:
+def run_demo(seconds: float, out_dir: str, stop: threading.Event,
+             spark_factory=None) -> None:
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(out / "lakehouse", ignore_errors=True)
@@ -86,7 +87,7 @@ def run_demo(seconds: float, out_dir: str, stop: threading.Event) -> None:
             _say(f"setup: {line}")
         _say("starting Spark (the first start downloads the Delta jars) and creating the "
              "lakehouse tables ...")
-        pipeline = Pipeline(config)
+        pipeline = Pipeline(config, spark_factory=spark_factory)
         pipeline.run_once()   # warm up: tables, JVM, first plans - before the clock runs
 
         traffic = Traffic(dsn, seed=42)

@@ -19,7 +19,7 @@ from typing import Callable
 
 from bronze.ship import Shipper
 from gold.push import push_once, run_push
-from gold.stream import run_gold, start_gold
+from gold.stream import QUERY_NAME as GOLD_QUERY, gold_writer, run_gold, start_gold
 from pipelines.config import Config
 from pipelines.faults import FaultPoints
 from silver.stream import SilverLocations, run_silver, start_silver
@@ -137,15 +137,21 @@ class Pipeline:
             queries += start_silver(self.spark, s.bronze_path, s.silver_path, s.quarantine_path,
                                     s.checkpoint_root, self.config.tables, once=False,
                                     trigger_interval=self.trigger_interval)
+            options = dict(self.gold_options)
+            writer = gold_writer(self.spark, w.gold, options.pop("pending_path"), **options)
             queries.append(start_gold(self.spark, s.silver_path, w.gold, w.gold_checkpoint,
-                                      once=False, trigger_interval=self.trigger_interval,
-                                      **self.gold_options))
+                                      once=False, writer=writer,
+                                      trigger_interval=self.trigger_interval))
             threads.append(guarded("push", lambda: self.push(once=False, stop=stop)))
             while not stop.is_set():
                 for query in queries:
                     if not query.isActive:
-                        errors.append(query.exception() or RuntimeError(
-                            f"query {query.name} stopped"))
+                        # A gold batch's own error (e.g. a TRUNCATE: exit 2 with its
+                        # sentence) rather than Spark's wrapper around it.
+                        errors.append(writer.failure if query.name == GOLD_QUERY and
+                                      writer.failure is not None else
+                                      query.exception() or RuntimeError(
+                                          f"query {query.name} stopped"))
                         stop.set()
                 stop.wait(0.5)
         finally:

@@ -84,25 +84,32 @@ def setup(config: Config, rebaseline: bool = False,
         # The exported snapshot is valid while rconn stays open: the place for an exact
         # baseline count of the rows that existed before the slot.
     ident = SourceIdentity(config.slot, db, system_id)
-    if not has_bronze:
-        try:
+    try:
+        if not has_bronze:
             bronze.create(ident, created.consistent_point)
-        except BaseException:
-            # Leave no slot without bronze behind: it would pin WAL and block the next setup.
-            with connect(dsn) as conn:
-                slots.drop_slot(conn, config.slot)
-            raise
-        report.did(f"created bronze table {config.bronze_path}")
-    else:
-        progress = bronze.progress(config.slot) or Progress(0, 0)
-        if created.consistent_point <= progress.end_lsn:
-            raise UserError(f"the new slot starts at {fmt(created.consistent_point)}, before "
-                            f"what bronze holds ({fmt(progress.end_lsn)}): the source was "
-                            "restored to an earlier point; use a new LAKECDC_LAKEHOUSE.")
-        bronze.record_progress(config.slot, Progress(progress.commit_lsn,
-                                                     created.consistent_point),
-                               {"lakecdc.operation": "rebaseline",
-                                "lakecdc.systemIdentifier": system_id})
-        bronze.set_system_identifier(system_id)
-        report.did(f"re-baselined bronze at {fmt(created.consistent_point)}")
+            report.did(f"created bronze table {config.bronze_path}")
+        else:
+            _rebaseline(bronze, config.slot, created.consistent_point, system_id, report)
+    except BaseException:
+        # Leave no slot without bronze behind: it would pin WAL and block the next setup.
+        with connect(dsn) as conn:
+            slots.drop_slot(conn, config.slot)
+        raise
     return report
+
+
+def _rebaseline(bronze: BronzeTable, slot: str, start: int, system_id: str,
+                report: SetupReport) -> None:
+    """Restart bronze's position at a new slot's consistent point."""
+    progress = bronze.progress(slot) or Progress(0, 0)
+    if start <= progress.end_lsn:
+        raise UserError(f"the new slot starts at {fmt(start)}, before what bronze holds "
+                        f"({fmt(progress.end_lsn)}): the source was restored to an earlier "
+                        "point; use a new LAKECDC_LAKEHOUSE.")
+    bronze.record_progress(slot, Progress(progress.commit_lsn, start),
+                           {"lakecdc.operation": "rebaseline",
+                            "lakecdc.systemIdentifier": system_id})
+    bronze.set_system_identifier(system_id)
+    report.did(f"re-baselined bronze at {fmt(start)}; changes between "
+               f"{fmt(progress.end_lsn)} and {fmt(start)} were not captured, so gold must "
+               "be rebuilt from a fresh baseline before its counts are exact again")

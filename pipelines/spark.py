@@ -34,8 +34,13 @@ def _on_databricks() -> bool:
 
 
 def get_or_create(app_name: str = "lakecdc", local: bool = True,
-                  extra_conf: dict[str, str] | None = None) -> SparkSession:
-    """A Spark session with Delta. Outside Databricks, starts ``local[2]`` with Delta jars."""
+                  extra_conf: dict[str, str] | None = None,
+                  log_level: str = "WARN") -> SparkSession:
+    """A Spark session with Delta. Outside Databricks, starts ``local[2]`` with Delta jars.
+
+    ``log_level`` is Spark's own (log4j) level. The CLI uses FATAL unless ``-v``: errors
+    that matter reach lakecdc as exceptions and are reported once, by lakecdc.
+    """
     if _on_databricks():
         return SparkSession.builder.getOrCreate()
     from delta import configure_spark_with_delta_pip
@@ -48,5 +53,5 @@ def get_or_create(app_name: str = "lakecdc", local: bool = True,
     for key, value in {**(_LOCAL_CONF if local else {}), **(extra_conf or {})}.items():
         builder = builder.config(key, value)
     spark = configure_spark_with_delta_pip(builder).getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    spark.sparkContext.setLogLevel(log_level)
     return spark

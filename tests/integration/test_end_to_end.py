@@ -83,3 +83,46 @@ def test_continuous_mode_under_traffic_ends_exact(source_db, config, pipeline):
     assert not runner.is_alive() and traffic.steps > 0
     pipeline.run_once()
     check_gold(config.lakehouse, source_db.dsn, source_db.dsn)
+
+
+def test_cli_run_continuous_stops_cleanly_on_sigterm_and_stays_exact(source_db, config):
+    import signal
+    import subprocess
+    import sys
+
+    from tests_support import ROOT, wait_for
+
+    env = cli_env(config)
+    assert run_cli(["setup"], env).returncode == 0
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines", "run"], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        with source_db.connect() as conn:
+            insert(conn, random.Random(31), 25)
+            archive(conn, 0.4)
+        wait_for(lambda: sum(dashboard_counts(source_db.dsn).values()) == 25, timeout=300,
+                 interval=0.5)
+        with source_db.connect() as conn:
+            transition(conn, 0.5, "delivered")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        returncode = proc.wait(timeout=300)
+    assert returncode == 0, proc.stderr.read()[-2000:]
+    assert run_cli(["run", "--once"], env).returncode == 0
+    check_gold(config.lakehouse, source_db.dsn, source_db.dsn)
+
+
+def test_truncate_of_notifications_stops_run_with_one_sentence(source_db, config):
+    env = cli_env(config)
+    assert run_cli(["setup"], env).returncode == 0
+    with source_db.connect() as conn:
+        insert(conn, random.Random(41), 10)
+    assert run_cli(["run", "--once"], env).returncode == 0
+    before = dashboard_counts(source_db.dsn)
+    source_db.execute("TRUNCATE notifications")
+    result = run_cli(["run", "--once"], env)
+    assert result.returncode == 2, result.stderr[-2000:]
+    error_lines = [ln for ln in result.stderr.splitlines() if ln.startswith("lakecdc: error:")]
+    assert len(error_lines) == 1 and "rebuild-gold" in error_lines[0]
+    assert "Traceback" not in result.stderr
+    assert dashboard_counts(source_db.dsn) == before      # nothing half-applied
