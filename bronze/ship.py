@@ -214,7 +214,7 @@ class Shipper:
                 totals.transactions += result.transactions
                 totals.commits += result.committed
                 if result.changes:
-                    log.info("shipped %d changes in %d transactions in %.2fs (up to %s)",
+                    log.debug("shipped %d changes in %d transactions in %.2fs (up to %s)",
                              result.changes, result.transactions, result.seconds,
                              fmt(progress.commit_lsn))
                 if result.full:

@@ -72,12 +72,14 @@ def identity_problem(conn: psycopg.Connection, table: str) -> str | None:
         return None
     if kind == "n":
         return f"table {table} has REPLICA IDENTITY NOTHING"
-    where = "i.indisreplident" if kind == "i" else "i.indisprimary"
-    cols = {r[0] for r in conn.execute(f"""
+    # 'i': the index chosen with USING INDEX; 'd': the primary key.
+    cols = {r[0] for r in conn.execute("""
         SELECT a.attname FROM pg_index i
         JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace
         JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-        WHERE n.nspname = %s AND c.relname = %s AND {where}""", [schema, name])}
+        WHERE n.nspname = %s AND c.relname = %s
+          AND CASE WHEN %s = 'i' THEN i.indisreplident ELSE i.indisprimary END""",
+        [schema, name, kind])}
     missing = [c for c in IDENTITY_COLUMNS if c not in cols]
     if missing:
         return (f"the replica identity of {table} lacks {', '.join(missing)}, so UPDATE and "

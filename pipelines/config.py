@@ -97,6 +97,10 @@ class Config:
     def bronze_path(self) -> str:
         return self.table_path("bronze", "wal2json_changes")
 
+    @property
+    def baseline_path(self) -> str:
+        return self.table_path("gold", "_baseline")
+
     def guard_on(self, guard: str) -> bool:
         return guard not in self.disabled_guards
 

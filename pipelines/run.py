@@ -74,6 +74,24 @@ class Pipeline:
             self._spark = self._spark_factory()
         return self._spark
 
+    def seed_gold_from_baseline(self) -> bool:
+        """Before gold's first batch: seed it with setup's baseline counts (exact as of the
+        slot's consistent point). Does nothing once gold exists."""
+        from delta.tables import DeltaTable as SparkDeltaTable
+
+        from gold.apply import seed_gold
+        from pipelines.baseline import read_baseline
+
+        if SparkDeltaTable.isDeltaTable(self.spark, self.where.gold):
+            return False
+        baseline = read_baseline(self.config.baseline_path)
+        if baseline is None:
+            return False
+        commit_lsn, counts = baseline
+        frame = self.spark.createDataFrame(counts.to_pylist(), schema=", ".join(
+            [f"{c} string" for c in counts.column_names[:-1]] + ["count bigint"]))
+        return seed_gold(self.spark, self.where.gold, frame, commit_lsn)
+
     # --- stages, one at a time -----------------------------------------------------------
 
     def silver(self, once: bool, stop: threading.Event | None = None):
@@ -85,6 +103,7 @@ class Pipeline:
     def gold(self, once: bool, stop: threading.Event | None = None,
              accept_errors_upto: int | None = None):
         w = self.where
+        self.seed_gold_from_baseline()
         extra = {} if accept_errors_upto is None else {"accept_errors_upto": accept_errors_upto}
         return run_gold(self.spark, w.silver.silver_path, w.gold, w.gold_checkpoint, once=once,
                         stop=stop, trigger_interval=self.trigger_interval,
@@ -137,6 +156,7 @@ class Pipeline:
             queries += start_silver(self.spark, s.bronze_path, s.silver_path, s.quarantine_path,
                                     s.checkpoint_root, self.config.tables, once=False,
                                     trigger_interval=self.trigger_interval)
+            self.seed_gold_from_baseline()
             options = dict(self.gold_options)
             writer = gold_writer(self.spark, w.gold, options.pop("pending_path"), **options)
             queries.append(start_gold(self.spark, s.silver_path, w.gold, w.gold_checkpoint,

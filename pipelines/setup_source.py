@@ -3,8 +3,10 @@
 Steps, each skipped when already done:
 1. check the source (``wal_level``, REPLICATION, captured tables);
 2. replica identity covering the dims on every captured table;
-3. the logical slot, created with an exported snapshot, and the bronze table recording the
-   slot's consistent point as where shipping starts;
+3. the logical slot, created with an exported snapshot; the rows existing at its consistent
+   point counted inside that snapshot (the baseline gold is seeded with, so counts are exact
+   from the first run on a populated database); the bronze table recording the consistent
+   point as where shipping starts;
 4. the dashboard tables (``service_stats`` and the push progress table).
 
 A slot without bronze, or bronze without its slot, is never papered over: both mean changes
@@ -21,6 +23,7 @@ from bronze import slot as slots
 from bronze.source import check_source, connect, ensure_replica_identity
 from bronze.table import BronzeTable, Progress, SourceIdentity
 from gold.push import ensure_dashboard_tables
+from pipelines.baseline import count_in_snapshot, write_baseline
 from pipelines.config import Config
 from pipelines.errors import UserError
 from pipelines.lakehouse import check_writable
@@ -81,10 +84,19 @@ def setup(config: Config, rebaseline: bool = False,
     with slots.replication_connection(dsn) as rconn:
         created = slots.create_slot(rconn, config.slot)
         report.did(f"created slot {config.slot} at {fmt(created.consistent_point)}")
-        # The exported snapshot is valid while rconn stays open: the place for an exact
-        # baseline count of the rows that existed before the slot.
+        try:
+            # The exported snapshot is importable while rconn stays open and idle.
+            counts = count_in_snapshot(dsn, created.snapshot_name)
+        except BaseException:
+            with connect(dsn) as conn:
+                slots.drop_slot(conn, config.slot)
+            raise
     ident = SourceIdentity(config.slot, db, system_id)
     try:
+        write_baseline(config.baseline_path, counts, created.consistent_point, storage_options)
+        report.did(f"counted {sum(counts.column('count').to_pylist()):,} existing "
+                   f"notifications in {counts.num_rows:,} keys as the baseline at "
+                   f"{fmt(created.consistent_point)}")
         if not has_bronze:
             bronze.create(ident, created.consistent_point)
             report.did(f"created bronze table {config.bronze_path}")

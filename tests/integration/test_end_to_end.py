@@ -126,3 +126,29 @@ def test_truncate_of_notifications_stops_run_with_one_sentence(source_db, config
     assert len(error_lines) == 1 and "rebuild-gold" in error_lines[0]
     assert "Traceback" not in result.stderr
     assert dashboard_counts(source_db.dsn) == before      # nothing half-applied
+
+
+def test_a_populated_database_is_exact_from_the_first_run(source_db, config):
+    """Rows that existed before setup have no INSERT in the WAL: the baseline counted in
+    the slot's exported snapshot must carry them, while writers keep going."""
+    rng = random.Random(51)
+    with source_db.connect() as conn:
+        insert(conn, rng, 300)
+        transition(conn, 0.5, "delivered")
+        archive(conn, 0.3)
+    stop = threading.Event()
+    traffic = Traffic(source_db.dsn, seed=52)
+    writer = threading.Thread(target=traffic.run, args=(stop, 0.02, 5))
+    writer.start()                        # setup must not block writers, nor miss their work
+    try:
+        result = run_cli(["setup"], cli_env(config))
+    finally:
+        stop.set()
+        writer.join()
+    assert result.returncode == 0, result.stderr
+    assert "as the baseline" in result.stdout
+    with source_db.connect() as conn:
+        transition(conn, 0.3, "sending")
+        purged = purge_history(conn, 0.2)
+    assert run_cli(["run", "--once"], cli_env(config)).returncode == 0
+    check_gold(config.lakehouse, source_db.dsn, source_db.dsn, purged)
