@@ -18,6 +18,7 @@ from deltalake import DeltaTable
 from psycopg import sql
 
 from bronze import slot as slots
+from bronze.source import connect
 from pipelines.config import Config
 from pipelines.lsn import fmt
 
@@ -72,7 +73,7 @@ def dashboard_layer(dsn: str) -> LayerStatus:
     from gold.push import PROGRESS_TABLE   # the name lives with the push
 
     try:
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        with connect(dsn, what="dashboard") as conn:
             row = conn.execute(sql.SQL(
                 "SELECT gold_version, source_commit_lsn, source_commit_ts FROM {} "
                 "ORDER BY pushed_at DESC NULLS LAST LIMIT 1").format(
@@ -85,7 +86,7 @@ def dashboard_layer(dsn: str) -> LayerStatus:
 
 
 def collect(config: Config, storage_options: dict | None = None) -> dict:
-    with psycopg.connect(config.require_source(), autocommit=True, connect_timeout=10) as conn:
+    with connect(config.require_source()) as conn:
         state = slots.slot_state(conn, config.slot)
     layers = [
         delta_layer("bronze", config.bronze_path, "commit_lsn", "commit_ts", storage_options),

@@ -32,6 +32,11 @@ SELECT gen_random_uuid(), (%(services)s::uuid[])[1 + floor(random() * %(ns)s)::i
 FROM generate_series(1, %(n)s)"""
 
 
+def _insert(conn: psycopg.Connection, n: int) -> None:
+    conn.execute(_INSERT, {"services": SERVICES, "templates": TEMPLATES, "types": list(TYPES),
+                           "ns": len(SERVICES), "nt": len(TEMPLATES), "n": n})
+
+
 class Traffic:
     def __init__(self, dsn: str, seed: int = 1) -> None:
         self.dsn = dsn
@@ -40,9 +45,7 @@ class Traffic:
 
     def step(self, conn: psycopg.Connection, inserts: int = 20) -> None:
         rng = self.rng
-        conn.execute(_INSERT, {"services": SERVICES, "templates": TEMPLATES,
-                               "types": list(TYPES), "ns": len(SERVICES),
-                               "nt": len(TEMPLATES), "n": inserts})
+        _insert(conn, inserts)
         conn.execute("UPDATE notifications SET notification_status = 'sending', "
                      "sent_at = now() WHERE notification_status = 'created' AND "
                      "random() < 0.5")
@@ -64,9 +67,7 @@ class Traffic:
         if rng.random() < 0.2:
             try:
                 with conn.transaction():
-                    conn.execute(_INSERT, {"services": SERVICES, "templates": TEMPLATES,
-                                           "types": list(TYPES), "ns": len(SERVICES),
-                                           "nt": len(TEMPLATES), "n": 5})
+                    _insert(conn, 5)
                     raise _Rollback
             except _Rollback:
                 pass

@@ -84,7 +84,7 @@ def test_setup_refuses_a_role_without_replication(source_db, config):
 ])
 def test_bad_dsn_is_one_sentence_without_the_password(config, dsn, fragment):
     env = {**cli_env(config), "LAKECDC_SOURCE_DSN": dsn}
-    for command in (["setup"], ["ship", "--once"]):
+    for command in (["setup"], ["ship", "--once"], ["status"]):
         result = run_cli(command, env)
         assert_one_sentence_exit_2(result, fragment)
         assert "s3cret" not in result.stderr
