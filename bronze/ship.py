@@ -38,6 +38,7 @@ from bronze.table import BronzeTable, Progress
 from pipelines.config import Config
 from pipelines.errors import UserError
 from pipelines.faults import FaultPoints
+from pipelines.locks import ship_lock_name
 from pipelines.lsn import fmt
 
 log = logging.getLogger("lakecdc.ship")
@@ -84,7 +85,7 @@ class Shipper:
             conn.execute("SELECT set_config('statement_timeout', %s, false)",
                          [f"{cfg.peek_timeout_s}s"])
             got = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
-                               [f"lakecdc.ship:{cfg.slot}"]).fetchone()[0]
+                               [ship_lock_name(cfg.slot)]).fetchone()[0]
             if not got:
                 raise UserError(f"another lakecdc shipper is already running on slot "
                                 f"{cfg.slot}; stop it first (only one may ship a slot).")

@@ -134,15 +134,19 @@ def identify_system(dsn: str) -> tuple[str, int]:
     return str(row[0]), int(row[1])
 
 
-def create_slot(rconn: psycopg.Connection, slot: str) -> CreatedSlot:
+def create_slot(rconn: psycopg.Connection, slot: str, temporary: bool = False) -> CreatedSlot:
     """Create the logical slot with an exported snapshot on a replication connection.
 
     The snapshot stays importable (``SET TRANSACTION SNAPSHOT``) while ``rconn`` is open and
-    idle, so rows that existed before the slot can be counted at its consistent point.
+    idle, so rows that existed before the slot can be counted at its consistent point. A
+    ``temporary`` slot is dropped by the server when ``rconn`` closes (or the session dies),
+    so it never pins WAL afterwards.
     """
     try:
-        row = rconn.execute(sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} EXPORT_SNAPSHOT")
-                            .format(sql.Identifier(slot), sql.Identifier(PLUGIN))).fetchone()
+        row = rconn.execute(sql.SQL("CREATE_REPLICATION_SLOT {} {}LOGICAL {} EXPORT_SNAPSHOT")
+                            .format(sql.Identifier(slot),
+                                    sql.SQL("TEMPORARY " if temporary else ""),
+                                    sql.Identifier(PLUGIN))).fetchone()
     except psycopg.errors.UndefinedFile:
         raise UserError("the wal2json output plugin is not installed on the source server: "
                         "install it (Debian: apt-get install postgresql-15-wal2json) and "

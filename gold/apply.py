@@ -191,22 +191,19 @@ def seed_gold(spark: SparkSession, gold_path: str, counts: DataFrame, commit_lsn
     (rows.write.format("delta").mode("append")
      .option("txnAppId", SEED_APP_ID).option("txnVersion", commit_lsn)
      .option("userMetadata", metadata(operation="seed", commit_lsn=commit_lsn,
+                                      floor=commit_lsn,
                                       commit_ts=commit_ts.isoformat() if commit_ts else None))
      .save(gold_path))
     return True
 
 
-def seed_floor(spark: SparkSession, gold_path: str, limit: int = 1000) -> int:
-    """Commit LSN of gold's seed (0 if unseeded): silver rows at or below it are already
-    in the seeded counts."""
-    if not DeltaTable.isDeltaTable(spark, gold_path):
-        return 0
-    for row in DeltaTable.forPath(spark, gold_path).history(limit).select(
-            "userMetadata").collect():
-        found = parse_metadata(row.userMetadata)
-        if found and found.get("operation") == "seed":
-            return int(found["commit_lsn"])
-    return 0
+def seed_floor(spark: SparkSession, gold_path: str) -> int:
+    """Gold's floor: the source LSN of the baseline its counts start from (a seed or a
+    rebuild; 0 if none). Silver rows at or below it are already in the counts."""
+    from gold.asof import gold_state
+
+    state = gold_state(spark, gold_path)
+    return state.floor if state else 0
 
 
 class GoldBatchWriter:
@@ -251,8 +248,10 @@ class GoldBatchWriter:
         pending_meta = self._pending_head(spark)
         if self.guard and pending_meta[1] is not None and pending_meta[1] >= batch_id:
             return BatchResult(batch_id, replayed=True, seconds=time.monotonic() - started)
-        pending = (spark.read.format("delta").option("versionAsOf", pending_meta[0])
-                   .load(self.paths.pending))
+        # Carried rows at or below the floor are inside a baseline a rebuild wrote since.
+        stored = (spark.read.format("delta").option("versionAsOf", pending_meta[0])
+                  .load(self.paths.pending))
+        pending = stored.where(F.col("commit_lsn") > F.lit(self.floor_lsn))
         silver = batch.where(F.col("commit_lsn") > F.lit(self.floor_lsn)).persist()
         try:
             checked = D.profile(silver, self.tables, self.accept_errors_upto).first()
@@ -263,7 +262,7 @@ class GoldBatchWriter:
                                    .unionByName(pending)).persist()
             try:
                 return self._apply_combined(spark, combined, batch_id, silver_rows,
-                                            pending.isEmpty(), started)
+                                            stored.isEmpty(), started)
             finally:
                 combined.unpersist()
         finally:
@@ -322,7 +321,7 @@ class GoldBatchWriter:
                      "last_commit_lsn": "s.last_commit_lsn", "updated_at": "s.updated_at"}))
         confs = {_USER_METADATA: metadata(
             batch_id=batch_id, commit_lsn=applied.lsn,
-            commit_ts=applied.ts,
+            commit_ts=applied.ts, floor=self.floor_lsn,
             transactions=applied.n)}
         if self.guard:
             confs.update({_TXN_APP: APP_ID, _TXN_VERSION: str(batch_id)})
@@ -339,7 +338,7 @@ class GoldBatchWriter:
 
     def _write_pending(self, carried: DataFrame, batch_id: int, transactions: int) -> None:
         writer = (carried.write.format("delta").mode("overwrite")
-                  .option("userMetadata", metadata(batch_id=batch_id,
+                  .option("userMetadata", metadata(batch_id=batch_id, floor=self.floor_lsn,
                                                    transactions=transactions)))
         if self.guard:
             writer = writer.option("txnAppId", APP_ID).option("txnVersion", batch_id)

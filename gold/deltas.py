@@ -210,6 +210,24 @@ def contributions(silver: DataFrame, tables: CountedTables = COUNTED) -> DataFra
     return aggregate(exploded)
 
 
+def history_purges(silver: DataFrame, tables: CountedTables = COUNTED) -> DataFrame:
+    """Rows deleted from ``notification_history`` (retention purges), counted per old dims
+    (dims, ``purged``). Gold keeps counting them (delta 0), the source no longer has them:
+    ``verify`` adds them back to the source's ``GROUP BY`` to get the truth."""
+    rules = _Rules(tables, accept_errors_upto=0)
+    purge = ~rules.error & F.coalesce(_is(tables.history), F.lit(False)) & (F.col("op") == "D")
+    return (silver.where(purge)
+            .groupBy(*[F.col(f"old_{c}").alias(c) for c in DIMS])
+            .agg(F.count(F.lit(1)).cast("long").alias("purged")))
+
+
+def history_truncates(silver: DataFrame, tables: CountedTables = COUNTED) -> DataFrame:
+    """TRUNCATEs of ``notification_history`` (commit_lsn): rows gone without their dims."""
+    rules = _Rules(tables, accept_errors_upto=0)
+    return silver.where(~rules.error & F.coalesce(_is(tables.history), F.lit(False))
+                        & (F.col("op") == "T")).select("commit_lsn")
+
+
 def aggregate(lines: DataFrame) -> DataFrame:
     """Sum contribution lines per (commit_lsn, tx_changes, dims); ``CONTRIBUTIONS`` layout.
 

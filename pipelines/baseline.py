@@ -7,19 +7,17 @@ point. The counts are kept in ``<lakehouse>/gold/_baseline`` (written without Sp
 the consistent point as a Delta app transaction) and seed gold on its first run, so the
 first ``run`` on a populated database is exact.
 
-The count is one ``GROUP BY`` in a REPEATABLE READ transaction: MVCC, so writers are not
-blocked, and memory is bounded by the number of keys, not rows.
+The count runs in primary-key chunks in a REPEATABLE READ transaction on the snapshot
+(``pipelines.source_truth.count_truth``): MVCC, so writers are not blocked; memory is
+bounded by the number of keys, not rows; a progress bar shows on a terminal.
 """
 
 from __future__ import annotations
 
-import psycopg
 import pyarrow as pa
-from psycopg import sql
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from pipelines.captured import DIMS
-from pipelines.source_truth import TRUTH_SQL
 
 APP_ID = "lakecdc-baseline"
 SCHEMA = pa.schema([*[pa.field(c, pa.string(), nullable=False) for c in DIMS],
@@ -28,13 +26,16 @@ SCHEMA = pa.schema([*[pa.field(c, pa.string(), nullable=False) for c in DIMS],
 
 def count_in_snapshot(dsn: str, snapshot_name: str) -> pa.Table:
     """service_stats as of an exported snapshot (the slot's consistent point)."""
-    with psycopg.connect(dsn, connect_timeout=10) as conn:
-        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        # A utility statement: no bind parameters, so the name goes in as a quoted literal.
-        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
-        rows = conn.execute(TRUTH_SQL).fetchall()
-        conn.rollback()
-    return pa.Table.from_pylist([dict(zip((*DIMS, "count"), r)) for r in rows], schema=SCHEMA)
+    from pipelines.consistent import ConsistentPoint, count_at
+
+    counts = count_at(dsn, ConsistentPoint(0, snapshot_name), "counting the baseline")
+    return to_table(counts)
+
+
+def to_table(counts) -> pa.Table:
+    """A ``{dims: count}`` mapping as the baseline's Arrow table."""
+    return pa.Table.from_pylist([dict(zip((*DIMS, "count"), (*k, v)))
+                                 for k, v in sorted(counts.items())], schema=SCHEMA)
 
 
 def write_baseline(uri: str, counts: pa.Table, commit_lsn: int,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -62,6 +63,7 @@ class Pipeline:
         self.trigger_interval = trigger_interval
         self.push_interval_s = push_interval_s
         self.faults = FaultPoints(config.faults)
+        self._gold_locked = False
         self.gold_options = {"guard": config.guard_on("gold_txn"), "faults": self.faults,
                              "pending_path": self.where.gold_pending}
 
@@ -92,6 +94,22 @@ class Pipeline:
             [f"{c} string" for c in counts.column_names[:-1]] + ["count bigint"]))
         return seed_gold(self.spark, self.where.gold, frame, commit_lsn)
 
+    @contextmanager
+    def gold_lock(self):
+        """Held by every gold writer (``pipelines.locks``): one at a time. Re-entrant
+        within this pipeline (a rebuild holds it and then runs the gold stage)."""
+        from pipelines.locks import gold_writer_lock
+
+        if self._gold_locked:
+            yield
+            return
+        with gold_writer_lock(self.config.dashboard, self.where.gold):
+            self._gold_locked = True
+            try:
+                yield
+            finally:
+                self._gold_locked = False
+
     # --- stages, one at a time -----------------------------------------------------------
 
     def silver(self, once: bool, stop: threading.Event | None = None):
@@ -103,11 +121,12 @@ class Pipeline:
     def gold(self, once: bool, stop: threading.Event | None = None,
              accept_errors_upto: int | None = None):
         w = self.where
-        self.seed_gold_from_baseline()
         extra = {} if accept_errors_upto is None else {"accept_errors_upto": accept_errors_upto}
-        return run_gold(self.spark, w.silver.silver_path, w.gold, w.gold_checkpoint, once=once,
-                        stop=stop, trigger_interval=self.trigger_interval,
-                        **self.gold_options, **extra)
+        with self.gold_lock():
+            self.seed_gold_from_baseline()
+            return run_gold(self.spark, w.silver.silver_path, w.gold, w.gold_checkpoint,
+                            once=once, stop=stop, trigger_interval=self.trigger_interval,
+                            **self.gold_options, **extra)
 
     def push(self, once: bool, stop: threading.Event | None = None):
         if once:
@@ -135,6 +154,10 @@ class Pipeline:
         return report
 
     def run_continuous(self, stop: threading.Event) -> None:
+        with self.gold_lock():
+            self._run_continuous(stop)
+
+    def _run_continuous(self, stop: threading.Event) -> None:
         errors: list[BaseException] = []
 
         def guarded(name: str, target: Callable[[], object]) -> threading.Thread:

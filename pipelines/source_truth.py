@@ -3,13 +3,27 @@
 ``count`` = notifications ever created, in their latest status, across ``notifications``
 and ``notification_history``: a ``GROUP BY`` of the dims over both tables. Rows purged from
 history since the baseline are not in it; callers that purge must add them back.
+
+``count_truth`` counts in primary-key chunks inside the caller's transaction (give it a
+REPEATABLE READ transaction on an exported snapshot to count at a slot's consistent point):
+memory is bounded by the number of keys, never the rows; MVCC means writers are never
+blocked; and each chunk reports progress, so a count over hundreds of millions of rows
+shows how far it got.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Callable
+
 import psycopg
+from psycopg import sql
+
+from pipelines.captured import DIMS
 
 Key = tuple[str, str, str, str]
+
+TRUTH_TABLES = ("notifications", "notification_history")
 
 TRUTH_SQL = """
 SELECT service_id::text, template_id::text, notification_type::text, notification_status,
@@ -21,6 +35,54 @@ FROM (SELECT service_id, template_id, notification_type, notification_status
       FROM notification_history) AS all_notifications
 GROUP BY 1, 2, 3, 4"""
 
+CHUNK_ROWS = 250_000
+
 
 def source_counts(conn: psycopg.Connection) -> dict[Key, int]:
     return {tuple(r[:4]): r[4] for r in conn.execute(TRUTH_SQL)}
+
+
+def estimated_rows(conn: psycopg.Connection) -> int:
+    """The planner's row estimate of both tables (for a progress total; never for counts)."""
+    row = conn.execute("SELECT coalesce(sum(greatest(reltuples, 0)), 0)::bigint FROM pg_class "
+                       "WHERE oid = ANY(%s::regclass[])", [list(TRUTH_TABLES)]).fetchone()
+    return int(row[0])
+
+
+def count_truth(conn: psycopg.Connection, progress: Callable[[int], None] | None = None,
+                chunk_rows: int = CHUNK_ROWS) -> Counter:
+    """The truth, counted in ``id`` ranges of ``chunk_rows`` rows in the current transaction.
+
+    ``progress(n)`` is called after each chunk with the rows it counted.
+    """
+    dims = sql.SQL(", ").join(
+        sql.SQL("{}::text").format(sql.Identifier(c)) for c in DIMS)
+    counts: Counter = Counter()
+    for table in TRUTH_TABLES:
+        ident = sql.Identifier(table)
+        boundary = sql.SQL("SELECT id FROM {} WHERE id > %s ORDER BY id OFFSET %s LIMIT 1"
+                           ).format(ident)
+        first = sql.SQL("SELECT id FROM {} ORDER BY id OFFSET %s LIMIT 1").format(ident)
+        group = sql.SQL("SELECT {dims}, count(*) FROM {t} WHERE {cond} GROUP BY 1, 2, 3, 4")
+        low = None
+        while True:
+            high = (conn.execute(first, [chunk_rows - 1]) if low is None
+                    else conn.execute(boundary, [low, chunk_rows - 1])).fetchone()
+            conds, params = [], []
+            if low is not None:
+                conds.append(sql.SQL("id > %s"))
+                params.append(low)
+            if high is not None:
+                conds.append(sql.SQL("id <= %s"))
+                params.append(high[0])
+            cond = sql.SQL(" AND ").join(conds) if conds else sql.SQL("true")
+            seen = 0
+            for row in conn.execute(group.format(dims=dims, t=ident, cond=cond), params):
+                counts[tuple(row[:4])] += row[4]
+                seen += row[4]
+            if progress is not None:
+                progress(seen)
+            if high is None:
+                break
+            low = high[0]
+    return counts

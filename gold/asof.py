@@ -1,0 +1,93 @@
+"""Gold's position, and gold as of an earlier source LSN: shared by ``verify`` and rebuilds.
+
+Gold's commits carry lakecdc metadata (``gold.commit_metadata``): the watermark
+(``commit_lsn``: gold is exact as of that source commit) and the *floor* - the source LSN of
+the baseline the counts started from (a seed from ``setup``'s snapshot, or a rebuild).
+Silver rows at or below the floor are inside the baseline and never counted again.
+
+Gold as of an LSN ``L`` between its floor and its watermark ``W`` is gold minus the net
+deltas of the silver transactions in ``(L, W]``: gold applies whole transactions in commit
+order, so those are exactly what it added after ``L``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from gold import deltas as D
+from gold import parse_commit_metadata
+from pipelines.captured import DIMS
+
+
+@dataclass(frozen=True)
+class GoldState:
+    version: int
+    watermark: int | None        # newest source commit gold includes (None: none yet)
+    watermark_ts: str | None
+    floor: int                   # baseline LSN (0: counted from an empty start)
+    batch_id: int | None         # newest stream batch applied
+
+
+def gold_state(spark: SparkSession, gold_path: str, version: int | None = None,
+               limit: int = 1000) -> GoldState | None:
+    """Position of gold at ``version`` (latest if None); None if gold does not exist."""
+    if not DeltaTable.isDeltaTable(spark, gold_path):
+        return None
+    history = DeltaTable.forPath(spark, gold_path).history(limit)
+    if version is not None:
+        history = history.where(F.col("version") <= version)
+    rows = history.select("version", "userMetadata").orderBy(F.desc("version")).collect()
+    if not rows:
+        raise ValueError(f"gold at {gold_path} has no version {version}")
+    watermark = ts = batch = floor = None
+    for row in rows:
+        meta = parse_commit_metadata(row.userMetadata)
+        if not meta:
+            continue
+        if watermark is None and meta.get("commit_lsn") is not None:
+            watermark, ts = int(meta["commit_lsn"]), meta.get("commit_ts")
+        if batch is None and meta.get("batch_id") is not None:
+            batch = int(meta["batch_id"])
+        if floor is None:
+            floor = metadata_floor(meta)
+        if watermark is not None and batch is not None and floor is not None:
+            break
+    return GoldState(rows[0].version, watermark, ts, floor or 0, batch)
+
+
+def metadata_floor(meta: dict) -> int | None:
+    """The floor a gold commit's metadata records, if any (seeds record it as commit_lsn)."""
+    if meta.get("floor") is not None:
+        return int(meta["floor"])
+    if meta.get("operation") == "seed":
+        return int(meta["commit_lsn"])
+    return None
+
+
+def silver_between(spark: SparkSession, silver_path: str, after: int, upto: int) -> DataFrame:
+    """Silver rows with ``after < commit_lsn <= upto``."""
+    return (spark.read.format("delta").load(silver_path)
+            .where((F.col("commit_lsn") > F.lit(after)) & (F.col("commit_lsn") <= F.lit(upto))))
+
+
+def net_deltas(silver: DataFrame, tables: D.CountedTables = D.COUNTED) -> DataFrame:
+    """Net count delta per key of ``silver`` rows (dims, delta), zero nets dropped."""
+    return D.key_deltas(D.contributions(silver, tables)).select(*DIMS, "delta")
+
+
+def counts_of(gold: DataFrame) -> dict[tuple, int]:
+    """Collect (dims, count) rows into a dict, zero counts dropped."""
+    return {tuple(r[c] for c in DIMS): int(r["count"]) for r in gold.collect() if r["count"]}
+
+
+def subtract(counts: dict[tuple, int], deltas: DataFrame) -> dict[tuple, int]:
+    """``counts`` minus per-key ``deltas`` (collected), zero counts dropped."""
+    result = dict(counts)
+    for r in deltas.collect():
+        key = tuple(r[c] for c in DIMS)
+        result[key] = result.get(key, 0) - int(r["delta"])
+    return {k: v for k, v in result.items() if v}
