@@ -12,14 +12,21 @@ never has to sit in memory at once; state carried between chunks is one open tra
 header. The transaction's change count (``tx_changes``, stored on every row so a reader
 can tell it holds the whole transaction) is only known at its ``C``, so chunks carry a
 transaction number (``gid``) and ``finalize`` fills the count in once the peek is complete.
+
+Snapshot backfill (``bronze/backfill.py``), the pure parts: ``high_marks`` finds the HIGH
+watermark messages among assembled rows, ``Window``/``changed_keys`` the keys a chunk must
+drop, ``read_records`` turns a chunk's rows into bronze rows (action ``R``) of the HIGH's
+transaction.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 UTC_US = pa.timestamp("us", tz="UTC")
 
@@ -268,3 +275,147 @@ def decode_copy_rows(rows: list) -> PeekColumns:
                        action=head["action"].astype(np.uint8),
                        data=pa.StringArray.from_buffers(n, pa.py_buffer(offsets),
                                                         pa.py_buffer(data)))
+
+
+# --- Snapshot backfill: watermarks, window drops, read rows (see bronze/backfill.py) ----
+
+BACKFILL_PREFIX = "lakecdc.backfill"
+READ_ACTION = "R"
+_WINDOW_ACTIONS = ("I", "U", "D")
+
+
+@dataclass(frozen=True)
+class HighMark:
+    """A HIGH watermark message of the snapshot backfill, as the shipper kept it."""
+
+    gid: int                  # transaction number in this peek (index into tx_changes)
+    commit_lsn: int
+    seq: int
+    xid: int | None
+    lsn: int                  # the message's own LSN
+    commit_ts_us: int | None
+    run: str
+    table: str
+    chunk: int
+
+
+@dataclass(frozen=True)
+class Window:
+    """The watermark window of one staged chunk.
+
+    A chunk row of ``table`` with key ``k`` is stale, and must be dropped, if a captured
+    change of ``k`` committed before ``high_lsn`` is not visible to the chunk's snapshot.
+    Such a change either has ``low_lsn < commit_lsn`` (it committed after the LOW
+    watermark), or - when Postgres made a transaction visible after a later-committing one,
+    which commit order does not forbid (synchronous replication waits between writing the
+    commit record and becoming visible) - its xid is one of ``in_progress``, the
+    transactions running when the chunk's snapshot was taken. Dropping is always safe: the
+    dropped key has a change in the stream before ``high_lsn`` that carries its row.
+    """
+
+    run: str
+    chunk: int
+    table: str                # schema.table
+    key_column: str
+    low_lsn: int
+    high_lsn: int
+    in_progress: frozenset[int] = frozenset()
+
+    def covers(self, commit_lsn: np.ndarray, xid: np.ndarray) -> np.ndarray:
+        hit = (commit_lsn > self.low_lsn) & (commit_lsn < self.high_lsn)
+        if self.in_progress:
+            hit |= (commit_lsn <= self.low_lsn) & np.isin(xid, list(self.in_progress))
+        return hit
+
+
+def high_marks(batch: pa.RecordBatch) -> list[HighMark]:
+    """The backfill HIGH watermarks among assembled rows (``ASSEMBLED_SCHEMA``).
+
+    Cheap on ordinary batches: one vectorised comparison finds the (rare) message rows;
+    only those are parsed. Messages with another prefix, LOW marks and malformed contents
+    are not marks.
+    """
+    if batch.num_rows == 0:
+        return []
+    is_m = np.asarray(pc.fill_null(pc.equal(batch.column("action"), "M"), False))
+    idx = np.flatnonzero(is_m)
+    if len(idx) == 0:
+        return []
+    marks = []
+    data = batch.column("data")
+    for i in idx.tolist():
+        try:
+            doc = json.loads(data[i].as_py())
+            if doc.get("prefix") != BACKFILL_PREFIX or doc.get("transactional") is not True:
+                continue
+            content = json.loads(doc.get("content") or "")
+            if content.get("mark") != "high":
+                continue
+            run, table, chunk = str(content["run"]), str(content["table"]), int(content["chunk"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        ts = batch.column("commit_ts")[i]
+        marks.append(HighMark(
+            gid=int(batch.column("gid")[i].as_py()),
+            commit_lsn=int(batch.column("commit_lsn")[i].as_py()),
+            seq=int(batch.column("seq")[i].as_py()),
+            xid=batch.column("xid")[i].as_py(),
+            lsn=int(batch.column("lsn")[i].as_py()),
+            commit_ts_us=None if not ts.is_valid else ts.cast(pa.int64()).as_py(),
+            run=run, table=table, chunk=chunk))
+    return marks
+
+
+def changed_keys(commit_lsn: pa.Array, xid: pa.Array, action: pa.Array, data: pa.Array,
+                 windows: list[Window]) -> dict[tuple[str, int], set[str]]:
+    """Keys of each window's table changed inside the window, per ``(run, chunk)``.
+
+    Rows are change rows (bronze or assembled columns); only ``I``/``U``/``D`` count. The
+    key is read from ``columns`` (new value) and ``identity`` (old value: a DELETE, or an
+    UPDATE that changed the key), as text - exactly as the chunk's ``key::text`` is stored
+    (JSON numbers are taken as their text).
+    """
+    result: dict[tuple[str, int], set[str]] = {(w.run, w.chunk): set() for w in windows}
+    if not windows or len(commit_lsn) == 0:
+        return result
+    lsn = np.asarray(commit_lsn.to_numpy(zero_copy_only=False), dtype=np.int64)
+    xids = np.asarray(pc.fill_null(xid, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    changes = np.asarray(pc.fill_null(pc.is_in(action, pa.array(_WINDOW_ACTIONS)), False))
+    hits = {(w.run, w.chunk): w.covers(lsn, xids) & changes for w in windows}
+    any_hit = np.zeros(len(lsn), dtype=bool)
+    for hit in hits.values():
+        any_hit |= hit
+    by_table: dict[str, list[Window]] = {}
+    for w in windows:
+        by_table.setdefault(w.table, []).append(w)
+    for i in np.flatnonzero(any_hit).tolist():
+        doc = json.loads(data[i].as_py(), parse_int=str, parse_float=str)
+        table = f"{doc.get('schema')}.{doc.get('table')}"
+        for w in by_table.get(table, ()):
+            if not hits[(w.run, w.chunk)][i]:
+                continue
+            for part in ("columns", "identity"):
+                for col in doc.get(part) or ():
+                    if col.get("name") == w.key_column and col.get("value") is not None:
+                        result[(w.run, w.chunk)].add(str(col["value"]))
+    return result
+
+
+def read_records(data: pa.Array, mark: HighMark, first_seq: int, tx_changes: int, slot: str,
+                 shipped_at: pa.TimestampScalar) -> pa.RecordBatch:
+    """Chunk rows as bronze rows of the HIGH watermark's transaction: same ``commit_lsn``,
+    ``seq`` from ``first_seq`` on, its (grown) ``tx_changes``, action ``R``."""
+    n = len(data)
+    ts = pa.array([mark.commit_ts_us] * n, pa.int64()).cast(UTC_US)
+    return pa.RecordBatch.from_arrays([
+        pa.array([slot] * n, pa.string()),
+        pa.array(np.full(n, mark.commit_lsn, dtype=np.int64), pa.int64()),
+        pa.array(np.arange(first_seq, first_seq + n, dtype=np.int32), pa.int32()),
+        pa.array(np.full(n, tx_changes, dtype=np.int32), pa.int32()),
+        pa.array([mark.xid] * n, pa.int64()),
+        pa.array(np.full(n, mark.lsn, dtype=np.int64), pa.int64()),
+        ts,
+        pa.array([READ_ACTION] * n, pa.string()),
+        pa.array(np.full(n, shipped_at.value, dtype=np.int64), pa.int64()).cast(UTC_US),
+        data.cast(pa.string()),
+    ], schema=BRONZE_SCHEMA)

@@ -11,6 +11,10 @@ Delivery guarantees:
   rest *and* the new progress in one Delta commit → only then advance the slot, never past
   what bronze recorded. A crash anywhere repeats at most the peek; the repeat is dropped by
   the version check.
+- Snapshot backfill (``bronze/backfill.py``): a kept HIGH watermark message of a staged
+  chunk not yet in bronze gets the chunk's rows appended to its own transaction, in the same
+  commit, minus rows changed inside the chunk's watermark window; the commit also records
+  ``lakecdc-backfill:<run>`` = the highest chunk emitted, so a repeated HIGH is ignored.
 - On start the shipper reads bronze's progress and completes an interrupted advance (or a
   slot that went back after a Postgres crash). It refuses to run, with the recovery command,
   if the slot is missing, invalidated, ahead of bronze (moved by someone else: changes may
@@ -22,6 +26,7 @@ Operational risk: while the shipper is stopped the slot pins WAL on the source (
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -32,7 +37,10 @@ import pyarrow as pa
 
 from bronze import slot as slots
 from bronze.buffer import SpillBuffer
-from bronze.records import ASSEMBLED_SCHEMA, TransactionAssembler, finalize
+from bronze.failover import REBASELINE as FAILOVER_STEPS
+from bronze.failover import check_same_history
+from bronze.backfill import BackfillEmitter
+from bronze.records import ASSEMBLED_SCHEMA, TransactionAssembler, finalize, high_marks
 from bronze.source import connect, require_identity
 from bronze.table import BronzeTable, Progress
 from pipelines.config import Config
@@ -43,8 +51,6 @@ from pipelines.lsn import fmt
 
 log = logging.getLogger("lakecdc.ship")
 
-REBASELINE = "lakecdc setup --rebaseline"
-
 
 @dataclass
 class BatchResult:
@@ -54,6 +60,7 @@ class BatchResult:
     full: bool              # the peek hit upto_nchanges: more may be waiting
     committed: bool         # a bronze commit was made
     seconds: float
+    read_rows: int = 0      # snapshot backfill rows appended (not counted in ``changes``)
 
 
 @dataclass
@@ -62,6 +69,7 @@ class ShipTotals:
     changes: int = 0
     transactions: int = 0
     commits: int = 0
+    read_rows: int = 0
 
 
 class Shipper:
@@ -70,6 +78,7 @@ class Shipper:
         self.config = config
         self.faults = faults or FaultPoints(config.faults)
         self.table = BronzeTable(config.bronze_path, storage_options)
+        self.backfill = BackfillEmitter(config, self.table, storage_options)
         self._last_progress_commit = time.monotonic()
 
     # --- start-up ---------------------------------------------------------------------
@@ -108,25 +117,22 @@ class Shipper:
             raise UserError(f"bronze at {cfg.bronze_path} was set up for slot {ident.slot} on "
                             f"database {ident.database}, not slot {cfg.slot} on {db}; use "
                             "the matching LAKECDC_SLOT/LAKECDC_LAKEHOUSE.")
-        system_id, _timeline = slots.identify_system(cfg.require_source())
-        if ident.system_identifier and system_id != ident.system_identifier:
-            raise UserError(f"the source is a different Postgres cluster (system identifier "
-                            f"{system_id}, bronze was built from {ident.system_identifier}): "
-                            f"after a failover or restore re-baseline with `{REBASELINE}`.")
-        require_identity(conn, cfg.tables)
         progress = self.table.progress(cfg.slot)
         if progress is None:
             raise UserError(f"bronze at {cfg.bronze_path} has no progress for slot {cfg.slot}; "
                             "run `lakecdc setup`.")
+        system_id, timeline = slots.identify_system(cfg.require_source())
+        check_same_history(conn, ident, progress.end_lsn, system_id, timeline)
+        require_identity(conn, cfg.tables)
         state = slots.slot_state(conn, cfg.slot)
         if state is None:
             raise UserError(f"replication slot {cfg.slot} does not exist (dropped, or lost "
                             f"in a failover); bronze holds changes up to "
-                            f"{fmt(progress.end_lsn)}: re-baseline with `{REBASELINE}`.")
+                            f"{fmt(progress.end_lsn)}: {FAILOVER_STEPS}.")
         if state.wal_status == "lost" or state.confirmed_flush_lsn is None:
             raise UserError(f"replication slot {cfg.slot} was invalidated (wal_status="
-                            f"{state.wal_status}): the WAL it needed is gone; re-baseline "
-                            f"with `{REBASELINE}`.")
+                            f"{state.wal_status}): the WAL it needed is gone; "
+                            f"{FAILOVER_STEPS}.")
         if state.plugin != slots.PLUGIN or state.database != db:
             raise UserError(f"replication slot {cfg.slot} uses plugin {state.plugin} on "
                             f"database {state.database}; lakecdc needs a wal2json slot on {db}.")
@@ -137,7 +143,7 @@ class Shipper:
             raise UserError(f"replication slot {cfg.slot} is at "
                             f"{fmt(state.confirmed_flush_lsn)}, past bronze's "
                             f"{fmt(progress.end_lsn)}: it was advanced or recreated outside "
-                            f"lakecdc and changes may be lost; re-baseline with `{REBASELINE}`.")
+                            f"lakecdc and changes may be lost; {FAILOVER_STEPS}.")
         if state.wal_status == "unreserved":
             log.warning("slot %s wal_status=unreserved: WAL it needs is about to be removed",
                         cfg.slot)
@@ -152,10 +158,13 @@ class Shipper:
         started = time.monotonic()
         after = progress.commit_lsn if cfg.guard_on("version_check") else -1
         assembler = TransactionAssembler(after)
+        marks = []
         with SpillBuffer(ASSEMBLED_SCHEMA, cfg.memory_budget_mb << 20, cfg.spill_dir) as buf:
             for cols in slots.peek(conn, cfg.slot, cfg.tables, cfg.upto_nchanges,
                                    int(cfg.chunk_mb * (1 << 20))):
-                buf.append(assembler.add(cols))
+                batch = assembler.add(cols)
+                marks += high_marks(batch)
+                buf.append(batch)
             summary = assembler.finish()
             self.faults.hit("after_peek")
             full = summary.rows >= cfg.upto_nchanges
@@ -169,14 +178,27 @@ class Shipper:
                 slots.advance(conn, cfg.slot, new.end_lsn)
                 self.faults.hit("after_advance")
             committed = False
+            read_rows = 0
             if summary.kept:
                 shipped_at = pa.scalar(int(time.time() * 1e6), pa.int64()).cast(
                     pa.timestamp("us", tz="UTC"))
+                metadata = {"lakecdc.changes": summary.kept,
+                            "lakecdc.transactions": summary.transactions}
+                # Backfill chunks announced in this batch: their rows join the HIGH
+                # watermark's transaction (tx_changes grows before any row is finalized).
+                emission = (self.backfill.plan(marks, progress.commit_lsn, buf.batches,
+                                               summary.tx_changes, cfg.slot, shipped_at)
+                            if marks else None)
                 batches = (self._with_fault(finalize(b, summary.tx_changes, cfg.slot, shipped_at))
                            for b in buf.batches())
-                self.table.append(batches, cfg.slot, new,
-                                  {"lakecdc.changes": summary.kept,
-                                   "lakecdc.transactions": summary.transactions})
+                if emission is not None:
+                    batches = itertools.chain(batches, map(self._with_fault, emission.batches))
+                    read_rows = emission.rows
+                    metadata.update({"lakecdc.backfill_chunks": ",".join(emission.chunks),
+                                     "lakecdc.backfill_rows": emission.rows,
+                                     "lakecdc.backfill_dropped": emission.dropped})
+                self.table.append(batches, cfg.slot, new, metadata,
+                                  emission.app_versions if emission is not None else None)
                 committed = True
             elif new.end_lsn > progress.end_lsn and (force_progress or full or self._progress_due()):
                 # Only transactions without captured changes: record that they were passed
@@ -191,7 +213,7 @@ class Shipper:
             slots.advance(conn, cfg.slot, new.end_lsn)
             self.faults.hit("after_advance")
         return BatchResult(summary.rows, summary.kept, summary.transactions, full, committed,
-                           time.monotonic() - started), new
+                           time.monotonic() - started, read_rows), new
 
     def _with_fault(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         self.faults.hit("during_bronze_write")
@@ -214,6 +236,7 @@ class Shipper:
                 totals.changes += result.changes
                 totals.transactions += result.transactions
                 totals.commits += result.committed
+                totals.read_rows += result.read_rows
                 if result.changes:
                     log.debug("shipped %d changes in %d transactions in %.2fs (up to %s)",
                              result.changes, result.transactions, result.seconds,

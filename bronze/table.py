@@ -8,6 +8,11 @@ transactions (``txn`` actions):
 - app id ``<slot>:end_lsn``: the LSN the slot may be advanced to - the end of the last
   transaction stored or passed over (transactions that touched only uncaptured tables). The
   slot is never advanced past it, so a slot ahead of it means someone else moved the slot.
+- app id ``<slot>:rebaseline``: where the newest ``setup --rebaseline`` restarted the slot;
+  gold refuses to run until it is rebuilt from a baseline past it (``pipelines.run``).
+- app id ``lakecdc-backfill:<run>`` (only once a snapshot backfill ran): the highest chunk of
+  that run whose read rows are in bronze (``bronze/backfill.py``), written by the commit that
+  holds them.
 
 The table is append-only (``delta.appendOnly``): streaming readers fail on other commits.
 Which source it was built from (slot, database, system identifier) is kept as JSON in the
@@ -28,6 +33,7 @@ from deltalake.exceptions import TableNotFoundError
 from bronze.records import BRONZE_SCHEMA
 
 END_SUFFIX = ":end_lsn"
+REBASELINE_SUFFIX = ":rebaseline"
 # The Parquet writer holds whole row groups in memory: with ~1 kB of JSON per row, small
 # row groups keep the shipper's peak RSS near 500 MB through a 1M-row transaction
 # (measured: 1.8 GB with the defaults and a memory-mapped spill file).
@@ -58,6 +64,7 @@ class SourceIdentity:
     slot: str
     database: str
     system_identifier: str
+    timeline: int = 0          # 0: not recorded (tables made before it was)
 
 
 class BronzeTable:
@@ -83,12 +90,12 @@ class BronzeTable:
     def identity(self) -> SourceIdentity:
         return _parse_description(self._table().metadata().description)
 
-    def set_system_identifier(self, system_identifier: str) -> None:
-        """After a re-baseline onto another cluster (failover, restore)."""
+    def set_source(self, system_identifier: str, timeline: int) -> None:
+        """After a re-baseline onto another cluster or timeline (failover, restore)."""
         ident = self.identity()
-        if ident.system_identifier != system_identifier:
+        if (ident.system_identifier, ident.timeline) != (system_identifier, timeline):
             self._table().alter.set_table_description(_describe(SourceIdentity(
-                ident.slot, ident.database, system_identifier)))
+                ident.slot, ident.database, system_identifier, timeline)))
 
     def progress(self, slot: str) -> Progress | None:
         table = self._table()
@@ -98,23 +105,41 @@ class BronzeTable:
             return None
         return Progress(commit_lsn, end_lsn)
 
+    def app_version(self, app_id: str) -> int | None:
+        """The version recorded for a Delta app transaction (None: never recorded)."""
+        return self._table().transaction_version(app_id)
+
+    def changes_dataset(self, file_pruning_predicate: str | None = None):
+        """The table as a pyarrow dataset, files pruned by their statistics (a superset:
+        filter the rows too)."""
+        return self._table().to_pyarrow_dataset(file_pruning_predicate=file_pruning_predicate)
+
     def append(self, batches: Iterator[pa.RecordBatch], slot: str, progress: Progress,
-               metadata: dict | None = None) -> None:
+               metadata: dict | None = None, app_versions: dict[str, int] | None = None
+               ) -> None:
         """Append all ``batches`` and the new progress in one Delta commit.
 
         Data files are streamed out as the batches come; nothing is visible to readers
         until the single log entry is written. If the process dies before that, the files
-        are orphans for VACUUM and the table is unchanged.
+        are orphans for VACUUM and the table is unchanged. ``app_versions``: further Delta
+        app transactions recorded in the same commit (the backfill's chunks).
         """
         reader = pa.RecordBatchReader.from_batches(BRONZE_SCHEMA, batches)
         write_deltalake(self.uri, reader, mode="append", storage_options=self.storage_options,
                         target_file_size=TARGET_FILE_BYTES,
                         writer_properties=_WRITER,
-                        commit_properties=_progress_props(slot, progress, metadata))
+                        commit_properties=_progress_props(slot, progress, metadata,
+                                                          app_versions))
 
-    def record_progress(self, slot: str, progress: Progress, metadata: dict | None = None):
+    def record_progress(self, slot: str, progress: Progress, metadata: dict | None = None,
+                        app_versions: dict[str, int] | None = None):
         """A commit with no rows: only moves ``end_lsn`` past transactions with no changes."""
-        self.append(iter(()), slot, progress, metadata)
+        self.append(iter(()), slot, progress, metadata, app_versions)
+
+    def rebaselined_at(self, slot: str) -> int | None:
+        """Where the newest ``setup --rebaseline`` restarted the slot (None: never): the
+        changes between bronze's previous end and it were not captured."""
+        return self.app_version(slot + REBASELINE_SUFFIX)
 
     def version(self) -> int:
         return self._table().version()
@@ -133,10 +158,13 @@ def _parse_description(text: str | None) -> SourceIdentity:
     return SourceIdentity(**json.loads(text[len(_DESCRIPTION):]))
 
 
-def _progress_props(slot: str, progress: Progress, metadata: dict | None) -> CommitProperties:
+def _progress_props(slot: str, progress: Progress, metadata: dict | None,
+                    app_versions: dict[str, int] | None = None) -> CommitProperties:
     return CommitProperties(
         app_transactions=[Transaction(slot, progress.commit_lsn),
-                          Transaction(slot + END_SUFFIX, progress.end_lsn)],
+                          Transaction(slot + END_SUFFIX, progress.end_lsn),
+                          *[Transaction(app, version)
+                            for app, version in sorted((app_versions or {}).items())]],
         custom_metadata={k: str(v) for k, v in (metadata or {}).items()})
 
 

@@ -11,6 +11,7 @@ Per silver row, with dims = (service_id, template_id, notification_type, notific
 | D on notification_history (retention purge)         | 0                          |
 | T on notification_history (a purge of every row)    | 0                          |
 | T on notifications                                  | stop: ``GoldStopped``      |
+| R (snapshot backfill read), either table            | 0 (the baseline counts it) |
 | M (logical message), other tables                   | 0                          |
 | error set (silver could not parse the row)          | stop: ``GoldStopped``      |
 
@@ -25,8 +26,10 @@ accepts the rows as count-neutral up to a commit LSN (``accept_errors_upto``) or
 
 Every silver row also yields one *row-count* contribution (dims NULL, delta 0, rows 1):
 gold applies a source transaction only when it holds ``tx_changes`` rows of it, including
-rows whose delta is 0. Contributions are additive, so a partial transaction carried between
-micro-batches is just its aggregated contributions (see ``gold.apply``).
+rows whose delta is 0 - read rows (``R``) too, which the shipper adds to the transaction
+of the backfill's HIGH watermark message. Contributions are additive, so a partial
+transaction carried between micro-batches is just its aggregated contributions (see
+``gold.apply``).
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ NO_OLD_DIMS = "no_old_dims"
 NO_NEW_DIMS = "no_new_dims"
 BAD_OP = "bad_op"
 PROBLEMS = (TRUNCATE, ERROR_ROW, NO_OLD_DIMS, NO_NEW_DIMS, BAD_OP)
-OPS = ("I", "U", "D", "T", "M")
+OPS = ("I", "U", "D", "T", "M", "R")
 
 
 class GoldStopped(UserError):
@@ -183,7 +186,7 @@ def stop_error(problem: dict, tables: CountedTables = COUNTED) -> Exception:
             "attribute it; run `lakecdc setup` so the replica identity covers id and the dims "
             f"(or use REPLICA IDENTITY FULL), then {REBUILD}.")
     return GoldInputError(f"silver row at {where} has op {problem.get('op')!r} and no error: "
-                          "silver broke its contract (op in I/U/D/T/M, or error set).")
+                          "silver broke its contract (op in I/U/D/T/M/R, or error set).")
 
 
 def contributions(silver: DataFrame, tables: CountedTables = COUNTED) -> DataFrame:

@@ -48,6 +48,7 @@ from gold import parse_commit_metadata
 from pipelines.captured import DIMS
 from pipelines.errors import UserError
 from pipelines.lakehouse import is_remote
+from pipelines.storage import canonical
 
 log = logging.getLogger("lakecdc.push")
 
@@ -79,18 +80,28 @@ def dashboard_ddl() -> str:
 
 
 def ensure_dashboard_tables(conn: psycopg.Connection) -> None:
-    """Create ``service_stats`` and ``lakecdc_push_progress`` if absent. Idempotent."""
+    """Create ``service_stats`` and ``lakecdc_push_progress`` if absent. Idempotent.
+
+    When both exist nothing is run, so a least-privilege writer role (no CREATE on the
+    schema; ``infra/postgres/roles.sql``) passes."""
+    present = conn.execute("SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT "
+                           "NULL", [STATS_TABLE, PROGRESS_TABLE]).fetchone()[0]
+    if present:
+        return
     with conn.transaction():
         conn.execute(dashboard_ddl())
 
 
 def push_once(gold_path: str, dashboard_dsn: str, storage_options: dict | None = None, *,
-              version: int | None = None, faults=None) -> PushResult:
-    """Push gold (at its latest version, or ``version``) to the dashboard; see module doc."""
+              version: int | None = None, faults=None, full: bool = False) -> PushResult:
+    """Push gold (at its latest version, or ``version``) to the dashboard; see module doc.
+
+    ``full``: replace the dashboard with every gold row even if the feed is readable (after
+    a rebuild), still guarded by version."""
     started = time.monotonic()
     table = open_gold(gold_path, storage_options, version)
     with connect(dashboard_dsn, what="dashboard") as conn:
-        result = push_table(conn, table, gold_key(gold_path), faults or _Faults())
+        result = push_table(conn, table, gold_key(gold_path), faults or _Faults(), full)
     result = PushResult(**{**result.__dict__, "seconds": time.monotonic() - started})
     if result.pushed:
         log.info("pushed gold version %d (%s push): %d rows upserted, %d deleted, %.2fs",
@@ -124,7 +135,7 @@ def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
 def gold_key(gold_path: str) -> str:
     """How the progress table names a gold table: its absolute path, or its URI."""
     if is_remote(gold_path):
-        return gold_path.rstrip("/")
+        return canonical(gold_path.rstrip("/"))
     return os.path.abspath(gold_path.removeprefix("file://").removeprefix("file:"))
 
 
@@ -153,7 +164,8 @@ def gold_position(table: DeltaTable, history_limit: int = 200) -> tuple[int | No
     return None, None
 
 
-def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults) -> PushResult:
+def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults,
+               force_full: bool = False) -> PushResult:
     """Steps 1-4 of the module docstring on an open connection (autocommit mode)."""
     version, table_id = table.version(), table.metadata().id
     with conn.transaction():
@@ -167,7 +179,7 @@ def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults) ->
         same_table = prev_id == table_id and prev_version >= 0
         if same_table and prev_version >= version:
             return PushResult(version, prev_version, pushed=False)
-        rows, deleted, full = None, [], not same_table
+        rows, deleted, full = None, [], force_full or not same_table
         if not full:
             try:
                 rows, deleted = changed_keys(table, prev_version + 1, version)

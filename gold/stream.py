@@ -91,7 +91,9 @@ def start_gold(spark: SparkSession, silver_path: str, gold_path: str, checkpoint
     for created in ensure_gold_tables(spark, paths):
         log.info("created %s", created)
     check_checkpoint(spark, paths, checkpoint_dir)
-    reader = spark.readStream.format("delta")
+    # A reprocess-silver commit replaces rows already streamed: not new changes (gold is
+    # rebuilt after it), so the stream passes over such commits instead of failing on them.
+    reader = spark.readStream.format("delta").option("skipChangeCommits", "true")
     if max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", str(max_files_per_trigger))
     stream = (reader.load(silver_path).select(*SILVER_COLUMNS).writeStream

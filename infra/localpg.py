@@ -153,6 +153,23 @@ class LocalPostgres:
         self._pg_ctl("start", "-w", "-t", "60", "-l", str(self.log_file))
         self._check_is_ours()
 
+    def base_backup(self, base_dir: Path, standby: bool = False) -> "LocalPostgres":
+        """A physical copy of this cluster (``pg_basebackup``), not started. ``standby``:
+        it follows this server by streaming replication once started (``promote`` it to
+        simulate a failover); otherwise it starts as a restored copy of this moment."""
+        copy = LocalPostgres(base_dir)
+        copy.base_dir.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(copy.base_dir, "postgres", "postgres")
+        _run([str(bin_dir() / "pg_basebackup"), "-D", str(copy.data_dir),
+              "-h", str(self.base_dir), "-p", str(self.port), "-U", "postgres",
+              "-X", "stream", "--no-sync", *(["-R"] if standby else [])])
+        return copy
+
+    def promote(self) -> None:
+        """End recovery of a standby: it becomes a primary on a new timeline."""
+        self._pg_ctl("promote", "-w", "-t", "60")
+
     def destroy(self) -> None:
         self.stop()
         shutil.rmtree(self.base_dir, ignore_errors=True)

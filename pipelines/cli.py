@@ -76,8 +76,13 @@ def _pipeline(ctx, **flags):
     from pipelines.run import Pipeline
     from pipelines.spark import get_or_create
 
+    from pipelines.storage import Lakehouse
+
     level = "WARN" if ctx.obj["verbose"] else "FATAL"
-    return Pipeline(_config(ctx, **flags), spark_factory=lambda: get_or_create(log_level=level))
+    config = _config(ctx, **flags)
+    lakehouse = Lakehouse.from_config(config)
+    return Pipeline(config, spark_factory=lambda: get_or_create(log_level=level,
+                                                                lakehouse=lakehouse))
 
 
 @cli.command()
@@ -211,14 +216,24 @@ def backfill():
               help="Captured table to read (repeatable) [every captured table].")
 @click.option("--chunk-rows", type=int, default=10_000, show_default=True,
               help="Rows per keyset chunk.")
+@click.option("--new-run", is_flag=True,
+              help="Read the tables again even if the last run of these tables completed "
+                   "(an unfinished run is otherwise continued).")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for the shipper to bring a chunk into bronze.")
 @click.pass_context
-def backfill_snapshot(ctx, tables, chunk_rows):
+def backfill_snapshot(ctx, tables, chunk_rows, new_run, timeout_s):
     """Capture the current rows of the captured tables into bronze as `read` rows, in
-    watermarked chunks, concurrently with streaming; resumable."""
+    watermarked chunks, concurrently with streaming; resumable.
+
+    Needs a running shipper (`lakecdc ship` or `lakecdc run`): the chunks reach bronze
+    through it. Rerun after an interruption to continue the same run."""
     from bronze.backfill import run_snapshot_backfill
 
-    run_snapshot_backfill(_config(ctx), tables=tables or None, chunk_rows=chunk_rows,
-                          stop=_stop_on_signals())
+    report = run_snapshot_backfill(_config(ctx), tables=tables or None, chunk_rows=chunk_rows,
+                                   stop=_stop_on_signals(), new_run=new_run,
+                                   timeout_s=timeout_s)
+    click.echo(report.summary())
 
 
 @backfill.command("rebuild-gold")
@@ -263,6 +278,54 @@ def demo(ctx, seconds, out):
     level = "WARN" if ctx.obj["verbose"] else "FATAL"
     run_demo(seconds=seconds, out_dir=out, stop=_stop_on_signals(),
              spark_factory=lambda: get_or_create(log_level=level))
+
+
+@cli.command()
+@click.option("--suite", "suites", type=click.Choice(["silver", "gold"]), multiple=True,
+              help="Run only this suite (repeatable) [silver and gold].")
+@click.option("--all-silver", is_flag=True,
+              help="Check every silver row, not only those after gold's baseline.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def quality(ctx, suites, all_silver, as_json):
+    """Great Expectations gates: the silver suite (keys, known ops, LSN order) and the gold
+    suite (keys, counts >= 0, gold = baseline + silver deltas).
+
+    Exit 0 when every suite passes, 1 when one fails (the job task fails: stop policy)."""
+    from pipelines.quality import SUITES, render, run_gates, summary, to_json
+    from pipelines.storage import Lakehouse
+
+    pipeline = _pipeline(ctx)
+    config = pipeline.config
+    results = run_gates(pipeline.spark, pipeline.where.silver.silver_path,
+                        pipeline.where.gold, tuple(suites) or SUITES,
+                        baseline_path=config.baseline_path,
+                        storage_options=Lakehouse.from_config(config).delta_rs_options(),
+                        all_silver=all_silver)
+    click.echo(to_json(results) if as_json else render(results))
+    if not all(r.success for r in results):
+        raise DriftFound(summary(results))
+
+
+@cli.command("sql")
+@click.argument("query", required=False)
+@click.option("-f", "--file", "query_file", type=click.Path(dir_okay=False),
+              help="Read the query from a .sql file (e.g. sql/top_services.sql).")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]),
+              default="table", show_default=True)
+@click.option("--limit", type=int, default=1000, show_default=True, help="Rows shown at most.")
+@click.pass_context
+def sql_command(ctx, query, query_file, fmt, limit):
+    """Spark SQL on the lakehouse tables, registered by name: bronze_wal2json_changes,
+    silver_changes, silver_quarantine, gold_service_stats."""
+    from pipelines.query import read_query, register_tables, render, run_query, table_paths
+
+    if bool(query) == bool(query_file):
+        raise click.UsageError("give a query or --file, not both and not neither.")
+    text = read_query(query_file) if query_file else query
+    pipeline = _pipeline(ctx)
+    register_tables(pipeline.spark, table_paths(pipeline.config))
+    click.echo(render(run_query(pipeline.spark, text), fmt, limit))
 
 
 def main(argv: list[str] | None = None) -> int:

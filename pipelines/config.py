@@ -23,7 +23,9 @@ _TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$")
 #   recorded version; complete an interrupted advance on start).
 # - commit_before_advance: the slot moves only after the bronze commit.
 # - gold_txn: gold's MERGE and pending writes carry txnAppId/txnVersion (replays skipped).
-GUARDS = frozenset({"version_check", "commit_before_advance", "gold_txn"})
+# - backfill_window: the shipper drops snapshot backfill rows changed inside their chunk's
+#   watermark window (bronze/backfill.py); off, silver can receive a stale read.
+GUARDS = frozenset({"version_check", "commit_before_advance", "gold_txn", "backfill_window"})
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,10 @@ class Config:
     memory_budget_mb: int = 64
     chunk_mb: float = 16.0
     spill_dir: str | None = None
+    # S3 lakehouse (pipelines.storage): a non-AWS endpoint (MinIO, moto) and the region.
+    # Credentials are not configuration: each engine reads the standard AWS chain.
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
     # Test hooks: fault points ("name:n,...") and guards switched off (negative controls).
     faults: str = ""
     disabled_guards: frozenset[str] = field(default_factory=frozenset)
@@ -55,6 +61,8 @@ class Config:
             "lakehouse": env.get("LAKECDC_LAKEHOUSE", cls.lakehouse),
             "slot": env.get("LAKECDC_SLOT", cls.slot),
             "faults": env.get("LAKECDC_FAULT", ""),
+            "s3_endpoint_url": env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"),
+            "s3_region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
             "disabled_guards": frozenset(
                 g for g in env.get("LAKECDC_UNSAFE_DISABLE_GUARDS", "").split(",") if g),
         }

@@ -7,16 +7,26 @@ import uuid
 from pathlib import Path
 
 from pipelines.errors import UserError
+from pipelines.storage import Lakehouse, is_s3
 
 
 def is_remote(uri: str) -> bool:
     return "://" in uri and not uri.startswith("file://")
 
 
-def check_writable(uri: str) -> None:
-    """Fail with one sentence if the local lakehouse root cannot be created and written."""
-    if is_remote(uri):
+def check_writable(uri: str, lakehouse: Lakehouse | None = None) -> None:
+    """Fail with one sentence if the lakehouse root cannot be written.
+
+    Local: the directory is created and a probe file written. S3: the credentials are
+    found, the bucket exists and a probe object is written under the prefix
+    (``Lakehouse.check``). ``lakehouse`` carries the endpoint and region from the
+    configuration; without it boto3 reads the standard AWS environment itself.
+    """
+    if is_s3(uri):
+        (lakehouse or Lakehouse(uri)).check()
         return
+    if is_remote(uri):
+        return       # another object store: its engine reports its own errors
     root = Path(uri.removeprefix("file://"))
     probe = root / f".lakecdc-write-probe-{uuid.uuid4().hex}"
     try:

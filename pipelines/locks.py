@@ -21,7 +21,11 @@ from pipelines.errors import UserError
 
 
 def gold_lock_name(gold_path: str) -> str:
-    return f"lakecdc.gold:{gold_path}"
+    """One name per gold table, however an engine spells its path (``gold.push.gold_key``:
+    ``s3a://`` locally and ``s3://`` on Databricks are the same table)."""
+    from gold.push import gold_key
+
+    return f"lakecdc.gold:{gold_key(gold_path)}"
 
 
 def ship_lock_name(slot: str) -> str:

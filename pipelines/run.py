@@ -37,10 +37,21 @@ class Locations:
 
     @classmethod
     def from_config(cls, config: Config) -> "Locations":
+        """The Spark paths of every table, and the lakehouse declared for the session this
+        process will start (``s3://`` roots become ``s3a://`` outside Databricks; see
+        ``pipelines.storage`` and ``pipelines.spark``)."""
+        from pipelines.spark import use_lakehouse
+        from pipelines.storage import Lakehouse, on_databricks, spark_path
+
+        use_lakehouse(Lakehouse.from_config(config))
+
+        def path(layer: str, name: str) -> str:
+            return spark_path(config.table_path(layer, name), on_databricks())
+
         return cls(SilverLocations.from_config(config),
-                   config.table_path("gold", "service_stats"),
-                   config.table_path("gold", "_pending"),
-                   config.table_path("_checkpoints", "gold"))
+                   path("gold", "service_stats"),
+                   path("gold", "_pending"),
+                   path("_checkpoints", "gold"))
 
 
 @dataclass
@@ -94,6 +105,26 @@ class Pipeline:
             [f"{c} string" for c in counts.column_names[:-1]] + ["count bigint"]))
         return seed_gold(self.spark, self.where.gold, frame, commit_lsn)
 
+    def require_no_gap(self) -> None:
+        """Refuse gold while bronze holds a re-baseline gap gold's counts do not cover.
+
+        ``setup --rebaseline`` restarts the slot past changes that were never captured;
+        counts carried on from before it would silently miss them."""
+        from bronze.table import BronzeTable
+        from gold.apply import seed_floor
+        from gold.deltas import REBUILD, GoldStopped
+        from pipelines.lsn import fmt
+
+        bronze = BronzeTable(self.config.bronze_path)
+        at = bronze.rebaselined_at(self.config.slot) if bronze.exists() else None
+        if at is None:
+            return
+        floor = seed_floor(self.spark, self.where.gold)
+        if floor < at:
+            raise GoldStopped(f"bronze was re-baselined at {fmt(at)}, after gold's baseline "
+                              f"({fmt(floor)}): the changes in between were never captured, "
+                              f"so gold cannot be exact; {REBUILD}.")
+
     @contextmanager
     def gold_lock(self):
         """Held by every gold writer (``pipelines.locks``): one at a time. Re-entrant
@@ -124,6 +155,7 @@ class Pipeline:
         extra = {} if accept_errors_upto is None else {"accept_errors_upto": accept_errors_upto}
         with self.gold_lock():
             self.seed_gold_from_baseline()
+            self.require_no_gap()
             return run_gold(self.spark, w.silver.silver_path, w.gold, w.gold_checkpoint,
                             once=once, stop=stop, trigger_interval=self.trigger_interval,
                             **self.gold_options, **extra)
@@ -180,6 +212,7 @@ class Pipeline:
                                     s.checkpoint_root, self.config.tables, once=False,
                                     trigger_interval=self.trigger_interval)
             self.seed_gold_from_baseline()
+            self.require_no_gap()
             options = dict(self.gold_options)
             writer = gold_writer(self.spark, w.gold, options.pop("pending_path"), **options)
             queries.append(start_gold(self.spark, s.silver_path, w.gold, w.gold_checkpoint,

@@ -21,7 +21,8 @@ import psycopg
 
 from bronze import slot as slots
 from bronze.source import check_source, connect, ensure_replica_identity
-from bronze.table import BronzeTable, Progress, SourceIdentity
+from bronze.failover import NEW_LAKEHOUSE
+from bronze.table import REBASELINE_SUFFIX, BronzeTable, Progress, SourceIdentity
 from gold.push import ensure_dashboard_tables
 from pipelines.baseline import count_in_snapshot, write_baseline
 from pipelines.config import Config
@@ -80,7 +81,7 @@ def setup(config: Config, rebaseline: bool = False,
         if state is not None:
             slots.drop_slot(conn, config.slot)
             report.did(f"dropped slot {config.slot}")
-    system_id, _timeline = slots.identify_system(dsn)
+    system_id, timeline = slots.identify_system(dsn)
     with slots.replication_connection(dsn) as rconn:
         created = slots.create_slot(rconn, config.slot)
         report.did(f"created slot {config.slot} at {fmt(created.consistent_point)}")
@@ -91,7 +92,7 @@ def setup(config: Config, rebaseline: bool = False,
             with connect(dsn) as conn:
                 slots.drop_slot(conn, config.slot)
             raise
-    ident = SourceIdentity(config.slot, db, system_id)
+    ident = SourceIdentity(config.slot, db, system_id, timeline)
     try:
         write_baseline(config.baseline_path, counts, created.consistent_point, storage_options)
         report.did(f"counted {sum(counts.column('count').to_pylist()):,} existing "
@@ -101,7 +102,7 @@ def setup(config: Config, rebaseline: bool = False,
             bronze.create(ident, created.consistent_point)
             report.did(f"created bronze table {config.bronze_path}")
         else:
-            _rebaseline(bronze, config.slot, created.consistent_point, system_id, report)
+            _rebaseline(bronze, config.slot, created.consistent_point, ident, report)
     except BaseException:
         # Leave no slot without bronze behind: it would pin WAL and block the next setup.
         with connect(dsn) as conn:
@@ -110,18 +111,20 @@ def setup(config: Config, rebaseline: bool = False,
     return report
 
 
-def _rebaseline(bronze: BronzeTable, slot: str, start: int, system_id: str,
+def _rebaseline(bronze: BronzeTable, slot: str, start: int, ident: SourceIdentity,
                 report: SetupReport) -> None:
     """Restart bronze's position at a new slot's consistent point."""
     progress = bronze.progress(slot) or Progress(0, 0)
     if start <= progress.end_lsn:
         raise UserError(f"the new slot starts at {fmt(start)}, before what bronze holds "
                         f"({fmt(progress.end_lsn)}): the source was restored to an earlier "
-                        "point; use a new LAKECDC_LAKEHOUSE.")
+                        f"point; {NEW_LAKEHOUSE}")
     bronze.record_progress(slot, Progress(progress.commit_lsn, start),
                            {"lakecdc.operation": "rebaseline",
-                            "lakecdc.systemIdentifier": system_id})
-    bronze.set_system_identifier(system_id)
+                            "lakecdc.systemIdentifier": ident.system_identifier,
+                            "lakecdc.timeline": ident.timeline},
+                           app_versions={slot + REBASELINE_SUFFIX: start})
+    bronze.set_source(ident.system_identifier, ident.timeline)
     report.did(f"re-baselined bronze at {fmt(start)}; changes between "
-               f"{fmt(progress.end_lsn)} and {fmt(start)} were not captured, so gold must "
-               "be rebuilt from a fresh baseline before its counts are exact again")
+               f"{fmt(progress.end_lsn)} and {fmt(start)} were not captured, so gold stays "
+               "stopped until you run `lakecdc backfill rebuild-gold`")

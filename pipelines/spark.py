@@ -4,13 +4,23 @@ Delta is configured here (extensions, catalog, the delta-spark jars resolved fro
 Central through Ivy on the first start and cached under ~/.ivy2 afterwards). ``local=True``
 tunes a small single-machine session: few shuffle partitions, no UI, modest memory.
 On Databricks the runtime's session already exists; ``get_or_create`` returns it unchanged.
+
+An S3 lakehouse also needs Hadoop's s3a connector in the session (``pipelines.storage``),
+and jars can only be added when the JVM starts. So the lakehouse a process works on is
+declared before its session starts: passed as ``lakehouse=``, or declared once with
+``use_lakehouse`` - which ``pipelines.run.Locations.from_config`` does, so every command
+that builds a ``Pipeline`` gets a session that can reach its lakehouse whichever factory
+starts it. A session that is already running without s3a is refused with one sentence
+rather than failing later inside a stream.
 """
 
 from __future__ import annotations
 
-import os
-
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
+
+from pipelines.errors import UserError
+from pipelines.storage import S3A_FILESYSTEM, SPARK_PACKAGES, Lakehouse, on_databricks
 
 _LOCAL_CONF = {
     "spark.sql.shuffle.partitions": "2",
@@ -28,15 +38,24 @@ _LOCAL_CONF = {
     "spark.driver.extraJavaOptions": "-Dio.netty.tryReflectionSetAccessible=true -Xss16m",
 }
 
+_declared: Lakehouse | None = None
+
+
+def use_lakehouse(lakehouse: Lakehouse) -> None:
+    """Declare the lakehouse this process's Spark session must reach (see module doc)."""
+    global _declared
+    _declared = lakehouse
+
 
 def _on_databricks() -> bool:
-    return "DATABRICKS_RUNTIME_VERSION" in os.environ
+    return on_databricks()
 
 
 def get_or_create(app_name: str = "lakecdc", local: bool = True,
                   extra_conf: dict[str, str] | None = None,
-                  log_level: str = "WARN") -> SparkSession:
-    """A Spark session with Delta. Outside Databricks, starts ``local[2]`` with Delta jars.
+                  log_level: str = "WARN", lakehouse: Lakehouse | None = None) -> SparkSession:
+    """A Spark session with Delta. Outside Databricks, starts ``local[2]`` with Delta jars,
+    plus hadoop-aws and its s3a settings when the lakehouse (given or declared) is on S3.
 
     ``log_level`` is Spark's own (log4j) level. The CLI uses FATAL unless ``-v``: errors
     that matter reach lakecdc as exceptions and are reported once, by lakecdc.
@@ -45,13 +64,37 @@ def get_or_create(app_name: str = "lakecdc", local: bool = True,
         return SparkSession.builder.getOrCreate()
     from delta import configure_spark_with_delta_pip
 
+    lakehouse = lakehouse or _declared
+    s3 = lakehouse is not None and lakehouse.is_s3
+    running = SparkContext._active_spark_context
     builder = (SparkSession.builder.appName(app_name)
                .master("local[2]")
                .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
                .config("spark.sql.catalog.spark_catalog",
                        "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
-    for key, value in {**(_LOCAL_CONF if local else {}), **(extra_conf or {})}.items():
+    conf = {**(_LOCAL_CONF if local else {}), **(lakehouse.spark_conf() if s3 else {}),
+            **(extra_conf or {})}
+    for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = configure_spark_with_delta_pip(builder).getOrCreate()
+    spark = configure_spark_with_delta_pip(
+        builder, extra_packages=list(SPARK_PACKAGES) if s3 else None).getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
+    if s3:
+        _require_s3a(spark, lakehouse, started_here=running is None)
     return spark
+
+
+def _require_s3a(spark: SparkSession, lakehouse: Lakehouse, started_here: bool) -> None:
+    """A session started before the lakehouse was known lacks the s3a jars: refuse it. Its
+    Hadoop settings are (re)applied, since an existing context ignores builder settings."""
+    if not spark.sparkContext._jvm.org.apache.spark.util.Utils.classIsLoadable(
+            S3A_FILESYSTEM):
+        raise UserError(f"this Spark session was started without S3 support, so it cannot "
+                        f"reach the lakehouse {lakehouse.root}: start a new process (or "
+                        "call pipelines.spark.get_or_create(lakehouse=...) before any other "
+                        "Spark use).") from None
+    if not started_here:
+        hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+        for key, value in lakehouse.spark_conf().items():
+            if key.startswith("spark.hadoop."):
+                hadoop.set(key[len("spark.hadoop."):], value)

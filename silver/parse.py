@@ -16,15 +16,21 @@
 Errors, first match wins: ``malformed JSON`` (not JSON, or a field of the wrong JSON type);
 ``no action in JSON``; ``JSON action X differs from bronze action Y``; ``unknown action X``;
 ``change without schema or table``; ``unknown table s.t`` (a change of a table not in
-``known_tables``); ``I/U without columns``, ``D without identity``; ``duplicate or unnamed
+``known_tables``); ``I/U/R without columns``, ``D without identity``; ``duplicate or unnamed
 column in columns/identity``; ``X without id, ... in columns`` (the new id and dims must all
-be present and non-NULL for I/U); ``X identity lacks ...`` (the replica identity of a D, or
+be present and non-NULL for I/U/R); ``X identity lacks ...`` (the replica identity of a D, or
 of a U that has one, must carry the old id and dims). The last two protect gold: a change it
 cannot attribute must stop it loudly, never be counted as NULL dims or skipped (DESIGN §2).
 
 Carried through, not errors: logical messages (op ``M``, ``message_prefix`` /
 ``message_content``, no table); truncates (op ``T``: gold decides); columns added mid-stream
 (every new value is in the ``columns`` map); numeric ``NaN`` / ``Infinity`` (kept as text).
+
+Snapshot backfill reads (op ``R``, ``lakecdc backfill snapshot``): a row as it was when its
+chunk was read, parsed like an insert (``columns``, the new id and dims, no identity) and
+checked by the same rules (``R without columns``, ``R without id, ... in columns``). In
+``(commit_lsn, seq)`` order a read is never older than a change before it (the shipper
+drops chunk rows changed inside the chunk's watermark window); gold counts it 0.
 
 Numbers: wal2json 2.5 writes numerics as bare JSON numbers, and Spark's ``from_json`` reads a
 bare number into a string field through a double (``12345678901234567890.123456789012345``
@@ -45,9 +51,10 @@ from pyspark.sql.types import StringType, StructField, StructType
 from pipelines.captured import IDENTITY_COLUMNS
 from silver.schema import SILVER_CHANGES, SILVER_QUARANTINE, WAL2JSON_CHANGE
 
-CHANGE_ACTIONS = ("I", "U", "D", "T")
+CHANGE_ACTIONS = ("I", "U", "D", "T", "R")    # R: a snapshot backfill read
+WRITE_ACTIONS = ("I", "U", "R")                 # carry the new row in ``columns``
 MESSAGE_ACTION = "M"
-KEY_COLUMNS = IDENTITY_COLUMNS      # id + the four dims, new (I/U) and old (identity)
+KEY_COLUMNS = IDENTITY_COLUMNS      # id + the four dims, new (I/U/R) and old (identity)
 
 _CORRUPT = "_corrupt_record"
 _PARSE_SCHEMA = StructType([*WAL2JSON_CHANGE.fields, StructField(_CORRUPT, StringType())])
@@ -138,7 +145,7 @@ def _error(known_tables: tuple[str, ...]) -> Column:
     action = j["action"]
     columns, identity = j["columns"], j["identity"]
     change = action.isin(*CHANGE_ACTIONS)
-    writes = action.isin("I", "U")
+    writes = action.isin(*WRITE_ACTIONS)
     qualified = F.concat_ws(".", j["schema"], j["table"])
     missing_new, missing_old = _missing(F.col("_new")), _missing(F.col("_old"))
     # Every condition is NULL-safe or guarded by the ones before it: `when` treats NULL as

@@ -44,11 +44,12 @@ SILVER_CHANGES = StructType([
     StructField("xid", LongType()),
     StructField("lsn", LongType(), False),
     StructField("commit_ts", TimestampType()),
-    # What happened: I, U, D, T (truncate), M (logical message); NULL when error is set.
+    # What happened: I, U, D, T (truncate), M (logical message), R (snapshot backfill read
+    # of a row, parsed like an insert: `lakecdc backfill snapshot`); NULL when error is set.
     StructField("op", StringType()),
     StructField("schema_name", StringType()),
     StructField("table_name", StringType()),
-    # New row values (I, U): the id and the four dims, typed as text (uuid / enum / text).
+    # New row values (I, U, R): the id and the four dims, typed as text (uuid / enum / text).
     StructField("id", StringType()),
     *[StructField(c, StringType()) for c in DIM_COLUMNS],
     # Old values from the replica identity (U with a key change, D); NULL otherwise.

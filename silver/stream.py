@@ -75,10 +75,16 @@ class SilverLocations:
 
     @classmethod
     def from_config(cls, config: Config) -> "SilverLocations":
-        return cls(bronze_path=config.bronze_path,
-                   silver_path=config.table_path("silver", "changes"),
-                   quarantine_path=config.table_path("silver", "quarantine"),
-                   checkpoint_root=config.table_path("_checkpoints", "silver"))
+        """Paths as Spark must see them (``s3a://`` for S3 outside Databricks)."""
+        from pipelines.storage import on_databricks, spark_path
+
+        def path(layer: str, name: str) -> str:
+            return spark_path(config.table_path(layer, name), on_databricks())
+
+        return cls(bronze_path=spark_path(config.bronze_path, on_databricks()),
+                   silver_path=path("silver", "changes"),
+                   quarantine_path=path("silver", "quarantine"),
+                   checkpoint_root=path("_checkpoints", "silver"))
 
 
 @dataclass(frozen=True)

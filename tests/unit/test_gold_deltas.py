@@ -98,6 +98,26 @@ def test_zero_rules_update_without_identity_history_delete_truncate_message_othe
                          spark.createDataFrame([], D.problems(silver(spark)).schema))
 
 
+
+def test_snapshot_read_rows_count_zero_but_complete_their_transaction(spark):
+    """Op R: the backfill's rows, appended to its HIGH watermark message's transaction. The
+    baseline already counts them, so they add nothing - but they are rows of the
+    transaction, which gold applies only once it holds all of them."""
+    rows = [change(800, 0, 3, "M", table=None),
+            change(800, 1, 3, "R", LIVE, new=CREATED),
+            change(800, 2, 3, "R", HIST, new=DELIVERED)]
+    got = D.contributions(silver(spark, *rows))
+    assertDataFrameEqual(got, contribs(spark, (800, 3, NO_DIMS, 0, 3)))
+    assertDataFrameEqual(D.key_deltas(got), key_deltas(spark))
+    assert D.problems(silver(spark, *rows)).collect() == []
+    # Without its last read row the transaction is not complete: gold waits for it.
+    partial = D.transactions(D.contributions(silver(spark, *rows[:2]))).collect()
+    assert [(t.commit_lsn, t.rows, t.tx_changes, t.complete) for t in partial] == \
+        [(800, 2, 3, False)]
+    # Reads are not purges either.
+    assert D.history_purges(silver(spark, *rows)).collect() == []
+
+
 def test_delete_from_notifications_counts_minus_one_on_old_dims(spark):
     got = D.contributions(silver(spark, change(400, 0, 1, "D", LIVE, old=SENDING, old_id="n1")))
     assertDataFrameEqual(got, contribs(spark,

@@ -13,8 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from bronze.records import (COPY_HEADER_LEN, MalformedPeek, PeekColumns, TransactionAssembler,
-                            decode_copy_rows, finalize)
+from bronze.records import (BACKFILL_PREFIX, BRONZE_SCHEMA, COPY_HEADER_LEN, HighMark,
+                            MalformedPeek, PeekColumns, TransactionAssembler, Window,
+                            changed_keys, decode_copy_rows, finalize, high_marks,
+                            read_records)
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "wal2json" / "peek_mixed.jsonl"
 
@@ -186,3 +188,107 @@ def test_binary_copy_with_an_unexpected_layout_is_refused():
         decode_copy_rows([bad + b"\x00" * 60])
     with pytest.raises(MalformedPeek, match="shorter"):
         decode_copy_rows([bad])
+
+
+# --- snapshot backfill: HIGH watermarks, window drops, read rows ----------------------------
+
+TS = "2026-11-21 05:42:43.5+00"
+
+
+def peek_tx(commit: str, xid: int, *changes: dict) -> list:
+    """A transaction as peek rows (lsn, xid, data): B, the changes, C."""
+    def row(doc):
+        return (doc.get("lsn", commit), xid, json.dumps(doc, separators=(",", ":")))
+    return ([row({"action": "B", "xid": xid, "timestamp": TS, "lsn": commit})]
+            + [row({"xid": xid, "timestamp": TS, **c}) for c in changes]
+            + [row({"action": "C", "xid": xid, "timestamp": TS, "lsn": commit})])
+
+
+def message(prefix: str, content, transactional: bool = True, lsn: str = "0/1") -> dict:
+    text = content if isinstance(content, str) else json.dumps(content)
+    return {"action": "M", "lsn": lsn, "transactional": transactional, "prefix": prefix,
+            "content": text}
+
+
+def write(action: str, key, table: str = "notifications", old=None, lsn: str = "0/1") -> dict:
+    doc = {"action": action, "lsn": lsn, "schema": "public", "table": table}
+    if action != "D":
+        doc["columns"] = [{"name": "id", "type": "uuid", "value": key},
+                          {"name": "notification_status", "type": "text", "value": "sent"}]
+    if old is not None:
+        doc["identity"] = [{"name": "id", "type": "uuid", "value": old}]
+    return doc
+
+
+def assembled(rows):
+    asm = TransactionAssembler(0)
+    batch = asm.add(columns(rows))
+    return batch, asm.finish()
+
+
+def test_only_transactional_high_watermarks_of_the_backfill_are_marks():
+    high = {"run": "r1", "table": "public.notifications", "chunk": 3, "mark": "high"}
+    rows = (peek_tx("0/100", 10, write("I", "k1"))
+            + peek_tx("0/200", 11, message(BACKFILL_PREFIX, {**high, "mark": "low"}))
+            + peek_tx("0/300", 12, message(BACKFILL_PREFIX, high, lsn="0/2F0"))
+            + peek_tx("0/400", 13, message("lakecdc.marker", high))
+            + peek_tx("0/500", 14, message(BACKFILL_PREFIX, "not json"))
+            + [("0/600", 0, json.dumps(message(BACKFILL_PREFIX, high, transactional=False,
+                                               lsn="0/600")))])
+    batch, _ = assembled(rows)
+    marks = high_marks(batch)
+    assert [(m.run, m.table, m.chunk, m.commit_lsn, m.seq, m.xid, m.lsn) for m in marks] == \
+        [("r1", "public.notifications", 3, 0x300, 0, 12, 0x2F0)]
+    assert marks[0].commit_ts_us == int(datetime.fromisoformat(
+        TS.replace("+00", "+00:00")).timestamp() * 1_000_000)
+    assert marks[0].gid == 2                       # the third transaction of the peek
+    assert high_marks(assembled(peek_tx("0/100", 10, write("I", "k1")))[0]) == []
+
+
+def test_window_holds_changes_after_low_before_high_and_of_transactions_the_snapshot_missed():
+    window = Window("r1", 1, "public.notifications", "id", low_lsn=0x50, high_lsn=0x200,
+                    in_progress=frozenset({7}))
+    rows = (peek_tx("0/40", 7, write("U", "k1", old="k1"))    # before LOW, but invisible
+            + peek_tx("0/45", 6, write("U", "k2", old="k2"))  # before LOW, visible: kept
+            + peek_tx("0/60", 8, write("U", "k4", old="k3"))  # key change: both keys
+            + peek_tx("0/150", 9, write("D", None, old="k5"),
+                      write("I", "k6", table="notification_history"),   # other table
+                      message("app", "x"))
+            + peek_tx("0/180", 12, write("I", "k8"))
+            + peek_tx("0/200", 10, message(BACKFILL_PREFIX, "{}"))    # the HIGH itself
+            + peek_tx("0/250", 11, write("U", "k7", old="k7")))       # after HIGH: kept
+    batch, _ = assembled(rows)
+    got = changed_keys(batch.column("commit_lsn"), batch.column("xid"),
+                       batch.column("action"), batch.column("data"), [window])
+    assert got == {("r1", 1): {"k1", "k3", "k4", "k5", "k8"}}
+    # Without the in-progress transactions only the LSN range counts.
+    plain = Window("r1", 1, "public.notifications", "id", 0x50, 0x200)
+    got = changed_keys(batch.column("commit_lsn"), batch.column("xid"),
+                       batch.column("action"), batch.column("data"), [plain])
+    assert got == {("r1", 1): {"k3", "k4", "k5", "k8"}}
+
+
+def test_window_keys_are_text_as_postgres_prints_them_also_for_numbers():
+    text = ('{"action":"U","schema":"public","table":"t",'
+            '"columns":[{"name":"n","type":"numeric","value":1.50}],'
+            '"identity":[{"name":"n","type":"numeric","value":12345678901234567890}]}')
+    got = changed_keys(pa.array([5], pa.int64()), pa.array([1], pa.int64()),
+                       pa.array(["U"]), pa.array([text]),
+                       [Window("r", 2, "public.t", "n", 1, 9)])
+    assert got == {("r", 2): {"1.50", "12345678901234567890"}}
+
+
+def test_read_rows_join_the_high_watermark_transaction_after_its_rows():
+    mark = HighMark(gid=0, commit_lsn=0x300, seq=0, xid=12, lsn=0x2F0,
+                    commit_ts_us=1_700_000_000_000_000, run="r1",
+                    table="public.notifications", chunk=3)
+    shipped = pa.scalar(5, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    batch = read_records(pa.array(['{"action":"R"}', '{"action":"R","x":1}']), mark,
+                         first_seq=1, tx_changes=3, slot="s1", shipped_at=shipped)
+    rows = batch.to_pylist()
+    assert batch.schema == BRONZE_SCHEMA
+    assert [(r["commit_lsn"], r["seq"], r["tx_changes"], r["xid"], r["lsn"], r["action"])
+            for r in rows] == [(0x300, 1, 3, 12, 0x2F0, "R"), (0x300, 2, 3, 12, 0x2F0, "R")]
+    assert {r["slot"] for r in rows} == {"s1"}
+    assert rows[0]["commit_ts"].timestamp() == 1_700_000_000
+    assert [r["data"] for r in rows] == ['{"action":"R"}', '{"action":"R","x":1}']

@@ -188,6 +188,38 @@ def test_a_captured_table_is_known_by_configuration(spark):
                                                             columns=KEYS))]))
 
 
+
+def test_snapshot_read_rows_are_parsed_like_inserts_and_checked_alike(spark):
+    """Op R (``lakecdc backfill snapshot``): the row read, shaped as wal2json writes an
+    insert, in the transaction of the backfill's HIGH watermark message."""
+    read = notification(7, "sms", "delivered", billable="2", rate="1.50")
+    high = json.dumps({"action": "M", "xid": 901, "lsn": "0/153C200", "transactional": True,
+                       "prefix": "lakecdc.backfill",
+                       "content": '{"run":"r1","table":"public.notifications","chunk":1,'
+                                  '"mark":"high"}'}, separators=(",", ":"))
+    as_backfill = json.dumps({"action": "R", "schema": "public", "table": "notifications",
+                              "columns": [{"name": k, "type": "text", "value": v}
+                                          for k, v in read.items()]}, separators=(",", ":"))
+    b = [
+        bronze_row(50, 0, 5, high),
+        bronze_row(50, 1, 5, as_backfill),
+        bronze_row(50, 2, 5, w2j("R", "notification_history", columns=KEYS)),
+        bronze_row(50, 3, 5, w2j("R", columns={**KEYS, "service_id": None})),
+        bronze_row(50, 4, 5, w2j("R", "notification_archive", columns=KEYS)),
+        bronze_row(60, 0, 1, w2j("R"), "R"),
+    ]
+    assertDataFrameEqual(parse_changes(bronze_df(spark, b), KNOWN), silver_df(spark, [
+        silver_row(b[0], op="M", message_prefix="lakecdc.backfill",
+                   message_content='{"run":"r1","table":"public.notifications","chunk":1,'
+                                   '"mark":"high"}'),
+        silver_row(b[1], op="R", **change(dims(7, "sms", "delivered"), columns=read)),
+        silver_row(b[2], op="R", **change(KEYS, "notification_history", columns=KEYS)),
+        failed(b[3], "R without service_id in columns"),
+        failed(b[4], "unknown table public.notification_archive"),
+        failed(b[5], "R without columns"),
+    ]))
+
+
 # --- values carried through --------------------------------------------------------------
 
 def test_values_reach_silver_exactly_as_postgres_printed_them(spark):

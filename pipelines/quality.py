@@ -1,0 +1,290 @@
+"""``lakecdc quality``: Great Expectations gates on silver and gold.
+
+Two suites, each run on one Spark DataFrame (GX's Spark data source, whole-frame batch, an
+ephemeral in-memory context with analytics off: nothing is written or sent anywhere):
+
+- **silver** - ``silver/changes`` rows above gold's floor (the rows gold's counts are built
+  from; ``all_silver`` for every row): the key ``(commit_lsn, seq)`` is non-null and unique;
+  ``op`` is a known operation (``gold.deltas.OPS``; parse-error rows have none and are
+  silver's quarantine's business); the row's own ``lsn`` is not after its transaction's
+  ``commit_lsn``, and ``0 <= seq < tx_changes``; inserts, updates and reads carry the id
+  and the four new dims; deletes carry the four old dims.
+- **gold** - ``gold/service_stats`` at one version, next to the counts silver implies:
+  the dims are non-null and unique, ``count >= 0``, and per key ``count`` equals
+  *expected* = the baseline gold started from (the seed or rebuild commit that set its
+  floor, read by time travel, or ``gold/_baseline``) plus the net signed deltas
+  (``gold.deltas``) of the silver rows in ``(floor, watermark]``. That is gold's own
+  contract restated from its inputs: a lost, doubled or misattributed change shows as a
+  key whose count differs.
+
+Failure policy: **stop**. A failing suite makes the command exit 1 (like ``verify`` finding
+drift) with the failing expectations and sample values, so the job task fails, the tasks
+that depend on it (a rebuild, a verification) do not run, and the job's failure
+notifications fire. Nothing is quarantined or corrected automatically: rows that silver
+cannot parse are already quarantined by silver itself, and moving parsed-but-wrong rows
+aside, or patching counts, would change gold without anyone deciding it (DESIGN §2: no
+self-healing that hides drift). The remedies are human: fix the cause, then ``lakecdc
+backfill reprocess-silver`` or ``backfill rebuild-gold``. See docs/quality.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines.captured import DIMS
+from pipelines.errors import UserError
+
+log = logging.getLogger("lakecdc.quality")
+
+SUITES = ("silver", "gold")
+_SAMPLES = 3
+
+
+@dataclass(frozen=True)
+class Failure:
+    expectation: str            # e.g. expect_column_values_to_not_be_null
+    columns: str                # the column(s) it is about
+    unexpected: int | None      # rows that failed it
+    samples: list = field(default_factory=list)
+    error: str | None = None    # the expectation itself could not run
+
+
+@dataclass(frozen=True)
+class GateResult:
+    suite: str
+    rows: int
+    evaluated: int              # expectations run
+    failures: list[Failure]
+    scope: str                  # what was validated, in words
+
+    @property
+    def success(self) -> bool:
+        return not self.failures
+
+
+# --- the suites (definitions only) ----------------------------------------------------------
+
+def silver_suite():
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+
+    from gold.deltas import OPS
+
+    writes = 'op IN ("I", "U", "R")'
+    return gx.ExpectationSuite(name="lakecdc_silver", expectations=[
+        *[gxe.ExpectColumnValuesToNotBeNull(column=c)
+          for c in ("commit_lsn", "seq", "tx_changes", "lsn")],
+        gxe.ExpectCompoundColumnsToBeUnique(column_list=["commit_lsn", "seq"]),
+        gxe.ExpectColumnValuesToBeInSet(column="op", value_set=list(OPS)),
+        gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="commit_lsn", column_B="lsn",
+                                                    or_equal=True),
+        gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="tx_changes", column_B="seq"),
+        gxe.ExpectColumnValuesToBeBetween(column="seq", min_value=0),
+        *[gxe.ExpectColumnValuesToNotBeNull(column=c, row_condition=writes,
+                                            condition_parser="spark")
+          for c in ("id", *DIMS)],
+        *[gxe.ExpectColumnValuesToNotBeNull(column=f"old_{c}", row_condition='op = "D"',
+                                            condition_parser="spark")
+          for c in DIMS],
+    ])
+
+
+def gold_suite():
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+
+    return gx.ExpectationSuite(name="lakecdc_gold", expectations=[
+        *[gxe.ExpectColumnValuesToNotBeNull(column=c) for c in DIMS],
+        gxe.ExpectCompoundColumnsToBeUnique(column_list=list(DIMS)),
+        gxe.ExpectColumnValuesToBeBetween(column="count", min_value=0),
+        # A key missing on one side has NULL there: compared, so it fails.
+        gxe.ExpectColumnPairValuesToBeEqual(column_A="count", column_B="expected",
+                                            ignore_row_if="both_values_are_missing"),
+    ])
+
+
+# --- the frames they run on -----------------------------------------------------------------
+
+def silver_frame(spark: SparkSession, silver_path: str, after_lsn: int = 0) -> DataFrame:
+    """Silver rows with ``commit_lsn > after_lsn``, the columns the silver suite reads."""
+    return (spark.read.format("delta").load(silver_path)
+            .where(F.col("commit_lsn") > F.lit(after_lsn))
+            .select("commit_lsn", "seq", "tx_changes", "lsn", "op", "id", *DIMS,
+                    *[f"old_{c}" for c in DIMS]))
+
+
+def expected_counts(baseline: DataFrame, silver: DataFrame) -> DataFrame:
+    """Per key: baseline count + net signed deltas of ``silver`` (dims, expected)."""
+    from gold.asof import net_deltas
+
+    deltas = net_deltas(silver).select(*DIMS, F.col("delta").alias("n"))
+    base = baseline.select(*DIMS, F.col("count").cast("long").alias("n"))
+    return (base.unionByName(deltas).groupBy(*DIMS)
+            .agg(F.sum("n").cast("long").alias("expected")))
+
+
+def reconcile(gold: DataFrame, expected: DataFrame) -> DataFrame:
+    """Gold's rows beside the expected counts (dims, count, expected); keys absent from
+    gold whose expected count is 0 are dropped, as gold drops zero nets."""
+    joined = gold.select(*DIMS, "count").join(expected, list(DIMS), "full_outer")
+    return (joined.where(F.col("count").isNotNull() | (F.col("expected") != 0))
+            .select(*DIMS, "count", F.coalesce("expected", F.lit(0)).alias("expected")))
+
+
+def gold_frame(spark: SparkSession, gold_path: str, silver_path: str,
+               baseline_path: str | None = None, storage_options: dict | None = None
+               ) -> tuple[DataFrame, str]:
+    """Gold at its latest version reconciled with its baseline and silver; and a scope."""
+    from gold.asof import gold_state, silver_between
+    from pipelines.lsn import fmt
+
+    state = gold_state(spark, gold_path)
+    if state is None:
+        raise UserError(f"no gold table at {gold_path}: run the pipeline first.")
+    watermark = state.watermark if state.watermark is not None else state.floor
+    gold = spark.read.format("delta").option("versionAsOf", state.version).load(gold_path)
+    baseline = _baseline(spark, gold_path, state.floor, baseline_path, storage_options)
+    silver = silver_between(spark, silver_path, state.floor, watermark)
+    frame = reconcile(gold, expected_counts(baseline, silver))
+    return frame, (f"gold version {state.version}: baseline at {fmt(state.floor)} + silver "
+                   f"changes up to {fmt(watermark)}")
+
+
+def _baseline(spark: SparkSession, gold_path: str, floor: int, baseline_path: str | None,
+              storage_options: dict | None) -> DataFrame:
+    """The counts gold started from at ``floor``: gold at the commit that set the floor (a
+    seed or a rebuild), else setup's ``gold/_baseline`` if it is at ``floor``."""
+    from delta.tables import DeltaTable
+
+    from gold import parse_commit_metadata
+    from gold.asof import metadata_floor
+
+    empty = spark.createDataFrame([], ", ".join([f"{c} string" for c in DIMS] + ["count long"]))
+    if floor == 0:
+        return empty
+    history = (DeltaTable.forPath(spark, gold_path).history()
+               .where(F.col("userMetadata").contains('"operation"'))
+               .select("version", "userMetadata").orderBy(F.desc("version")).collect())
+    for row in history:
+        meta = parse_commit_metadata(row.userMetadata) or {}
+        if meta.get("operation") in ("seed", "rebuild") and metadata_floor(meta) == floor:
+            try:
+                base = (spark.read.format("delta").option("versionAsOf", row.version)
+                        .load(gold_path).select(*DIMS, "count"))
+                base.limit(1).collect()       # fails here if the version was vacuumed
+                return base
+            except Exception as exc:          # fall back to gold/_baseline below
+                log.warning("gold version %d is no longer readable (%s)", row.version, exc)
+            break
+    if baseline_path is not None:
+        from pipelines.baseline import read_baseline
+
+        found = read_baseline(baseline_path, storage_options)
+        if found is not None and found[0] == floor:
+            return spark.createDataFrame(found[1].to_pylist(), empty.schema)
+    raise UserError(f"the counts gold started from (its baseline at LSN {floor}) are no longer "
+                    "readable, so gold cannot be reconciled with silver; take a fresh "
+                    "baseline with `lakecdc backfill rebuild-gold`.")
+
+
+# --- running them ---------------------------------------------------------------------------
+
+def _context():
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import (DataContextConfig,
+                                                            InMemoryStoreBackendDefaults,
+                                                            ProgressBarsConfig)
+
+    return gx.get_context(project_config=DataContextConfig(
+        analytics_enabled=False,
+        progress_bars=ProgressBarsConfig(globally=False),
+        store_backend_defaults=InMemoryStoreBackendDefaults()))
+
+
+def validate(frame: DataFrame, suite, scope: str = "") -> GateResult:
+    """Run ``suite`` on ``frame`` (cached for the run); the failures with samples."""
+    context = _context()
+    batch_definition = (context.data_sources.add_spark("lakecdc")
+                        .add_dataframe_asset(suite.name)
+                        .add_batch_definition_whole_dataframe("all rows"))
+    suite = context.suites.add(suite)
+    frame = frame.persist()
+    try:
+        rows = frame.count()
+        batch = batch_definition.get_batch(batch_parameters={"dataframe": frame})
+        outcome = batch.validate(suite, result_format={"result_format": "SUMMARY",
+                                                        "partial_unexpected_count": _SAMPLES})
+    finally:
+        frame.unpersist()
+    failures = []
+    for result in outcome.results:
+        if result.success:
+            continue
+        config = result.expectation_config
+        kwargs = config.kwargs
+        columns = kwargs.get("column") or ", ".join(
+            kwargs.get("column_list") or [kwargs.get("column_A", ""), kwargs.get("column_B", "")])
+        if kwargs.get("row_condition"):
+            columns += f" where {kwargs['row_condition']}"
+        error = (result.exception_info or {}).get("exception_message") \
+            if (result.exception_info or {}).get("raised_exception") else None
+        failures.append(Failure(config.type, columns, result.result.get("unexpected_count"),
+                                _plain(result.result.get("partial_unexpected_list") or []),
+                                error))
+    return GateResult(suite.name.removeprefix("lakecdc_"), rows, len(outcome.results),
+                      failures, scope)
+
+
+def _plain(values: list) -> list:
+    return json.loads(json.dumps(values[:_SAMPLES], default=str))
+
+
+def run_gates(spark: SparkSession, silver_path: str, gold_path: str,
+              suites: tuple[str, ...] = SUITES, baseline_path: str | None = None,
+              storage_options: dict | None = None, all_silver: bool = False
+              ) -> list[GateResult]:
+    """Run the named suites; each result says whether it passed."""
+    from gold.asof import gold_state
+    from pipelines.lsn import fmt
+
+    results = []
+    if "silver" in suites:
+        state = gold_state(spark, gold_path)
+        after = 0 if all_silver or state is None else state.floor
+        scope = "every silver row" if after == 0 else f"silver rows after {fmt(after)}"
+        results.append(validate(silver_frame(spark, silver_path, after), silver_suite(), scope))
+    if "gold" in suites:
+        frame, scope = gold_frame(spark, gold_path, silver_path, baseline_path,
+                                  storage_options)
+        results.append(validate(frame, gold_suite(), scope))
+    return results
+
+
+def render(results: list[GateResult]) -> str:
+    lines = []
+    for r in results:
+        verdict = "PASS" if r.success else f"FAIL ({len(r.failures)} of {r.evaluated})"
+        lines.append(f"{r.suite:<7} {verdict:<14} {r.rows:,} rows; {r.scope}")
+        for f in r.failures:
+            what = f"error: {f.error}" if f.error else \
+                f"{f.unexpected} unexpected, e.g. {f.samples}"
+            lines.append(f"  - {f.expectation} [{f.columns}]: {what}")
+    return "\n".join(lines)
+
+
+def to_json(results: list[GateResult]) -> str:
+    return json.dumps([{**asdict(r), "success": r.success} for r in results], indent=2,
+                      default=str)
+
+
+def summary(results: list[GateResult]) -> str:
+    """One sentence for a failed gate (the exit-1 message)."""
+    failed = [f"{r.suite} ({', '.join(sorted({f.expectation for f in r.failures}))})"
+              for r in results if not r.success]
+    return (f"quality gate failed: {'; '.join(failed)}; see the report above and "
+            "docs/quality.md for what to do.")

@@ -1,0 +1,105 @@
+"""``lakecdc sql``: Spark SQL on the lakehouse tables, by name.
+
+Each layer's Delta table is registered as a temporary view named after it, at its latest
+version when registered (``register_tables``):
+
+| name                       | table                            |
+|----------------------------|----------------------------------|
+| ``bronze_wal2json_changes``| ``bronze/wal2json_changes``      |
+| ``silver_changes``         | ``silver/changes``               |
+| ``silver_quarantine``      | ``silver/quarantine``            |
+| ``gold_service_stats``     | ``gold/service_stats``           |
+
+The same names work in notebooks (locally and on Databricks) and in the dashboard queries
+under ``sql/``. Views are read-only: nothing here writes a table. For an earlier version use
+Delta's time travel on the path (``docs/notebooks.md``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+
+from pipelines.errors import UserError
+
+TABLES = {
+    "bronze_wal2json_changes": ("bronze", "wal2json_changes"),
+    "silver_changes": ("silver", "changes"),
+    "silver_quarantine": ("silver", "quarantine"),
+    "gold_service_stats": ("gold", "service_stats"),
+}
+
+
+def table_paths(config) -> dict[str, str]:
+    """View name → the table's path as Spark sees it (``s3a://`` for S3 off Databricks)."""
+    from pipelines.storage import on_databricks, spark_path
+
+    return {name: spark_path(config.table_path(*where), on_databricks())
+            for name, where in TABLES.items()}
+
+
+def register_tables(spark: SparkSession, paths: dict[str, str]) -> list[str]:
+    """Create or replace a temporary view per existing table; returns the names made."""
+    from delta.tables import DeltaTable
+
+    made = []
+    for name, path in paths.items():
+        if DeltaTable.isDeltaTable(spark, path):
+            spark.read.format("delta").load(path).createOrReplaceTempView(name)
+            made.append(name)
+    return made
+
+
+def read_query(path: str) -> str:
+    """The text of a ``.sql`` file, with a trailing ``;`` removed (one statement)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise UserError(f"cannot read the query file {path} ({exc.strerror}).") from None
+    return text.strip().rstrip(";")
+
+
+def run_query(spark: SparkSession, query: str) -> DataFrame:
+    """Run one Spark SQL statement; a query the user got wrong is a ``UserError``."""
+    from pyspark.errors import AnalysisException, ParseException
+
+    try:
+        return spark.sql(query)
+    except (AnalysisException, ParseException) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"the query failed: {first} (tables: {', '.join(TABLES)}).") from None
+
+
+def render(frame: DataFrame, fmt: str = "table", limit: int = 1000) -> str:
+    """At most ``limit`` rows as an aligned text table, CSV or JSON lines."""
+    rows = frame.limit(limit).collect()
+    columns = frame.columns
+    if fmt == "json":
+        return "\n".join(json.dumps(r.asDict(), default=str) for r in rows)
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows([["" if v is None else v for v in r] for r in rows])
+        return out.getvalue().rstrip("\n")
+    cells = [[_cell(v) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths))
+    body = ["  ".join(v.rjust(w) if _numeric(r[i]) else v.ljust(w)
+                      for i, (v, w) in enumerate(zip(row, widths)))
+            for row, r in zip(cells, rows)]
+    return "\n".join([line, "  ".join("-" * w for w in widths), *body,
+                      f"({len(rows)} row{'s' if len(rows) != 1 else ''})"])
+
+
+def _cell(value) -> str:
+    return "NULL" if value is None else str(value)
+
+
+def _numeric(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) or \
+        type(value).__name__ == "Decimal"

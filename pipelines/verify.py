@@ -1,0 +1,321 @@
+"""``lakecdc verify [--json] [--repair] [--timeout S]``: gold and the dashboard against the
+source, compared at one consistent LSN. Exit 0 exact, 1 drift (with a diff), 2 a problem a
+person must fix (one sentence). The scheduled reconciliation job of the bundle.
+
+The protocol of one verification (``verify_once``):
+
+1. **Point.** A TEMPORARY logical slot with an exported snapshot
+   (``pipelines.consistent.consistent_point``) gives an LSN ``P`` and the source exactly as
+   of it. Inside it: a *marker* - a transactional logical message, committed after every
+   transaction of the snapshot - and the truth, a chunked ``GROUP BY`` of both tables in the
+   snapshot (MVCC: writers are never blocked). The slot is dropped as soon as the count is
+   done (the server drops it with its connection even if this process dies), so verify
+   pins no WAL afterwards.
+2. **Past the marker.** The marker travels slot → bronze → silver → gold → dashboard as a
+   count-neutral transaction. Gold applies whole transactions in commit order, so once
+   gold's watermark (and the dashboard's ``source_commit_lsn``) reaches it, they include
+   every commit of the snapshot. If no process holds the shipper lock or the gold lock,
+   verify drives the pipeline itself (``run --once``); otherwise a pipeline is running
+   and verify waits for it (driving it itself if that pipeline stops meanwhile), up to
+   ``--timeout``, then names the layer that is stuck.
+3. **Gold as of P** = gold at version ``V`` (watermark ``W``) minus the net deltas of the
+   silver transactions gold applied after ``P`` (``gold.asof``). The **dashboard as of P**
+   = ``service_stats`` read with its progress row in one REPEATABLE READ transaction
+   (watermark ``Wd``), minus the silver deltas after ``P`` up to ``Wd``.
+4. **Truth** = the snapshot's count + the rows purged from ``notification_history`` since
+   gold's baseline (floor ``F``) and before ``P``, read from silver: a count includes
+   purged notifications (DESIGN §2). A TRUNCATE of history in that range removed rows whose
+   dims are unknown: only a rebuild (which re-baselines) makes gold verifiable again.
+5. Compare nonzero counts per key (missing = 0): the text report or ``--json``, then
+   ``DriftFound`` (exit 1) on any difference.
+
+**Where the cut is.** The exported snapshot holds exactly the transactions whose commit
+record starts before ``P``; a commit starting exactly at ``P`` is decoded by the slot, not
+in the snapshot. wal2json's commit LSN is that start, so "after the point" means
+``commit_lsn >= P`` here (``_from``), and the purges counted are those in ``[F, P)``.
+
+``--repair``: on drift, ``gold.rebuild.rebuild_and_push`` (fresh baseline, gold replaced
+in one commit, full push; it holds the gold lock, so it refuses with one sentence while a
+pipeline runs rather than fight the running writer), then a whole new verification.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+
+import click
+import psycopg
+from psycopg import sql
+
+from bronze import slot as slots
+from bronze.source import check_source, connect
+from gold.push import PROGRESS_TABLE, STATS_TABLE, gold_key
+from pipelines.captured import DIMS
+from pipelines.consistent import consistent_point, count_at, emit_marker
+from pipelines.errors import DriftFound, UserError
+from pipelines.locks import gold_lock_name, is_held, ship_lock_name
+from pipelines.lsn import fmt
+from pipelines.verify_report import LayerCounts, Verdict, document, drift_sentence, nonzero
+from pipelines.verify_report import render
+
+log = logging.getLogger("lakecdc.verify")
+
+POLL_S = 1.0
+
+
+def run_verify(pipeline, as_json: bool = False, repair: bool = False,
+               timeout_s: float = 600.0) -> Verdict:
+    """The command: verify, print, and on drift repair (``repair``) or raise ``DriftFound``."""
+    first = verify_once(pipeline, timeout_s)
+    if first.exact or not repair:
+        doc = {**document(first), **({"repaired": False} if repair else {})}
+        click.echo(json.dumps(doc, indent=2) if as_json else render(first))
+        if not first.exact:
+            raise DriftFound(drift_sentence(first))
+        return first
+    if not as_json:
+        click.echo(render(first))
+        click.echo("\nrepair: rebuilding gold from a fresh baseline and replacing the "
+                   "dashboard")
+    from gold import rebuild        # looked up at call time (tests may stand in for it)
+
+    report = rebuild.rebuild_and_push(pipeline)
+    if not as_json:
+        click.echo(f"repair: {report.summary()}\n")
+    second = verify_once(pipeline, timeout_s)
+    if as_json:
+        click.echo(json.dumps({**document(second), "repaired": second.exact,
+                               "before": document(first)}, indent=2))
+    else:
+        click.echo(render(second))
+        if second.exact:
+            click.echo("repaired: gold and the dashboard are exact again")
+    if not second.exact:
+        raise DriftFound("still after the rebuild: " + drift_sentence(second))
+    return second
+
+
+def verify_once(pipeline, timeout_s: float = 600.0) -> Verdict:
+    """Steps 1-5 of the module docstring; returns the verdict (does not print)."""
+    config, where = pipeline.config, pipeline.where
+    source = config.require_source()
+    _preflight(pipeline)
+
+    with consistent_point(source) as point:
+        # Emitted first so a running pipeline carries it along while the count runs.
+        marker = emit_marker(source, "verify")
+        log.info("verify: consistent point %s, marker %s; counting the source",
+                 fmt(point.lsn), fmt(marker))
+        truth_src = count_at(source, point, "verify: counting source rows")
+    # The temporary slot is gone: nothing of verify pins WAL from here on.
+
+    how = _past_marker(pipeline, marker, timeout_s)
+    spark = pipeline.spark
+    from gold import asof
+
+    state = asof.gold_state(spark, where.gold)
+    if state is None or state.watermark is None or state.watermark < marker:
+        raise UserError(_went_back("gold", state.watermark if state else None, marker))
+    if state.floor > point.lsn:
+        raise UserError(f"gold was rebuilt from a baseline at LSN {fmt(state.floor)}, after "
+                        f"the verification point {fmt(point.lsn)} (a rebuild ran meanwhile); "
+                        "run `lakecdc verify` again.")
+    silver = where.silver.silver_path
+
+    gold_now = spark.read.format("delta").option("versionAsOf", state.version).load(where.gold)
+    gold_at = asof.subtract(asof.counts_of(gold_now),
+                            asof.net_deltas(_from(spark, silver, point.lsn, state.watermark)))
+
+    dash_now, dash_version, dash_lsn = read_dashboard(config.dashboard, gold_key(where.gold))
+    if dash_lsn is None or dash_lsn < marker:
+        raise UserError(_went_back("the dashboard", dash_lsn, marker))
+    dash_at = asof.subtract(dash_now, asof.net_deltas(_from(spark, silver, point.lsn,
+                                                            dash_lsn)))
+
+    purged = _history_purges(spark, silver, state.floor, point.lsn)
+    truth = Counter(truth_src)
+    truth.update(purged)
+    return Verdict(point.lsn, marker, nonzero(truth), sum(purged.values()), (
+        LayerCounts("gold", nonzero(gold_at), {
+            "version": state.version, "watermark": fmt(state.watermark),
+            "floor": fmt(state.floor)}),
+        LayerCounts("dashboard", nonzero(dash_at), {
+            "gold_version": dash_version, "watermark": fmt(dash_lsn)})), how)
+
+
+# --- step 1: before anything is created ------------------------------------------------
+
+def _preflight(pipeline) -> None:
+    """Cheap checks with one-sentence errors before a slot is created or Spark started."""
+    config = pipeline.config
+    with connect(config.require_source()) as conn:
+        check_source(conn, config.tables)
+        if slots.slot_state(conn, config.slot) is None:
+            raise UserError(f"the replication slot {config.slot} does not exist, so there is "
+                            "no pipeline to verify: run `lakecdc setup` (or "
+                            "`lakecdc setup --rebaseline` after a lost slot).")
+    with connect(config.dashboard, what="dashboard") as conn:
+        if conn.execute("SELECT to_regclass(%s)", [STATS_TABLE]).fetchone()[0] is None:
+            raise UserError(f"the dashboard database has no {STATS_TABLE} table: run "
+                            "`lakecdc setup`.")
+
+
+# --- step 2: gold and the dashboard past the marker -------------------------------------
+
+def _past_marker(pipeline, marker: int, timeout_s: float) -> str:
+    """Get gold and the dashboard to include the marker; returns how (for the report).
+
+    While another process holds the shipper or the gold lock, a pipeline is running: wait
+    for it. When neither is held (at the start, or because the running pipeline stopped
+    while we waited), run every stage once here - a stopped gold then says why itself.
+    """
+    config, started = pipeline.config, time.monotonic()
+    deadline = started + timeout_s
+    ship_lock, gold_lock = ship_lock_name(config.slot), gold_lock_name(pipeline.where.gold)
+    with connect(config.require_source()) as src, \
+            connect(config.dashboard, what="dashboard") as dash:
+        waited = False
+        while True:
+            if not is_held(src, ship_lock) and not is_held(dash, gold_lock):
+                log.info("verify: no pipeline running; running every stage once "
+                         "(run --once)")
+                pipeline.run_once()
+                positions = _positions(pipeline, dash)
+                if not _passed(positions, marker):
+                    raise UserError(_stuck(marker, "after `run --once`", positions,
+                                           waited=False))
+                return (f"pipeline driven past the marker (run --once, "
+                        f"{time.monotonic() - started:.1f}s)")
+            if not waited:
+                log.info("verify: a pipeline is running; waiting up to %.0fs for gold and "
+                         "the dashboard to pass the marker %s", timeout_s, fmt(marker))
+                waited = True
+            positions = _positions(pipeline, dash, layers=("gold", "dashboard"))
+            if _passed(positions, marker):
+                return (f"a running pipeline passed the marker in "
+                        f"{time.monotonic() - started:.1f}s")
+            if time.monotonic() >= deadline:
+                raise UserError(_stuck(marker, f"after waiting {timeout_s:.0f}s",
+                                       _positions(pipeline, dash)))
+            time.sleep(POLL_S)
+
+
+def _passed(positions: dict, marker: int) -> bool:
+    return all((positions.get(layer) or 0) >= marker for layer in ("gold", "dashboard"))
+
+
+def _positions(pipeline, dashboard: psycopg.Connection,
+               layers=("bronze", "silver", "gold", "dashboard")) -> dict:
+    """Source commit LSN each layer includes (None: nothing yet), read without Spark."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    from pipelines.status import delta_layer, gold_layer
+    from pipelines.storage import Lakehouse
+
+    # delta-rs takes the configured URIs (s3://, not Spark's s3a://) and storage options.
+    config, options = pipeline.config, Lakehouse.from_config(pipeline.config).delta_rs_options()
+    found = {}
+    if "bronze" in layers:
+        try:
+            found["bronze"] = DeltaTable(config.bronze_path, storage_options=options
+                                         ).transaction_version(config.slot)
+        except TableNotFoundError:            # nothing shipped yet
+            found["bronze"] = None
+    if "silver" in layers:
+        found["silver"] = delta_layer("silver", config.table_path("silver", "changes"),
+                                      "commit_lsn", "commit_ts", options).commit_lsn
+    if "gold" in layers:
+        found["gold"] = gold_layer(config.table_path("gold", "service_stats"),
+                                   options).commit_lsn
+    if "dashboard" in layers:
+        found["dashboard"] = dashboard_position(dashboard, gold_key(pipeline.where.gold))
+    return found
+
+
+_WHAT_MOVES = {
+    "bronze": "the shipper (`lakecdc run` or `lakecdc ship`)",
+    "silver": "the silver stream (`lakecdc run` or `lakecdc silver`)",
+    "gold": "the gold stream (`lakecdc run` or `lakecdc gold`; a stopped gold logs why)",
+    "dashboard": "the push (`lakecdc run` or `lakecdc push`)",
+}
+
+
+def _stuck(marker: int, when: str, positions: dict, waited: bool = True) -> str:
+    """One sentence: the first layer short of the marker, where it is, what to check."""
+    for layer in ("bronze", "silver", "gold", "dashboard"):
+        at = positions.get(layer)
+        if at is None or at < marker:
+            return (f"{when}, {layer} is at LSN {fmt(at)}, short of verify's marker at "
+                    f"{fmt(marker)}: check that {_WHAT_MOVES[layer]} is running and healthy "
+                    "(`lakecdc status`, its log)"
+                    + (", or give it longer with --timeout." if waited else "."))
+    return _went_back("gold or the dashboard", None, marker)
+
+
+def _went_back(layer: str, at: int | None, marker: int) -> str:
+    return (f"{layer} is at LSN {fmt(at)}, behind verify's marker at {fmt(marker)} although "
+            "it had passed it: it was replaced meanwhile (a rebuild?); run `lakecdc verify` "
+            "again.")
+
+
+# --- step 3: the dashboard -------------------------------------------------------------
+
+def dashboard_position(conn: psycopg.Connection, key: str) -> int | None:
+    """The source commit LSN the dashboard's counts are exact as of (None: no push yet)."""
+    row = conn.execute(sql.SQL("SELECT source_commit_lsn FROM {} WHERE gold_table = %s "
+                               "AND gold_version >= 0").format(
+        sql.Identifier(PROGRESS_TABLE)), [key]).fetchone()
+    return None if row is None else row[0]
+
+
+def read_dashboard(dsn: str, key: str) -> tuple[dict, int | None, int | None]:
+    """(counts, pushed gold version, source_commit_lsn) of one REPEATABLE READ transaction:
+    the counts are exactly those the progress row describes (the push writes both in one
+    transaction)."""
+    with connect(dsn, what="dashboard") as conn:
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            progress = conn.execute(sql.SQL(
+                "SELECT gold_version, source_commit_lsn FROM {} WHERE gold_table = %s").format(
+                sql.Identifier(PROGRESS_TABLE)), [key]).fetchone()
+            dims = sql.SQL(", ").join(map(sql.Identifier, DIMS))
+            counts = {tuple(r[:4]): r[4] for r in conn.execute(
+                sql.SQL("SELECT {}, count FROM {}").format(dims, sql.Identifier(STATS_TABLE)))}
+        except psycopg.errors.UndefinedTable:
+            raise UserError("the dashboard database lacks lakecdc's tables: run "
+                            "`lakecdc setup`.") from None
+        finally:
+            conn.rollback()
+    version, lsn = progress if progress else (None, None)
+    return counts, version, lsn
+
+
+# --- steps 3 and 4: silver ranges ------------------------------------------------------
+
+def _from(spark, silver_path: str, first: int, last: int):
+    """Silver rows with ``first <= commit_lsn <= last`` (not in a snapshot taken at
+    ``first``; see "Where the cut is")."""
+    from gold.asof import silver_between
+
+    return silver_between(spark, silver_path, first - 1, last)
+
+
+def _history_purges(spark, silver_path: str, floor: int, point: int) -> Counter:
+    """History rows purged by transactions in ``[floor, point)``, per key; refuses a
+    TRUNCATE of history there (its rows' dims are unknown)."""
+    from gold.deltas import history_purges, history_truncates
+
+    rows = _from(spark, silver_path, floor, point - 1)
+    truncate = history_truncates(rows).orderBy("commit_lsn").limit(1).collect()
+    if truncate:
+        raise UserError(
+            f"notification_history was truncated at commit LSN "
+            f"{fmt(truncate[0].commit_lsn)}, after gold's baseline: the truncated rows still "
+            "count but their services are unknown, so gold cannot be verified; rebuild it "
+            "with `lakecdc backfill rebuild-gold` (it re-baselines), then verify.")
+    return Counter({tuple(r[c] for c in DIMS): int(r["purged"])
+                    for r in history_purges(rows).collect()})

@@ -1,0 +1,199 @@
+"""The Databricks asset bundle, validated offline: no workspace, no network, no CLI.
+
+- every ``resources/*.job.yml`` job loads with ``databricks-bundles`` (``Job.from_dict``:
+  unknown or missing fields fail);
+- every task is a ``python_wheel_task`` of this wheel whose entry point is in
+  ``[project.scripts]`` and whose parameters parse as a real ``lakecdc`` command line;
+- targets: ``dev`` is the default and ``mode: development``; ``prod`` is ``mode:
+  production`` with a shared ``root_path``, ``run_as`` and permissions from variables;
+- every ``${var.…}`` is defined, every variable is used, DSNs come only from secrets;
+- continuous jobs have no task dependencies (Databricks refuses them); schedules have a
+  Quartz expression and a real time zone;
+- the entry point ends a successful run without ``SystemExit`` (a wheel task would be
+  marked failed) and a failing one with its exit code.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tomllib
+import zoneinfo
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+from databricks.bundles.jobs import Job
+
+ROOT = Path(__file__).resolve().parents[2]
+BUNDLE = yaml.safe_load((ROOT / "databricks.yml").read_text())
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+REFERENCE = re.compile(r"\$\{([^}]+)\}")
+
+
+def _resource_files() -> list[Path]:
+    files = []
+    for pattern in BUNDLE["include"]:
+        files += sorted(ROOT.glob(pattern))
+    return files
+
+
+def _jobs() -> dict[str, dict]:
+    jobs = {}
+    for path in _resource_files():
+        for name, job in yaml.safe_load(path.read_text())["resources"]["jobs"].items():
+            assert name not in jobs, f"job {name} defined twice"
+            jobs[name] = job
+    return jobs
+
+
+JOBS = _jobs()
+
+
+def _strings(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+    elif isinstance(value, str):
+        yield value
+
+
+def test_the_bundle_has_a_name_an_include_and_the_wheel_artifact():
+    assert BUNDLE["bundle"]["name"] == "lakecdc"
+    assert BUNDLE["include"] == ["resources/*.job.yml"]
+    assert [p.name for p in _resource_files()] == sorted(
+        f"{name}.job.yml" for name in JOBS), "one <job>.job.yml per job, named after it"
+    artifact = BUNDLE["artifacts"]["lakecdc"]
+    assert artifact["type"] == "whl" and artifact["path"] == "."
+    assert set(BUNDLE) <= {"bundle", "include", "artifacts", "variables", "targets"}
+
+
+def test_the_jobs_users_need_are_all_there():
+    assert set(JOBS) == {"lakecdc_setup", "lakecdc_shipper", "lakecdc_stream",
+                         "lakecdc_verify", "lakecdc_rebuild", "lakecdc_backfill"}
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_every_job_loads_with_databricks_bundles(name):
+    job = Job.from_dict(JOBS[name])
+    assert job.name and job.tasks
+    assert job.as_dict()["tasks"] == JOBS[name]["tasks"]
+
+
+def _task_commands():
+    for job_name, job in JOBS.items():
+        for task in job["tasks"]:
+            yield job_name, task
+
+
+def test_every_task_is_a_wheel_task_with_a_real_entry_point_and_command():
+    from pipelines.cli import cli
+
+    scripts = PYPROJECT["project"]["scripts"]
+    for job_name, task in _task_commands():
+        where = f"{job_name}.{task['task_key']}"
+        wheel = task["python_wheel_task"]
+        assert wheel["package_name"] == PYPROJECT["project"]["name"], where
+        assert wheel["entry_point"] in scripts, where
+        assert task["libraries"] == [{"whl": "../dist/*.whl"}], where
+        assert scripts[wheel["entry_point"]] == "pipelines.cli:entry"
+        _parse(cli, list(wheel["parameters"]), where)
+
+
+def _parse(group: click.Group, args: list[str], where: str) -> None:
+    """Parse ``args`` as ``lakecdc`` would, down to the leaf command, without running it."""
+    command, rest = group, list(args)
+    while isinstance(command, click.Group):
+        assert rest and rest[0] in command.commands, f"{where}: no command in {args}"
+        command, rest = command.commands[rest[0]], rest[1:]
+    ctx = command.make_context(command.name, rest)      # unknown options raise here
+    assert not ctx.args, f"{where}: unexpected arguments {ctx.args}"
+
+
+def test_targets_and_modes():
+    targets = BUNDLE["targets"]
+    assert set(targets) == {"dev", "prod"}
+    dev, prod = targets["dev"], targets["prod"]
+    assert dev["mode"] == "development" and dev["default"] is True
+    assert prod["mode"] == "production" and not prod.get("default")
+    assert prod["workspace"]["root_path"].startswith("/Workspace/Shared/")
+    assert "${bundle.target}" in prod["workspace"]["root_path"]
+    assert prod["run_as"] == {"service_principal_name": "${var.prod_service_principal}"}
+    assert {"group_name": "${var.operators_group}", "level": "CAN_MANAGE"} in prod["permissions"]
+
+
+def test_every_variable_reference_is_defined_and_every_variable_used():
+    defined = set(BUNDLE["variables"])
+    texts = [(ROOT / "databricks.yml").read_text()] + [p.read_text() for p in _resource_files()]
+    used = set()
+    for text in texts:
+        for ref in REFERENCE.findall(text):
+            root = ref.split(".")[0]
+            assert root in {"var", "bundle", "workspace", "resources"}, f"unknown ${{{ref}}}"
+            if root == "var":
+                used.add(ref.split(".", 1)[1])
+    assert used <= defined, f"undefined variables: {sorted(used - defined)}"
+    assert defined <= used, f"variables nobody uses: {sorted(defined - used)}"
+    for name, spec in BUNDLE["variables"].items():
+        assert spec.get("description"), f"variable {name} needs a description"
+
+
+def test_configuration_reaches_every_cluster_and_dsns_only_from_secrets():
+    for name, job in JOBS.items():
+        for cluster in job["job_clusters"]:
+            env = cluster["new_cluster"]["spark_env_vars"]
+            assert env["LAKECDC_LAKEHOUSE"] == "${var.lakehouse_root}", name
+            assert env["LAKECDC_SLOT"] == "${var.slot}", name
+            assert env["LAKECDC_SOURCE_DSN"] == \
+                "{{secrets/${var.secret_scope}/${var.source_dsn_key}}}", name
+            assert env["LAKECDC_DASHBOARD_DSN"] == \
+                "{{secrets/${var.secret_scope}/${var.dashboard_dsn_key}}}", name
+        keys = {c["job_cluster_key"] for c in job["job_clusters"]}
+        assert {t["job_cluster_key"] for t in job["tasks"]} <= keys, name
+    everything = list(_strings(BUNDLE)) + [s for j in JOBS.values() for s in _strings(j)]
+    assert not [s for s in everything if "postgres" in s.lower() and "://" in s]
+
+
+def test_continuous_jobs_have_no_dependencies_and_run_once_at_a_time():
+    continuous = {n for n, j in JOBS.items() if "continuous" in j}
+    assert continuous == {"lakecdc_shipper", "lakecdc_stream"}
+    for name in continuous:
+        job = JOBS[name]
+        assert job["max_concurrent_runs"] == 1
+        assert not any(t.get("depends_on") for t in job["tasks"]), name
+    shipper = JOBS["lakecdc_shipper"]["job_clusters"][0]["new_cluster"]
+    assert shipper["num_workers"] == 0
+    assert shipper["spark_conf"]["spark.databricks.cluster.profile"] == "singleNode"
+
+
+def test_schedules_are_quartz_with_a_time_zone_and_gates_come_first():
+    variables = BUNDLE["variables"]
+    assert zoneinfo.ZoneInfo(variables["timezone_id"]["default"])
+    scheduled = {n: j["schedule"] for n, j in JOBS.items() if "schedule" in j}
+    assert set(scheduled) == {"lakecdc_verify", "lakecdc_rebuild", "lakecdc_backfill"}
+    for name, schedule in scheduled.items():
+        fields = schedule["quartz_cron_expression"].split()
+        assert len(fields) in (6, 7) and "?" in fields, name
+        assert schedule["timezone_id"] == "${var.timezone_id}", name
+    order = {n: [(t["task_key"], [d["task_key"] for d in t.get("depends_on", [])])
+                 for t in JOBS[n]["tasks"]] for n in ("lakecdc_verify", "lakecdc_rebuild")}
+    assert order["lakecdc_verify"] == [("quality", []), ("verify", ["quality"])]
+    assert order["lakecdc_rebuild"] == [("quality_silver", []),
+                                        ("rebuild_gold", ["quality_silver"]),
+                                        ("quality_gold", ["rebuild_gold"])]
+
+
+def test_the_entry_point_ends_success_without_systemexit(monkeypatch, capsys):
+    from pipelines.cli import entry
+
+    monkeypatch.setattr(sys, "argv", ["lakecdc", "--help"])
+    assert entry() is None                   # returns: a wheel task counts it a success
+    assert "quality" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["lakecdc", "sql"])
+    with pytest.raises(SystemExit) as failed:
+        entry()
+    assert failed.value.code == 2
