@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import psycopg
 import pyarrow as pa
@@ -74,8 +75,11 @@ class ShipTotals:
 
 class Shipper:
     def __init__(self, config: Config, faults: FaultPoints | None = None,
-                 storage_options: dict | None = None) -> None:
+                 storage_options: dict | None = None,
+                 on_batch: Callable[[BatchResult, Progress], None] | None = None) -> None:
         self.config = config
+        # Called after every batch (metrics); must not raise.
+        self.on_batch = on_batch
         self.faults = faults or FaultPoints(config.faults)
         self.table = BronzeTable(config.bronze_path, storage_options)
         self.backfill = BackfillEmitter(config, self.table, storage_options)
@@ -232,6 +236,8 @@ class Shipper:
         try:
             while not stop.is_set():
                 result, progress = self.ship_batch(conn, progress, force_progress=once)
+                if self.on_batch is not None:
+                    self.on_batch(result, progress)
                 totals.batches += 1
                 totals.changes += result.changes
                 totals.transactions += result.transactions
