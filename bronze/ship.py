@@ -20,8 +20,20 @@ Delivery guarantees:
   if the slot is missing, invalidated, ahead of bronze (moved by someone else: changes may
   be lost), belongs to another database or cluster, or another shipper holds it.
 
-Operational risk: while the shipper is stopped the slot pins WAL on the source (see
-``bronze/slot.py``).
+WAL safety (``docs/operations.md``):
+
+- Heartbeats (``bronze/heartbeat.py``): when the slot has not moved for
+  ``heartbeat_interval_s`` while the WAL ran ahead (other databases, uncaptured tables), a
+  tiny transaction in the slot's database gives the next peek something to pass over; a
+  progress-only bronze commit records it, then the slot advances.
+- Every batch reads the slot's ``wal_status``: ``unreserved`` logs an ALERT line (slot, lag,
+  ``max_slot_wal_keep_size``) at most every ``ALERT_REPEAT_S`` while it lasts; ``lost``, a
+  dropped slot or one moved by someone else stops the shipper with the recovery command.
+  The slot is never recreated silently.
+- The source restarting or becoming unreachable (F5): continuous shipping reconnects with
+  capped exponential backoff and re-runs the start-up checks; ``--once`` fails with one
+  sentence. Nothing is advanced without a bronze commit either way: the position to advance
+  to is always re-read from bronze.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ from typing import Callable
 import psycopg
 import pyarrow as pa
 
+from bronze import heartbeat as heartbeats
 from bronze import slot as slots
 from bronze.buffer import SpillBuffer
 from bronze.failover import REBASELINE as FAILOVER_STEPS
@@ -45,12 +58,23 @@ from bronze.records import ASSEMBLED_SCHEMA, TransactionAssembler, finalize, hig
 from bronze.source import connect, require_identity
 from bronze.table import BronzeTable, Progress
 from pipelines.config import Config
-from pipelines.errors import UserError
+from pipelines.errors import UserError, redact
 from pipelines.faults import FaultPoints
 from pipelines.locks import ship_lock_name
 from pipelines.lsn import fmt
 
 log = logging.getLogger("lakecdc.ship")
+
+# The shipper's source session: a silent network partition is noticed within ~40 s by TCP
+# keepalives (a peek that is only slow keeps answering them), a send that is never
+# acknowledged within 30 s fails.
+SESSION_OPTIONS = {"application_name": "lakecdc ship", "keepalives": 1,
+                   "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+                   "tcp_user_timeout": 30_000}
+RETRY_FIRST_S = 0.5            # first reconnect delay; doubles up to reconnect_max_backoff_s
+ALERT_REPEAT_S = 5.0           # wal_status alerts repeat every batch, at most this often
+# SQLSTATEs after which the session is gone or the server is (re)starting: reconnect.
+_TRANSIENT_STATES = {"57P01", "57P02", "57P03", "57P05", "53300"}
 
 
 @dataclass
@@ -83,20 +107,36 @@ class Shipper:
         self.faults = faults or FaultPoints(config.faults)
         self.table = BronzeTable(config.bronze_path, storage_options)
         self.backfill = BackfillEmitter(config, self.table, storage_options)
+        # When bronze last committed, so the slot last moved (heartbeats are due after
+        # ``heartbeat_interval_s`` without a move).
         self._last_progress_commit = time.monotonic()
+        self.heartbeat = heartbeats.Heartbeat(config.heartbeat_interval_s)
+        self._session: tuple[int, object] | None = None   # (pid, backend_start) on the source
+        self._wal_status: str | None = None
+        self._alerted_at = 0.0
+        self.reconnects = 0
 
     # --- start-up ---------------------------------------------------------------------
 
-    def open(self) -> tuple[psycopg.Connection, Progress]:
-        """Connect, take the single-shipper lock, check everything, finish any advance."""
+    def open(self, reconnecting: bool = False) -> tuple[psycopg.Connection, Progress]:
+        """Connect, take the single-shipper lock, check everything, finish any advance.
+
+        ``reconnecting``: after the source went away mid-run. Connection failures are then
+        raised as they are (the caller retries), and the session this shipper had before
+        is ended first, so its advisory lock and the slot are free at once."""
         cfg = self.config
-        conn = connect(cfg.require_source())
+        conn = self._connect(reconnecting)
         try:
             if not self.table.exists():
                 raise UserError(f"no bronze table at {cfg.bronze_path}: run `lakecdc setup` "
                                 "first.")
             conn.execute("SELECT set_config('statement_timeout', %s, false)",
                          [f"{cfg.peek_timeout_s}s"])
+            if reconnecting:
+                self._end_previous_session(conn)
+            self._session = conn.execute(
+                "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+            ).fetchone()
             got = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
                                [ship_lock_name(cfg.slot)]).fetchone()[0]
             if not got:
@@ -112,6 +152,28 @@ class Shipper:
         except BaseException:
             conn.close()
             raise
+
+    def _connect(self, reconnecting: bool) -> psycopg.Connection:
+        dsn = self.config.require_source()
+        if not reconnecting:      # a source unreachable at start: one sentence, exit 2
+            return connect(dsn, **SESSION_OPTIONS)
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=10, **SESSION_OPTIONS)
+
+    def _end_previous_session(self, conn: psycopg.Connection) -> None:
+        """End this shipper's previous source session if the server still runs it (a cut
+        connection is noticed by the server only when it next writes to it); it holds the
+        advisory lock and, mid-peek, the slot. Matched by PID *and* start time."""
+        if self._session is None:
+            return
+        pid, started = self._session
+        try:
+            ended = conn.execute("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+                                 "WHERE pid = %s AND backend_start = %s",
+                                 [pid, started]).fetchone()
+        except psycopg.errors.InsufficientPrivilege:
+            return                 # it will go away by itself; the lock check says if not
+        if ended is not None:
+            log.info("ended this shipper's previous source session (PID %d)", pid)
 
     def _check(self, conn: psycopg.Connection) -> Progress:
         cfg = self.config
@@ -130,13 +192,9 @@ class Shipper:
         require_identity(conn, cfg.tables)
         state = slots.slot_state(conn, cfg.slot)
         if state is None:
-            raise UserError(f"replication slot {cfg.slot} does not exist (dropped, or lost "
-                            f"in a failover); bronze holds changes up to "
-                            f"{fmt(progress.end_lsn)}: {FAILOVER_STEPS}.")
-        if state.wal_status == "lost" or state.confirmed_flush_lsn is None:
-            raise UserError(f"replication slot {cfg.slot} was invalidated (wal_status="
-                            f"{state.wal_status}): the WAL it needed is gone; "
-                            f"{FAILOVER_STEPS}.")
+            raise _slot_missing(cfg.slot, progress)
+        if state.invalidated or state.confirmed_flush_lsn is None:
+            raise _slot_lost(cfg.slot, state, progress)
         if state.plugin != slots.PLUGIN or state.database != db:
             raise UserError(f"replication slot {cfg.slot} uses plugin {state.plugin} on "
                             f"database {state.database}; lakecdc needs a wal2json slot on {db}.")
@@ -148,10 +206,41 @@ class Shipper:
                             f"{fmt(state.confirmed_flush_lsn)}, past bronze's "
                             f"{fmt(progress.end_lsn)}: it was advanced or recreated outside "
                             f"lakecdc and changes may be lost; {FAILOVER_STEPS}.")
-        if state.wal_status == "unreserved":
-            log.warning("slot %s wal_status=unreserved: WAL it needs is about to be removed",
-                        cfg.slot)
+        self._watch(state, progress)
         return progress
+
+    def _watch(self, state: slots.SlotState | None, progress: Progress) -> None:
+        """Every batch: stop loudly if the slot is gone, invalidated or moved by someone
+        else; alert while its WAL is no longer reserved (``wal_status``)."""
+        slot = self.config.slot
+        if state is None:
+            raise _slot_missing(slot, progress)
+        if state.invalidated:
+            raise _slot_lost(slot, state, progress)
+        if state.confirmed_flush_lsn > progress.end_lsn:
+            raise UserError(f"replication slot {slot} is at {fmt(state.confirmed_flush_lsn)}, "
+                            f"past bronze's {fmt(progress.end_lsn)}: it was advanced or "
+                            f"recreated outside lakecdc and changes may be lost; "
+                            f"{FAILOVER_STEPS}.")
+        status, now = state.wal_status, time.monotonic()
+        if status == "unreserved":
+            if self._wal_status != status or now - self._alerted_at >= ALERT_REPEAT_S:
+                self._alerted_at = now
+                log.warning(
+                    "ALERT slot %s wal_status=unreserved: lag %s, it retains %s of WAL, more "
+                    "than max_slot_wal_keep_size = %s; the next checkpoint invalidates it and "
+                    "then only a re-baseline recovers; let the shipper catch up, or raise "
+                    "max_slot_wal_keep_size now (docs/operations.md)", slot,
+                    _size(state.lag_bytes), _size(state.retained_bytes),
+                    state.max_slot_wal_keep_size)
+        elif status == "extended" and self._wal_status != status:
+            log.warning("slot %s wal_status=extended: it retains %s of WAL, more than "
+                        "max_wal_size (lag %s; %s more before max_slot_wal_keep_size = %s)",
+                        slot, _size(state.retained_bytes), _size(state.lag_bytes),
+                        _size(state.safe_wal_size), state.max_slot_wal_keep_size)
+        elif status == "reserved" and self._wal_status in ("extended", "unreserved"):
+            log.info("slot %s wal_status=reserved again (lag %s)", slot, _size(state.lag_bytes))
+        self._wal_status = status
 
     # --- the delivery rule ----------------------------------------------------------------
 
@@ -204,15 +293,20 @@ class Shipper:
                 self.table.append(batches, cfg.slot, new, metadata,
                                   emission.app_versions if emission is not None else None)
                 committed = True
-            elif new.end_lsn > progress.end_lsn and (force_progress or full or self._progress_due()):
-                # Only transactions without captured changes: record that they were passed
-                # over so the slot can move and release WAL.
+            elif new.end_lsn > progress.end_lsn and (
+                    force_progress or full or self._progress_due()
+                    or False):
+                # Only transactions without captured changes (uncaptured tables, our own
+                # heartbeats): record that they were passed over so the slot can move and
+                # release WAL.
                 self.table.record_progress(cfg.slot, new, {"lakecdc.changes": 0})
                 committed = True
             else:
                 new = Progress(progress.commit_lsn, progress.end_lsn)
             if committed:
                 self._last_progress_commit = time.monotonic()
+                if self.heartbeat.passed(summary.last_lsn):
+                    self.heartbeat.recorded()
                 self.faults.hit("after_bronze_commit")
             slots.advance(conn, cfg.slot, new.end_lsn)
             self.faults.hit("after_advance")
@@ -229,13 +323,34 @@ class Shipper:
     # --- loops ------------------------------------------------------------------------------
 
     def run(self, once: bool = False, stop: threading.Event | None = None) -> ShipTotals:
-        """Ship until stopped; with ``once``, until the slot is drained, then return."""
+        """Ship until stopped; with ``once``, until the slot is drained, then return.
+
+        Continuous shipping survives the source restarting or becoming unreachable: it
+        reconnects with backoff and re-runs the start-up checks, which re-read bronze's
+        progress and complete an interrupted advance. ``once`` fails instead, with one
+        sentence (exit 2): its caller - a person or a scheduler - decides when to retry.
+        Either way the slot is never advanced past what bronze recorded."""
         stop = stop or threading.Event()
         totals = ShipTotals()
         conn, progress = self.open()
         try:
             while not stop.is_set():
-                result, progress = self.ship_batch(conn, progress, force_progress=once)
+                try:
+                    result, progress = self._step(conn, progress, once)
+                except Exception as exc:
+                    self._diagnose(exc, conn)          # raises unless the source went away
+                    conn.close()
+                    if once:
+                        raise UserError(
+                            f"lost the source {redact(self.config.require_source())} during "
+                            f"`ship --once` ({_first_line(exc)}); nothing was advanced past "
+                            f"bronze's last commit: rerun it, or run `lakecdc ship`, which "
+                            f"reconnects by itself.") from None
+                    reconnected = self._reconnect(stop, exc)
+                    if reconnected is None:
+                        break                           # stopped while waiting
+                    conn, progress = reconnected
+                    continue
                 if self.on_batch is not None:
                     self.on_batch(result, progress)
                 totals.batches += 1
@@ -250,8 +365,135 @@ class Shipper:
                 if result.full:
                     continue
                 if once:
+                    if self._heartbeat_after_drain(conn):
+                        continue                        # one more batch passes over it
                     break
                 stop.wait(self.config.poll_interval_s)
         finally:
             conn.close()
         return totals
+
+    def _step(self, conn: psycopg.Connection, progress: Progress, once: bool
+              ) -> tuple[BatchResult, Progress]:
+        """Watch the slot, send a heartbeat if one is due, ship one batch."""
+        state = slots.slot_state(conn, self.config.slot)
+        self._watch(state, progress)
+        if not once and self.heartbeat.due(state.lag_bytes, self._last_progress_commit):
+            self._send_heartbeat(conn, state)
+        return self.ship_batch(conn, progress, force_progress=once)
+
+    def _send_heartbeat(self, conn: psycopg.Connection, state: slots.SlotState) -> None:
+        lsn = heartbeats.emit(conn, self.config.slot)
+        self.heartbeat.sent_one(lsn)
+        log.debug("heartbeat at %s (slot %s lag %s)", fmt(lsn), self.config.slot,
+                  _size(state.lag_bytes))
+
+    def _heartbeat_after_drain(self, conn: psycopg.Connection) -> bool:
+        """``--once``: after draining, one heartbeat if the WAL is still far ahead of the
+        slot (writes elsewhere in the cluster), so a scheduled run releases it too."""
+        if not self.heartbeat.enabled or self.heartbeat.sent:
+            return False
+        state = slots.slot_state(conn, self.config.slot)
+        if state is None or (state.lag_bytes or 0) < self.heartbeat.min_lag_bytes:
+            return False
+        self._send_heartbeat(conn, state)
+        return True
+
+    def _diagnose(self, exc: Exception, conn: psycopg.Connection) -> None:
+        """Return if ``exc`` means the source went away (reconnect); otherwise raise the
+        error a person can act on, or ``exc`` itself."""
+        slot = self.config.slot
+        if isinstance(exc, psycopg.errors.QueryCanceled) and "statement timeout" in str(exc):
+            raise UserError(f"a peek or advance of slot {slot} did not finish within "
+                            f"--peek-timeout {self.config.peek_timeout_s}s; nothing was "
+                            "stored or advanced: raise --peek-timeout (one transaction is "
+                            "always decoded whole), or lower --max-changes.") from None
+        if _transient(exc, conn):
+            return
+        if isinstance(exc, psycopg.Error):
+            # The slot may have been dropped, invalidated or taken between two statements.
+            try:
+                state = slots.slot_state(conn, slot)
+                progress = self.table.progress(slot)
+            except Exception:
+                raise exc from None
+            if progress is not None:
+                if state is None:
+                    raise _slot_missing(slot, progress) from None
+                if state.invalidated:
+                    raise _slot_lost(slot, state, progress) from None
+            ours = self._session[0] if self._session else None
+            if state is not None and state.active_pid not in (None, ours):
+                raise UserError(f"replication slot {slot} is in use by PID "
+                                f"{state.active_pid}; stop that consumer first.") from None
+        raise exc
+
+    def _reconnect(self, stop: threading.Event, exc: Exception
+                   ) -> tuple[psycopg.Connection, Progress] | None:
+        """Reconnect with exponential backoff until it works or ``stop`` is set (None).
+        Anything but the source being unreachable is raised: a slot lost or a failover
+        while disconnected stops the shipper with its recovery command."""
+        dsn = redact(self.config.require_source())
+        started = time.monotonic()
+        delay, attempt, last = RETRY_FIRST_S, 0, exc
+        while True:
+            attempt += 1
+            log.warning("source %s unreachable (%s); reconnect attempt %d in %.1fs", dsn,
+                        _first_line(last), attempt, delay)
+            if stop.wait(delay):
+                return None
+            try:
+                conn, progress = self.open(reconnecting=True)
+            except Exception as err:
+                if not _transient(err, None):
+                    raise
+                last = err
+                delay = min(delay * 2, self.config.reconnect_max_backoff_s)
+                continue
+            self.reconnects += 1
+            log.info("reconnected to the source after %d attempt(s) in %.1fs; bronze holds up "
+                     "to %s", attempt, time.monotonic() - started, fmt(progress.commit_lsn))
+            return conn, progress
+
+
+def _transient(exc: BaseException, conn: psycopg.Connection | None) -> bool:
+    """The source session is gone or the server is not accepting it right now."""
+    if not isinstance(exc, psycopg.Error) or isinstance(exc, psycopg.errors.QueryCanceled):
+        return False
+    if conn is not None and (conn.broken or conn.closed):
+        return True
+    state = getattr(exc, "sqlstate", None)
+    if state is None:          # raised by the client: refused, reset, closed, timed out
+        return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
+    return state.startswith("08") or state in _TRANSIENT_STATES
+
+
+def _slot_missing(slot: str, progress: Progress) -> UserError:
+    return UserError(f"replication slot {slot} does not exist (dropped, or lost in a "
+                     f"failover); bronze holds changes up to {fmt(progress.end_lsn)}: "
+                     f"{FAILOVER_STEPS}.")
+
+
+def _slot_lost(slot: str, state: slots.SlotState, progress: Progress) -> UserError:
+    return UserError(f"replication slot {slot} was invalidated (wal_status={state.wal_status}"
+                     f"): it retained more WAL than max_slot_wal_keep_size = "
+                     f"{state.max_slot_wal_keep_size} and the source removed WAL it still "
+                     f"needed, so changes after bronze's {fmt(progress.end_lsn)} are lost to "
+                     f"lakecdc; the slot was left as it is (lakecdc never recreates it "
+                     f"silently): {FAILOVER_STEPS}.")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in redact(str(exc)).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TB"

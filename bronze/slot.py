@@ -4,7 +4,10 @@ Operational risk, stated once: a logical slot pins WAL from its ``restart_lsn`` 
 advanced. If the shipper stops for long, the source's WAL disk fills (or, with
 ``max_slot_wal_keep_size``, the slot is invalidated and a re-baseline is needed). Every peek
 also re-decodes from ``restart_lsn``, so peeks are always bounded (``upto_nchanges`` and a
-statement timeout) and the slot is advanced right after each bronze commit.
+statement timeout) and the slot is advanced right after each bronze commit. While the
+captured tables are idle, heartbeats (``bronze/heartbeat.py``) let it move past WAL written
+elsewhere; ``SlotState`` carries what the shipper's ``wal_status`` alerts need. Runbook:
+``docs/operations.md``.
 
 ``pg_replication_slot_advance`` is not transactional and can go backwards after a crash;
 this module never treats the slot position as the record of progress (bronze holds that).
@@ -18,6 +21,7 @@ from typing import Iterator
 import psycopg
 from psycopg import sql
 
+from bronze.heartbeat import PREFIX as HEARTBEAT_PREFIX
 from bronze.records import COPY_HEADER_LEN, COPY_SIGNATURE, PeekColumns, decode_copy_rows
 from pipelines.errors import UserError
 from pipelines.lsn import Lsn
@@ -27,10 +31,14 @@ CHUNK_BYTES = 16 << 20
 
 
 def plugin_options(tables: tuple[str, ...]) -> list[str]:
-    """wal2json options, as name/value pairs, shared by the shipper and its witnesses."""
+    """wal2json options, as name/value pairs, shared by the shipper and its witnesses.
+
+    The shipper's own heartbeats (``bronze/heartbeat.py``) are filtered out: their
+    transactions arrive as empty ``B``/``C`` pairs, like those of uncaptured tables."""
     return ["format-version", "2", "include-xids", "1", "include-timestamp", "1",
             "include-lsn", "1",
-            "add-tables", ",".join(tables)]
+            "add-tables", ",".join(tables),
+            "filter-msg-prefixes", HEARTBEAT_PREFIX]
 
 
 def peek_query(slot: str, tables: tuple[str, ...], upto_nchanges: int) -> sql.Composed:
@@ -92,10 +100,18 @@ class SlotState:
     plugin: str
     database: str
     active_pid: int | None
-    wal_status: str | None
+    wal_status: str | None        # reserved | extended | unreserved | lost (PostgreSQL 13+)
     confirmed_flush_lsn: int | None
-    restart_lsn: int | None
-    lag_bytes: int | None
+    restart_lsn: int | None       # NULL once invalidated
+    lag_bytes: int | None         # current WAL position - confirmed position
+    retained_bytes: int | None = None   # current WAL position - restart_lsn: WAL it pins
+    safe_wal_size: int | None = None    # WAL that may still be written before it is
+                                        # invalidated (NULL: max_slot_wal_keep_size = -1)
+    max_slot_wal_keep_size: str = "-1"  # the server setting, as SHOW prints it
+
+    @property
+    def invalidated(self) -> bool:
+        return self.wal_status == "lost" or self.restart_lsn is None
 
 
 def slot_state(conn: psycopg.Connection, slot: str) -> SlotState | None:
@@ -103,7 +119,10 @@ def slot_state(conn: psycopg.Connection, slot: str) -> SlotState | None:
         SELECT plugin, database, active_pid, wal_status,
                (confirmed_flush_lsn - '0/0'::pg_lsn)::bigint,
                (restart_lsn - '0/0'::pg_lsn)::bigint,
-               (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint
+               (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint,
+               (pg_current_wal_lsn() - restart_lsn)::bigint,
+               safe_wal_size,
+               current_setting('max_slot_wal_keep_size')
         FROM pg_replication_slots WHERE slot_name = %s""", [slot]).fetchone()
     return SlotState(*row) if row else None
 

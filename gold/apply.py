@@ -165,11 +165,12 @@ def _create(spark: SparkSession, path: str, schema: StructType, props: dict) -> 
 
 def seed_gold(spark: SparkSession, gold_path: str, counts: DataFrame, commit_lsn: int,
               commit_ts: datetime | None = None) -> bool:
-    """Write baseline counts (dims + ``count``) exact as of source ``commit_lsn``.
+    """Write baseline counts (dims + ``count``) counted at consistent point ``commit_lsn``.
 
-    For setup's exported-snapshot baseline and for rebuilds. One commit carrying the rows,
-    a txn (``lakecdc-gold-seed``, ``commit_lsn``) and metadata ``operation: seed``; the
-    gold stream then ignores silver rows with ``commit_lsn <=`` it (``seed_floor``).
+    For setup's exported-snapshot baseline. One commit carrying the rows, a txn
+    (``lakecdc-gold-seed``, ``commit_lsn``) and metadata ``operation: seed``, floor
+    ``commit_lsn``; the gold stream then ignores silver rows with ``commit_lsn <`` it
+    (``seed_floor``: the snapshot holds exactly those).
     ``counts`` holds one row per key. Allowed only on a gold table that has applied no batch
     (created here if absent). Returns False if this exact seed was already written
     (idempotent retry).
@@ -178,7 +179,7 @@ def seed_gold(spark: SparkSession, gold_path: str, counts: DataFrame, commit_lsn
         _create(spark, gold_path, GOLD_SCHEMA, GOLD_PROPERTIES)
     progress = last_metadata(spark, gold_path)
     if progress is not None and progress.get("operation") == "seed" \
-            and progress.get("commit_lsn") == commit_lsn:
+            and progress.get("floor") == commit_lsn:
         return False
     if progress is not None:
         raise UserError(f"gold at {gold_path} already holds counts; seed only a new table "
@@ -190,7 +191,7 @@ def seed_gold(spark: SparkSession, gold_path: str, counts: DataFrame, commit_lsn
                          F.lit(now).cast("timestamp").alias("updated_at"))
     (rows.write.format("delta").mode("append")
      .option("txnAppId", SEED_APP_ID).option("txnVersion", commit_lsn)
-     .option("userMetadata", metadata(operation="seed", commit_lsn=commit_lsn,
+     .option("userMetadata", metadata(operation="seed", commit_lsn=commit_lsn - 1,
                                       floor=commit_lsn,
                                       commit_ts=commit_ts.isoformat() if commit_ts else None))
      .save(gold_path))
@@ -209,7 +210,8 @@ def seed_floor(spark: SparkSession, gold_path: str) -> int:
 class GoldBatchWriter:
     """The ``foreachBatch`` function of the gold stream (see the module docstring).
 
-    ``floor_lsn``: silver rows with ``commit_lsn <=`` it are already in gold (its seed).
+    ``floor_lsn``: silver rows with ``commit_lsn <`` it are already in gold (its baseline,
+    see ``gold.asof``).
     ``accept_errors_upto``: parse-error rows with ``commit_lsn <=`` it count 0 instead of
     stopping gold (the operator checked them in quarantine).
     ``guard=False`` switches the txnAppId/txnVersion protection off: negative controls only.
@@ -251,8 +253,8 @@ class GoldBatchWriter:
         # Carried rows at or below the floor are inside a baseline a rebuild wrote since.
         stored = (spark.read.format("delta").option("versionAsOf", pending_meta[0])
                   .load(self.paths.pending))
-        pending = stored.where(F.col("commit_lsn") > F.lit(self.floor_lsn))
-        silver = batch.where(F.col("commit_lsn") > F.lit(self.floor_lsn)).persist()
+        pending = stored.where(F.col("commit_lsn") >= F.lit(self.floor_lsn))
+        silver = batch.where(F.col("commit_lsn") >= F.lit(self.floor_lsn)).persist()
         try:
             checked = D.profile(silver, self.tables, self.accept_errors_upto).first()
             if checked.problem is not None:

@@ -1,9 +1,12 @@
 """Gold's position, and gold as of an earlier source LSN: shared by ``verify`` and rebuilds.
 
 Gold's commits carry lakecdc metadata (``gold.commit_metadata``): the watermark
-(``commit_lsn``: gold is exact as of that source commit) and the *floor* - the source LSN of
-the baseline the counts started from (a seed from ``setup``'s snapshot, or a rebuild).
-Silver rows at or below the floor are inside the baseline and never counted again.
+(``commit_lsn``: gold holds every source commit up to and including it) and the *floor* -
+the consistent point of the baseline the counts started from (a seed from ``setup``'s
+snapshot, or a rebuild). The baseline's snapshot holds exactly the commits whose commit
+record starts before the consistent point, and the slot decodes those starting at or after
+it (wal2json's commit LSN is that start), so silver rows with ``commit_lsn < floor`` are
+inside the baseline and never counted again, and rows at the floor itself are not.
 
 Gold as of an LSN ``L`` between its floor and its watermark ``W`` is gold minus the net
 deltas of the silver transactions in ``(L, W]``: gold applies whole transactions in commit
@@ -60,7 +63,8 @@ def gold_state(spark: SparkSession, gold_path: str, version: int | None = None,
 
 
 def metadata_floor(meta: dict) -> int | None:
-    """The floor a gold commit's metadata records, if any (seeds record it as commit_lsn)."""
+    """The floor a gold commit's metadata records, if any (seeds of older versions recorded
+    only ``commit_lsn``)."""
     if meta.get("floor") is not None:
         return int(meta["floor"])
     if meta.get("operation") == "seed":
@@ -68,10 +72,10 @@ def metadata_floor(meta: dict) -> int | None:
     return None
 
 
-def silver_between(spark: SparkSession, silver_path: str, after: int, upto: int) -> DataFrame:
-    """Silver rows with ``after < commit_lsn <= upto``."""
+def silver_range(spark: SparkSession, silver_path: str, first: int, last: int) -> DataFrame:
+    """Silver rows with ``first <= commit_lsn <= last``."""
     return (spark.read.format("delta").load(silver_path)
-            .where((F.col("commit_lsn") > F.lit(after)) & (F.col("commit_lsn") <= F.lit(upto))))
+            .where(F.col("commit_lsn").between(F.lit(first), F.lit(last))))
 
 
 def net_deltas(silver: DataFrame, tables: D.CountedTables = D.COUNTED) -> DataFrame:

@@ -8,10 +8,11 @@ from before anything this command does):
 1. A consistent point ``L`` of the source (temporary slot + exported snapshot) and the
    ``GROUP BY`` counts inside it: the new baseline, exact as of ``L`` (``W < L``).
 2. One overwrite commit of ``gold/service_stats`` with those counts, metadata ``operation:
-   rebuild``, watermark and *floor* ``L``, and a Delta app transaction
+   rebuild``, *floor* ``L`` and watermark ``L - 1`` (the snapshot holds exactly the commits
+   whose commit LSN is below ``L``; ``gold.asof``), and a Delta app transaction
    (``lakecdc-gold-rebuild``, ``L``). Readers see the old gold or the new one, never an
    empty or partial table.
-3. The gold stage, availableNow, from its existing checkpoint: silver rows at or below the
+3. The gold stage, availableNow, from its existing checkpoint: silver rows below the
    floor are inside the baseline and skipped (so are carried ``_pending`` rows), the rest -
    the silver changes after ``L`` - are applied as usual. A TRUNCATE that stopped gold was
    committed before ``L``, so it is passed over. The checkpoint, ``_pending`` and batch
@@ -87,7 +88,7 @@ def rebuild_gold(pipeline) -> RebuildReport:
         (new_gold.write.format("delta").mode("overwrite")
          .option("txnAppId", APP_ID).option("txnVersion", lsn)
          .option("userMetadata", metadata(
-             operation="rebuild", floor=lsn, commit_lsn=lsn,
+             operation="rebuild", floor=lsn, commit_lsn=lsn - 1,
              commit_ts=counted_at.isoformat(), batch_id=state.batch_id))
          .save(where.gold))
         version = gold_state(spark, where.gold).version

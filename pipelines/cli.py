@@ -7,6 +7,8 @@ sentence on stderr, no traceback), 3 an unexpected failure (traceback, passwords
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import logging
 import signal
 import sys
@@ -19,22 +21,77 @@ from pipelines.config import Config
 from pipelines.errors import DriftFound, UserError, redact
 
 
-class _Redacting(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = redact(str(record.msg))
-        if record.args:
-            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
-        return True
+class _RedactingText(logging.Formatter):
+    """The text format, redacted as a whole line: the message, its arguments (strings or
+    not, e.g. an exception), ``extra`` fields and tracebacks alike."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
 
 
-def _configure_logging(verbose: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(_Redacting())
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    root = logging.getLogger("lakecdc")
-    root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    root.propagate = False
+# LogRecord's own attributes; everything else on a record came from ``extra=``.
+_RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+class _RedactingJson(logging.Formatter):
+    """One JSON object per line: ``ts`` (UTC, ISO 8601), ``level``, ``logger``, ``message``,
+    ``thread`` outside the main thread, ``extra=`` fields, ``exception`` (the traceback).
+    Every string value is redacted before it is serialised."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict = {k: v for k, v in vars(record).items()
+                     if k not in _RECORD_FIELDS and not k.startswith("_")}
+        out.update(ts=dt.datetime.fromtimestamp(record.created, dt.timezone.utc)
+                   .isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                   level=record.levelname, logger=record.name, message=record.getMessage())
+        if record.threadName != "MainThread":
+            out["thread"] = record.threadName
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exception"] = record.exc_text
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(_redacted(out), ensure_ascii=False)
+
+
+def _redacted(value):
+    if isinstance(value, str):
+        return redact(value)
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _redacted(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_redacted(v) for v in value]
+    return redact(str(value))
+
+
+def _configure_logging(verbose: bool, log_format: str = "text") -> None:
+    """lakecdc's loggers at INFO (DEBUG with ``verbose``), other libraries' at WARNING, all
+    to stderr through one redacting formatter: ``text`` or ``json`` (one object per line,
+    Python warnings included)."""
+    json_lines = log_format.lower() == "json"
+    formatter = _RedactingJson() if json_lines else _RedactingText(
+        "%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    def handler(level: int) -> logging.Handler:
+        h = logging.StreamHandler(sys.stderr)
+        h.setLevel(level)
+        h.setFormatter(formatter)
+        h._lakecdc = True            # ours: replaced, not stacked, when configured again
+        return h
+
+    own = logging.getLogger("lakecdc")
+    own.handlers[:] = [handler(logging.NOTSET)]
+    own.setLevel(logging.DEBUG if verbose else logging.INFO)
+    own.propagate = False
+    # Other libraries' warnings would otherwise reach stderr unformatted and unredacted
+    # (Python's last-resort handler).
+    root = logging.getLogger()
+    root.handlers[:] = [h for h in root.handlers if not getattr(h, "_lakecdc", False)]
+    root.addHandler(handler(logging.WARNING))
+    logging.captureWarnings(json_lines)
     # py4j reports Python exceptions raised inside Spark callbacks itself; lakecdc reports
     # them once, as its own errors.
     logging.getLogger("py4j").setLevel(logging.DEBUG if verbose else logging.CRITICAL)
@@ -59,10 +116,14 @@ def _stop_on_signals() -> threading.Event:
 @click.option("--lakehouse", help="Root path or URI of the Delta tables [env LAKECDC_LAKEHOUSE].")
 @click.option("--slot", help="Replication slot name [env LAKECDC_SLOT].")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+@click.option("--log-format", type=click.Choice(["text", "json"], case_sensitive=False),
+              default="text", show_default=True, envvar="LAKECDC_LOG_FORMAT",
+              help="Log lines on stderr as text or one JSON object per line "
+                   "[env LAKECDC_LOG_FORMAT]. Passwords are redacted in both.")
 @click.pass_context
-def cli(ctx, source_dsn, dashboard_dsn, lakehouse, slot, verbose):
+def cli(ctx, source_dsn, dashboard_dsn, lakehouse, slot, verbose, log_format):
     """Exact CDC from Postgres into a Delta lakehouse, pushed back to Postgres dashboards."""
-    _configure_logging(verbose)
+    _configure_logging(verbose, log_format)
     ctx.obj = {"flags": {"source_dsn": source_dsn, "dashboard_dsn": dashboard_dsn,
                          "lakehouse": lakehouse, "slot": slot},
                "verbose": verbose}
@@ -165,18 +226,25 @@ def push(ctx, once):
 
 @cli.command()
 @_once_option("Drain everything committed before it started through every layer, then exit.")
+@click.option("--metrics-port", metavar="[HOST:]PORT", envvar="LAKECDC_METRICS_PORT",
+              help="Serve Prometheus metrics on http://HOST:PORT/metrics while running "
+                   "(host 0.0.0.0 unless given) [env LAKECDC_METRICS_PORT].")
 @click.pass_context
-def run(ctx, once):
+def run(ctx, once, metrics_port):
     """All stages: ship, silver, gold, push."""
+    from pipelines.metrics import pipeline_exporter
+
     pipeline = _pipeline(ctx)
-    if once:
-        report = pipeline.run_once()
-        timing = ", ".join(f"{k} {v:.1f}s" for k, v in report.seconds.items())
-        click.echo(f"run: shipped {report.shipped}, silver {report.silver_rows} "
-                   f"({report.quarantined} quarantined), gold {report.gold_transactions} "
-                   f"transactions, dashboard at gold version {report.pushed_version} ({timing})")
-    else:
-        pipeline.run_continuous(_stop_on_signals())
+    with pipeline_exporter(pipeline.config, metrics_port) as pipeline.metrics:
+        if once:
+            report = pipeline.run_once()
+            timing = ", ".join(f"{k} {v:.1f}s" for k, v in report.seconds.items())
+            click.echo(f"run: shipped {report.shipped}, silver {report.silver_rows} "
+                       f"({report.quarantined} quarantined), gold {report.gold_transactions} "
+                       f"transactions, dashboard at gold version {report.pushed_version} "
+                       f"({timing})")
+        else:
+            pipeline.run_continuous(_stop_on_signals())
 
 
 @cli.command()
@@ -326,6 +394,21 @@ def sql_command(ctx, query, query_file, fmt, limit):
     pipeline = _pipeline(ctx)
     register_tables(pipeline.spark, table_paths(pipeline.config))
     click.echo(render(run_query(pipeline.spark, text), fmt, limit))
+
+
+@cli.command()
+@click.option("--port", "listen", metavar="[HOST:]PORT", required=True,
+              envvar="LAKECDC_METRICS_PORT",
+              help="Where to serve http://HOST:PORT/metrics (host 0.0.0.0 unless given) "
+                   "[env LAKECDC_METRICS_PORT].")
+@click.pass_context
+def metrics(ctx, listen):
+    """Serve the pipeline's state as Prometheus metrics until stopped: slot lag and
+    wal_status, per layer version, commit LSN and freshness, quarantined rows. Read from
+    the source and the tables on scrape, wherever the pipeline runs (no Spark needed)."""
+    from pipelines.metrics import serve_state
+
+    serve_state(_config(ctx), listen, _stop_on_signals())
 
 
 def main(argv: list[str] | None = None) -> int:

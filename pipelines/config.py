@@ -39,7 +39,15 @@ class Config:
     upto_nchanges: int = 50_000
     peek_timeout_s: int = 300
     poll_interval_s: float = 1.0
+    # Progress-only bronze commits (no rows: transactions of uncaptured tables passed over)
+    # at most this often, unless a peek is full, a heartbeat was passed, or --once ends.
     progress_commit_interval_s: float = 60.0
+    # WAL safety (bronze/heartbeat.py, docs/operations.md): a heartbeat transaction when the
+    # slot has not moved for this long and the WAL is >= 1 MB ahead of it; 0 turns them off.
+    heartbeat_interval_s: float = 30.0
+    # Continuous shipping survives the source going away: reconnect with exponential
+    # backoff from 0.5 s up to this many seconds between attempts.
+    reconnect_max_backoff_s: float = 30.0
     memory_budget_mb: int = 64
     chunk_mb: float = 16.0
     spill_dir: str | None = None
@@ -66,6 +74,10 @@ class Config:
             "disabled_guards": frozenset(
                 g for g in env.get("LAKECDC_UNSAFE_DISABLE_GUARDS", "").split(",") if g),
         }
+        for name, key in (("LAKECDC_HEARTBEAT_INTERVAL", "heartbeat_interval_s"),
+                          ("LAKECDC_RECONNECT_MAX_BACKOFF", "reconnect_max_backoff_s")):
+            if env.get(name):
+                values[key] = _seconds(name, env[name])
         if env.get("LAKECDC_TABLES"):
             values["tables"] = tuple(t.strip() for t in env["LAKECDC_TABLES"].split(","))
         values.update({k: v for k, v in flags.items() if v is not None})
@@ -87,6 +99,12 @@ class Config:
                             f"{', '.join(sorted(unknown))}; known: {', '.join(sorted(GUARDS))}.")
         if self.upto_nchanges < 1 or self.peek_timeout_s < 1 or self.chunk_mb <= 0:
             raise UserError("--max-changes, --peek-timeout and --chunk-mb must be positive.")
+        if self.heartbeat_interval_s < 0:
+            raise UserError("the heartbeat interval (LAKECDC_HEARTBEAT_INTERVAL) must be a "
+                            "number of seconds >= 0 (0 turns heartbeats off).")
+        if self.reconnect_max_backoff_s <= 0:
+            raise UserError("the reconnect backoff (LAKECDC_RECONNECT_MAX_BACKOFF) must be a "
+                            "positive number of seconds.")
 
     def require_source(self) -> str:
         if not self.source_dsn:
@@ -114,3 +132,11 @@ class Config:
 
     def with_(self, **changes) -> "Config":
         return replace(self, **changes)
+
+
+def _seconds(name: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise UserError(f"{name}={text!r} is not a number of seconds; use e.g. {name}=30."
+                        ) from None

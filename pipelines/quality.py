@@ -140,7 +140,7 @@ def gold_frame(spark: SparkSession, gold_path: str, silver_path: str,
                baseline_path: str | None = None, storage_options: dict | None = None
                ) -> tuple[DataFrame, str]:
     """Gold at its latest version reconciled with its baseline and silver; and a scope."""
-    from gold.asof import gold_state, silver_between
+    from gold.asof import gold_state, silver_range
     from pipelines.lsn import fmt
 
     state = gold_state(spark, gold_path)
@@ -149,7 +149,7 @@ def gold_frame(spark: SparkSession, gold_path: str, silver_path: str,
     watermark = state.watermark if state.watermark is not None else state.floor
     gold = spark.read.format("delta").option("versionAsOf", state.version).load(gold_path)
     baseline = _baseline(spark, gold_path, state.floor, baseline_path, storage_options)
-    silver = silver_between(spark, silver_path, state.floor, watermark)
+    silver = silver_range(spark, silver_path, state.floor, watermark)
     frame = reconcile(gold, expected_counts(baseline, silver))
     return frame, (f"gold version {state.version}: baseline at {fmt(state.floor)} + silver "
                    f"changes up to {fmt(watermark)}")

@@ -16,7 +16,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from bronze.ship import Shipper
 from gold.push import push_once, run_push
@@ -24,6 +24,9 @@ from gold.stream import QUERY_NAME as GOLD_QUERY, gold_writer, run_gold, start_g
 from pipelines.config import Config
 from pipelines.faults import FaultPoints
 from silver.stream import SilverLocations, run_silver, start_silver
+
+if TYPE_CHECKING:
+    from pipelines.metrics import PipelineMetrics
 
 log = logging.getLogger("lakecdc.run")
 
@@ -66,8 +69,12 @@ class OnceReport:
 
 class Pipeline:
     def __init__(self, config: Config, spark_factory: Callable | None = None,
-                 trigger_interval: str = "1 second", push_interval_s: float = 0.5) -> None:
+                 trigger_interval: str = "1 second", push_interval_s: float = 0.5,
+                 metrics: "PipelineMetrics | None" = None) -> None:
         self.config = config
+        # Event metrics (pipelines.metrics), recorded by every stage run through this object.
+        self.metrics = metrics
+        self._stream_listener = None
         self.where = Locations.from_config(config)
         self._spark_factory = spark_factory
         self._spark = None
@@ -144,6 +151,7 @@ class Pipeline:
     # --- stages, one at a time -----------------------------------------------------------
 
     def silver(self, once: bool, stop: threading.Event | None = None):
+        self._observe_streams()
         s = self.where.silver
         return run_silver(self.spark, s.bronze_path, s.silver_path, s.quarantine_path,
                           s.checkpoint_root, self.config.tables, once=once, stop=stop,
@@ -153,16 +161,24 @@ class Pipeline:
              accept_errors_upto: int | None = None):
         w = self.where
         extra = {} if accept_errors_upto is None else {"accept_errors_upto": accept_errors_upto}
+        self._observe_streams()
         with self.gold_lock():
             self.seed_gold_from_baseline()
             self.require_no_gap()
-            return run_gold(self.spark, w.silver.silver_path, w.gold, w.gold_checkpoint,
-                            once=once, stop=stop, trigger_interval=self.trigger_interval,
-                            **self.gold_options, **extra)
+            result = run_gold(self.spark, w.silver.silver_path, w.gold, w.gold_checkpoint,
+                              once=once, stop=stop, trigger_interval=self.trigger_interval,
+                              **self.gold_options, **extra)
+        self._record_gold(result.batches)
+        return result
 
     def push(self, once: bool, stop: threading.Event | None = None):
         if once:
-            return push_once(self.where.gold, self.config.dashboard, faults=self.faults)
+            result = push_once(self.where.gold, self.config.dashboard, faults=self.faults)
+            if self.metrics is not None:
+                self.metrics.on_push(result)
+            return result
+        # Continuous pushes are seen by the state metrics (dashboard version, freshness);
+        # per-push events need a callback in gold.push.run_push.
         return run_push(self.where.gold, self.config.dashboard, stop or threading.Event(),
                         interval_s=self.push_interval_s)
 
@@ -171,7 +187,7 @@ class Pipeline:
     def run_once(self) -> OnceReport:
         report = OnceReport()
         started = time.monotonic()
-        report.shipped = Shipper(self.config).run(once=True).changes
+        report.shipped = self._shipper().run(once=True).changes
         report.seconds["ship"] = time.monotonic() - started
         t = time.monotonic()
         silver = self.silver(once=True)
@@ -204,10 +220,12 @@ class Pipeline:
             thread.start()
             return thread
 
-        threads = [guarded("ship", lambda: Shipper(self.config).run(once=False, stop=stop))]
+        writer, recorded = None, 0
+        threads = [guarded("ship", lambda: self._shipper().run(once=False, stop=stop))]
         queries = []
         try:
             s, w = self.where.silver, self.where
+            self._observe_streams()
             queries += start_silver(self.spark, s.bronze_path, s.silver_path, s.quarantine_path,
                                     s.checkpoint_root, self.config.tables, once=False,
                                     trigger_interval=self.trigger_interval)
@@ -220,6 +238,7 @@ class Pipeline:
                                       trigger_interval=self.trigger_interval))
             threads.append(guarded("push", lambda: self.push(once=False, stop=stop)))
             while not stop.is_set():
+                recorded = self._record_gold(writer.results, recorded)
                 for query in queries:
                     if not query.isActive:
                         # A gold batch's own error (e.g. a TRUNCATE: exit 2 with its
@@ -236,8 +255,37 @@ class Pipeline:
                 _stop_between_batches(query)
             for thread in threads:
                 thread.join(timeout=120)
+            if writer is not None:
+                self._record_gold(writer.results, recorded)
         if errors:
             raise errors[0]
+
+    # --- metrics hooks (no-ops without self.metrics) ---------------------------------------
+
+    def _shipper(self) -> Shipper:
+        return Shipper(self.config, on_batch=self.metrics.on_ship_batch
+                       if self.metrics is not None else None)
+
+    def _record_gold(self, results: list, start: int = 0) -> int:
+        """Record gold ``BatchResult``s from ``start`` on; returns how many were seen."""
+        end = len(results)
+        if self.metrics is not None:
+            for result in results[start:end]:
+                self.metrics.on_gold_batch(result)
+        return end
+
+    def _observe_streams(self) -> None:
+        """Record Spark streaming progress (silver's rows and batch durations) into
+        ``self.metrics``: one listener per pipeline, kept on the session (removing it after
+        a run could drop progress events still queued on Spark's listener bus)."""
+        if self.metrics is None or self._stream_listener is not None:
+            return
+        self._stream_listener = False         # tried: do not try again
+        try:
+            self._stream_listener = self.metrics.stream_listener()
+            self.spark.streams.addListener(self._stream_listener)
+        except Exception as exc:       # e.g. a Spark Connect session: state metrics remain
+            log.info("streaming progress metrics unavailable: %s", exc)
 
 
 def _stop_between_batches(query, timeout_s: float = 120.0) -> None:

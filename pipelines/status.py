@@ -4,7 +4,12 @@
 - per Delta layer: table version, the newest source ``commit_lsn`` it holds, that change's
   source commit time and the freshness (now − that time). Values come from the Delta log
   and per-file statistics, so status stays cheap on large tables;
-- dashboard: the pushed gold version and the newest source commit it reflects.
+- dashboard: the pushed gold version and the newest source commit it reflects;
+- quarantine: the rows in ``silver/quarantine``, from the Delta log's per-file row counts.
+
+The parts are separate functions (``slot_status``, ``layer_status``, ``quarantine_rows``) so the
+Prometheus exporter (``pipelines.metrics``) reads exactly what ``lakecdc status`` shows, each
+part on its own (one unreachable database does not hide the others).
 """
 
 from __future__ import annotations
@@ -33,6 +38,39 @@ class LayerStatus:
 
     def freshness_s(self, now: dt.datetime) -> float | None:
         return None if self.commit_ts is None else round((now - self.commit_ts).total_seconds(), 3)
+
+
+@dataclass
+class SlotStatus:
+    """The slot as ``pg_replication_slots`` shows it (positions as integers)."""
+
+    name: str
+    wal_status: str | None
+    lag_bytes: int | None                 # current WAL position - confirmed_flush_lsn
+    confirmed_flush_lsn: int | None
+    restart_lsn: int | None
+    active_pid: int | None
+    safe_wal_size: int | None = None      # bytes before the slot is at risk (PG >= 13)
+    current_wal_lsn: int | None = None
+
+
+def slot_status(config: Config) -> SlotStatus | None:
+    """The configured slot, or None if it does not exist. ``UserError`` if the source
+    cannot be reached."""
+    with connect(config.require_source()) as conn:
+        state = slots.slot_state(conn, config.slot)
+        if state is None:
+            return None
+        try:
+            row = conn.execute(
+                "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint, safe_wal_size "
+                "FROM pg_replication_slots WHERE slot_name = %s", [config.slot]).fetchone()
+        except psycopg.errors.UndefinedColumn:      # safe_wal_size: PostgreSQL >= 13
+            row = None
+        current, safe = row or (None, None)
+    return SlotStatus(config.slot, state.wal_status, state.lag_bytes,
+                      state.confirmed_flush_lsn, state.restart_lsn, state.active_pid,
+                      safe, current)
 
 
 def _max_stat(table: DeltaTable, column: str):
@@ -85,25 +123,56 @@ def dashboard_layer(dsn: str) -> LayerStatus:
     return LayerStatus("dashboard", *row)
 
 
+def quarantine_rows(uri: str, storage_options: dict | None = None) -> int | None:
+    """Rows in the quarantine table (None: not created yet), from the Delta log's per-file
+    row counts; files without that statistic are counted from their Parquet footers."""
+    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
+        return None
+    table = DeltaTable(uri, storage_options=storage_options)
+    counts = table.get_add_actions(flatten=True).column("num_records").to_pylist()
+    if all(n is not None for n in counts):
+        return int(sum(counts))
+    return table.to_pyarrow_dataset().count_rows()
+
+
+def layer_status(config: Config, layer: str,
+                 storage_options: dict | None = None) -> LayerStatus:
+    """One of ``LAYERS``."""
+    if layer == "bronze":
+        return delta_layer("bronze", config.bronze_path, "commit_lsn", "commit_ts",
+                           storage_options)
+    if layer == "silver":
+        return delta_layer("silver", config.table_path("silver", "changes"), "commit_lsn",
+                           "commit_ts", storage_options)
+    if layer == "gold":
+        return gold_layer(config.table_path("gold", "service_stats"), storage_options)
+    if layer == "dashboard":
+        return dashboard_layer(config.dashboard)
+    raise ValueError(f"unknown layer {layer}")
+
+
+LAYERS = ("bronze", "silver", "gold", "dashboard")
+
+
+def quarantine_path(config: Config) -> str:
+    return config.table_path("silver", "quarantine")
+
+
 def collect(config: Config, storage_options: dict | None = None) -> dict:
-    with connect(config.require_source()) as conn:
-        state = slots.slot_state(conn, config.slot)
-    layers = [
-        delta_layer("bronze", config.bronze_path, "commit_lsn", "commit_ts", storage_options),
-        delta_layer("silver", config.table_path("silver", "changes"), "commit_lsn",
-                    "commit_ts", storage_options),
-        gold_layer(config.table_path("gold", "service_stats"), storage_options),
-        dashboard_layer(config.dashboard),
-    ]
+    state = slot_status(config)
+    layers = [layer_status(config, layer, storage_options) for layer in LAYERS]
+    quarantined = quarantine_rows(quarantine_path(config), storage_options)
     now = dt.datetime.now(dt.timezone.utc)
     return {
         "slot": None if state is None else {
-            "name": config.slot, "wal_status": state.wal_status, "lag_bytes": state.lag_bytes,
+            "name": state.name, "wal_status": state.wal_status, "lag_bytes": state.lag_bytes,
             "confirmed_flush_lsn": fmt(state.confirmed_flush_lsn),
-            "restart_lsn": fmt(state.restart_lsn), "active_pid": state.active_pid},
+            "restart_lsn": fmt(state.restart_lsn), "active_pid": state.active_pid,
+            "safe_wal_size": state.safe_wal_size},
         "layers": [{**asdict(l), "commit_lsn": fmt(l.commit_lsn) if l.commit_lsn else None,
                     "commit_ts": l.commit_ts.isoformat() if l.commit_ts else None,
                     "freshness_s": l.freshness_s(now)} for l in layers],
+        "quarantine_rows": quarantined,
     }
 
 
@@ -126,6 +195,9 @@ def render(report: dict) -> str:
         fresh = "-" if l["freshness_s"] is None else f"{l['freshness_s']:.1f}s"
         lines.append(f"{l['layer']:<10} {l['version'] if l['version'] is not None else '-':>8} "
                      f"{l['commit_lsn'] or '-':>14}  {ts:<26} {fresh:>10}")
+    quarantined = report.get("quarantine_rows")
+    lines.append("quarantine: " + ("not created yet" if quarantined is None
+                                   else f"{quarantined:,} rows in silver/quarantine"))
     return "\n".join(lines)
 
 

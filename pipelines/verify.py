@@ -299,9 +299,9 @@ def read_dashboard(dsn: str, key: str) -> tuple[dict, int | None, int | None]:
 def _from(spark, silver_path: str, first: int, last: int):
     """Silver rows with ``first <= commit_lsn <= last`` (not in a snapshot taken at
     ``first``; see "Where the cut is")."""
-    from gold.asof import silver_between
+    from gold.asof import silver_range
 
-    return silver_between(spark, silver_path, first - 1, last)
+    return silver_range(spark, silver_path, first, last)
 
 
 def _history_purges(spark, silver_path: str, floor: int, point: int) -> Counter:

@@ -162,8 +162,8 @@ def test_verify_on_a_populated_database_is_exact_and_pins_no_wal(source_db, conf
 
 @pytest.mark.integration
 @pytest.mark.spark
-def test_a_pipeline_that_does_not_move_times_out_naming_the_stuck_layer(config, populated,
-                                                                       verify, source_db):
+def test_what_verify_cannot_judge_is_one_sentence_and_exit_2(config, populated, verify,
+                                                             source_db):
     from pipelines.locks import gold_writer_lock
 
     # Someone holds the gold lock (as `lakecdc run` would) but nothing ships: verify must
@@ -178,6 +178,15 @@ def test_a_pipeline_that_does_not_move_times_out_naming_the_stuck_layer(config, 
     assert "bronze is at LSN" in lines[0] and "short of verify's marker" in lines[0]
     assert "--timeout" in lines[0]
     assert temporary_slots(source_db) == []
+
+    # A TRUNCATE of history after gold's baseline: gold passes it (count-neutral), but the
+    # purged rows' services are unknown, so the truth is too.
+    source_db.execute("TRUNCATE notification_history")
+    code, out, err = verify()
+    assert code == 2, err[-3000:]
+    lines = error_lines(err)
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert "notification_history was truncated" in lines[0] and "rebuild-gold" in lines[0]
 
 
 # --- drift and repair ----------------------------------------------------------------------

@@ -1,0 +1,439 @@
+"""Prometheus metrics: what each layer did (events) and where each layer is (state).
+
+Two sources, on one registry per process (docs/observability.md lists every metric):
+
+- **Events** (``PipelineMetrics``), recorded where the work happens, so only in the process
+  that runs the stage: the shipper's ``on_batch`` (bronze), Spark's streaming progress of
+  the silver query (a ``StreamingQueryListener``), the gold writer's ``BatchResult`` and the
+  push's ``PushResult`` (dashboard). Counters and histograms by ``layer``; rows per second
+  is ``rate(lakecdc_rows_total[5m])`` in PromQL, not a gauge computed here.
+- **State** (``StateCollector``), read from the source and the tables exactly as
+  ``lakecdc status`` reads them (``pipelines.status``): slot lag and ``wal_status``, each
+  layer's version, newest source commit LSN and its age, the quarantine's row count. Read on
+  scrape, so it is right wherever the stages run (the shipper beside the database, Spark on
+  Databricks): ``lakecdc metrics`` serves only this part.
+
+Contracts: recording an event never raises into the stage (a metrics bug must not stop the
+pipeline); a state part that cannot be read is reported as ``lakecdc_state_up{part} 0`` and
+the other parts are still served; no metric carries a DSN or any other secret.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from pipelines.config import Config
+from pipelines.errors import UserError, redact
+
+log = logging.getLogger("lakecdc.metrics")
+
+LAYERS = ("bronze", "silver", "gold", "dashboard")
+STATE_PARTS = ("source", *LAYERS[:3], "quarantine", "dashboard")
+# pg_replication_slots.wal_status values (PostgreSQL 13+); one series each, 1 for the current.
+WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
+# The silver query whose input rows are silver's rows (``silver.stream`` names its queries
+# ``lakecdc_silver_<table>``; the quarantine query reads the same bronze rows again).
+SILVER_QUERY = "lakecdc_silver_changes"
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+DEFAULT_HOST = "0.0.0.0"
+
+
+class PipelineMetrics:
+    """The event metrics of one process, on their own registry (``self.registry``).
+
+    Hook methods match the stages' results: ``on_ship_batch(result, progress)`` is the
+    ``Shipper``'s ``on_batch``; ``on_gold_batch(BatchResult)``; ``on_push(PushResult)``;
+    ``stream_listener()`` returns a Spark ``StreamingQueryListener`` feeding
+    ``on_stream_progress``. None of them raises.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.port: int | None = None         # where it is served, once it is
+        r = self.registry
+        self.rows = Counter(
+            "lakecdc_rows_total",
+            "Rows processed by the layer: bronze = changes (and backfill rows) appended, "
+            "silver = bronze rows parsed into silver/changes, gold = silver rows consumed, "
+            "dashboard = service_stats rows upserted or deleted.", ["layer"], registry=r)
+        self.transactions = Counter(
+            "lakecdc_transactions_total",
+            "Source transactions shipped (bronze) or applied to gold (gold).", ["layer"],
+            registry=r)
+        self.batch_seconds = Histogram(
+            "lakecdc_batch_duration_seconds",
+            "Duration of one batch: a peek and its bronze commit, a silver micro-batch, a "
+            "gold micro-batch, a push (empty ones included).", ["layer"],
+            buckets=DURATION_BUCKETS, registry=r)
+        self.last_batch = Gauge(
+            "lakecdc_last_batch_timestamp_seconds",
+            "Unix time the layer's last batch finished in this process.", ["layer"],
+            registry=r)
+        self.stream_rows = Counter(
+            "lakecdc_stream_input_rows_total",
+            "Input rows of a Spark streaming query (numInputRows).", ["query"], registry=r)
+        self.stream_seconds = Histogram(
+            "lakecdc_stream_batch_duration_seconds",
+            "Duration of a Spark streaming micro-batch (batchDuration).", ["query"],
+            buckets=DURATION_BUCKETS, registry=r)
+        self.stream_rate = Gauge(
+            "lakecdc_stream_processed_rows_per_second",
+            "Spark's processedRowsPerSecond of the query's last micro-batch.", ["query"],
+            registry=r)
+        for layer in LAYERS:        # every series exists from the start: 0, not absent
+            self.rows.labels(layer)
+            self.batch_seconds.labels(layer)
+        for layer in ("bronze", "gold"):
+            self.transactions.labels(layer)
+
+    def _batch(self, layer: str, rows: int, seconds: float, transactions: int | None = None):
+        self.rows.labels(layer).inc(max(rows, 0))
+        if transactions is not None:
+            self.transactions.labels(layer).inc(max(transactions, 0))
+        self.batch_seconds.labels(layer).observe(max(seconds, 0.0))
+        self.last_batch.labels(layer).set(time.time())
+
+    def on_ship_batch(self, result, progress=None) -> None:
+        """``bronze.ship.Shipper(on_batch=...)``: one peek and its commit."""
+        _safely(lambda: self._batch("bronze", result.changes + result.read_rows,
+                                    result.seconds, result.transactions))
+
+    def on_gold_batch(self, result) -> None:
+        """A ``gold.apply.BatchResult``."""
+        _safely(lambda: self._batch("gold", result.silver_rows, result.seconds,
+                                    result.applied_transactions))
+
+    def on_push(self, result) -> None:
+        """A ``gold.push.PushResult`` (a push that found nothing new counts 0 rows)."""
+        _safely(lambda: self._batch("dashboard", result.upserted + result.deleted,
+                                    result.seconds))
+
+    def on_stream_progress(self, progress) -> None:
+        """A ``StreamingQueryProgress``: per query, and the silver layer's own metrics."""
+        def record():
+            name = progress.name or str(progress.id)
+            rows = int(progress.numInputRows or 0)
+            seconds = (progress.batchDuration or 0) / 1000.0
+            self.stream_rows.labels(name).inc(rows)
+            self.stream_seconds.labels(name).observe(seconds)
+            self.stream_rate.labels(name).set(float(progress.processedRowsPerSecond or 0.0))
+            if name == SILVER_QUERY:
+                self._batch("silver", rows, seconds)
+        _safely(record)
+
+    def stream_listener(self):
+        """A ``StreamingQueryListener`` recording every query's progress (needs pyspark)."""
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        metrics = self
+
+        class _Progress(StreamingQueryListener):
+            def onQueryStarted(self, event) -> None:
+                return None
+
+            def onQueryProgress(self, event) -> None:
+                metrics.on_stream_progress(event.progress)
+
+            def onQueryIdle(self, event) -> None:
+                return None
+
+            def onQueryTerminated(self, event) -> None:
+                return None
+
+        return _Progress()
+
+
+def _safely(record: Callable[[], None]) -> None:
+    try:
+        record()
+    except Exception as exc:       # metrics must never stop a stage
+        log.debug("recording a metric failed: %s", exc)
+
+
+# --- state, read on scrape ------------------------------------------------------------------
+
+
+@dataclass
+class StateSnapshot:
+    """One read of every state part; ``up[part]`` is False when that part failed."""
+
+    taken_at: float
+    slot_name: str = ""
+    slot: object | None = None                      # pipelines.status.SlotStatus
+    layers: dict = field(default_factory=dict)      # layer -> pipelines.status.LayerStatus
+    quarantine_rows: int | None = None
+    up: dict[str, bool] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def read_state(config: Config, storage_options: dict | None = None) -> StateSnapshot:
+    """Read every part as ``lakecdc status`` does; a failing part is marked down, not raised."""
+    from pipelines import status
+
+    started = time.monotonic()
+    snap = StateSnapshot(taken_at=time.time(), slot_name=config.slot)
+    reads: list[tuple[str, Callable[[], None]]] = [
+        ("source", lambda: setattr(snap, "slot", status.slot_status(config))),
+        *[(layer, lambda layer=layer: snap.layers.__setitem__(
+            layer, status.layer_status(config, layer, storage_options))) for layer in LAYERS],
+        ("quarantine", lambda: setattr(snap, "quarantine_rows", status.quarantine_rows(
+            status.quarantine_path(config), storage_options))),
+    ]
+    for part, read in reads:
+        try:
+            read()
+            snap.up[part] = True
+        except Exception as exc:
+            snap.up[part] = False
+            log.warning("metrics: cannot read %s: %s", part, redact(_one_line(exc)))
+    snap.seconds = time.monotonic() - started
+    return snap
+
+
+class StateCollector:
+    """A Prometheus collector serving ``read_state`` (see the module docstring).
+
+    A scrape reads the state again when the last read is older than ``max_age_s`` (several
+    scrapers or a fast scrape interval do not multiply the queries). It waits at most
+    ``wait_s`` for the read: a source that does not answer makes the scrape serve the
+    previous read (its time is ``lakecdc_state_timestamp_seconds``) instead of timing out.
+    """
+
+    def __init__(self, read: Callable[[], StateSnapshot], max_age_s: float = 5.0,
+                 wait_s: float = 8.0) -> None:
+        self._read = read
+        self.max_age_s = max_age_s
+        self.wait_s = wait_s
+        self._lock = threading.Lock()
+        self._snap: StateSnapshot | None = None
+        self._read_at = float("-inf")
+        self._worker: threading.Thread | None = None
+
+    def snapshot(self) -> StateSnapshot | None:
+        with self._lock:
+            stale = time.monotonic() - self._read_at >= self.max_age_s
+            if stale and (self._worker is None or not self._worker.is_alive()):
+                self._worker = threading.Thread(target=self._refresh, daemon=True,
+                                                name="lakecdc-metrics-state")
+                self._worker.start()
+            worker = self._worker
+        if stale and worker is not None:
+            worker.join(self.wait_s)
+        return self._snap
+
+    def _refresh(self) -> None:
+        try:
+            snap = self._read()
+        except Exception as exc:
+            log.warning("metrics: reading the pipeline state failed: %s",
+                        redact(_one_line(exc)))
+            return
+        with self._lock:
+            self._snap, self._read_at = snap, time.monotonic()
+
+    def describe(self):
+        return []          # no up-front collect() at registration: it would query Postgres
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        snap = self.snapshot()
+        if snap is None:
+            return
+        yield from state_families(snap, dt.datetime.now(dt.timezone.utc))
+
+
+def state_families(snap: StateSnapshot, now: dt.datetime) -> Iterator[GaugeMetricFamily]:
+    def family(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, doc, labels=labels)
+
+    up = family("lakecdc_state_up", "1 when the part could be read at the last state read.",
+                ["part"])
+    for part in STATE_PARTS:
+        up.add_metric([part], 1.0 if snap.up.get(part) else 0.0)
+    yield up
+    yield GaugeMetricFamily("lakecdc_state_timestamp_seconds",
+                            "Unix time of the last state read.", value=snap.taken_at)
+    yield GaugeMetricFamily("lakecdc_state_read_duration_seconds",
+                            "How long the last state read took.", value=snap.seconds)
+
+    if snap.up.get("source"):
+        slot = snap.slot
+        exists = family("lakecdc_slot_exists", "1 if the replication slot exists.", ["slot"])
+        if slot is None:
+            exists.add_metric([snap.slot_name], 0.0)
+            yield exists
+        else:
+            exists.add_metric([slot.name], 1.0)
+            yield exists
+            status = family("lakecdc_slot_wal_status",
+                            "1 for the slot's current wal_status (reserved, extended, "
+                            "unreserved, lost), 0 for the others.", ["slot", "wal_status"])
+            for value in sorted({*WAL_STATUSES, slot.wal_status or "unknown"}):
+                status.add_metric([slot.name, value], 1.0 if value == slot.wal_status else 0.0)
+            yield status
+            for name, doc, value in (
+                    ("lakecdc_slot_lag_bytes",
+                     "WAL bytes between the source's current position and the slot's "
+                     "confirmed_flush_lsn (what the shipper has not acknowledged).",
+                     slot.lag_bytes),
+                    ("lakecdc_slot_safe_wal_size_bytes",
+                     "WAL bytes that can still be written before the slot is invalidated "
+                     "(absent when max_slot_wal_keep_size is unlimited).", slot.safe_wal_size),
+                    ("lakecdc_slot_confirmed_flush_lsn_bytes",
+                     "The slot's confirmed_flush_lsn as a byte position.",
+                     slot.confirmed_flush_lsn),
+                    ("lakecdc_source_wal_lsn_bytes",
+                     "The source's current WAL position (pg_current_wal_lsn) as a byte "
+                     "position; its rate is the WAL generation rate.", slot.current_wal_lsn)):
+                if value is not None:
+                    g = family(name, doc, ["slot"])
+                    g.add_metric([slot.name], float(value))
+                    yield g
+
+    version = family("lakecdc_layer_version",
+                     "Delta table version of the layer (dashboard: the gold version pushed).",
+                     ["layer"])
+    lsn = family("lakecdc_layer_commit_lsn_bytes",
+                 "Newest source commit LSN the layer holds (gold, dashboard: exact up to it), "
+                 "as a byte position.", ["layer"])
+    ts = family("lakecdc_layer_source_commit_timestamp_seconds",
+                "Source commit time (Unix) of the newest change the layer holds.", ["layer"])
+    fresh = family("lakecdc_layer_freshness_seconds",
+                   "Now minus the source commit time of the newest change the layer holds "
+                   "(as in lakecdc status; grows while the source is idle).", ["layer"])
+    for layer in LAYERS:
+        status = snap.layers.get(layer)
+        if status is None:
+            continue
+        if status.version is not None:
+            version.add_metric([layer], float(status.version))
+        if status.commit_lsn is not None:
+            lsn.add_metric([layer], float(status.commit_lsn))
+        if status.commit_ts is not None:
+            commit_ts = status.commit_ts
+            if commit_ts.tzinfo is None:
+                commit_ts = commit_ts.replace(tzinfo=dt.timezone.utc)
+            ts.add_metric([layer], commit_ts.timestamp())
+            fresh.add_metric([layer], max((now - commit_ts).total_seconds(), 0.0))
+    yield from (version, lsn, ts, fresh)
+
+    if snap.up.get("quarantine") and snap.quarantine_rows is not None:
+        yield GaugeMetricFamily("lakecdc_quarantine_rows",
+                                "Rows in silver/quarantine (bronze rows silver could not "
+                                "parse), from the Delta log's per-file row counts.",
+                                value=float(snap.quarantine_rows))
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+# --- registries and the HTTP exporter --------------------------------------------------------
+
+
+def add_state(registry: CollectorRegistry, config: Config, storage_options: dict | None = None,
+              max_age_s: float = 5.0) -> StateCollector:
+    collector = StateCollector(lambda: read_state(config, storage_options), max_age_s)
+    registry.register(collector)
+    return collector
+
+
+def add_process(registry: CollectorRegistry) -> None:
+    """``process_*`` (memory, CPU, open files), ``python_info`` and ``python_gc_*``."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+
+
+def parse_listen(value: str | int) -> tuple[str, int]:
+    """``"9187"`` or ``"127.0.0.1:9187"`` (``"[::1]:9187"``) → (host, port)."""
+    text = str(value).strip()
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = DEFAULT_HOST, text
+    host = host.strip("[]") or DEFAULT_HOST
+    try:
+        number = int(port)
+    except ValueError:
+        number = -1
+    if not 0 <= number <= 65535:
+        raise UserError(f"metrics port {text!r} is not a port number; use e.g. 9187 or "
+                        "127.0.0.1:9187.")
+    return host, number
+
+
+@contextmanager
+def serve(registry: CollectorRegistry, listen: str | int) -> Iterator[int]:
+    """Serve ``registry`` on ``http://HOST:PORT/metrics`` while the block runs; yields the
+    bound port (port 0 picks a free one)."""
+    host, port = parse_listen(listen)
+    try:
+        server, thread = start_http_server(port, host, registry=registry)
+    except OSError as exc:
+        raise UserError(f"cannot serve metrics on {host}:{port} ({exc.strerror or exc}); "
+                        "choose another port (--metrics-port, LAKECDC_METRICS_PORT).") from None
+    bound = server.server_port
+    log.info("serving Prometheus metrics on http://%s:%d/metrics", host, bound)
+    try:
+        yield bound
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def _storage_options(config: Config) -> dict | None:
+    from pipelines.storage import Lakehouse
+
+    return Lakehouse.from_config(config).delta_rs_options()
+
+
+def _info(registry: CollectorRegistry, config: Config) -> None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version("lakecdc")
+    except PackageNotFoundError:
+        release = "unknown"
+    Gauge("lakecdc_info", "lakecdc release and the slot it serves.", ["version", "slot"],
+          registry=registry).labels(release, config.slot).set(1)
+
+
+@contextmanager
+def pipeline_exporter(config: Config, listen: str | int | None, max_age_s: float = 5.0
+                      ) -> Iterator[PipelineMetrics | None]:
+    """For ``lakecdc run``: event + state + process metrics served while the block runs
+    (``metrics.port``: the bound port). Yields None (nothing served) when ``listen`` is
+    None."""
+    if listen is None:
+        yield None
+        return
+    metrics = PipelineMetrics()
+    add_state(metrics.registry, config, _storage_options(config), max_age_s)
+    add_process(metrics.registry)
+    _info(metrics.registry, config)
+    with serve(metrics.registry, listen) as metrics.port:
+        yield metrics
+
+
+def serve_state(config: Config, listen: str | int, stop: threading.Event) -> None:
+    """``lakecdc metrics``: state + process metrics of a pipeline running anywhere, until
+    ``stop`` is set."""
+    registry = CollectorRegistry()
+    add_state(registry, config, _storage_options(config))
+    add_process(registry)
+    _info(registry, config)
+    with serve(registry, listen):
+        stop.wait()

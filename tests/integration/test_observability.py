@@ -1,0 +1,252 @@
+"""Prometheus metrics checked against independent facts, and passwords kept out of logs.
+
+- A ``run_once`` pipeline with metrics, scraped over HTTP: each layer's rows and
+  transactions equal what its table holds (read with deltalake / SQL, not through the
+  code under test), the slot's lag equals ``pg_current_wal_lsn() - confirmed_flush_lsn``
+  measured around the scrape, ``wal_status`` is ``reserved``, positions and freshness match
+  the tables, and the quarantine count follows rows added to ``silver/quarantine``.
+- ``lakecdc metrics`` as a real subprocess: serves the state (not the events), keeps
+  serving when the dashboard cannot be reached (that part reported down), logs JSON lines
+  without the DSN's password, stops on SIGTERM with exit 0.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable
+from prometheus_client.parser import text_string_to_metric_families
+
+from bronze.ship import Shipper
+from pipelines.cli import main
+from pipelines.metrics import pipeline_exporter
+from pipelines.run import Pipeline
+from pipelines.setup_source import setup
+from tests_support import ROOT, cli_env, run_cli, wait_for
+from workload import mixed
+
+pytestmark = [pytest.mark.integration]
+
+SECRET = "Obs3rv-S3cret"
+
+
+def scrape(port: int) -> tuple[dict, str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, frozenset(s.labels.items()))] = s.value
+    return samples, text
+
+
+def value(samples: dict, name: str, **labels) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def slot_lag(source_db) -> int:
+    with source_db.connect() as conn:
+        return conn.execute("SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint "
+                            "FROM pg_replication_slots WHERE slot_name = %s",
+                            [source_db.slot]).fetchone()[0]
+
+
+def rows(path: str, columns: list[str]):
+    return DeltaTable(path).to_pyarrow_table(columns=columns)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def password_dsn(source_db) -> str:
+    """The test database's DSN with a password (trust auth: any password is accepted)."""
+    return f"postgresql://postgres:{SECRET}@{source_db.dsn.split('@', 1)[1]}"
+
+
+@pytest.mark.spark
+def test_run_once_metrics_equal_the_tables_and_the_slot(source_db, config, spark):
+    setup(config)
+    mixed(source_db.dsn, seed=21)
+    started = time.time()
+    # What `lakecdc run --metrics-port` serves; max_age_s=0: every scrape reads the state.
+    with pipeline_exporter(config, "127.0.0.1:0", max_age_s=0) as metrics:
+        Pipeline(config, spark_factory=lambda: spark, metrics=metrics).run_once()
+        port = metrics.port
+        check_run_once_metrics(source_db, config, spark, port, started)
+
+
+def check_run_once_metrics(source_db, config, spark, port, started):
+
+    bronze = rows(config.bronze_path, ["commit_lsn", "commit_ts"])
+    silver_path = config.table_path("silver", "changes")
+    silver = rows(silver_path, ["commit_lsn"])
+    assert bronze.num_rows > 100 and silver.num_rows == bronze.num_rows
+    with source_db.connect() as conn:
+        dashboard_rows = conn.execute("SELECT count(*) FROM service_stats").fetchone()[0]
+    gold = DeltaTable(config.table_path("gold", "service_stats"))
+    newest_lsn = pc.max(bronze["commit_lsn"]).as_py()
+    newest_ts = pc.max(bronze["commit_ts"]).as_py().replace(tzinfo=dt.timezone.utc)
+
+    # Streaming progress reaches the listener through Spark's asynchronous listener bus.
+    def streamed():
+        samples = scrape(port)[0]
+        return (value(samples, "lakecdc_rows_total", layer="silver"),
+                value(samples, "lakecdc_stream_input_rows_total",
+                      query="lakecdc_silver_quarantine")) == (silver.num_rows, bronze.num_rows)
+    wait_for(streamed, timeout=30, interval=0.2)
+    lag_before = slot_lag(source_db)
+    scraped_at = time.time()
+    samples, _ = scrape(port)
+    lag_after = slot_lag(source_db)
+
+    # Events: rows and transactions per layer.
+    assert value(samples, "lakecdc_rows_total", layer="bronze") == bronze.num_rows
+    assert value(samples, "lakecdc_transactions_total", layer="bronze") == \
+        len(pc.unique(bronze["commit_lsn"]))
+    assert value(samples, "lakecdc_rows_total", layer="gold") == silver.num_rows
+    assert value(samples, "lakecdc_transactions_total", layer="gold") == \
+        len(pc.unique(silver["commit_lsn"]))
+    assert value(samples, "lakecdc_rows_total", layer="dashboard") == dashboard_rows > 0
+    for layer in ("bronze", "silver", "gold", "dashboard"):
+        assert value(samples, "lakecdc_batch_duration_seconds_count", layer=layer) >= 1
+        assert value(samples, "lakecdc_batch_duration_seconds_sum", layer=layer) > 0
+        assert started <= value(samples, "lakecdc_last_batch_timestamp_seconds",
+                                layer=layer) <= scraped_at
+
+    # State: the slot, as Postgres reports it around the scrape.
+    assert lag_before <= value(samples, "lakecdc_slot_lag_bytes", slot=source_db.slot) \
+        <= lag_after
+    assert value(samples, "lakecdc_slot_exists", slot=source_db.slot) == 1
+    assert value(samples, "lakecdc_slot_wal_status", slot=source_db.slot,
+                 wal_status="reserved") == 1
+    assert [value(samples, "lakecdc_slot_wal_status", slot=source_db.slot, wal_status=s)
+            for s in ("extended", "unreserved", "lost")] == [0, 0, 0]
+    # State: every layer holds (gold and the dashboard: exactly up to) the newest change.
+    for layer in ("bronze", "silver", "gold", "dashboard"):
+        assert value(samples, "lakecdc_state_up", part=layer) == 1
+        assert value(samples, "lakecdc_layer_commit_lsn_bytes", layer=layer) == newest_lsn
+        assert value(samples, "lakecdc_layer_source_commit_timestamp_seconds",
+                     layer=layer) == pytest.approx(newest_ts.timestamp(), abs=1e-3)
+        assert 0 < value(samples, "lakecdc_layer_freshness_seconds", layer=layer) <= \
+            time.time() - newest_ts.timestamp()
+    assert value(samples, "lakecdc_layer_version", layer="bronze") == \
+        DeltaTable(config.bronze_path).version()
+    assert value(samples, "lakecdc_layer_version", layer="gold") == gold.version() == \
+        value(samples, "lakecdc_layer_version", layer="dashboard")
+    assert value(samples, "lakecdc_quarantine_rows") == 0
+    assert [dict(labels)["slot"] for (name, labels), v in samples.items()
+            if name == "lakecdc_info" and v == 1] == [source_db.slot]
+    assert value(samples, "process_resident_memory_bytes") > 0
+
+    # Quarantine: rows appear in the count as they land in the table.
+    from silver.schema import SILVER_QUARANTINE
+    quarantine_path = config.table_path("silver", "quarantine")
+    now = dt.datetime.now(dt.timezone.utc)
+    poison = [(newest_lsn + 1, i, 2, newest_lsn + 1, now, "I", "unparseable JSON", "{oops",
+               now) for i in range(2)]
+    spark.createDataFrame(poison, SILVER_QUARANTINE).write.format("delta").mode(
+        "append").save(quarantine_path)
+    samples, _ = scrape(port)
+    assert value(samples, "lakecdc_quarantine_rows") == \
+        DeltaTable(quarantine_path).to_pyarrow_dataset().count_rows() == 2
+
+
+def test_metrics_command_serves_state_with_a_part_down_and_no_password(
+        source_db, config, tmp_path):
+    setup(config)
+    mixed(source_db.dsn, seed=22)
+    Shipper(config).run(once=True)
+    bronze = rows(config.bronze_path, ["commit_lsn"])
+
+    env = {**cli_env(config),
+           "LAKECDC_SOURCE_DSN": password_dsn(source_db),
+           "LAKECDC_DASHBOARD_DSN": f"postgresql://postgres:{SECRET}@127.0.0.1:{free_port()}"
+                                    f"/nowhere",
+           "LAKECDC_LOG_FORMAT": "json"}
+    port = free_port()
+    stderr_path = tmp_path / "metrics.stderr"
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "pipelines", "metrics", "--port",
+                                 f"127.0.0.1:{port}"], env=env, cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        def served():
+            try:
+                return scrape(port)
+            except OSError:
+                assert proc.poll() is None, stderr_path.read_text()
+                return None
+        wait_for(lambda: served() is not None, timeout=60, interval=0.2)
+        samples, text = scrape(port)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    err = stderr_path.read_text()
+    assert code == 0, err
+
+    assert value(samples, "lakecdc_slot_wal_status", slot=source_db.slot,
+                 wal_status="reserved") == 1
+    assert value(samples, "lakecdc_layer_version", layer="bronze") == \
+        DeltaTable(config.bronze_path).version()
+    assert value(samples, "lakecdc_layer_commit_lsn_bytes", layer="bronze") == \
+        pc.max(bronze["commit_lsn"]).as_py()
+    assert value(samples, "lakecdc_slot_lag_bytes", slot=source_db.slot) >= 0
+    ups = {part: value(samples, "lakecdc_state_up", part=part)
+           for part in ("source", "bronze", "silver", "gold", "quarantine", "dashboard")}
+    assert ups == {"source": 1, "bronze": 1, "silver": 1, "gold": 1, "quarantine": 1,
+                   "dashboard": 0}
+    assert value(samples, "lakecdc_layer_version", layer="dashboard") is None
+    assert value(samples, "process_resident_memory_bytes") > 0
+    assert "lakecdc_rows_total" not in text            # events belong to the running stages
+    assert SECRET not in text
+
+    records = [json.loads(line) for line in err.splitlines()]      # every line is JSON
+    assert any(r["message"].startswith("serving Prometheus metrics on http://127.0.0.1:")
+               for r in records)
+    down = [r for r in records if r["level"] == "WARNING" and "dashboard" in r["message"]]
+    assert down and "postgresql://postgres:***@" in down[0]["message"]
+    assert SECRET not in err
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_shipper_run_with_a_password_in_the_dsn_never_logs_it(source_db, config, fmt):
+    setup(config)
+    mixed(source_db.dsn, seed=23)
+    env = {**cli_env(config), "LAKECDC_SOURCE_DSN": password_dsn(source_db),
+           "LAKECDC_LOG_FORMAT": fmt}
+    result = run_cli(["-v", "ship", "--once"], env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("shipped ")
+    lines = result.stderr.splitlines()
+    assert any("shipped" in line for line in lines)        # -v: the batch lines are there
+    if fmt == "json":
+        assert all(json.loads(line)["logger"].startswith("lakecdc") for line in lines)
+    assert SECRET not in result.stdout + result.stderr
+
+
+def test_run_metrics_port_in_use_is_one_sentence_exit_2(config, capsys, monkeypatch):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        monkeypatch.setenv("LAKECDC_METRICS_PORT", f"127.0.0.1:{port}")
+        code = main(["--source-dsn", config.source_dsn, "--lakehouse", config.lakehouse,
+                     "--slot", config.slot, "run", "--once"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"lakecdc: error: cannot serve metrics on 127.0.0.1:{port}" in err
+    assert main(["--source-dsn", config.source_dsn, "run", "--once",
+                 "--metrics-port", "localhost:http"]) == 2
+    assert "is not a port number" in capsys.readouterr().err
