@@ -95,6 +95,8 @@ class ShipTotals:
     transactions: int = 0
     commits: int = 0
     read_rows: int = 0
+    heartbeats: int = 0     # heartbeats sent (bronze/heartbeat.py)
+    reconnects: int = 0     # times the source went away and the shipper reconnected
 
 
 class Shipper:
@@ -295,7 +297,7 @@ class Shipper:
                 committed = True
             elif new.end_lsn > progress.end_lsn and (
                     force_progress or full or self._progress_due()
-                    or False):
+                    or self.heartbeat.passed(summary.last_lsn)):
                 # Only transactions without captured changes (uncaptured tables, our own
                 # heartbeats): record that they were passed over so the slot can move and
                 # release WAL.
@@ -371,6 +373,7 @@ class Shipper:
                 stop.wait(self.config.poll_interval_s)
         finally:
             conn.close()
+            totals.heartbeats, totals.reconnects = self.heartbeat.sent, self.reconnects
         return totals
 
     def _step(self, conn: psycopg.Connection, progress: Progress, once: bool
@@ -383,7 +386,15 @@ class Shipper:
         return self.ship_batch(conn, progress, force_progress=once)
 
     def _send_heartbeat(self, conn: psycopg.Connection, state: slots.SlotState) -> None:
-        lsn = heartbeats.emit(conn, self.config.slot)
+        try:
+            lsn = heartbeats.emit(conn, self.config.slot)
+        except psycopg.errors.InsufficientPrivilege:
+            raise UserError("the shipper's role may not call pg_logical_emit_message, which "
+                            "heartbeats need: GRANT EXECUTE ON FUNCTION "
+                            "pg_logical_emit_message(boolean, text, text) to it, or turn "
+                            "heartbeats off with LAKECDC_HEARTBEAT_INTERVAL=0 (WAL written "
+                            "elsewhere then stays pinned while the captured tables are idle; "
+                            "docs/operations.md).") from None
         self.heartbeat.sent_one(lsn)
         log.debug("heartbeat at %s (slot %s lag %s)", fmt(lsn), self.config.slot,
                   _size(state.lag_bytes))

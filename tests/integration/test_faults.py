@@ -318,13 +318,21 @@ def test_kill_9_of_the_run_process_group_in_the_gold_batch_and_mid_flight_ends_e
     (F12); the rest of the group - the Spark JVM and its workers - gets SIGKILL. Cycle 2:
     restarted, and SIGKILLed as a group as soon as the dashboard has moved again, with the
     shipper, silver, gold and the push all busy. Then a drain, and I1-I5."""
+    from bronze.ship import Shipper
     from soak import Positions, Soak
 
+    # The fault point is passed in every gold batch, MERGE or not, and a new gold
+    # checkpoint's batch 0 is the empty snapshot of silver's creation. With changes in
+    # bronze before the run starts, silver's first commit has rows and gold's batch 1
+    # merges them: the 2nd pass is right after a real MERGE commit.
+    wait_for(lambda: Shipper(config).run(once=True).changes > 0, timeout=60)
     soak = Soak(config, tmp_path)
-    crashed = soak.cycle(fault="after_gold_merge:1")
+    crashed = soak.cycle(fault="after_gold_merge:2")
     assert crashed.exit_code == 137
     gold = DeltaTable(config.table_path("gold", "service_stats"))
-    batch = json.loads(gold.history(1)[0]["userMetadata"])["batch_id"]
+    last = gold.history(1)[0]
+    assert last["operation"] == "MERGE", last
+    batch = json.loads(last["userMetadata"])["batch_id"]
     checkpoint = Path(config.lakehouse) / "_checkpoints" / "gold"
     assert (checkpoint / "offsets" / str(batch)).exists()
     assert not (checkpoint / "commits" / str(batch)).exists(), \

@@ -307,10 +307,11 @@ def test_stream_truncate_stops_loudly_then_a_seeded_rebuild_resumes_exactly(spar
     gold = str(tmp_path / "gold" / "service_stats")
     with pytest.raises(GoldStopped, match="TRUNCATE of public.notifications"):
         run_gold(spark, silver, gold, str(tmp_path / "ck1"), once=True)
-    # The rebuild: a new gold seeded with the source's counts at the truncate's LSN (the
-    # source is empty then), a new checkpoint; later changes apply on top.
+    # The rebuild: a new gold seeded with the source's counts at a consistent point just
+    # after the truncate's commit (the source is empty then: commits below the point are in
+    # the snapshot), a new checkpoint; later changes apply on top.
     shutil.rmtree(tmp_path / "gold")
-    seed_at = sim.lsn
+    seed_at = sim.lsn + 1
     paths = GoldPaths.beside(gold)
     ensure_gold_tables(spark, paths)
     assert seed_gold(spark, gold, spark.createDataFrame([], "service_id string, "

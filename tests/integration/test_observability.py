@@ -27,7 +27,6 @@ from deltalake import DeltaTable
 from prometheus_client.parser import text_string_to_metric_families
 
 from bronze.ship import Shipper
-from pipelines.cli import main
 from pipelines.metrics import pipeline_exporter
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
@@ -236,17 +235,14 @@ def test_a_shipper_run_with_a_password_in_the_dsn_never_logs_it(source_db, confi
     assert SECRET not in result.stdout + result.stderr
 
 
-def test_run_metrics_port_in_use_is_one_sentence_exit_2(config, capsys, monkeypatch):
+def test_run_metrics_port_in_use_is_one_sentence_exit_2(config):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        monkeypatch.setenv("LAKECDC_METRICS_PORT", f"127.0.0.1:{port}")
-        code = main(["--source-dsn", config.source_dsn, "--lakehouse", config.lakehouse,
-                     "--slot", config.slot, "run", "--once"])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert f"lakecdc: error: cannot serve metrics on 127.0.0.1:{port}" in err
-    assert main(["--source-dsn", config.source_dsn, "run", "--once",
-                 "--metrics-port", "localhost:http"]) == 2
-    assert "is not a port number" in capsys.readouterr().err
+        env = {**cli_env(config), "LAKECDC_METRICS_PORT": f"127.0.0.1:{port}"}
+        result = run_cli(["run", "--once"], env, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"lakecdc: error: cannot serve metrics on 127.0.0.1:{port}")
+    result = run_cli(["run", "--once", "--metrics-port", "localhost:http"], cli_env(config))
+    assert result.returncode == 2 and "is not a port number" in result.stderr

@@ -20,11 +20,12 @@ import psycopg
 import pytest
 from deltalake import DeltaTable
 
-from bronze.heartbeat import MIN_LAG_BYTES
+from bronze.heartbeat import MIN_LAG_BYTES, Heartbeat
 from bronze.heartbeat import PREFIX as HEARTBEAT_PREFIX
-from bronze.ship import Shipper
+from bronze.ship import Shipper, _transient
 from infra.localpg import LocalPostgres
 from pipelines.config import Config
+from pipelines.errors import UserError
 from pipelines.setup_source import setup
 from tests_support import ROOT, cli_env, run_cli, wait_for
 from truth import Witness, check_bronze
@@ -106,6 +107,46 @@ def other_db_wal(cluster: LocalPostgres, megabytes: int) -> None:
         for _ in range(megabytes):
             conn.execute("SELECT pg_logical_emit_message(false, 'elsewhere', repeat('y', %s))",
                          [MB])
+
+
+# --- the rules, without a server ----------------------------------------------------------
+
+def test_heartbeat_is_due_only_when_the_slot_stood_still_and_the_wal_ran_ahead():
+    hb = Heartbeat(interval_s=30)
+    assert not hb.due(10 * MB, slot_moved_at=100, now=120)         # moved 20 s ago
+    assert not hb.due(MIN_LAG_BYTES - 1, slot_moved_at=0, now=120)  # nothing worth it
+    assert not hb.due(None, slot_moved_at=0, now=120)
+    assert hb.due(MIN_LAG_BYTES, slot_moved_at=0, now=120)
+    hb.sent_one(lsn=5000, now=120)
+    assert not hb.due(10 * MB, slot_moved_at=0, now=130)           # one in flight
+    assert not hb.passed(5000) and hb.passed(5040) and not hb.passed(None)
+    hb.recorded()
+    assert not hb.passed(5040)
+    assert not Heartbeat(interval_s=0).due(10 * MB, slot_moved_at=0, now=1e6)
+
+
+def test_only_a_vanished_session_is_retried():
+    assert _transient(psycopg.OperationalError("server closed the connection"), None)
+    assert _transient(psycopg.errors.AdminShutdown("terminating connection"), None)
+    assert _transient(psycopg.errors.CannotConnectNow("the database system is starting up"),
+                      None)
+    assert not _transient(psycopg.errors.QueryCanceled("statement timeout"), None)
+    assert not _transient(psycopg.errors.ObjectNotInPrerequisiteState("slot invalidated"),
+                          None)
+    assert not _transient(psycopg.errors.UndefinedObject("slot does not exist"), None)
+    assert not _transient(OSError("disk full"), None)
+
+
+@pytest.mark.parametrize("value,ok", [("0", 0.0), ("2.5", 2.5), ("abc", None), ("-1", None)])
+def test_heartbeat_interval_from_the_environment(value, ok):
+    env = {"LAKECDC_HEARTBEAT_INTERVAL": value}
+    if ok is None:
+        with pytest.raises(UserError, match="LAKECDC_HEARTBEAT_INTERVAL"):
+            Config.load(env=env)
+    else:
+        assert Config.load(env=env).heartbeat_interval_s == ok
+    assert Config.load(env={}).heartbeat_interval_s == 30
+    assert Config.load(env={"LAKECDC_RECONNECT_MAX_BACKOFF": "5"}).reconnect_max_backoff_s == 5
 
 
 # --- heartbeats -------------------------------------------------------------------------

@@ -119,10 +119,8 @@ def test_unexpected_failure_exit_3_traceback_is_redacted(capsys, monkeypatch, fm
     assert "password=***" in err
     assert SECRET not in err
     log_line = next(line for line in err.splitlines() if "about to fail" in line)
-    if fmt == "json":
-        assert json.loads(log_line)["message"].endswith("postgresql://lakecdc:***@127.0.0.1:5/notify")
-    else:
-        assert log_line.endswith("about to fail on postgresql://lakecdc:***@127.0.0.1:5/notify")
+    redacted = "about to fail on postgresql://lakecdc:***@127.0.0.1:5/notify"
+    assert (json.loads(log_line)["message"] if fmt == "json" else log_line).endswith(redacted)
 
 
 def test_unknown_log_format_is_a_usage_error(capsys):
