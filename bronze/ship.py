@@ -339,13 +339,15 @@ class Shipper:
             while not stop.is_set():
                 try:
                     result, progress = self._step(conn, progress, once)
+                    # --once: drained, but the WAL is far ahead: one heartbeat, one more batch.
+                    again = once and not result.full and self._heartbeat_after_drain(conn)
                 except Exception as exc:
                     self._diagnose(exc, conn)          # raises unless the source went away
                     conn.close()
                     if once:
                         raise UserError(
                             f"lost the source {redact(self.config.require_source())} during "
-                            f"`ship --once` ({_first_line(exc)}); nothing was advanced past "
+                            f"a --once run ({_first_line(exc)}); nothing was advanced past "
                             f"bronze's last commit: rerun it, or run `lakecdc ship`, which "
                             f"reconnects by itself.") from None
                     reconnected = self._reconnect(stop, exc)
@@ -364,11 +366,9 @@ class Shipper:
                     log.debug("shipped %d changes in %d transactions in %.2fs (up to %s)",
                              result.changes, result.transactions, result.seconds,
                              fmt(progress.commit_lsn))
-                if result.full:
+                if result.full or again:
                     continue
                 if once:
-                    if self._heartbeat_after_drain(conn):
-                        continue                        # one more batch passes over it
                     break
                 stop.wait(self.config.poll_interval_s)
         finally:
@@ -446,7 +446,8 @@ class Shipper:
         while disconnected stops the shipper with its recovery command."""
         dsn = redact(self.config.require_source())
         started = time.monotonic()
-        delay, attempt, last = RETRY_FIRST_S, 0, exc
+        delay = min(RETRY_FIRST_S, self.config.reconnect_max_backoff_s)
+        attempt, last = 0, exc
         while True:
             attempt += 1
             log.warning("source %s unreachable (%s); reconnect attempt %d in %.1fs", dsn,

@@ -19,6 +19,11 @@ from pipelines.captured import IDENTITY_COLUMNS, identity_index_name
 from pipelines.errors import UserError, redact
 
 
+class Unreachable(UserError):
+    """The server did not answer (down, restarting, network): a loop that has worked
+    before may retry; at start-up it is a configuration problem like any other."""
+
+
 def connect(dsn: str, what: str = "source", **kwargs) -> psycopg.Connection:
     try:
         return psycopg.connect(dsn, autocommit=True, connect_timeout=10, **kwargs)
@@ -26,7 +31,7 @@ def connect(dsn: str, what: str = "source", **kwargs) -> psycopg.Connection:
         raise UserError(f"the {what} DSN is not a valid connection string "
                         f"({_first_line(exc)}); use postgresql://user@host:port/dbname.") from None
     except psycopg.OperationalError as exc:
-        raise UserError(f"cannot connect to the {what} database {redact(dsn)}: "
+        raise Unreachable(f"cannot connect to the {what} database {redact(dsn)}: "
                         f"{_first_line(exc)}; check the DSN, that the server is up and "
                         "that pg_hba.conf admits this client.") from None
 

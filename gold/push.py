@@ -43,7 +43,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from psycopg import sql
 
-from bronze.source import connect
+from bronze.source import Unreachable, connect
 from gold import parse_commit_metadata
 from pipelines.captured import DIMS
 from pipelines.errors import UserError
@@ -115,17 +115,20 @@ def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
              storage_options: dict | None = None) -> list[PushResult]:
     """Push until ``stop`` is set (``once``: a single push). Returns the pushes that wrote.
 
-    A lost connection or a gold read that fails is retried at the next interval; problems
-    a person must fix (``UserError``) end the loop.
+    A lost connection, a dashboard that cannot be reached once it has been (a restart) or
+    a gold read that fails is retried at the next interval; problems a person must fix
+    (``UserError``, or no connection at the very first push) end the loop.
     """
     done: list[PushResult] = []
+    reached = False
     while True:
         try:
             result = push_once(gold_path, dashboard_dsn, storage_options)
+            reached = True
             if result.pushed:
                 done.append(result)
-        except (psycopg.OperationalError, DeltaError, OSError) as exc:
-            if once:
+        except (psycopg.OperationalError, DeltaError, OSError, Unreachable) as exc:
+            if once or (isinstance(exc, Unreachable) and not reached):
                 raise
             log.warning("push failed, retrying in %.0fs: %s", interval_s, exc)
         if once or stop.wait(interval_s):

@@ -419,13 +419,13 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("lakecdc: aborted", err=True)
         return 2
     except click.ClickException as exc:
-        click.echo(f"lakecdc: {exc.format_message()}", err=True)
+        click.echo(f"lakecdc: {redact(exc.format_message())}", err=True)
         return 2
     except UserError as exc:
         click.echo(f"lakecdc: error: {redact(str(exc))}", err=True)
         return 2
     except DriftFound as exc:
-        click.echo(f"lakecdc: drift: {exc}", err=True)
+        click.echo(f"lakecdc: drift: {redact(str(exc))}", err=True)
         return 1
     except Exception:
         # Not the user's doing: keep the traceback (passwords redacted), and keep exit 1

@@ -55,8 +55,10 @@ def exclusive(dsn: str, name: str, busy: str, what: str = "dashboard") -> Iterat
         try:
             yield
         finally:
-            if not conn.closed:
+            try:
                 conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [name])
+            except psycopg.Error:
+                pass    # the session is gone (server restart): so is its lock
 
 
 @contextmanager

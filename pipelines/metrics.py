@@ -175,11 +175,13 @@ class StateSnapshot:
     layers: dict = field(default_factory=dict)      # layer -> pipelines.status.LayerStatus
     quarantine_rows: int | None = None
     up: dict[str, bool] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)     # part -> why it failed
     seconds: float = 0.0
 
 
 def read_state(config: Config, storage_options: dict | None = None) -> StateSnapshot:
-    """Read every part as ``lakecdc status`` does; a failing part is marked down, not raised."""
+    """Read every part as ``lakecdc status`` does; a failing part is marked down with its
+    error (redacted), not raised."""
     from pipelines import status
 
     started = time.monotonic()
@@ -197,7 +199,7 @@ def read_state(config: Config, storage_options: dict | None = None) -> StateSnap
             snap.up[part] = True
         except Exception as exc:
             snap.up[part] = False
-            log.warning("metrics: cannot read %s: %s", part, redact(_one_line(exc)))
+            snap.errors[part] = redact(_one_line(exc))
     snap.seconds = time.monotonic() - started
     return snap
 
@@ -241,7 +243,15 @@ class StateCollector:
                         redact(_one_line(exc)))
             return
         with self._lock:
-            self._snap, self._read_at = snap, time.monotonic()
+            previous, self._snap, self._read_at = self._snap, snap, time.monotonic()
+        # A part going down is a warning once, not at every scrape.
+        for part, error in snap.errors.items():
+            was_up = previous is None or previous.up.get(part, True)
+            log.log(logging.WARNING if was_up else logging.DEBUG,
+                    "metrics: cannot read %s: %s", part, error)
+        if previous is not None:
+            for part in previous.errors.keys() - snap.errors.keys():
+                log.info("metrics: %s can be read again", part)
 
     def describe(self):
         return []          # no up-front collect() at registration: it would query Postgres
@@ -290,6 +300,9 @@ def state_families(snap: StateSnapshot, now: dt.datetime) -> Iterator[GaugeMetri
                     ("lakecdc_slot_safe_wal_size_bytes",
                      "WAL bytes that can still be written before the slot is invalidated "
                      "(absent when max_slot_wal_keep_size is unlimited).", slot.safe_wal_size),
+                    ("lakecdc_source_max_slot_wal_keep_size_bytes",
+                     "The source's max_slot_wal_keep_size (absent when unlimited).",
+                     slot.max_slot_wal_keep_size),
                     ("lakecdc_slot_confirmed_flush_lsn_bytes",
                      "The slot's confirmed_flush_lsn as a byte position.",
                      slot.confirmed_flush_lsn),

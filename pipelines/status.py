@@ -52,6 +52,7 @@ class SlotStatus:
     active_pid: int | None
     safe_wal_size: int | None = None      # bytes before the slot is at risk (PG >= 13)
     current_wal_lsn: int | None = None
+    max_slot_wal_keep_size: int | None = None    # bytes; None: unlimited (or PG < 13)
 
 
 def slot_status(config: Config) -> SlotStatus | None:
@@ -62,15 +63,18 @@ def slot_status(config: Config) -> SlotStatus | None:
         if state is None:
             return None
         try:
-            row = conn.execute(
-                "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint, safe_wal_size "
-                "FROM pg_replication_slots WHERE slot_name = %s", [config.slot]).fetchone()
+            row = conn.execute("""
+                SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint, s.safe_wal_size,
+                       (SELECT nullif(setting::bigint, -1) * 1024 * 1024 FROM pg_settings
+                        WHERE name = 'max_slot_wal_keep_size')
+                FROM pg_replication_slots s WHERE s.slot_name = %s""",
+                               [config.slot]).fetchone()
         except psycopg.errors.UndefinedColumn:      # safe_wal_size: PostgreSQL >= 13
             row = None
-        current, safe = row or (None, None)
+        current, safe, keep = row or (None, None, None)
     return SlotStatus(config.slot, state.wal_status, state.lag_bytes,
                       state.confirmed_flush_lsn, state.restart_lsn, state.active_pid,
-                      safe, current)
+                      safe, current, keep)
 
 
 def _max_stat(table: DeltaTable, column: str):
@@ -168,7 +172,8 @@ def collect(config: Config, storage_options: dict | None = None) -> dict:
             "name": state.name, "wal_status": state.wal_status, "lag_bytes": state.lag_bytes,
             "confirmed_flush_lsn": fmt(state.confirmed_flush_lsn),
             "restart_lsn": fmt(state.restart_lsn), "active_pid": state.active_pid,
-            "safe_wal_size": state.safe_wal_size},
+            "safe_wal_size": state.safe_wal_size,
+            "max_slot_wal_keep_size": state.max_slot_wal_keep_size},
         "layers": [{**asdict(l), "commit_lsn": fmt(l.commit_lsn) if l.commit_lsn else None,
                     "commit_ts": l.commit_ts.isoformat() if l.commit_ts else None,
                     "freshness_s": l.freshness_s(now)} for l in layers],

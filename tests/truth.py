@@ -37,7 +37,9 @@ class Witness:
             rows = conn.execute(
                 "SELECT data FROM pg_logical_slot_peek_changes(%s, NULL, NULL, "
                 "'format-version', '2', 'include-xids', '1', 'include-timestamp', '1', "
-                "'include-lsn', '1', 'add-tables', %s)", [self.name, self.tables]).fetchall()
+                "'include-lsn', '1', 'add-tables', %s, "
+                "'filter-msg-prefixes', 'lakecdc.heartbeat')",   # as the shipper asks
+                [self.name, self.tables]).fetchall()
         result: dict[int, list[str]] = {}
         current: list[str] | None = None
         commit = None

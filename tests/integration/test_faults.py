@@ -299,7 +299,7 @@ def traffic(source_db):
 
     stop = threading.Event()
     load = Traffic(source_db.dsn, seed=31)
-    thread = threading.Thread(target=load.run, args=(stop, 0.2, 10))
+    thread = threading.Thread(target=load.run, args=(stop, 0.5, 5))
     thread.start()
 
     def halt() -> int:
@@ -338,8 +338,8 @@ def test_kill_9_of_the_run_process_group_in_the_gold_batch_and_mid_flight_ends_e
     assert not (checkpoint / "commits" / str(batch)).exists(), \
         "the kill was meant to land between the MERGE and the checkpoint"
 
-    pushed = Positions.read(config).pushed
-    busy = soak.cycle(until=lambda: Positions.read(config).pushed > pushed)
+    silver = Positions.read(config).silver
+    busy = soak.cycle(until=lambda: Positions.read(config).silver > silver)
     assert "java" in busy.killed, busy.killed              # the JVM died with the group
     assert traffic() > 0
     pipeline.run_once()

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -145,6 +147,9 @@ def check_run_once_metrics(source_db, config, spark, port, started):
     assert value(samples, "lakecdc_layer_version", layer="gold") == gold.version() == \
         value(samples, "lakecdc_layer_version", layer="dashboard")
     assert value(samples, "lakecdc_quarantine_rows") == 0
+    assert value(samples, "lakecdc_slot_safe_wal_size_bytes", slot=source_db.slot) is None
+    assert value(samples, "lakecdc_source_max_slot_wal_keep_size_bytes",
+                 slot=source_db.slot) is None                 # unlimited on this cluster
     assert [dict(labels)["slot"] for (name, labels), v in samples.items()
             if name == "lakecdc_info" and v == 1] == [source_db.slot]
     assert value(samples, "process_resident_memory_bytes") > 0
@@ -162,8 +167,37 @@ def check_run_once_metrics(source_db, config, spark, port, started):
         DeltaTable(quarantine_path).to_pyarrow_dataset().count_rows() == 2
 
 
+def fail_lsn(source_db) -> int:
+    """Where the slot would be invalidated: safe_wal_size + the current WAL position. It
+    moves only when restart_lsn enters another segment (16 MB steps), unlike either part."""
+    with source_db.connect() as conn:
+        return conn.execute("SELECT safe_wal_size + (pg_current_wal_lsn() - '0/0')::bigint "
+                            "FROM pg_replication_slots WHERE slot_name = %s",
+                            [source_db.slot]).fetchone()[0]
+
+
+@pytest.fixture
+def keep_1gb(source_db):
+    """``max_slot_wal_keep_size = 1GB`` on the shared cluster for one test (reloadable)."""
+    def set_keep(value: str | None) -> None:
+        with source_db.connect() as conn:
+            conn.execute(f"ALTER SYSTEM {'RESET' if value is None else 'SET'} "
+                         f"max_slot_wal_keep_size{'' if value is None else ' = ' + value}")
+            conn.execute("SELECT pg_reload_conf()")
+
+    def current() -> str:
+        with source_db.connect() as conn:
+            return conn.execute("SHOW max_slot_wal_keep_size").fetchone()[0]
+
+    set_keep("'1GB'")
+    wait_for(lambda: current() == "1GB", timeout=10)
+    yield
+    set_keep(None)
+    wait_for(lambda: current() == "-1", timeout=10)
+
+
 def test_metrics_command_serves_state_with_a_part_down_and_no_password(
-        source_db, config, tmp_path):
+        source_db, config, tmp_path, keep_1gb):
     setup(config)
     mixed(source_db.dsn, seed=22)
     Shipper(config).run(once=True)
@@ -175,6 +209,7 @@ def test_metrics_command_serves_state_with_a_part_down_and_no_password(
                                     f"/nowhere",
            "LAKECDC_LOG_FORMAT": "json"}
     port = free_port()
+    fail_before = fail_lsn(source_db)
     stderr_path = tmp_path / "metrics.stderr"
     with open(stderr_path, "w") as stderr:
         proc = subprocess.Popen([sys.executable, "-m", "pipelines", "metrics", "--port",
@@ -187,8 +222,11 @@ def test_metrics_command_serves_state_with_a_part_down_and_no_password(
             except OSError:
                 assert proc.poll() is None, stderr_path.read_text()
                 return None
-        wait_for(lambda: served() is not None, timeout=60, interval=0.2)
-        samples, text = scrape(port)
+        scraped = []
+        wait_for(lambda: scraped.append(served()) or scraped[-1] is not None, timeout=60,
+                 interval=0.2)
+        samples, text = scraped[-1]              # the exporter's first read of the state
+        fail_after = fail_lsn(source_db)
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
@@ -202,6 +240,11 @@ def test_metrics_command_serves_state_with_a_part_down_and_no_password(
     assert value(samples, "lakecdc_layer_commit_lsn_bytes", layer="bronze") == \
         pc.max(bronze["commit_lsn"]).as_py()
     assert value(samples, "lakecdc_slot_lag_bytes", slot=source_db.slot) >= 0
+    assert value(samples, "lakecdc_source_max_slot_wal_keep_size_bytes",
+                 slot=source_db.slot) == 1 << 30
+    scraped_fail = value(samples, "lakecdc_slot_safe_wal_size_bytes", slot=source_db.slot) \
+        + value(samples, "lakecdc_source_wal_lsn_bytes", slot=source_db.slot)
+    assert min(abs(scraped_fail - f) for f in (fail_before, fail_after)) < 1 << 20
     ups = {part: value(samples, "lakecdc_state_up", part=part)
            for part in ("source", "bronze", "silver", "gold", "quarantine", "dashboard")}
     assert ups == {"source": 1, "bronze": 1, "silver": 1, "gold": 1, "quarantine": 1,
@@ -246,3 +289,38 @@ def test_run_metrics_port_in_use_is_one_sentence_exit_2(config):
     assert result.stderr.startswith(f"lakecdc: error: cannot serve metrics on 127.0.0.1:{port}")
     result = run_cli(["run", "--once", "--metrics-port", "localhost:http"], cli_env(config))
     assert result.returncode == 2 and "is not a port number" in result.stderr
+
+
+def test_state_reads_are_shared_and_a_hung_read_does_not_block_scrapes(caplog):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from pipelines.metrics import StateCollector, StateSnapshot
+
+    reads, release = [], threading.Event()
+
+    def read() -> StateSnapshot:
+        reads.append(time.monotonic())
+        if len(reads) == 3:
+            release.wait(30)                 # the source hangs on the third read
+        down = len(reads) >= 2
+        return StateSnapshot(time.time(), up={"source": not down},
+                             errors={"source": "connection refused"} if down else {})
+
+    collector = StateCollector(read, max_age_s=3600, wait_s=0.2)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    with caplog.at_level(logging.DEBUG, logger="lakecdc.metrics"):
+        for _ in range(3):                   # one read serves scrapes within max_age_s
+            assert b'lakecdc_state_up{part="source"} 1.0' in generate_latest(registry)
+        assert len(reads) == 1
+        collector.max_age_s = 0
+        assert b'lakecdc_state_up{part="source"} 0.0' in generate_latest(registry)
+        started = time.monotonic()
+        hung = generate_latest(registry)     # the read hangs: the last one is served
+        assert time.monotonic() - started < 5 and len(reads) == 3
+        assert b'lakecdc_state_up{part="source"} 0.0' in hung
+        release.set()
+        wait_for(lambda: not collector._worker.is_alive(), timeout=10)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in warnings] == \
+        ["metrics: cannot read source: connection refused"]    # once, not at every read
