@@ -11,10 +11,12 @@ What one run does:
 2. runs ``pipelines.traffic.Traffic`` in a thread for the whole soak (inserts, status
    transitions, archival moves, hard deletes, rollbacks);
 3. ``--cycles`` times: starts ``lakecdc run`` (the real CLI, continuous) in its own process
-   group, lets it run a random 0.5-``--max-kill-s`` seconds, then sends SIGKILL to the
-   whole group - the Python driver, the Spark JVM and its Python workers at once - and
-   waits until no process of the group is left and Postgres has let go of the dead
-   sessions (their advisory locks and the slot), then restarts it;
+   group and sends SIGKILL to the whole group - the Python driver, the Spark JVM and its
+   Python workers at once - either a random 0.5-``--max-kill-s`` seconds after the start or,
+   for a ``--streaming-fraction`` of the cycles, a random 0-15 s after silver committed in
+   that cycle (so kills also land inside the streams, gold and the push, not only in the
+   JVM's start-up); waits until no process of the group is left and Postgres has let go of
+   the dead sessions (their advisory locks and the slot), then restarts it;
 4. stops the traffic, drains with ``lakecdc run --once`` and checks RELIABILITY.md's
    I1-I5 exactly (``tests/invariants.py``); prints a summary and exits 0 only if exact.
 
@@ -120,7 +122,8 @@ class RunProcess:
         return alive
 
     def tail(self, chars: int = 3000) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")[-chars:]
 
 
@@ -194,10 +197,11 @@ class Soak:
                           self.log_dir / f"run-{len(self.cycles):03d}.log")
 
     def cycle(self, run_for_s: float | None = None, fault: str = "",
-              until=None, timeout: float = 600) -> Cycle:
-        """One cycle. Kill after ``run_for_s`` seconds, or once ``until()`` is true, or - with
-        a ``fault`` point - once the process ended itself there (then the rest of its group
-        is killed). A run that exits on its own otherwise is a failure."""
+              until=None, then_s: float = 0.0, timeout: float = 600) -> Cycle:
+        """One cycle. Kill after ``run_for_s`` seconds, or ``then_s`` seconds after
+        ``until()`` became true, or - with a ``fault`` point - once the process ended itself
+        there (then the rest of its group is killed). A run that exits on its own otherwise
+        is a failure."""
         before = Positions.read(self.config)
         started = time.monotonic()
         run = self.start(fault)
@@ -210,8 +214,10 @@ class Soak:
         elif until is not None:
             wait_until(lambda: until() or run.proc.poll() is not None, timeout,
                        "the run made the expected progress", interval=0.2)
+            deadline = time.monotonic() + then_s
         else:
             deadline = started + (run_for_s or 0)
+        if not fault:
             while time.monotonic() < deadline and run.proc.poll() is None:
                 time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
         if fault == "" and run.proc.poll() is not None:
@@ -259,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-kill-s", type=float, default=40.0,
                         help="upper bound of the random run time before the kill (JVM "
                              "start-up and the first batches take ~20-40 s here)")
+    parser.add_argument("--streaming-fraction", type=float, default=0.5,
+                        help="share of cycles killed a random 0-15 s after silver committed "
+                             "in that cycle (the streams and gold running), instead of at a "
+                             "random time from the start")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--traffic-interval", type=float, default=0.3,
                         help="seconds between traffic steps (20 inserts + updates each)")
@@ -272,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
 
     base = args.keep or Path(tempfile.mkdtemp(prefix="lakecdc-soak-"))
     base.mkdir(parents=True, exist_ok=True)
+    os.chmod(base, 0o755)              # the cluster below runs as the postgres user
     (base / "logs").mkdir(exist_ok=True)
     rng = random.Random(args.seed)
     started = time.monotonic()
@@ -287,7 +298,12 @@ def main(argv: list[str] | None = None) -> int:
         witness = Witness(config.source_dsn, "lakecdc_soak_witness")
         writer.start()
         for n in range(args.cycles):
-            c = soak.cycle(run_for_s=rng.uniform(args.min_kill_s, args.max_kill_s))
+            if rng.random() < args.streaming_fraction:
+                silver = Positions.read(config).silver
+                c = soak.cycle(until=lambda: Positions.read(config).silver > silver,
+                               then_s=rng.uniform(0, 15))
+            else:
+                c = soak.cycle(run_for_s=rng.uniform(args.min_kill_s, args.max_kill_s))
             print(f"cycle {c.number:3d}: killed after {c.ran_s:5.1f}s "
                   f"({', '.join(sorted(set(c.killed)))}); moved: {', '.join(c.moved) or '-'}",
                   flush=True)

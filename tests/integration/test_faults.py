@@ -17,7 +17,9 @@ import logging
 import os
 import random
 import shutil
+import signal
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -29,7 +31,7 @@ from deltalake import DeltaTable, write_deltalake
 from invariants import check_i1, check_i2, check_i3_i4, check_i5, check_invariants
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from tests_support import cli_env, run_cli, wait_for
+from tests_support import ROOT, cli_env, run_cli, wait_for
 from truth import Witness
 from workload import insert, mixed, transition
 
@@ -105,7 +107,47 @@ def dashboard_rows(dsn: str) -> list[tuple]:
                                    "notification_status, count FROM service_stats").fetchall())
 
 
-# --- F1, F2, F3, F4, F6, F8: the shipper's fault points and a Postgres crash, end to end ----
+# --- F1-F4, F6, F8, F10, F16: the shipper, one fault after another ------------------------------
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 48 MB tmpfs for the lakehouse, unmounted afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def fill(disk: Path) -> Path:
+    """Write a file until the filesystem is full; delete it to free the space again."""
+    filler = disk / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 16))
+                f.flush()
+        except OSError as exc:
+            assert exc.errno == 28, exc
+    return filler
+
+
+@pytest.fixture
+def on_small_disk(source_db, config, small_disk):
+    """The test's source, set up with its lakehouse on the small disk, and a witness."""
+    moved = config.with_(lakehouse=str(small_disk / "lakehouse"))
+    setup(moved)
+    witness = Witness(source_db.dsn, source_db.slot + "_w")
+    try:
+        yield moved, witness, small_disk
+    finally:
+        witness.drop()
+
 
 SHIPPER_FAULTS = [
     # (fault point, bronze committed before the kill, slot advanced before the kill)
@@ -116,13 +158,36 @@ SHIPPER_FAULTS = [
 ]
 
 
-def test_shipper_killed_at_every_fault_point_and_postgres_crashing_end_exact(
-        source_db, config, witness, pipeline, pg_cluster, tmp_path):
-    """One source, one lakehouse: every fault point of the delivery rule in turn, each
-    followed by a restart and I1; then a Postgres crash right after an advance (F4); then a
-    drain through silver, gold and the push, and I1-I5. Along the way a transaction stays
-    open across two restarts (F6) and COPY / multi-row inserts share LSNs (F8, in
-    ``mixed``). Finally the checker itself must see planted damage of each kind."""
+def _code_err(result: subprocess.CompletedProcess) -> tuple[int, str]:
+    return result.returncode, result.stderr
+
+
+def advisory_locks(config) -> int:
+    with psycopg.connect(config.source_dsn, autocommit=True) as conn:
+        return conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND "
+                            "granted AND database = (SELECT oid FROM pg_database WHERE "
+                            "datname = current_database())").fetchone()[0]
+
+
+def i1_holds(config, witness) -> bool:
+    try:
+        check_i1(config.bronze_path, witness, config.tables)
+        return True
+    except AssertionError:
+        return False
+
+
+@pytest.mark.spark
+def test_every_shipper_fault_in_turn_then_a_full_disk_ends_exact(
+        source_db, on_small_disk, pg_cluster, spark, tmp_path):
+    """One source, one lakehouse on a small disk, the shipper's faults one after another,
+    each followed by a restart and I1: every fault point of the delivery rule (F1, F3, F2,
+    after the advance); a second shipper on the same slot (F16); a Postgres crash right
+    after an advance (F4); the disk filling up under bronze (F10). A transaction stays open
+    across two restarts (F6); COPY and multi-row inserts share LSNs (F8, in ``mixed``).
+    Then a drain through silver, gold and the push, and I1-I5; finally the checker itself
+    must see planted damage of each kind."""
+    config, witness, disk = on_small_disk
     env = cli_env(config)
     purged = Counter()
     long_tx = source_db.connect(autocommit=False)            # F6: open across restarts
@@ -143,6 +208,19 @@ def test_shipper_killed_at_every_fault_point_and_postgres_crashing_end_exact(
         check_i1(config.bronze_path, witness, config.tables)
     long_tx.close()
 
+    # F16: exactly one shipper makes progress; the second exits with one sentence.
+    first = subprocess.Popen([sys.executable, "-m", "pipelines", "ship", "--poll-interval",
+                              "0.05"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: advisory_locks(config) == 1, timeout=60)
+        one_sentence(*_code_err(run_cli(["ship", "--once"], env)), "already running")
+        purged += mixed(source_db.dsn, seed=5)
+        wait_for(lambda: i1_holds(config, witness), timeout=120, interval=0.5)
+    finally:
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=60) == 0, first.stderr.read()[-2000:]
+
     # F4: the slot's advance is not durable before a checkpoint; after a crash it goes back
     # and re-delivers what bronze holds. The version check drops it.
     purged += mixed(source_db.dsn, seed=10)
@@ -155,7 +233,22 @@ def test_shipper_killed_at_every_fault_point_and_postgres_crashing_end_exact(
     assert run_cli(["ship", "--once"], env).returncode == 0
     check_i1(config.bronze_path, witness, config.tables)
 
-    pipeline.run_once()
+    # F10: the write fails before the commit; nothing recorded, the slot stays.
+    purged += mixed(source_db.dsn, seed=12, scale=4)
+    filler = fill(disk)
+    version, confirmed = bronze_version(config), slot_confirmed(config)
+    full = run_cli(["ship", "--once"], env)
+    assert full.returncode not in (0, 137), full.stdout
+    assert "No space left on device" in full.stderr, full.stderr[-2000:]
+    assert bronze_version(config) == version, "a failed write must not commit"
+    assert slot_confirmed(config) == confirmed, "the slot must not move without a commit"
+    filler.unlink()
+    purged += mixed(source_db.dsn, seed=13)
+    resumed = run_cli(["ship", "--once"], env)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    check_i1(config.bronze_path, witness, config.tables)
+
+    Pipeline(config, spark_factory=lambda: spark).run_once()
     verdict = check_invariants(config, witness, purged)
     assert verdict.bronze_rows > 1000 and verdict.notifications > 500
     assert_the_checker_sees_damage(config, witness, purged, tmp_path)
@@ -203,70 +296,6 @@ def assert_the_checker_sees_damage(config, witness, purged, tmp_path):
         check_i5(config, drain=lambda: None)
 
 
-# --- F10: the lakehouse's disk fills up under bronze ------------------------------------------
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 48 MB tmpfs for the lakehouse, unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mount)], check=True)
-
-
-def fill(disk: Path) -> Path:
-    """Write a file until the filesystem is full; delete it to free the space again."""
-    filler = disk / "filler"
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * (1 << 16))
-                f.flush()
-        except OSError as exc:
-            assert exc.errno == 28, exc
-    return filler
-
-
-@pytest.fixture
-def on_small_disk(source_db, config, small_disk):
-    """The test's source, set up with its lakehouse on the small disk, and a witness."""
-    moved = config.with_(lakehouse=str(small_disk / "lakehouse"))
-    setup(moved)
-    witness = Witness(source_db.dsn, source_db.slot + "_w")
-    try:
-        yield moved, witness, small_disk
-    finally:
-        witness.drop()
-
-
-def test_disk_full_under_bronze_fails_before_the_commit_and_resumes_once_freed(
-        source_db, on_small_disk, spark):
-    config, witness, disk = on_small_disk
-    env = cli_env(config)
-    purged = mixed(source_db.dsn, seed=21, scale=4)
-    filler = fill(disk)
-    version, confirmed = bronze_version(config), slot_confirmed(config)
-    full = run_cli(["ship", "--once"], env)
-    assert full.returncode not in (0, 137), full.stdout
-    assert "No space left on device" in full.stderr, full.stderr[-2000:]
-    assert bronze_version(config) == version, "a failed write must not commit"
-    assert slot_confirmed(config) == confirmed, "the slot must not move without a commit"
-
-    filler.unlink()
-    purged += mixed(source_db.dsn, seed=22)
-    resumed = run_cli(["ship", "--once"], env)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    check_i1(config.bronze_path, witness, config.tables)
-    Pipeline(config, spark_factory=lambda: spark).run_once()
-    check_invariants(config, witness, purged)
-
-
 def test_negative_control_advancing_before_the_commit_loses_changes_on_a_full_disk(
         source_db, on_small_disk):
     """With ``commit_before_advance`` off the slot moves before the write that then fails:
@@ -284,15 +313,12 @@ def test_negative_control_advancing_before_the_commit_loses_changes_on_a_full_di
         check_i1(config.bronze_path, witness, config.tables)
 
 
-def _code_err(result: subprocess.CompletedProcess) -> tuple[int, str]:
-    return result.returncode, result.stderr
-
-
 # --- F12 (and F11/F13 by chance): SIGKILL of the whole `lakecdc run` process group ------------
 
 @pytest.fixture
 def traffic(source_db):
-    """Notify-like traffic in a thread until the test stops it (``stop()``)."""
+    """Notify-like traffic in a thread; calling the fixture's value stops it and returns
+    the number of steps done."""
     import threading
 
     from pipelines.traffic import Traffic
@@ -316,8 +342,9 @@ def test_kill_9_of_the_run_process_group_in_the_gold_batch_and_mid_flight_ends_e
     """The continuous ``lakecdc run`` under traffic, in its own process group. Cycle 1: the
     driver dies inside a gold batch right after the MERGE commit, before the checkpoint
     (F12); the rest of the group - the Spark JVM and its workers - gets SIGKILL. Cycle 2:
-    restarted, and SIGKILLed as a group as soon as the dashboard has moved again, with the
-    shipper, silver, gold and the push all busy. Then a drain, and I1-I5."""
+    restarted, and SIGKILLed as a group as soon as silver has committed again: the JVM up,
+    the shipper, both streams and the push running. Then a drain, and I1-I5. (The soak,
+    ``tests/soak.py``, is this cycle a hundred times at random moments.)"""
     from bronze.ship import Shipper
     from soak import Positions, Soak
 
@@ -345,3 +372,266 @@ def test_kill_9_of_the_run_process_group_in_the_gold_batch_and_mid_flight_ends_e
     pipeline.run_once()
     verdict = check_invariants(config, witness)
     assert verdict.notifications > 0
+
+
+# --- F14: poison input mid-stream ---------------------------------------------------------------
+
+def lsn_text(value: int) -> str:
+    return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
+
+
+def plant(config, texts: list[str], action: str = "I") -> dict[int, list[str]]:
+    """Append one-row transactions with these raw texts to bronze, as a foreign writer
+    would (delta-rs, no progress recorded). Their commit LSNs lie inside the commit record
+    of the last transaction bronze holds, so no real transaction can have them and the
+    shipper's progress is untouched. Returns ``{commit_lsn: [text]}`` for the checker."""
+    table = DeltaTable(config.bronze_path)
+    top = table.transaction_version(config.slot)
+    template = table.to_pyarrow_table().slice(0, 1).to_pylist()[0]
+    rows = [{**template, "commit_lsn": top + n, "seq": 0, "tx_changes": 1, "lsn": top + n,
+             "action": action, "data": text} for n, text in enumerate(texts, start=1)]
+    write_deltalake(config.bronze_path, pa.Table.from_pylist(
+        rows, schema=table.to_pyarrow_table().schema), mode="append")
+    return {r["commit_lsn"]: [r["data"]] for r in rows}
+
+
+def foreign_insert(table: str) -> str:
+    """A wal2json v2 insert of a table lakecdc does not capture."""
+    return json.dumps({"action": "I", "schema": "public", "table": table, "columns": [
+        {"name": "id", "type": "uuid", "value": "00000000-0000-4000-8000-00000000beef"}]},
+        separators=(",", ":"))
+
+
+INSERT_ONE = ("INSERT INTO notifications (id, service_id, template_id, notification_type, "
+              "notification_status, key_type, created_at{extra}) VALUES (gen_random_uuid(), "
+              "%s, %s, 'email', 'created', 'normal', now(){values})")
+
+
+@pytest.mark.spark
+def test_poison_mid_stream_is_quarantined_or_carried_and_counts_reconcile(
+        source_db, config, witness, pipeline, spark):
+    """A running silver stream meets, between good changes: unparseable JSON and a change of
+    a table silver does not know (quarantined), a numeric NaN, logical messages and a column
+    added mid-stream (carried). The stream keeps going; gold, told after inspection that the
+    quarantined rows are count-neutral (``accept_errors_upto``), ends exact (I1-I5)."""
+    from bronze.ship import Shipper
+    from silver.stream import SilverLocations, start_silver
+
+    svc, tpl = "11111111-1111-4111-8111-111111111111", "22222222-2222-4222-8222-222222222222"
+    with source_db.connect() as conn:
+        insert(conn, random.Random(41), 20)
+    Shipper(config).run(once=True)
+    loc = SilverLocations.from_config(config)
+    queries = start_silver(spark, loc.bronze_path, loc.silver_path, loc.quarantine_path,
+                           loc.checkpoint_root, config.tables, once=False,
+                           trigger_interval="200 milliseconds")
+    try:
+        for query in queries:
+            query.processAllAvailable()
+        planted = plant(config, ['{"action":"I","schema":"public","table":"notif',   # cut off
+                                 foreign_insert("other")])
+        with source_db.connect() as conn:
+            conn.execute(INSERT_ONE.format(extra=", rate_multiplier", values=", 'NaN'"),
+                         [svc, tpl])
+            conn.execute("SELECT pg_logical_emit_message(true, 'lakecdc.poison', 'in tx')")
+            conn.execute("SELECT pg_logical_emit_message(false, 'lakecdc.poison', 'solo')")
+            conn.execute("ALTER TABLE notifications ADD COLUMN postage text")
+            conn.execute(INSERT_ONE.format(extra=", postage", values=", 'first'"), [svc, tpl])
+            transition(conn, 0.5, "sending")
+        Shipper(config).run(once=True)
+        for query in queries:
+            query.processAllAvailable()
+        assert all(q.isActive and q.exception() is None for q in queries)
+    finally:
+        for query in queries:
+            query.stop()
+
+    silver = DeltaTable(loc.silver_path).to_pyarrow_table().to_pylist()
+    by_key = {r["commit_lsn"]: r for r in silver if r["seq"] == 0}
+    errors = sorted(by_key[lsn]["error"] for lsn in planted)
+    assert errors == ["malformed JSON", "unknown table public.other"]
+    carried = [r for r in silver if r["error"] is None and r["op"] in ("I", "M")
+               and r["commit_lsn"] > max(planted)]
+    ours = [dict(r["columns"]) for r in carried if r["op"] == "I" and r["service_id"] == svc]
+    # wal2json 2.5 prints a numeric NaN as null; the column added mid-stream just appears.
+    assert [c["rate_multiplier"] for c in ours if "postage" not in c] == [None]
+    assert [c["postage"] for c in ours if "postage" in c] == ["first"]
+    assert sorted(r["message_content"] for r in carried if r["op"] == "M") == ["in tx", "solo"]
+
+    pipeline.gold(once=True, accept_errors_upto=max(planted))
+    pipeline.push(once=True)
+    verdict = check_invariants(config, witness, planted=planted)
+    assert verdict.quarantined == 2
+
+
+# --- F17: OPTIMIZE and VACUUM of bronze while silver streams --------------------------------------
+
+@pytest.mark.spark
+def test_optimize_and_vacuum_of_bronze_under_a_running_silver_stream(
+        source_db, config, witness, pipeline, spark):
+    """Bronze is append-only (``delta.appendOnly``), but compaction is allowed: OPTIMIZE
+    (Spark's here) rewrites files with ``dataChange=false``, which a Delta streaming source
+    passes over, and VACUUM with the default retention (7 days) deletes only files
+    unreferenced for longer than any reader lags here. The running stream keeps going, nothing is read twice
+    or missed, and the shipper keeps appending (its progress lives in txn actions that
+    OPTIMIZE carries over). Then the limit, documented: a VACUUM that does not cover a
+    stopped reader's lag deletes files it still needs, and the reader stops loudly rather
+    than skipping them."""
+    from bronze.ship import Shipper
+    from silver.stream import SilverLocations, run_silver, start_silver
+
+    bronze = config.bronze_path
+    rng = random.Random(51)
+
+    def traffic_then_ship(rounds: int = 1) -> None:
+        for _ in range(rounds):
+            with source_db.connect() as conn:
+                insert(conn, rng, 30)
+                transition(conn, 0.3, rng.choice(["sending", "delivered"]))
+            Shipper(config).run(once=True)
+
+    traffic_then_ship(3)
+    loc = SilverLocations.from_config(config)
+    queries = start_silver(spark, loc.bronze_path, loc.silver_path, loc.quarantine_path,
+                           loc.checkpoint_root, config.tables, once=False,
+                           trigger_interval="200 milliseconds")
+    try:
+        for query in queries:
+            query.processAllAvailable()
+        files = len(DeltaTable(bronze).file_uris())
+        spark.sql(f"OPTIMIZE delta.`{bronze}`")
+        compacted = DeltaTable(bronze)
+        assert compacted.history(1)[0]["operation"] == "OPTIMIZE"
+        assert len(compacted.file_uris()) < files
+        traffic_then_ship()
+        vacuumed = DeltaTable(bronze).vacuum(dry_run=False)     # default retention, 7 days
+        assert vacuumed == []
+        traffic_then_ship()
+        for query in queries:
+            query.processAllAvailable()
+        assert all(q.isActive and q.exception() is None for q in queries)
+    finally:
+        for query in queries:
+            query.stop()
+    pipeline.gold(once=True)
+    pipeline.push(once=True)
+    check_invariants(config, witness)
+
+    # The limit: silver is stopped while bronze moves on; a compaction (delta-rs this time)
+    # then a VACUUM retaining nothing removes the files of versions silver has not read.
+    traffic_then_ship(2)
+    silver_version = DeltaTable(loc.silver_path).version()
+    DeltaTable(bronze).optimize.compact()
+    assert DeltaTable(bronze).vacuum(retention_hours=0, enforce_retention_duration=False,
+                                     dry_run=False)
+    with pytest.raises(Exception) as failed:
+        run_silver(spark, loc.bronze_path, loc.silver_path, loc.quarantine_path,
+                   loc.checkpoint_root, config.tables, once=True)
+    assert "FileNotFound" in str(failed.value) or "does not exist" in str(failed.value), \
+        str(failed.value)[:2000]
+    assert DeltaTable(loc.silver_path).version() == silver_version    # nothing half-read
+
+
+# --- F18: a checkpoint directory deleted ----------------------------------------------------------
+
+def versions(config) -> tuple[int, int, int]:
+    return tuple(DeltaTable(config.table_path(*p)).version() for p in (
+        ("silver", "changes"), ("silver", "quarantine"), ("gold", "service_stats")))
+
+
+def move_away(config, *parts: str) -> None:
+    """Move lakehouse paths aside (those that exist), as an operator would."""
+    lakehouse = Path(config.lakehouse)
+    aside = lakehouse.parent / "moved-away"
+    for part in (p for p in parts if (lakehouse / p).exists()):
+        target = aside / part
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(lakehouse / part), str(target))
+
+
+STALE_SILVER_ID = "DIFFERENT_DELTA_TABLE_READ_BY_STREAMING_SOURCE"
+
+
+@pytest.mark.spark
+def test_lost_silver_checkpoint_is_refused_and_silver_can_be_rebuilt(
+        source_db, config, witness, pipeline, lakecdc, monkeypatch, tmp_path):
+    """Without its checkpoint the silver sink cannot recognise its own batches: starting
+    would append every bronze row again. ``run`` refuses with one sentence and writes
+    nothing past bronze; with the refusal switched off (on a copy), I2 catches the
+    duplicates; the way out of docs/silver.md - move silver and its checkpoints away,
+    ``silver --once``, then rebuild gold - must end exact."""
+    import silver.stream
+
+    purged = mixed(source_db.dsn, seed=61)
+    pipeline.run_once()
+    shutil.rmtree(Path(config.lakehouse) / "_checkpoints" / "silver")
+    purged += mixed(source_db.dsn, seed=62)
+    before, dashboard = versions(config), dashboard_rows(config.dashboard)
+    one_sentence(*lakecdc(config, "run", "--once")[::2], "checkpoint", "is missing")
+    assert versions(config) == before and dashboard_rows(config.dashboard) == dashboard
+
+    copy = config.with_(lakehouse=str(tmp_path / "copy"))           # negative control
+    shutil.copytree(config.lakehouse, copy.lakehouse)
+    with monkeypatch.context() as m:
+        m.setattr(silver.stream, "_require_checkpoint_if_written", lambda *a: None)
+        Pipeline(copy, spark_factory=lambda: pipeline.spark).silver(once=True)
+    bronze = DeltaTable(config.bronze_path).to_pyarrow_table(
+        columns=["commit_lsn", "seq", "data"]).to_pylist()
+    with pytest.raises(AssertionError, match=r"^I2 silver: silver/changes holds \d+ dup"):
+        check_i2(copy.lakehouse, bronze)
+
+    move_away(config, "silver", "_checkpoints/silver")
+    assert lakecdc(config, "silver", "--once")[0] == 0
+    check_i2(config.lakehouse, bronze)
+    code, _, err = lakecdc(config, "backfill", "rebuild-gold")
+    if code != 0 and STALE_SILVER_ID in err:
+        # The rebuild keeps gold's checkpoint, which names the silver table moved away.
+        # What works today: a new gold, seeded from the newest baseline.
+        move_away(config, "gold/service_stats", "gold/_pending", "_checkpoints/gold")
+        assert lakecdc(config, "gold", "--once")[0] == 0
+        assert lakecdc(config, "push", "--once")[0] == 0
+        check_invariants(config, witness)       # a new baseline: earlier purges left it
+        pytest.xfail("product bug: `backfill rebuild-gold` after a silver rebuild fails "
+                     f"with {STALE_SILVER_ID} (exit 3); see docs/reliability.md")
+    assert code == 0, err[-3000:]
+    check_invariants(config, witness)           # the rebuild re-baselined: no old purges
+
+
+@pytest.mark.spark
+def test_lost_gold_checkpoint_is_refused_and_the_way_out_it_names_ends_exact(
+        source_db, config, witness, pipeline, lakecdc, monkeypatch, tmp_path):
+    """Without its checkpoint the gold stream would re-read silver from the start and count
+    it again. ``gold`` refuses with one sentence naming the way out and changes nothing;
+    with the refusal switched off (on a copy), I3 sees the double count; the way out it
+    names (``backfill rebuild-gold``) must end exact."""
+    import gold.stream
+
+    purged = mixed(source_db.dsn, seed=71)
+    pipeline.run_once()
+    shutil.rmtree(Path(config.lakehouse) / "_checkpoints" / "gold")
+    purged += mixed(source_db.dsn, seed=72)
+    assert lakecdc(config, "ship", "--once")[0] == 0
+    assert lakecdc(config, "silver", "--once")[0] == 0
+    before, dashboard = versions(config), dashboard_rows(config.dashboard)
+    line = one_sentence(*lakecdc(config, "gold", "--once")[::2], "checkpoint", "is missing")
+    assert "rebuild-gold" in line
+    assert versions(config) == before and dashboard_rows(config.dashboard) == dashboard
+
+    copy = config.with_(lakehouse=str(tmp_path / "copy"))           # negative control
+    shutil.copytree(config.lakehouse, copy.lakehouse)
+    with monkeypatch.context() as m:
+        m.setattr(gold.stream, "check_checkpoint", lambda *a: None)
+        Pipeline(copy, spark_factory=lambda: pipeline.spark).gold(once=True)
+    with pytest.raises(AssertionError, match=r"^I3 gold: gold differs"):
+        check_i3_i4(copy.lakehouse, config.source_dsn, config.dashboard, purged)
+
+    code, _, err = lakecdc(config, "backfill", "rebuild-gold")
+    if code != 0 and "checkpoint" in err:
+        move_away(config, "gold/service_stats", "gold/_pending")    # what works today
+        assert lakecdc(config, "gold", "--once")[0] == 0
+        assert lakecdc(config, "push", "--once")[0] == 0
+        check_invariants(config, witness)
+        pytest.xfail("product bug: the refusal names `backfill rebuild-gold`, which then "
+                     "refuses for the same missing checkpoint; see docs/reliability.md")
+    assert code == 0, err[-3000:]
+    check_invariants(config, witness)           # the rebuild re-baselined: no old purges
