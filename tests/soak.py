@@ -107,10 +107,14 @@ class RunProcess:
                                      start_new_session=True)
         self.pgid = self.proc.pid
 
+    def members(self) -> list[str]:
+        """Names of the processes alive in the group (``python3``, ``java``, ...)."""
+        return [_name(pid) for pid in group_members(self.pgid)]
+
     def kill_group(self, timeout: float = 60) -> list[str]:
         """SIGKILL every process of the group; returns the names of those that were alive
         (``python3``, ``java``, ...). Waits until none is left."""
-        alive = [_name(pid) for pid in group_members(self.pgid)]
+        alive = self.members()
         try:
             os.killpg(self.pgid, signal.SIGKILL)
         except ProcessLookupError:
@@ -188,13 +192,15 @@ class Soak:
     config: Config
     log_dir: Path
     cycles: list[Cycle] = field(default_factory=list)
+    current: RunProcess | None = None          # the run of the cycle in progress
 
     def start(self, fault: str = "", args: tuple[str, ...] = ("run",)) -> RunProcess:
         wait_until(lambda: sessions_released(self.config.require_source(), self.config.slot),
                    timeout=300, what="sessions of the killed run released")
         extra = {"LAKECDC_FAULT": fault} if fault else {}
-        return RunProcess(list(args), cli_env(self.config, **extra),
-                          self.log_dir / f"run-{len(self.cycles):03d}.log")
+        self.current = RunProcess(list(args), cli_env(self.config, **extra),
+                                  self.log_dir / f"run-{len(self.cycles):03d}.log")
+        return self.current
 
     def cycle(self, run_for_s: float | None = None, fault: str = "",
               until=None, then_s: float = 0.0, timeout: float = 600) -> Cycle:
