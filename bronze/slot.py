@@ -23,6 +23,7 @@ from psycopg import sql
 
 from bronze.heartbeat import PREFIX as HEARTBEAT_PREFIX
 from bronze.records import COPY_HEADER_LEN, COPY_SIGNATURE, PeekColumns, decode_copy_rows
+from bronze.source import PLUGIN_MISSING
 from pipelines.errors import UserError
 from pipelines.lsn import Lsn
 
@@ -167,14 +168,10 @@ def create_slot(rconn: psycopg.Connection, slot: str, temporary: bool = False) -
                                     sql.SQL("TEMPORARY " if temporary else ""),
                                     sql.Identifier(PLUGIN))).fetchone()
     except psycopg.errors.UndefinedFile:
-        raise UserError("the wal2json output plugin is not installed on the source server: "
-                        "install it (Debian: apt-get install postgresql-15-wal2json) and "
-                        "rerun `lakecdc setup`.") from None
+        raise UserError(PLUGIN_MISSING) from None
     except psycopg.Error as exc:
         if "could not access file" in str(exc):
-            raise UserError("the wal2json output plugin is not installed on the source "
-                            "server: install it (Debian: apt-get install "
-                            "postgresql-15-wal2json) and rerun `lakecdc setup`.") from None
+            raise UserError(PLUGIN_MISSING) from None
         raise
     _name, consistent_point, snapshot_name, _plugin = row
     return CreatedSlot(int(Lsn.parse(consistent_point)), snapshot_name)

@@ -2,7 +2,8 @@
 ``UserError`` sentence saying what to do.
 
 - ``connect``: a bad or unreachable DSN is reported without its password.
-- ``check_source``: ``wal_level``, REPLICATION privilege, captured tables present.
+- ``check_source``: ``wal_level``, REPLICATION privilege, captured tables present;
+  ``check_plugin``: wal2json loads (setup checks it before changing anything).
 - ``identity_problem`` / ``ensure_replica_identity``: the replica identity must supply the
   old dims on UPDATE and DELETE; setup creates a unique index on the identity columns and
   sets ``REPLICA IDENTITY USING INDEX`` (the columns must be NOT NULL; FULL is the fallback).
@@ -46,17 +47,53 @@ def check_source(conn: psycopg.Connection, tables: tuple[str, ...]) -> None:
     if wal_level != "logical":
         raise UserError(f"the source has wal_level = {wal_level}; set wal_level = logical "
                         "(ALTER SYSTEM SET wal_level = logical) and restart Postgres.")
+    check_replication_role(conn)
+    db = conn.execute("SELECT current_database()").fetchone()[0]
+    for table in tables:
+        if conn.execute("SELECT to_regclass(%s)", [table]).fetchone()[0] is None:
+            raise UserError(f"captured table {table} does not exist in database {db}; "
+                            "create it or fix LAKECDC_TABLES.")
+
+
+def check_replication_role(conn: psycopg.Connection) -> None:
+    """The connecting role may use replication slots (REPLICATION or superuser)."""
     user, can_replicate = conn.execute(
         "SELECT current_user, rolreplication OR rolsuper FROM pg_roles "
         "WHERE rolname = current_user").fetchone()
     if not can_replicate:
         raise UserError(f"role {user} cannot use replication slots; as a superuser run "
                         f"ALTER ROLE {user} REPLICATION (see infra/postgres/roles.sql).")
-    db = conn.execute("SELECT current_database()").fetchone()[0]
-    for table in tables:
-        if conn.execute("SELECT to_regclass(%s)", [table]).fetchone()[0] is None:
-            raise UserError(f"captured table {table} does not exist in database {db}; "
-                            "create it or fix LAKECDC_TABLES.")
+
+
+PLUGIN_MISSING = ("the wal2json output plugin is not installed on the source server: install "
+                  "it (Debian: apt-get install postgresql-15-wal2json) and rerun `lakecdc "
+                  "setup`.")
+
+
+def check_plugin(conn: psycopg.Connection, probe_timeout_s: float = 5.0) -> None:
+    """wal2json loads on the source, checked before setup changes anything.
+
+    A TEMPORARY slot is created and dropped: Postgres loads the output plugin before it
+    waits for running transactions to build the slot's snapshot, so a missing plugin fails
+    at once, and the wait itself is cut short by a statement timeout (which proves the
+    plugin loaded). A temporary slot never outlives its session.
+    """
+    probe = f"lakecdc_probe_{conn.info.backend_pid}"
+    conn.execute(sql.SQL("SET statement_timeout = {}").format(
+        sql.Literal(f"{int(probe_timeout_s * 1000)}ms")))
+    try:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'wal2json', true)", [probe])
+        conn.execute("SELECT pg_drop_replication_slot(%s)", [probe])
+    except psycopg.errors.QueryCanceled:
+        pass                                   # loaded; waiting for running transactions
+    except psycopg.errors.UndefinedFile:
+        raise UserError(PLUGIN_MISSING) from None
+    except psycopg.Error as exc:
+        if "could not access file" in str(exc):
+            raise UserError(PLUGIN_MISSING) from None
+        raise
+    finally:
+        conn.execute("RESET statement_timeout")
 
 
 def _split(table: str) -> tuple[str, str]:

@@ -31,6 +31,7 @@ from deltalake import (ColumnProperties, CommitProperties, DeltaTable, Transacti
 from deltalake.exceptions import TableNotFoundError
 
 from bronze.records import BRONZE_SCHEMA
+from pipelines.errors import UserError
 
 END_SUFFIX = ":end_lsn"
 REBASELINE_SUFFIX = ":rebaseline"
@@ -125,11 +126,20 @@ class BronzeTable:
         app transactions recorded in the same commit (the backfill's chunks).
         """
         reader = pa.RecordBatchReader.from_batches(BRONZE_SCHEMA, batches)
-        write_deltalake(self.uri, reader, mode="append", storage_options=self.storage_options,
-                        target_file_size=TARGET_FILE_BYTES,
-                        writer_properties=_WRITER,
-                        commit_properties=_progress_props(slot, progress, metadata,
-                                                          app_versions))
+        try:
+            write_deltalake(self.uri, reader, mode="append",
+                            storage_options=self.storage_options,
+                            target_file_size=TARGET_FILE_BYTES,
+                            writer_properties=_WRITER,
+                            commit_properties=_progress_props(slot, progress, metadata,
+                                                              app_versions))
+        except Exception as exc:
+            reason = unwritable_reason(exc)
+            if reason is None:
+                raise
+            raise UserError(f"the lakehouse at {self.uri} cannot be written ({reason}); "
+                            "nothing was committed and the slot was not advanced: free "
+                            "space or fix the mount, then rerun.") from None
 
     def record_progress(self, slot: str, progress: Progress, metadata: dict | None = None,
                         app_versions: dict[str, int] | None = None):
@@ -143,6 +153,17 @@ class BronzeTable:
 
     def version(self) -> int:
         return self._table().version()
+
+
+# What delta-rs / the OS say when the lakehouse's storage refuses a write (errno text).
+_UNWRITABLE = ("No space left on device", "Read-only file system", "Disk quota exceeded",
+               "Permission denied")
+
+
+def unwritable_reason(exc: BaseException) -> str | None:
+    """The storage problem behind a failed write, if it is one a person fixes."""
+    text = str(exc)
+    return next((reason for reason in _UNWRITABLE if reason in text), None)
 
 
 _DESCRIPTION = "lakecdc bronze: raw wal2json v2 changes keyed (commit_lsn, seq). source="

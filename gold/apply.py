@@ -63,6 +63,14 @@ log = logging.getLogger("lakecdc.gold")
 APP_ID = "lakecdc-gold"
 SEED_APP_ID = "lakecdc-gold-seed"
 
+
+def txn_app_id(epoch: int | None) -> str:
+    """The Delta app id of the stream's writes. A rebuild starts the stream's checkpoint
+    afresh (``gold.rebuild``), so batch ids restart at 0: each such *epoch* (the rebuild's
+    floor) gets an app id of its own, whose versions Delta has not seen yet."""
+    return APP_ID if epoch is None else f"{APP_ID}@{epoch}"
+
+
 GOLD_SCHEMA = StructType([
     *[StructField(c, StringType(), False) for c in DIMS],
     StructField("count", LongType(), False),
@@ -218,11 +226,13 @@ class GoldBatchWriter:
     """
 
     def __init__(self, paths: GoldPaths, tables: D.CountedTables = D.COUNTED, *,
-                 floor_lsn: int = 0, accept_errors_upto: int = 0, guard: bool = True,
-                 faults: Faults | None = None) -> None:
+                 floor_lsn: int = 0, epoch: int | None = None, accept_errors_upto: int = 0,
+                 guard: bool = True, faults: Faults | None = None) -> None:
         self.paths = paths
         self.tables = tables
         self.floor_lsn = floor_lsn
+        self.epoch = epoch
+        self.app_id = txn_app_id(epoch)
         self.accept_errors_upto = accept_errors_upto
         self.guard = guard
         self.faults = faults or _NoFaults()
@@ -301,7 +311,7 @@ class GoldBatchWriter:
             finally:
                 keys.unpersist()
             result["commit_lsn"] = applied.lsn
-        self.faults.hit("after_gold_merge")
+            self.faults.hit("after_gold_merge")
         carried = D.at_or_above(combined, cutoff)
         if result["pending_transactions"] or not pending_was_empty:
             self._write_pending(carried, batch_id, result["pending_transactions"])
@@ -323,10 +333,10 @@ class GoldBatchWriter:
                      "last_commit_lsn": "s.last_commit_lsn", "updated_at": "s.updated_at"}))
         confs = {_USER_METADATA: metadata(
             batch_id=batch_id, commit_lsn=applied.lsn,
-            commit_ts=applied.ts, floor=self.floor_lsn,
+            commit_ts=applied.ts, floor=self.floor_lsn, epoch=self.epoch,
             transactions=applied.n)}
         if self.guard:
-            confs.update({_TXN_APP: APP_ID, _TXN_VERSION: str(batch_id)})
+            confs.update({_TXN_APP: self.app_id, _TXN_VERSION: str(batch_id)})
         # Session confs are how Delta takes txn/metadata for MERGE. The batch's session is
         # the stream's own clone, and they are unset right after, so no other write of the
         # session can pick them up.
@@ -341,9 +351,10 @@ class GoldBatchWriter:
     def _write_pending(self, carried: DataFrame, batch_id: int, transactions: int) -> None:
         writer = (carried.write.format("delta").mode("overwrite")
                   .option("userMetadata", metadata(batch_id=batch_id, floor=self.floor_lsn,
+                                                   epoch=self.epoch,
                                                    transactions=transactions)))
         if self.guard:
-            writer = writer.option("txnAppId", APP_ID).option("txnVersion", batch_id)
+            writer = writer.option("txnAppId", self.app_id).option("txnVersion", batch_id)
         writer.save(self.paths.pending)
 
     def _pending_head(self, spark: SparkSession) -> tuple[int, int | None]:

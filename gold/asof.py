@@ -32,7 +32,8 @@ class GoldState:
     watermark: int | None        # newest source commit gold includes (None: none yet)
     watermark_ts: str | None
     floor: int                   # baseline LSN (0: counted from an empty start)
-    batch_id: int | None         # newest stream batch applied
+    batch_id: int | None         # newest stream batch applied since the last rebuild
+    epoch: int | None = None     # the rebuild that started the stream's checkpoint afresh
 
 
 def gold_state(spark: SparkSession, gold_path: str, version: int | None = None,
@@ -46,20 +47,25 @@ def gold_state(spark: SparkSession, gold_path: str, version: int | None = None,
     rows = history.select("version", "userMetadata").orderBy(F.desc("version")).collect()
     if not rows:
         raise ValueError(f"gold at {gold_path} has no version {version}")
-    watermark = ts = batch = floor = None
+    watermark = ts = batch = floor = epoch = None
+    batches_done = False         # a rebuild restarts the batch ids: look no further back
     for row in rows:
         meta = parse_commit_metadata(row.userMetadata)
         if not meta:
             continue
         if watermark is None and meta.get("commit_lsn") is not None:
             watermark, ts = int(meta["commit_lsn"]), meta.get("commit_ts")
-        if batch is None and meta.get("batch_id") is not None:
-            batch = int(meta["batch_id"])
+        if not batches_done and meta.get("batch_id") is not None:
+            batch, batches_done = int(meta["batch_id"]), True
+        if meta.get("operation") == "rebuild":
+            batches_done = True
+        if epoch is None and meta.get("epoch") is not None:
+            epoch = int(meta["epoch"])
         if floor is None:
             floor = metadata_floor(meta)
-        if watermark is not None and batch is not None and floor is not None:
+        if watermark is not None and batches_done and floor is not None:
             break
-    return GoldState(rows[0].version, watermark, ts, floor or 0, batch)
+    return GoldState(rows[0].version, watermark, ts, floor or 0, batch, epoch)
 
 
 def metadata_floor(meta: dict) -> int | None:

@@ -12,15 +12,22 @@ from before anything this command does):
    whose commit LSN is below ``L``; ``gold.asof``), and a Delta app transaction
    (``lakecdc-gold-rebuild``, ``L``). Readers see the old gold or the new one, never an
    empty or partial table.
-3. The gold stage, availableNow, from its existing checkpoint: silver rows below the
-   floor are inside the baseline and skipped (so are carried ``_pending`` rows), the rest -
-   the silver changes after ``L`` - are applied as usual. A TRUNCATE that stopped gold was
-   committed before ``L``, so it is passed over. The checkpoint, ``_pending`` and batch
-   ids stay valid: the rebuilt table stands for a later prefix of the same commit order.
+3. ``_pending`` emptied (one commit, same metadata) and the gold checkpoint deleted: the
+   gold stage, availableNow, then starts afresh and reads all of silver, skipping the rows
+   below the floor (they are inside the baseline; a TRUNCATE that stopped gold was
+   committed before ``L``, so it is passed over) and applying the rest - the silver
+   changes after ``L`` - as usual. Anything ``_pending`` carried was committed before
+   ``L``, so it is inside the baseline too. Batch ids restart at 0 under a Delta app id
+   of this rebuild's own (``gold.apply.txn_app_id``: epoch ``L``), so the idempotency of
+   the new batches does not collide with the old ones. Because nothing of the old
+   checkpoint is kept, a lost gold checkpoint or a rebuilt silver table (F18) is
+   repaired by this command too.
 4. A full push: the dashboard is replaced from gold in one Postgres transaction.
 
 A crash anywhere is harmless: before 2 nothing changed; after 2 gold is exact as of ``L``
-and the next gold run continues from it; rerunning the command takes a newer baseline.
+and the next gold run continues from it - from the old checkpoint if 3 did not finish (the
+rows ``_pending`` carried are below the floor and skipped); rerunning the command takes a
+newer baseline.
 Rows purged from ``notification_history`` before ``L`` are no longer counted afterwards:
 a rebuild re-baselines on the rows the source still has, as ``setup`` does.
 """
@@ -35,6 +42,8 @@ from datetime import datetime, timezone
 from gold import commit_metadata as metadata
 from gold.apply import GOLD_SCHEMA, GoldPaths, ensure_gold_tables
 from gold.asof import gold_state
+from gold.deltas import CONTRIBUTIONS
+from gold.stream import drop_checkpoint
 from gold.push import push_once
 from pipelines.baseline import to_table, write_baseline
 from pipelines.consistent import consistent_point, count_at
@@ -88,10 +97,16 @@ def rebuild_gold(pipeline) -> RebuildReport:
         (new_gold.write.format("delta").mode("overwrite")
          .option("txnAppId", APP_ID).option("txnVersion", lsn)
          .option("userMetadata", metadata(
-             operation="rebuild", floor=lsn, commit_lsn=lsn - 1,
-             commit_ts=counted_at.isoformat(), batch_id=state.batch_id))
+             operation="rebuild", floor=lsn, commit_lsn=lsn - 1, epoch=lsn,
+             commit_ts=counted_at.isoformat()))
          .save(where.gold))
         version = gold_state(spark, where.gold).version
+        (spark.createDataFrame([], CONTRIBUTIONS).write.format("delta").mode("overwrite")
+         .option("userMetadata", metadata(operation="rebuild", floor=lsn, epoch=lsn))
+         .save(where.gold_pending))
+        if drop_checkpoint(spark, where.gold_checkpoint):
+            log.info("deleted the gold checkpoint %s: the gold stage starts afresh",
+                     where.gold_checkpoint)
         # The newest baseline is also kept where setup keeps its own (the gold quality gate
         # reconciles gold against it once the rebuild commit's files are vacuumed).
         write_baseline(pipeline.config.baseline_path, to_table(baseline), lsn)

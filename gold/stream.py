@@ -10,15 +10,18 @@ MERGE before ``_pending``); this module adds the start-up refusals that keep it 
   checkpoint would re-read silver from its start and count it again, an older one would
   re-plan batches under ids Delta already recorded and skip new data. Refused, with the
   way out (restore the checkpoint, or rebuild gold);
-- gold seeded at a source LSN (``seed_gold``): silver rows up to it are already counted,
-  so they are skipped (``floor_lsn``) - what lets a rebuilt gold start from a fresh
-  checkpoint over a silver that holds older changes, truncates included.
+- gold seeded at a source LSN (``seed_gold``) or rebuilt at one (``gold.rebuild``):
+  silver rows below it are already counted, so they are skipped (``floor_lsn``) - what
+  lets a rebuilt gold start from a fresh checkpoint (``drop_checkpoint``; its batch ids
+  restart at 0 under the rebuild's own txn app id, ``gold.apply.txn_app_id``) over a
+  silver that holds older changes, truncates included.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 from dataclasses import dataclass, field
 
@@ -28,7 +31,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from gold.apply import (BatchResult, Faults, GoldBatchWriter, GoldPaths, ensure_gold_tables,
-                        last_metadata, seed_floor)
+                        last_metadata)
+from gold.asof import gold_state
 from gold.deltas import COUNTED, REBUILD, CountedTables
 from pipelines.captured import DIMS
 from pipelines.errors import UserError
@@ -66,7 +70,9 @@ def gold_writer(spark: SparkSession, gold_path: str, pending_path: str | None = 
                 guard: bool = True, faults: Faults | None = None) -> GoldBatchWriter:
     """The foreachBatch function for ``gold_path``, floored at gold's seed LSN."""
     paths = GoldPaths(gold_path, pending_path) if pending_path else GoldPaths.beside(gold_path)
-    return GoldBatchWriter(paths, tables, floor_lsn=seed_floor(spark, paths.gold),
+    state = gold_state(spark, paths.gold)
+    return GoldBatchWriter(paths, tables, floor_lsn=state.floor if state else 0,
+                           epoch=state.epoch if state else None,
                            accept_errors_upto=accept_errors_upto, guard=guard, faults=faults)
 
 
@@ -158,6 +164,19 @@ def latest_planned_batch(spark: SparkSession, checkpoint_dir: str) -> int | None
     names = _list_dir(spark, checkpoint_dir.rstrip("/") + "/offsets")
     ids = [int(n) for n in names if n.isdigit()]
     return max(ids) if ids else None
+
+
+def drop_checkpoint(spark: SparkSession, checkpoint_dir: str) -> bool:
+    """Delete the gold checkpoint (a rebuild starts the stream afresh); True if it existed."""
+    jvm = getattr(spark, "_jvm", None) or getattr(spark.sparkContext, "_jvm", None)
+    if jvm is None:
+        local = checkpoint_dir.removeprefix("file:")
+        existed = os.path.isdir(local)
+        shutil.rmtree(local, ignore_errors=True)
+        return existed
+    hpath = jvm.org.apache.hadoop.fs.Path(checkpoint_dir)
+    fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    return bool(fs.exists(hpath) and fs.delete(hpath, True))
 
 
 def _list_dir(spark: SparkSession, path: str) -> list[str]:

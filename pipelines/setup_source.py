@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from bronze import slot as slots
-from bronze.source import check_source, connect, ensure_replica_identity
+from bronze.source import check_plugin, check_source, connect, ensure_replica_identity
 from bronze.failover import NEW_LAKEHOUSE
 from bronze.table import REBASELINE_SUFFIX, BronzeTable, Progress, SourceIdentity
 from gold.push import ensure_dashboard_tables
@@ -58,6 +58,7 @@ def setup(config: Config, rebaseline: bool = False,
     bronze = BronzeTable(config.bronze_path, storage_options)
     with connect(dsn) as conn:
         check_source(conn, config.tables)
+        check_plugin(conn)
         for table in config.tables:
             if ensure_replica_identity(conn, table):
                 report.did(f"set REPLICA IDENTITY USING INDEX on {table}")

@@ -27,6 +27,7 @@ condition-driven version of the same cycle (``tests/integration/test_faults.py``
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -38,6 +39,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import psycopg
 
@@ -193,13 +195,18 @@ class Soak:
     log_dir: Path
     cycles: list[Cycle] = field(default_factory=list)
     current: RunProcess | None = None          # the run of the cycle in progress
+    done_before: int = 0                       # cycles of an earlier, interrupted soak
+    on_start: Callable[[RunProcess], None] | None = None
 
     def start(self, fault: str = "", args: tuple[str, ...] = ("run",)) -> RunProcess:
         wait_until(lambda: sessions_released(self.config.require_source(), self.config.slot),
                    timeout=300, what="sessions of the killed run released")
         extra = {"LAKECDC_FAULT": fault} if fault else {}
+        number = self.done_before + len(self.cycles)
         self.current = RunProcess(list(args), cli_env(self.config, **extra),
-                                  self.log_dir / f"run-{len(self.cycles):03d}.log")
+                                  self.log_dir / f"run-{number:03d}.log")
+        if self.on_start is not None:
+            self.on_start(self.current)
         return self.current
 
     def cycle(self, run_for_s: float | None = None, fault: str = "",
@@ -233,8 +240,8 @@ class Soak:
         after = Positions.read(self.config)
         moved = [name for name in ("bronze", "silver", "gold", "pushed")
                  if getattr(after, name) != getattr(before, name)]
-        result = Cycle(len(self.cycles) + 1, time.monotonic() - started, exit_code,
-                       alive, moved, fault)
+        result = Cycle(self.done_before + len(self.cycles) + 1, time.monotonic() - started,
+                       exit_code, alive, moved, fault)
         self.cycles.append(result)
         return result
 
@@ -250,17 +257,34 @@ class Soak:
 
 # --- the command ------------------------------------------------------------------------
 
-def _source(base: Path) -> tuple[object, Config]:
+STATE_FILE = "soak.json"        # port, seed, cycles done: lets --resume continue a soak
+WITNESS = "lakecdc_soak_witness"
+
+
+def _source(base: Path, port: int, fresh: bool) -> tuple[object, Config]:
     from infra.localpg import LocalPostgres
 
-    pg = LocalPostgres(base / "pg").start()
-    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
-        conn.execute("CREATE DATABASE notify")
-    with psycopg.connect(pg.dsn("notify"), autocommit=True) as conn:
-        conn.execute(SCHEMA_SQL.read_text())
+    pg = LocalPostgres(base / "pg", port=port).start()
+    if fresh:
+        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE notify")
+        with psycopg.connect(pg.dsn("notify"), autocommit=True) as conn:
+            conn.execute(SCHEMA_SQL.read_text())
     config = Config.load(env={}, source_dsn=pg.dsn("notify"), slot="lakecdc",
                          lakehouse=str(base / "lakehouse"))
     return pg, config
+
+
+def _witness(dsn: str):
+    """The witness slot: created by a fresh soak, taken over by a resumed one."""
+    from truth import CAPTURED, Witness
+
+    try:
+        return Witness(dsn, WITNESS)
+    except psycopg.errors.DuplicateObject:
+        witness = Witness.__new__(Witness)           # the slot exists: take it over
+        witness.dsn, witness.name, witness.tables = dsn, WITNESS, CAPTURED
+        return witness
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,37 +303,65 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traffic-interval", type=float, default=0.3,
                         help="seconds between traffic steps (20 inserts + updates each)")
     parser.add_argument("--keep", type=Path, help="work here and keep everything afterwards")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the interrupted soak kept in --keep (its cluster, "
+                             "lakehouse, witness and cycle count)")
     args = parser.parse_args(argv)
+    if args.resume and not args.keep:
+        parser.error("--resume needs --keep DIR")
 
     from invariants import check_invariants
     from pipelines.setup_source import setup
     from pipelines.traffic import Traffic
-    from truth import Witness
 
     base = args.keep or Path(tempfile.mkdtemp(prefix="lakecdc-soak-"))
     base.mkdir(parents=True, exist_ok=True)
     os.chmod(base, 0o755)              # the cluster below runs as the postgres user
     (base / "logs").mkdir(exist_ok=True)
-    rng = random.Random(args.seed)
+    state_path = base / STATE_FILE
+    if args.resume:
+        state = json.loads(state_path.read_text())
+    elif state_path.exists():
+        parser.error(f"{base} holds a soak already: --resume it or choose another --keep")
+    else:
+        state = {"port": 0, "moved": [], "run_pgid": None, "seconds": 0.0}
+
+    def save() -> None:
+        state_path.write_text(json.dumps(state))
+
     started = time.monotonic()
-    pg, config = _source(base)
-    witness = None
+    pg, config = _source(base, state["port"], fresh=not args.resume)
+    state["port"] = pg.port
+    save()
+    if state["run_pgid"] and group_members(state["run_pgid"]):
+        os.killpg(state["run_pgid"], signal.SIGKILL)       # the interrupted soak's last run
+    done = len(state["moved"])
+    rng = random.Random(args.seed * 1000 + done)
     stop = threading.Event()
-    traffic = Traffic(config.source_dsn, seed=args.seed)
+    traffic = Traffic(config.source_dsn, seed=args.seed * 1000 + done)
     writer = threading.Thread(target=traffic.run, args=(stop, args.traffic_interval, 20))
-    soak = Soak(config, base / "logs")
+
+    def started_run(run: RunProcess) -> None:
+        state["run_pgid"] = run.pgid
+        save()
+
+    soak = Soak(config, base / "logs", done_before=done, on_start=started_run)
     exact = False
     try:
-        setup(config)
-        witness = Witness(config.source_dsn, "lakecdc_soak_witness")
+        if not args.resume:
+            setup(config)
+        witness = _witness(config.source_dsn)
         writer.start()
-        for n in range(args.cycles):
+        for _ in range(done, args.cycles):
             if rng.random() < args.streaming_fraction:
                 silver = Positions.read(config).silver
                 c = soak.cycle(until=lambda: Positions.read(config).silver > silver,
                                then_s=rng.uniform(0, 15))
             else:
                 c = soak.cycle(run_for_s=rng.uniform(args.min_kill_s, args.max_kill_s))
+            state["moved"].append(c.moved)
+            state["run_pgid"] = None
+            save()
             print(f"cycle {c.number:3d}: killed after {c.ran_s:5.1f}s "
                   f"({', '.join(sorted(set(c.killed)))}); moved: {', '.join(c.moved) or '-'}",
                   flush=True)
@@ -321,28 +373,24 @@ def main(argv: list[str] | None = None) -> int:
         drained_s = time.monotonic() - drain_started
         verdict = check_invariants(config, witness)
         exact = True
-        moved = {layer: sum(layer in c.moved for c in soak.cycles)
+        moved = {layer: sum(layer in m for m in state["moved"])
                  for layer in ("bronze", "silver", "gold", "pushed")}
-        print(f"\nsoak: {len(soak.cycles)} kill -9 cycles in "
-              f"{time.monotonic() - started:.0f}s (drain {drained_s:.0f}s), "
+        print(f"\nsoak: {len(state['moved'])} kill -9 cycles"
+              + (f" ({done} before a resume)" if done else "")
+              + f"; this run {time.monotonic() - started:.0f}s (drain {drained_s:.0f}s), "
               f"{traffic.steps} traffic steps")
         print("cycles in which each layer moved before the kill: "
               + ", ".join(f"{k} {v}" for k, v in moved.items()))
-        print(f"EXACT: {verdict.summary()}")
+        print(f"EXACT: {verdict.summary()}", flush=True)
     except AssertionError as exc:
-        print(f"\nsoak: NOT EXACT after {len(soak.cycles)} cycles: {exc}", flush=True)
+        print(f"\nsoak: NOT EXACT after {len(state['moved'])} cycles: {exc}", flush=True)
     finally:
         stop.set()
         if writer.is_alive():
             writer.join()
-        if witness is not None:
-            witness.drop()
-        with psycopg.connect(config.source_dsn, autocommit=True) as conn:
-            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                         "WHERE active_pid IS NULL")
         if args.keep:
             pg.stop()
-            print(f"kept in {base} (logs in {base / 'logs'})")
+            print(f"kept in {base} (logs in {base / 'logs'})", flush=True)
         else:
             pg.destroy()
             shutil.rmtree(base, ignore_errors=True)

@@ -113,9 +113,6 @@ def test_wal2json_missing_is_one_sentence_and_no_slot_or_table_is_made(no_wal2js
     assert not [w for w in written if w.startswith(("slot", "Delta table"))], written
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: setup sets the replica identity (a "
-                   "unique index built CONCURRENTLY, hours on a large table) and creates the "
-                   "dashboard tables before it finds that wal2json cannot be loaded")
 def test_wal2json_missing_leaves_the_source_untouched(no_wal2json, tmp_path):
     config = fresh_source(no_wal2json, tmp_path)
     assert run_cli(["setup"], cli_env(config)).returncode == 2
@@ -150,9 +147,6 @@ def test_no_replication_privilege_setup_writes_nothing(source_db, config,
     assert what_was_written(source_db.dsn, config) == []
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: `ship` as a role without REPLICATION "
-                   "ends with a traceback and exit 3 (psycopg OperationalError from "
-                   "IDENTIFY_SYSTEM), not the sentence setup gives")
 def test_no_replication_privilege_ship_is_one_sentence_and_advances_nothing(
         source_db, config, role_without_replication):
     setup(config)                                   # by the owner: a working pipeline
@@ -216,7 +210,8 @@ def test_read_only_lakehouse_is_refused_by_setup_and_stops_ship_before_any_advan
         remount("ro")
         version, confirmed = DeltaTable(config.bronze_path).version(), slot_confirmed(config)
         result = run_cli(["ship", "--once"], env)
-        assert result.returncode not in (0, 137) and "Read-only file system" in result.stderr
+        error_line(result, "cannot be written", "Read-only file system",
+                   "slot was not advanced")
         assert DeltaTable(config.bronze_path).version() == version
         assert slot_confirmed(config) == confirmed
         remount("rw")

@@ -139,6 +139,24 @@ def test_failure_path_push_dying_before_commit_leaves_nothing_behind(spark, gold
     assert counts(dash) == sim.truth()
 
 
+def test_killed_right_after_the_push_commit_the_replay_changes_nothing(spark, gold, dash,
+                                                                     source_db):
+    """F13: the process dies after the push's COMMIT, before it can report; the rerun
+    finds its version recorded and writes nothing, not even ``pushed_at``."""
+    sim = Sim()
+    sim.create(A, B, B)
+    apply(spark, gold, sim, 0, 0)
+    with pytest.raises(Crash):
+        push_once(gold.gold, source_db.dsn, faults=CrashAt("after_push_commit"))
+    assert counts(dash) == sim.truth()
+    committed = dash.execute("SELECT gold_version, pushed_at FROM lakecdc_push_progress "
+                             "WHERE gold_table = %s", [gold_key(gold.gold)]).fetchone()
+    assert not push_once(gold.gold, source_db.dsn).pushed
+    assert counts(dash) == sim.truth()
+    assert dash.execute("SELECT gold_version, pushed_at FROM lakecdc_push_progress "
+                        "WHERE gold_table = %s", [gold_key(gold.gold)]).fetchone() == committed
+
+
 def test_a_rebuilt_gold_is_pushed_in_full_and_vanished_keys_are_removed(spark, gold, dash,
                                                                         source_db):
     sim = Sim()
