@@ -42,7 +42,7 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import psycopg
@@ -55,7 +55,7 @@ from bronze.failover import REBASELINE as FAILOVER_STEPS
 from bronze.failover import check_same_history
 from bronze.backfill import BackfillEmitter
 from bronze.records import ASSEMBLED_SCHEMA, TransactionAssembler, finalize, high_marks
-from bronze.source import connect, require_identity
+from bronze.source import check_replication_role, connect, require_identity
 from bronze.table import BronzeTable, Progress
 from pipelines.config import Config
 from pipelines.errors import UserError, redact
@@ -86,6 +86,11 @@ class BatchResult:
     committed: bool         # a bronze commit was made
     seconds: float
     read_rows: int = 0      # snapshot backfill rows appended (not counted in ``changes``)
+    # Set by ``Shipper.run`` for ``on_batch``: what happened since the previous batch it
+    # reported - heartbeats sent, and why each reconnect's session was lost
+    # (``reconnect_reason``). Events of a failed attempt are reported with the next batch.
+    heartbeats: int = 0
+    reconnects: tuple[str, ...] = ()
 
 
 @dataclass
@@ -117,6 +122,9 @@ class Shipper:
         self._wal_status: str | None = None
         self._alerted_at = 0.0
         self.reconnects = 0
+        self.reconnect_reasons: list[str] = []    # one per reconnect, in order
+        self._reported = (0, 0)     # heartbeats, reconnects already passed to on_batch
+        self._unreported: tuple[BatchResult, Progress] | None = None   # see _report
 
     # --- start-up ---------------------------------------------------------------------
 
@@ -189,6 +197,7 @@ class Shipper:
         if progress is None:
             raise UserError(f"bronze at {cfg.bronze_path} has no progress for slot {cfg.slot}; "
                             "run `lakecdc setup`.")
+        check_replication_role(conn)
         system_id, timeline = slots.identify_system(cfg.require_source())
         check_same_history(conn, ident, progress.end_lsn, system_id, timeline)
         require_identity(conn, cfg.tables)
@@ -264,7 +273,8 @@ class Shipper:
             self.faults.hit("after_peek")
             full = summary.rows >= cfg.upto_nchanges
             if summary.last_lsn is None:
-                return BatchResult(0, 0, 0, False, False, time.monotonic() - started), progress
+                return self._done(BatchResult(0, 0, 0, False, False,
+                                              time.monotonic() - started), progress)
 
             new = Progress(max(progress.commit_lsn, summary.max_commit_lsn or 0),
                            max(progress.end_lsn, summary.last_lsn))
@@ -309,11 +319,37 @@ class Shipper:
                 self._last_progress_commit = time.monotonic()
                 if self.heartbeat.passed(summary.last_lsn):
                     self.heartbeat.recorded()
+                # In bronze now: reported even if the advance fails (a reconnect completes it).
+                self._done(BatchResult(summary.rows, summary.kept, summary.transactions, full,
+                                       committed, time.monotonic() - started, read_rows), new)
                 self.faults.hit("after_bronze_commit")
             slots.advance(conn, cfg.slot, new.end_lsn)
             self.faults.hit("after_advance")
-        return BatchResult(summary.rows, summary.kept, summary.transactions, full, committed,
-                           time.monotonic() - started, read_rows), new
+        return self._done(BatchResult(summary.rows, summary.kept, summary.transactions, full,
+                                      committed, time.monotonic() - started, read_rows), new)
+
+    def _done(self, result: BatchResult, progress: Progress) -> tuple[BatchResult, Progress]:
+        """The batch ``run`` reports next (``on_batch``, totals)."""
+        self._unreported = (result, progress)
+        return result, progress
+
+    def _report(self, totals: ShipTotals) -> None:
+        """Count the last batch once: after it completed, or after it failed past its bronze
+        commit (its rows are in bronze; the advance is completed on reconnect)."""
+        if self._unreported is None:
+            return
+        (result, progress), self._unreported = self._unreported, None
+        if self.on_batch is not None:
+            self.on_batch(self._with_events(result), progress)
+        totals.batches += 1
+        totals.changes += result.changes
+        totals.transactions += result.transactions
+        totals.commits += result.committed
+        totals.read_rows += result.read_rows
+        if result.changes:
+            log.debug("shipped %d changes in %d transactions in %.2fs (up to %s)",
+                      result.changes, result.transactions, result.seconds,
+                      fmt(progress.commit_lsn))
 
     def _with_fault(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         self.faults.hit("during_bronze_write")
@@ -342,6 +378,7 @@ class Shipper:
                     # --once: drained, but the WAL is far ahead: one heartbeat, one more batch.
                     again = once and not result.full and self._heartbeat_after_drain(conn)
                 except Exception as exc:
+                    self._report(totals)               # a batch stored before it failed
                     self._diagnose(exc, conn)          # raises unless the source went away
                     conn.close()
                     if once:
@@ -355,17 +392,7 @@ class Shipper:
                         break                           # stopped while waiting
                     conn, progress = reconnected
                     continue
-                if self.on_batch is not None:
-                    self.on_batch(result, progress)
-                totals.batches += 1
-                totals.changes += result.changes
-                totals.transactions += result.transactions
-                totals.commits += result.committed
-                totals.read_rows += result.read_rows
-                if result.changes:
-                    log.debug("shipped %d changes in %d transactions in %.2fs (up to %s)",
-                             result.changes, result.transactions, result.seconds,
-                             fmt(progress.commit_lsn))
+                self._report(totals)
                 if result.full or again:
                     continue
                 if once:
@@ -375,6 +402,13 @@ class Shipper:
             conn.close()
             totals.heartbeats, totals.reconnects = self.heartbeat.sent, self.reconnects
         return totals
+
+    def _with_events(self, result: BatchResult) -> BatchResult:
+        """``result`` with the heartbeats and reconnects not yet reported to ``on_batch``."""
+        heartbeats, reconnects = self._reported
+        self._reported = (self.heartbeat.sent, len(self.reconnect_reasons))
+        return replace(result, heartbeats=self.heartbeat.sent - heartbeats,
+                       reconnects=tuple(self.reconnect_reasons[reconnects:]))
 
     def _step(self, conn: psycopg.Connection, progress: Progress, once: bool
               ) -> tuple[BatchResult, Progress]:
@@ -445,6 +479,7 @@ class Shipper:
         Anything but the source being unreachable is raised: a slot lost or a failover
         while disconnected stops the shipper with its recovery command."""
         dsn = redact(self.config.require_source())
+        reason = reconnect_reason(exc)
         started = time.monotonic()
         delay = min(RETRY_FIRST_S, self.config.reconnect_max_backoff_s)
         attempt, last = 0, exc
@@ -463,8 +498,10 @@ class Shipper:
                 delay = min(delay * 2, self.config.reconnect_max_backoff_s)
                 continue
             self.reconnects += 1
-            log.info("reconnected to the source after %d attempt(s) in %.1fs; bronze holds up "
-                     "to %s", attempt, time.monotonic() - started, fmt(progress.commit_lsn))
+            self.reconnect_reasons.append(reason)
+            log.info("reconnected to the source after %d attempt(s) in %.1fs (session lost: "
+                     "%s); bronze holds up to %s", attempt, time.monotonic() - started,
+                     reason, fmt(progress.commit_lsn))
             return conn, progress
 
 
@@ -478,6 +515,27 @@ def _transient(exc: BaseException, conn: psycopg.Connection | None) -> bool:
     if state is None:          # raised by the client: refused, reset, closed, timed out
         return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
     return state.startswith("08") or state in _TRANSIENT_STATES
+
+
+# Why a source session was lost, by SQLSTATE (PostgreSQL's condition names); the label of
+# ``lakecdc_ship_reconnects_total`` (pipelines.metrics.RECONNECT_REASONS).
+_REASONS = {"57P01": "admin_shutdown",        # pg_terminate_backend, a fast/smart shutdown
+            "57P02": "crash_shutdown",        # another backend crashed: the server restarts
+            "57P03": "cannot_connect_now",    # starting up, shutting down, in recovery
+            "57P05": "idle_session_timeout",
+            "53300": "too_many_connections"}
+
+
+def reconnect_reason(exc: BaseException) -> str:
+    """One of a fixed set of words for why ``exc`` ended the source session: the server's
+    reason when it sent one, ``connection_failure`` for SQLSTATE class 08, otherwise
+    ``connection_lost`` (reset, refused, timed out, keepalives; the client's own report)."""
+    state = getattr(exc, "sqlstate", None) or ""
+    if state in _REASONS:
+        return _REASONS[state]
+    if state.startswith("08"):
+        return "connection_failure"
+    return "connection_lost"
 
 
 def _slot_missing(slot: str, progress: Progress) -> UserError:

@@ -44,7 +44,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Protocol
+from typing import Callable, Protocol
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -227,7 +227,8 @@ class GoldBatchWriter:
 
     def __init__(self, paths: GoldPaths, tables: D.CountedTables = D.COUNTED, *,
                  floor_lsn: int = 0, epoch: int | None = None, accept_errors_upto: int = 0,
-                 guard: bool = True, faults: Faults | None = None) -> None:
+                 guard: bool = True, faults: Faults | None = None,
+                 on_result: Callable[[BatchResult], None] | None = None) -> None:
         self.paths = paths
         self.tables = tables
         self.floor_lsn = floor_lsn
@@ -238,6 +239,7 @@ class GoldBatchWriter:
         self.faults = faults or _NoFaults()
         self.results: list[BatchResult] = []
         self.failure: BaseException | None = None
+        self.on_result = on_result          # called after every batch (metrics)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
@@ -248,6 +250,12 @@ class GoldBatchWriter:
             self.failure = exc
             raise
         self.results.append(result)
+        if self.on_result is not None:
+            try:
+                self.on_result(result)
+            except Exception:                # an observer never fails the batch
+                log.warning("gold batch %d: the result callback failed", batch_id,
+                            exc_info=True)
         log.info("gold batch %d: %d silver rows, %d transactions applied (%d keys), %d "
                  "carried, %.2fs%s", batch_id, result.silver_rows,
                  result.applied_transactions, result.merged_keys,

@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
+from typing import Callable
 
 import psycopg
 import pyarrow as pa
@@ -112,25 +113,32 @@ def push_once(gold_path: str, dashboard_dsn: str, storage_options: dict | None =
 
 def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
              once: bool = False, interval_s: float = 5.0,
-             storage_options: dict | None = None) -> list[PushResult]:
+             storage_options: dict | None = None,
+             on_result: Callable[[PushResult], None] | None = None) -> list[PushResult]:
     """Push until ``stop`` is set (``once``: a single push). Returns the pushes that wrote.
 
     A lost connection, a dashboard that cannot be reached once it has been (a restart) or
     a gold read that fails is retried at the next interval; problems a person must fix
     (``UserError``, or no connection at the very first push) end the loop.
+
+    ``on_result`` (metrics) is called with every push that completed, including those that
+    found gold already pushed; not with failed ones. It must not raise.
     """
     done: list[PushResult] = []
     reached = False
     while True:
         try:
             result = push_once(gold_path, dashboard_dsn, storage_options)
-            reached = True
-            if result.pushed:
-                done.append(result)
         except (psycopg.OperationalError, DeltaError, OSError, Unreachable) as exc:
             if once or (isinstance(exc, Unreachable) and not reached):
                 raise
             log.warning("push failed, retrying in %.0fs: %s", interval_s, exc)
+        else:
+            reached = True
+            if result.pushed:
+                done.append(result)
+            if on_result is not None:
+                on_result(result)
         if once or stop.wait(interval_s):
             return done
 
@@ -203,6 +211,7 @@ def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults,
             "source_commit_lsn = %s::bigint, source_commit_ts = %s::timestamptz, "
             "pushed_at = now() WHERE gold_table = %s").format(sql.Identifier(PROGRESS_TABLE)),
             [version, table_id, lsn, ts, key])
+    faults.hit("after_push_commit")
     return PushResult(version, prev_version if same_table else None, pushed=True, full=full,
                       upserted=upserted, deleted=removed, source_commit_lsn=lsn)
 

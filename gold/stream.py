@@ -67,13 +67,15 @@ class GoldRun:
 
 def gold_writer(spark: SparkSession, gold_path: str, pending_path: str | None = None, *,
                 tables: CountedTables = COUNTED, accept_errors_upto: int = 0,
-                guard: bool = True, faults: Faults | None = None) -> GoldBatchWriter:
+                guard: bool = True, faults: Faults | None = None,
+                on_result=None) -> GoldBatchWriter:
     """The foreachBatch function for ``gold_path``, floored at gold's seed LSN."""
     paths = GoldPaths(gold_path, pending_path) if pending_path else GoldPaths.beside(gold_path)
     state = gold_state(spark, paths.gold)
     return GoldBatchWriter(paths, tables, floor_lsn=state.floor if state else 0,
                            epoch=state.epoch if state else None,
-                           accept_errors_upto=accept_errors_upto, guard=guard, faults=faults)
+                           accept_errors_upto=accept_errors_upto, guard=guard, faults=faults,
+                           on_result=on_result)
 
 
 def start_gold(spark: SparkSession, silver_path: str, gold_path: str, checkpoint_dir: str,

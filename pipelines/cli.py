@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import traceback
+from contextlib import contextmanager
 
 import click
 
@@ -133,6 +134,41 @@ def _config(ctx, **flags) -> Config:
     return Config.load(**ctx.obj["flags"], **flags)
 
 
+def _metrics_option(command):
+    """``--metrics-port`` of the commands that run stages: ``run`` serves every stage's
+    metrics, ``ship``, ``silver``, ``gold`` and ``push`` their own (pipelines.metrics.STAGES).
+    """
+    return click.option(
+        "--metrics-port", metavar="[HOST:]PORT", envvar="LAKECDC_METRICS_PORT",
+        help="Serve Prometheus metrics on http://HOST:PORT/metrics while running (host "
+             "0.0.0.0 unless given) [env LAKECDC_METRICS_PORT].")(command)
+
+
+def _shipper_safety_options(command):
+    """WAL safety settings of the shipper (``ship``, and ``run``'s shipper); not given,
+    ``Config`` takes them from the environment or its defaults."""
+    command = click.option(
+        "--reconnect-max-backoff", "reconnect_max_backoff_s", metavar="SECONDS",
+        type=click.FloatRange(min=0, min_open=True),
+        help="Longest wait between attempts to reconnect to the source after it went away "
+             "[env LAKECDC_RECONNECT_MAX_BACKOFF; 30].")(command)
+    return click.option(
+        "--heartbeat-interval", "heartbeat_interval_s", metavar="SECONDS",
+        type=click.FloatRange(min=0),
+        help="Heartbeat transaction after this long without the slot moving while WAL is "
+             "written elsewhere; 0 turns heartbeats off [env LAKECDC_HEARTBEAT_INTERVAL; "
+             "30].")(command)
+
+
+@contextmanager
+def _stage_metrics(pipeline, listen: str | None, stage: str):
+    """Serve ``stage``'s metrics while the block runs, recorded through ``pipeline``."""
+    from pipelines.metrics import pipeline_exporter
+
+    with pipeline_exporter(pipeline.config, listen, stage=stage) as pipeline.metrics:
+        yield pipeline
+
+
 def _pipeline(ctx, **flags):
     from pipelines.run import Pipeline
     from pipelines.spark import get_or_create
@@ -171,12 +207,19 @@ def setup(ctx, rebaseline):
 @click.option("--chunk-mb", type=float, help="Peek rows are converted in chunks of this size [16].")
 @click.option("--memory-budget-mb", type=int,
               help="Rows held in memory per batch before spilling to local disk [64].")
+@_shipper_safety_options
+@_metrics_option
 @click.pass_context
-def ship(ctx, once, **flags):
+def ship(ctx, once, metrics_port, **flags):
     """slot → bronze."""
     from bronze.ship import Shipper
+    from pipelines.metrics import pipeline_exporter
 
-    totals = Shipper(_config(ctx, **flags)).run(once=once, stop=_stop_on_signals())
+    config = _config(ctx, **flags)
+    with pipeline_exporter(config, metrics_port, stage="ship") as metrics:
+        shipper = Shipper(config, on_batch=metrics.on_ship_batch
+                          if metrics is not None else None)
+        totals = shipper.run(once=once, stop=_stop_on_signals())
     click.echo(f"shipped {totals.changes} changes in {totals.transactions} transactions "
                f"({totals.commits} bronze commits)")
 
@@ -187,10 +230,12 @@ def _once_option(help_text: str):
 
 @cli.command()
 @_once_option("Process what bronze holds now (availableNow), then exit.")
+@_metrics_option
 @click.pass_context
-def silver(ctx, once):
+def silver(ctx, once, metrics_port):
     """bronze → silver (Spark Structured Streaming)."""
-    result = _pipeline(ctx).silver(once=once, stop=_stop_on_signals())
+    with _stage_metrics(_pipeline(ctx), metrics_port, "silver") as pipeline:
+        result = pipeline.silver(once=once, stop=_stop_on_signals())
     click.echo(f"silver: {result.changes_rows} rows, {result.quarantined_rows} quarantined")
 
 
@@ -199,8 +244,9 @@ def silver(ctx, once):
 @click.option("--accept-errors-upto", metavar="LSN",
               help="Treat quarantined (unparseable) silver rows up to this commit LSN as "
                    "count-neutral, after checking silver/quarantine; e.g. 0/4A3F2C0.")
+@_metrics_option
 @click.pass_context
-def gold(ctx, once, accept_errors_upto):
+def gold(ctx, once, accept_errors_upto, metrics_port):
     """silver → gold service_stats (idempotent MERGE of whole transactions)."""
     from pipelines.lsn import Lsn
 
@@ -208,17 +254,19 @@ def gold(ctx, once, accept_errors_upto):
         accept = int(Lsn.parse(accept_errors_upto)) if accept_errors_upto else None
     except ValueError as exc:
         raise UserError(f"--accept-errors-upto: {exc}; write an LSN like 0/4A3F2C0.") from None
-    result = _pipeline(ctx).gold(once=once, stop=_stop_on_signals(),
-                                 accept_errors_upto=accept)
+    with _stage_metrics(_pipeline(ctx), metrics_port, "gold") as pipeline:
+        result = pipeline.gold(once=once, stop=_stop_on_signals(), accept_errors_upto=accept)
     click.echo(f"gold: {result.applied_transactions} transactions applied")
 
 
 @cli.command()
 @_once_option("Push gold's latest version once, then exit.")
+@_metrics_option
 @click.pass_context
-def push(ctx, once):
+def push(ctx, once, metrics_port):
     """gold → dashboard Postgres service_stats."""
-    result = _pipeline(ctx).push(once=once, stop=_stop_on_signals())
+    with _stage_metrics(_pipeline(ctx), metrics_port, "push") as pipeline:
+        result = pipeline.push(once=once, stop=_stop_on_signals())
     if once:
         click.echo(f"push: gold version {result.gold_version}"
                    + ("" if result.pushed else " (already pushed)"))
@@ -226,16 +274,12 @@ def push(ctx, once):
 
 @cli.command()
 @_once_option("Drain everything committed before it started through every layer, then exit.")
-@click.option("--metrics-port", metavar="[HOST:]PORT", envvar="LAKECDC_METRICS_PORT",
-              help="Serve Prometheus metrics on http://HOST:PORT/metrics while running "
-                   "(host 0.0.0.0 unless given) [env LAKECDC_METRICS_PORT].")
+@_shipper_safety_options
+@_metrics_option
 @click.pass_context
-def run(ctx, once, metrics_port):
+def run(ctx, once, metrics_port, **flags):
     """All stages: ship, silver, gold, push."""
-    from pipelines.metrics import pipeline_exporter
-
-    pipeline = _pipeline(ctx)
-    with pipeline_exporter(pipeline.config, metrics_port) as pipeline.metrics:
+    with _stage_metrics(_pipeline(ctx, **flags), metrics_port, "run") as pipeline:
         if once:
             report = pipeline.run_once()
             timing = ", ".join(f"{k} {v:.1f}s" for k, v in report.seconds.items())

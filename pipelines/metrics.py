@@ -13,6 +13,11 @@ Two sources, on one registry per process (docs/observability.md lists every metr
   scrape, so it is right wherever the stages run (the shipper beside the database, Spark on
   Databricks): ``lakecdc metrics`` serves only this part.
 
+``lakecdc run --metrics-port`` serves the events of every stage and the whole state; a single
+stage (``lakecdc ship|silver|gold|push --metrics-port``) serves its own layer's events and
+the state of what it writes (``STAGES``), so stages run as separate processes never serve
+the same state series twice.
+
 Contracts: recording an event never raises into the stage (a metrics bug must not stop the
 pipeline); a state part that cannot be read is reported as ``lakecdc_state_up{part} 0`` and
 the other parts are still served; no metric carries a DSN or any other secret.
@@ -48,18 +53,51 @@ WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 SILVER_QUERY = "lakecdc_silver_changes"
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 DEFAULT_HOST = "0.0.0.0"
+# Why the shipper lost its source session (``bronze.ship.reconnect_reason``): PostgreSQL's
+# condition names for the server's own reasons, ``connection_lost`` for the client's
+# (reset, refused, timed out, keepalives). A fixed set, so every series exists from 0.
+RECONNECT_REASONS = ("admin_shutdown", "crash_shutdown", "cannot_connect_now",
+                     "idle_session_timeout", "too_many_connections", "connection_failure",
+                     "connection_lost")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What one command's exporter serves: the event metrics of ``layers`` and the state
+    ``parts`` (``read_state``)."""
+
+    layers: tuple[str, ...]
+    parts: tuple[str, ...]
+
+
+# ``lakecdc run`` serves everything. A single stage serves its own layer's events and the
+# state of what it writes, so when the stages run as separate processes every state series
+# comes from exactly one of them (the slot's from the shipper, which keeps it moving).
+STAGES = {
+    "run": Stage(LAYERS, STATE_PARTS),
+    "ship": Stage(("bronze",), ("source", "bronze")),
+    "silver": Stage(("silver",), ("silver", "quarantine")),
+    "gold": Stage(("gold",), ("gold",)),
+    "push": Stage(("dashboard",), ("dashboard",)),
+}
 
 
 class PipelineMetrics:
     """The event metrics of one process, on their own registry (``self.registry``).
 
     Hook methods match the stages' results: ``on_ship_batch(result, progress)`` is the
-    ``Shipper``'s ``on_batch``; ``on_gold_batch(BatchResult)``; ``on_push(PushResult)``;
-    ``stream_listener()`` returns a Spark ``StreamingQueryListener`` feeding
+    ``Shipper``'s ``on_batch`` (its batches, and the heartbeats and reconnects before
+    them); ``on_gold_batch(BatchResult)``; ``on_push(PushResult)`` (``run_push``'s
+    ``on_result``); ``stream_listener()`` returns a Spark ``StreamingQueryListener`` feeding
     ``on_stream_progress``. None of them raises.
+
+    ``layers``: the layers whose series exist from the start (at 0) - one stage's, or all;
+    the shipper's heartbeat and reconnect counters exist with ``bronze``, the pushed
+    version with ``dashboard``.
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None,
+                 layers: tuple[str, ...] = LAYERS) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.port: int | None = None         # where it is served, once it is
         r = self.registry
@@ -92,11 +130,28 @@ class PipelineMetrics:
             "lakecdc_stream_processed_rows_per_second",
             "Spark's processedRowsPerSecond of the query's last micro-batch.", ["query"],
             registry=r)
-        for layer in LAYERS:        # every series exists from the start: 0, not absent
+        self.heartbeats = self.reconnects = self.pushed_version = None
+        if "bronze" in layers:
+            self.heartbeats = Counter(
+                "lakecdc_ship_heartbeats_total",
+                "Heartbeat transactions the shipper committed on the source so its slot can "
+                "move past WAL written elsewhere (bronze/heartbeat.py).", registry=r)
+            self.reconnects = Counter(
+                "lakecdc_ship_reconnects_total",
+                "Times the shipper lost its source session and reconnected, by why it was "
+                "lost.", ["reason"], registry=r)
+            for reason in RECONNECT_REASONS:
+                self.reconnects.labels(reason)
+        if "dashboard" in layers:
+            self.pushed_version = Gauge(
+                "lakecdc_push_gold_version",
+                "Gold version the dashboard holds after this process's last push.",
+                registry=r)
+        for layer in layers:        # every series exists from the start: 0, not absent
             self.rows.labels(layer)
             self.batch_seconds.labels(layer)
-        for layer in ("bronze", "gold"):
-            self.transactions.labels(layer)
+            if layer in ("bronze", "gold"):
+                self.transactions.labels(layer)
 
     def _batch(self, layer: str, rows: int, seconds: float, transactions: int | None = None):
         self.rows.labels(layer).inc(max(rows, 0))
@@ -106,9 +161,17 @@ class PipelineMetrics:
         self.last_batch.labels(layer).set(time.time())
 
     def on_ship_batch(self, result, progress=None) -> None:
-        """``bronze.ship.Shipper(on_batch=...)``: one peek and its commit."""
-        _safely(lambda: self._batch("bronze", result.changes + result.read_rows,
-                                    result.seconds, result.transactions))
+        """``bronze.ship.Shipper(on_batch=...)``: one peek and its commit, and the heartbeats
+        sent and reconnects made since the previous batch."""
+        def record():
+            self._batch("bronze", result.changes + result.read_rows, result.seconds,
+                        result.transactions)
+            if self.heartbeats is not None and result.heartbeats:
+                self.heartbeats.inc(result.heartbeats)
+            if self.reconnects is not None:
+                for reason in result.reconnects:
+                    self.reconnects.labels(reason).inc()
+        _safely(record)
 
     def on_gold_batch(self, result) -> None:
         """A ``gold.apply.BatchResult``."""
@@ -117,8 +180,15 @@ class PipelineMetrics:
 
     def on_push(self, result) -> None:
         """A ``gold.push.PushResult`` (a push that found nothing new counts 0 rows)."""
-        _safely(lambda: self._batch("dashboard", result.upserted + result.deleted,
-                                    result.seconds))
+        def record():
+            self._batch("dashboard", result.upserted + result.deleted, result.seconds)
+            if self.pushed_version is not None:
+                # Not pushed: the dashboard already held this version or a newer one.
+                held = result.gold_version if result.pushed else max(
+                    result.gold_version, result.previous_version
+                    if result.previous_version is not None else -1)
+                self.pushed_version.set(held)
+        _safely(record)
 
     def on_stream_progress(self, progress) -> None:
         """A ``StreamingQueryProgress``: per query, and the silver layer's own metrics."""
@@ -179,9 +249,10 @@ class StateSnapshot:
     seconds: float = 0.0
 
 
-def read_state(config: Config, storage_options: dict | None = None) -> StateSnapshot:
-    """Read every part as ``lakecdc status`` does; a failing part is marked down with its
-    error (redacted), not raised."""
+def read_state(config: Config, storage_options: dict | None = None,
+               parts: tuple[str, ...] = STATE_PARTS) -> StateSnapshot:
+    """Read ``parts`` (every part unless given) as ``lakecdc status`` does; a failing part
+    is marked down with its error (redacted), not raised."""
     from pipelines import status
 
     started = time.monotonic()
@@ -194,6 +265,8 @@ def read_state(config: Config, storage_options: dict | None = None) -> StateSnap
             status.quarantine_path(config), storage_options))),
     ]
     for part, read in reads:
+        if part not in parts:
+            continue
         try:
             read()
             snap.up[part] = True
@@ -270,7 +343,8 @@ def state_families(snap: StateSnapshot, now: dt.datetime) -> Iterator[GaugeMetri
     up = family("lakecdc_state_up", "1 when the part could be read at the last state read.",
                 ["part"])
     for part in STATE_PARTS:
-        up.add_metric([part], 1.0 if snap.up.get(part) else 0.0)
+        if part in snap.up:               # the parts this exporter reads
+            up.add_metric([part], 1.0 if snap.up[part] else 0.0)
     yield up
     yield GaugeMetricFamily("lakecdc_state_timestamp_seconds",
                             "Unix time of the last state read.", value=snap.taken_at)
@@ -357,8 +431,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def add_state(registry: CollectorRegistry, config: Config, storage_options: dict | None = None,
-              max_age_s: float = 5.0) -> StateCollector:
-    collector = StateCollector(lambda: read_state(config, storage_options), max_age_s)
+              max_age_s: float = 5.0, parts: tuple[str, ...] = STATE_PARTS) -> StateCollector:
+    collector = StateCollector(lambda: read_state(config, storage_options, parts), max_age_s)
     registry.register(collector)
     return collector
 
@@ -425,16 +499,18 @@ def _info(registry: CollectorRegistry, config: Config) -> None:
 
 
 @contextmanager
-def pipeline_exporter(config: Config, listen: str | int | None, max_age_s: float = 5.0
-                      ) -> Iterator[PipelineMetrics | None]:
-    """For ``lakecdc run``: event + state + process metrics served while the block runs
+def pipeline_exporter(config: Config, listen: str | int | None, max_age_s: float = 5.0,
+                      stage: str = "run") -> Iterator[PipelineMetrics | None]:
+    """For ``lakecdc run|ship|silver|gold|push --metrics-port``: the stage's event metrics,
+    its state parts (``STAGES``) and the process metrics, served while the block runs
     (``metrics.port``: the bound port). Yields None (nothing served) when ``listen`` is
     None."""
     if listen is None:
         yield None
         return
-    metrics = PipelineMetrics()
-    add_state(metrics.registry, config, _storage_options(config), max_age_s)
+    serves = STAGES[stage]
+    metrics = PipelineMetrics(layers=serves.layers)
+    add_state(metrics.registry, config, _storage_options(config), max_age_s, serves.parts)
     add_process(metrics.registry)
     _info(metrics.registry, config)
     with serve(metrics.registry, listen) as metrics.port:

@@ -161,15 +161,15 @@ class Pipeline:
              accept_errors_upto: int | None = None):
         w = self.where
         extra = {} if accept_errors_upto is None else {"accept_errors_upto": accept_errors_upto}
+        if self.metrics is not None:            # every batch as it ends, also when continuous
+            extra["on_result"] = self.metrics.on_gold_batch
         self._observe_streams()
         with self.gold_lock():
             self.seed_gold_from_baseline()
             self.require_no_gap()
-            result = run_gold(self.spark, w.silver.silver_path, w.gold, w.gold_checkpoint,
-                              once=once, stop=stop, trigger_interval=self.trigger_interval,
-                              **self.gold_options, **extra)
-        self._record_gold(result.batches)
-        return result
+            return run_gold(self.spark, w.silver.silver_path, w.gold, w.gold_checkpoint,
+                            once=once, stop=stop, trigger_interval=self.trigger_interval,
+                            **self.gold_options, **extra)
 
     def push(self, once: bool, stop: threading.Event | None = None):
         if once:
@@ -177,10 +177,9 @@ class Pipeline:
             if self.metrics is not None:
                 self.metrics.on_push(result)
             return result
-        # Continuous pushes are seen by the state metrics (dashboard version, freshness);
-        # per-push events need a callback in gold.push.run_push.
         return run_push(self.where.gold, self.config.dashboard, stop or threading.Event(),
-                        interval_s=self.push_interval_s)
+                        interval_s=self.push_interval_s,
+                        on_result=self.metrics.on_push if self.metrics is not None else None)
 
     # --- all stages -----------------------------------------------------------------------
 
@@ -220,7 +219,7 @@ class Pipeline:
             thread.start()
             return thread
 
-        writer, recorded = None, 0
+        writer = None
         threads = [guarded("ship", lambda: self._shipper().run(once=False, stop=stop))]
         queries = []
         try:
@@ -232,13 +231,14 @@ class Pipeline:
             self.seed_gold_from_baseline()
             self.require_no_gap()
             options = dict(self.gold_options)
+            if self.metrics is not None:
+                options["on_result"] = self.metrics.on_gold_batch
             writer = gold_writer(self.spark, w.gold, options.pop("pending_path"), **options)
             queries.append(start_gold(self.spark, s.silver_path, w.gold, w.gold_checkpoint,
                                       once=False, writer=writer,
                                       trigger_interval=self.trigger_interval))
             threads.append(guarded("push", lambda: self.push(once=False, stop=stop)))
             while not stop.is_set():
-                recorded = self._record_gold(writer.results, recorded)
                 for query in queries:
                     if not query.isActive:
                         # A gold batch's own error (e.g. a TRUNCATE: exit 2 with its
@@ -255,8 +255,6 @@ class Pipeline:
                 _stop_between_batches(query)
             for thread in threads:
                 thread.join(timeout=120)
-            if writer is not None:
-                self._record_gold(writer.results, recorded)
         if errors:
             raise errors[0]
 
@@ -265,14 +263,6 @@ class Pipeline:
     def _shipper(self) -> Shipper:
         return Shipper(self.config, on_batch=self.metrics.on_ship_batch
                        if self.metrics is not None else None)
-
-    def _record_gold(self, results: list, start: int = 0) -> int:
-        """Record gold ``BatchResult``s from ``start`` on; returns how many were seen."""
-        end = len(results)
-        if self.metrics is not None:
-            for result in results[start:end]:
-                self.metrics.on_gold_batch(result)
-        return end
 
     def _observe_streams(self) -> None:
         """Record Spark streaming progress (silver's rows and batch durations) into
