@@ -13,9 +13,9 @@ What one run does:
 3. ``--cycles`` times: starts ``lakecdc run`` (the real CLI, continuous) in its own process
    group and sends SIGKILL to the whole group - the Python driver, the Spark JVM and its
    Python workers at once - either a random 0.5-``--max-kill-s`` seconds after the start or,
-   for a ``--streaming-fraction`` of the cycles, a random 0-15 s after silver committed in
-   that cycle (so kills also land inside the streams, gold and the push, not only in the
-   JVM's start-up); waits until no process of the group is left and Postgres has let go of
+   for a ``--streaming-fraction`` of the cycles, a random 0-15 s after silver (or
+   ``--streaming-layer gold``) committed in that cycle (so kills also land inside the
+   streams, gold and the push, not only in the JVM's start-up); waits until no process of the group is left and Postgres has let go of
    the dead sessions (their advisory locks and the slot), then restarts it;
 4. stops the traffic, drains with ``lakecdc run --once`` and checks RELIABILITY.md's
    I1-I5 exactly (``tests/invariants.py``); prints a summary and exits 0 only if exact.
@@ -264,7 +264,10 @@ WITNESS = "lakecdc_soak_witness"
 def _source(base: Path, port: int, fresh: bool) -> tuple[object, Config]:
     from infra.localpg import LocalPostgres
 
-    pg = LocalPostgres(base / "pg", port=port).start()
+    pg = LocalPostgres(base / "pg", port=port)
+    if not fresh:
+        pg.stop()           # a soak killed outright leaves its server running
+    pg.start()
     if fresh:
         with psycopg.connect(pg.dsn(), autocommit=True) as conn:
             conn.execute("CREATE DATABASE notify")
@@ -299,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="share of cycles killed a random 0-15 s after silver committed "
                              "in that cycle (the streams and gold running), instead of at a "
                              "random time from the start")
+    parser.add_argument("--streaming-layer", choices=("silver", "gold", "pushed"),
+                        default="silver",
+                        help="the layer whose commit starts the 0-15 s countdown of those "
+                             "cycles (gold: kills land in gold batches and pushes)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--traffic-interval", type=float, default=0.3,
                         help="seconds between traffic steps (20 inserts + updates each)")
@@ -354,8 +361,9 @@ def main(argv: list[str] | None = None) -> int:
         writer.start()
         for _ in range(done, args.cycles):
             if rng.random() < args.streaming_fraction:
-                silver = Positions.read(config).silver
-                c = soak.cycle(until=lambda: Positions.read(config).silver > silver,
+                layer = args.streaming_layer
+                mark = getattr(Positions.read(config), layer)
+                c = soak.cycle(until=lambda: getattr(Positions.read(config), layer) > mark,
                                then_s=rng.uniform(0, 15))
             else:
                 c = soak.cycle(run_for_s=rng.uniform(args.min_kill_s, args.max_kill_s))
