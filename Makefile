@@ -1,11 +1,12 @@
 # The two commands a fresh machine needs (each installs what it needs first):
 #   make demo   - lakecdc demo: own local Postgres + wal2json, traffic, the whole pipeline
 #   make test   - the test suite on real Postgres + wal2json, Spark + Delta
+#   make bench  - the benchmarks (python -m bench): docs/benchmarks.md, its JSON and plots
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test unit system-deps venv clean
+.PHONY: demo test unit bench system-deps venv clean
 
 system-deps:
 	@bash infra/install-system-deps.sh
@@ -18,14 +19,21 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# Two workers (one per core), whole files per worker so module fixtures are shared; Spark
+# is started once first so the Delta jars are resolved before the workers start theirs.
 test: system-deps venv
-	$(PY) -m pytest
+	$(PY) -c "from pipelines.spark import get_or_create; get_or_create().stop()"
+	$(PY) -m pytest -n 2 --dist loadfile
 
 unit: venv
 	$(PY) -m pytest tests/unit
 
 demo: system-deps venv
 	$(VENV)/bin/lakecdc demo
+
+# BENCH_ARGS: e.g. --quick, or sizes (--changes 200000 --rate 1000); see python -m bench -h
+bench: system-deps venv
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) lakehouse .pytest_cache

