@@ -15,11 +15,15 @@ in the snapshot, travels through bronze, silver and gold like any captured trans
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
+
+import psycopg
+from psycopg import sql
 
 from bronze import slot as slots
 from bronze.source import connect
@@ -40,12 +44,18 @@ def consistent_point(dsn: str) -> Iterator[ConsistentPoint]:
     name = f"lakecdc_tmp_{uuid.uuid4().hex[:16]}"
     with slots.replication_connection(dsn) as rconn:
         created = slots.create_slot(rconn, name, temporary=True)
-        yield ConsistentPoint(created.consistent_point, created.snapshot_name)
+        try:
+            yield ConsistentPoint(created.consistent_point, created.snapshot_name)
+        finally:
+            # Dropped now, not when the server gets round to ending the session after the
+            # connection closes: once this returns, the slot pins no WAL. (If the session
+            # is already gone, so is the slot.)
+            with contextlib.suppress(psycopg.Error):
+                rconn.execute(sql.SQL("DROP_REPLICATION_SLOT {}").format(sql.Identifier(name)))
 
 
 def count_at(dsn: str, point: ConsistentPoint, label: str = "counting source rows") -> Counter:
     """``service_stats`` truth as of ``point`` (source rows only), with a progress bar."""
-    from psycopg import sql
 
     with connect(dsn) as conn:
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
