@@ -23,8 +23,7 @@ from psycopg import sql
 
 from bronze.heartbeat import PREFIX as HEARTBEAT_PREFIX
 from bronze.records import COPY_HEADER_LEN, COPY_SIGNATURE, PeekColumns, decode_copy_rows
-from bronze.source import PLUGIN_MISSING
-from pipelines.errors import UserError
+from bronze.source import raise_if_plugin_missing
 from pipelines.lsn import Lsn
 
 PLUGIN = "wal2json"
@@ -167,11 +166,8 @@ def create_slot(rconn: psycopg.Connection, slot: str, temporary: bool = False) -
                             .format(sql.Identifier(slot),
                                     sql.SQL("TEMPORARY " if temporary else ""),
                                     sql.Identifier(PLUGIN))).fetchone()
-    except psycopg.errors.UndefinedFile:
-        raise UserError(PLUGIN_MISSING) from None
     except psycopg.Error as exc:
-        if "could not access file" in str(exc):
-            raise UserError(PLUGIN_MISSING) from None
+        raise_if_plugin_missing(exc)
         raise
     _name, consistent_point, snapshot_name, _plugin = row
     return CreatedSlot(int(Lsn.parse(consistent_point)), snapshot_name)

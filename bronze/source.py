@@ -70,6 +70,12 @@ PLUGIN_MISSING = ("the wal2json output plugin is not installed on the source ser
                   "setup`.")
 
 
+def raise_if_plugin_missing(exc: psycopg.Error) -> None:
+    """Turn the server's "could not access file" for wal2json into ``PLUGIN_MISSING``."""
+    if isinstance(exc, psycopg.errors.UndefinedFile) or "could not access file" in str(exc):
+        raise UserError(PLUGIN_MISSING) from None
+
+
 def check_plugin(conn: psycopg.Connection, probe_timeout_s: float = 5.0) -> None:
     """wal2json loads on the source, checked before setup changes anything.
 
@@ -86,11 +92,8 @@ def check_plugin(conn: psycopg.Connection, probe_timeout_s: float = 5.0) -> None
         conn.execute("SELECT pg_drop_replication_slot(%s)", [probe])
     except psycopg.errors.QueryCanceled:
         pass                                   # loaded; waiting for running transactions
-    except psycopg.errors.UndefinedFile:
-        raise UserError(PLUGIN_MISSING) from None
     except psycopg.Error as exc:
-        if "could not access file" in str(exc):
-            raise UserError(PLUGIN_MISSING) from None
+        raise_if_plugin_missing(exc)
         raise
     finally:
         conn.execute("RESET statement_timeout")
