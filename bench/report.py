@@ -74,6 +74,13 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def plot_throughput(doc: dict, path: Path) -> Path:
     b = doc["backlog"]
     d, layers = b["decode"], b["layers"]
@@ -99,10 +106,7 @@ def plot_throughput(doc: dict, path: Path) -> Path:
         ax.text(x, v, f"{v:,.0f}", ha="center", va="bottom", fontsize=8)
     ax.set_title(f"throughput per layer on a {changes:,}-change backlog "
                  f"(load avg {b['load_before'][0]:.1f} on {doc['machine']['cpus']} cores)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_freshness(doc: dict, path: Path) -> Path:
@@ -123,10 +127,7 @@ def plot_freshness(doc: dict, path: Path) -> Path:
     ax.set_ylabel("seconds until on the dashboard")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_gold_scaling(doc: dict, path: Path) -> Path:
@@ -150,10 +151,7 @@ def plot_gold_scaling(doc: dict, path: Path) -> Path:
                  "grows")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 # --- the Markdown report ------------------------------------------------------------------

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from pipelines.config import Config
@@ -34,3 +35,18 @@ def wait_for(condition, timeout: float, interval: float = 0.05) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+@contextmanager
+def tmpfs(mount: Path, size: str, read_only: bool = False):
+    """A small tmpfs mounted at ``mount`` (a full disk, a read-only one), unmounted after.
+    Mounting needs root, as the suite runs in CI (Postgres runs via ``runuser``)."""
+    assert os.geteuid() == 0, "the full- and read-only-disk tests mount a tmpfs: run as root"
+    mount.mkdir()
+    options = f"size={size}" + (",ro" if read_only else "")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount)], check=True)

@@ -32,7 +32,7 @@ from infra.localpg import LocalPostgres
 from invariants import check_i1, check_i2, check_invariants
 from pipelines.config import Config
 from pipelines.setup_source import setup
-from tests_support import cli_env, run_cli
+from tests_support import cli_env, run_cli, tmpfs
 from truth import Witness, dashboard_counts
 from workload import insert, mixed
 
@@ -178,20 +178,10 @@ def test_unknown_table_in_configuration_is_refused_before_and_after_setup(source
 @pytest.fixture
 def read_only_disk(tmp_path):
     """A tmpfs mounted read-only: unwritable even for root, who ignores permissions."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,ro", "tmpfs", str(mount)],
-                   check=True)
-
-    def remount(mode: str) -> None:
-        subprocess.run(["mount", "-o", f"remount,{mode}", str(mount)], check=True)
-    try:
+    with tmpfs(tmp_path / "ro", "16m", read_only=True) as mount:
+        def remount(mode: str) -> None:
+            subprocess.run(["mount", "-o", f"remount,{mode}", str(mount)], check=True)
         yield mount, remount
-    finally:
-        if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 def test_read_only_lakehouse_is_refused_by_setup_and_stops_ship_before_any_advance(

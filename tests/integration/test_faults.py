@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -31,7 +32,7 @@ from deltalake import DeltaTable, write_deltalake
 from invariants import check_i1, check_i2, check_i3_i4, check_i5, check_invariants
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from tests_support import ROOT, cli_env, run_cli, wait_for
+from tests_support import ROOT, cli_env, run_cli, tmpfs, wait_for
 from truth import Witness
 from workload import insert, mixed, transition
 
@@ -107,21 +108,36 @@ def dashboard_rows(dsn: str) -> list[tuple]:
                                    "notification_status, count FROM service_stats").fetchall())
 
 
+@contextmanager
+def silver_running(spark, config):
+    """Silver's two queries streaming for the block; yields ``drain()``: process everything
+    bronze holds now and assert both queries are still up without an error."""
+    from silver.stream import SilverLocations, start_silver
+
+    loc = SilverLocations.from_config(config)
+    queries = start_silver(spark, loc.bronze_path, loc.silver_path, loc.quarantine_path,
+                           loc.checkpoint_root, config.tables, once=False,
+                           trigger_interval="200 milliseconds")
+
+    def drain() -> None:
+        for query in queries:
+            query.processAllAvailable()
+        assert all(q.isActive and q.exception() is None for q in queries)
+
+    try:
+        yield drain
+    finally:
+        for query in queries:
+            query.stop()
+
+
 # --- F1-F4, F6, F8, F10, F16: the shipper, one fault after another ------------------------------
 
 @pytest.fixture
 def small_disk(tmp_path):
     """A 48 MB tmpfs for the lakehouse, unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mount)], check=True)
-    try:
+    with tmpfs(tmp_path / "disk", "48m") as mount:
         yield mount
-    finally:
-        if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 def fill(disk: Path) -> Path:
@@ -418,19 +434,15 @@ def test_poison_mid_stream_is_quarantined_or_carried_and_counts_reconcile(
     added mid-stream (carried). The stream keeps going; gold, told after inspection that the
     quarantined rows are count-neutral (``accept_errors_upto``), ends exact (I1-I5)."""
     from bronze.ship import Shipper
-    from silver.stream import SilverLocations, start_silver
+    from silver.stream import SilverLocations
 
     svc, tpl = "11111111-1111-4111-8111-111111111111", "22222222-2222-4222-8222-222222222222"
     with source_db.connect() as conn:
         insert(conn, random.Random(41), 20)
     Shipper(config).run(once=True)
     loc = SilverLocations.from_config(config)
-    queries = start_silver(spark, loc.bronze_path, loc.silver_path, loc.quarantine_path,
-                           loc.checkpoint_root, config.tables, once=False,
-                           trigger_interval="200 milliseconds")
-    try:
-        for query in queries:
-            query.processAllAvailable()
+    with silver_running(spark, config) as drain:
+        drain()
         planted = plant(config, ['{"action":"I","schema":"public","table":"notif',   # cut off
                                  foreign_insert("other")])
         with source_db.connect() as conn:
@@ -442,12 +454,7 @@ def test_poison_mid_stream_is_quarantined_or_carried_and_counts_reconcile(
             conn.execute(INSERT_ONE.format(extra=", postage", values=", 'first'"), [svc, tpl])
             transition(conn, 0.5, "sending")
         Shipper(config).run(once=True)
-        for query in queries:
-            query.processAllAvailable()
-        assert all(q.isActive and q.exception() is None for q in queries)
-    finally:
-        for query in queries:
-            query.stop()
+        drain()
 
     silver = DeltaTable(loc.silver_path).to_pyarrow_table().to_pylist()
     by_key = {r["commit_lsn"]: r for r in silver if r["seq"] == 0}
@@ -481,7 +488,7 @@ def test_optimize_and_vacuum_of_bronze_under_a_running_silver_stream(
     stopped reader's lag deletes files it still needs, and the reader stops loudly rather
     than skipping them."""
     from bronze.ship import Shipper
-    from silver.stream import SilverLocations, run_silver, start_silver
+    from silver.stream import SilverLocations, run_silver
 
     bronze = config.bronze_path
     rng = random.Random(51)
@@ -495,12 +502,8 @@ def test_optimize_and_vacuum_of_bronze_under_a_running_silver_stream(
 
     traffic_then_ship(3)
     loc = SilverLocations.from_config(config)
-    queries = start_silver(spark, loc.bronze_path, loc.silver_path, loc.quarantine_path,
-                           loc.checkpoint_root, config.tables, once=False,
-                           trigger_interval="200 milliseconds")
-    try:
-        for query in queries:
-            query.processAllAvailable()
+    with silver_running(spark, config) as drain:
+        drain()
         files = len(DeltaTable(bronze).file_uris())
         spark.sql(f"OPTIMIZE delta.`{bronze}`")
         compacted = DeltaTable(bronze)
@@ -510,12 +513,7 @@ def test_optimize_and_vacuum_of_bronze_under_a_running_silver_stream(
         vacuumed = DeltaTable(bronze).vacuum(dry_run=False)     # default retention, 7 days
         assert vacuumed == []
         traffic_then_ship()
-        for query in queries:
-            query.processAllAvailable()
-        assert all(q.isActive and q.exception() is None for q in queries)
-    finally:
-        for query in queries:
-            query.stop()
+        drain()
     pipeline.gold(once=True)
     pipeline.push(once=True)
     check_invariants(config, witness)
