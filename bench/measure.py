@@ -230,7 +230,9 @@ class Bench:
                               "rows": gold.silver_rows,
                               "transactions": gold.applied_transactions,
                               "batches": len(gold.batches),
-                              "batch_seconds": round(sum(b.seconds for b in gold.batches), 2)}
+                              "batch_seconds": round(sum(b.seconds for b in gold.batches), 2),
+                              "merge_seconds": round(sum(b.merge_seconds
+                                                         for b in gold.batches), 2)}
         t = time.perf_counter()
         push = pipeline.push(once=True)
         layers["push"] = {"seconds": round(time.perf_counter() - t, 2),
@@ -287,7 +289,9 @@ class Bench:
         runner = threading.Thread(target=run_pipeline, name="bench-pipeline", daemon=True)
         writer = threading.Thread(target=run_traffic, name="bench-traffic", daemon=True)
         readings: list[tuple[datetime, datetime | None]] = []
-        with psycopg.connect(config.dashboard, autocommit=True) as conn:
+        out["spark_progress"] = {}
+        with psycopg.connect(config.dashboard, autocommit=True) as conn, \
+                self.progress.window(out["spark_progress"]):
             runner.start()
             # Traffic starts once the continuous pipeline runs (its three streaming queries
             # are active): its start-up is not part of a change's path in production.
@@ -349,7 +353,7 @@ class Bench:
             if not p.quick:                            # a first batch: plans, caches warm
                 workload.fixed_batch(config.source_dsn, p.scale_batch, "warm")
                 pipeline.run_once()
-            batch_s, stage_s = [], []
+            batch_s, stage_s, merge_s, merged = [], [], [], []
             for rep in range(p.scale_repeats):
                 workload.fixed_batch(config.source_dsn, p.scale_batch, f"m{rep}")
                 Shipper(config).run(once=True)
@@ -358,6 +362,8 @@ class Bench:
                 gold = pipeline.gold(once=True)
                 stage_s.append(time.perf_counter() - t)
                 batch_s.append(sum(b.seconds for b in gold.batches))
+                merge_s.append(sum(b.merge_seconds for b in gold.batches))
+                merged.append(sum(b.merged_keys for b in gold.batches))
                 pipeline.push(once=True)
             keys = len(gold_counts(config))
             out["points"].append({
@@ -365,6 +371,7 @@ class Bench:
                 "batch_s": [round(s, 2) for s in batch_s],
                 "stage_s": [round(s, 2) for s in stage_s],
                 "batch_s_median": round(statistics.median(batch_s), 2),
+                "merge_s": [round(s, 2) for s in merge_s], "merged_keys": merged,
                 "stage_s_median": round(statistics.median(stage_s), 2),
                 "load": _load(), "lakecdc": exactness(config)})
         first, last = out["points"][0], out["points"][-1]

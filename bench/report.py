@@ -182,13 +182,16 @@ def _values(doc: dict, images: dict[str, str]) -> dict:
         for v in verdicts(doc))
     layer_rows = "\n".join(
         f"| {name} | {_n(layers[key]['seconds'])} | {_n(layers[key]['changes_per_s'])} |"
-        for name, key in (("silver (bronze → silver/changes + quarantine)", "silver"),
+        for name, key in (("silver (bronze → silver/changes, then quarantine)", "silver"),
                           ("gold (silver → gold/service_stats)", "gold"),
                           ("push (gold → dashboard)", "push"),
                           ("silver + gold + push", "silver_gold_push")))
     scale_rows = "\n".join(
         f"| {_n(p['source_rows'])} | {_n(p['services'])} | {_n(p['gold_keys'])} | "
-        f"{', '.join(_n(s) for s in p['batch_s'])} | {_n(p['batch_s_median'])} | "
+        f"{', '.join(_n(s) for s in p['batch_s'])} | "
+        f"{', '.join(_n(s) for s in p.get('merge_s', [])) or '-'} | "
+        f"{', '.join(_n(k) for k in p.get('merged_keys', [])) or '-'} | "
+        f"{_n(p['batch_s_median'])} | "
         f"{_n(p['stage_s_median'])} | {p['load'][0]} | "
         f"{'exact' if p['lakecdc']['gold']['exact'] else 'DIFFERS'} |" for p in g["points"])
 
@@ -238,6 +241,8 @@ def _values(doc: dict, images: dict[str, str]) -> dict:
         "ship_rss": _n(d["ship_peak_rss_mb"]),
         "gold_batches": layers["gold"]["batches"],
         "gold_batch_s": _n(layers["gold"]["batch_seconds"]),
+        "gold_merge_s": _n(layers["gold"].get("merge_seconds", 0)),
+        "fresh_progress": fresh_progress(f0),
         "gold_transactions": _n(layers["gold"]["transactions"]),
         "push_keys": _n(layers["push"]["keys"]),
         "silver_add_batch": phase("lakecdc_silver_changes", "addBatch"),
@@ -279,63 +284,87 @@ def _values(doc: dict, images: dict[str, str]) -> dict:
     }
 
 
+def fresh_progress(run: dict) -> str:
+    """Spark's account of the first freshness run, per streaming query, as a table."""
+    prog = run.get("spark_progress") or {}
+    if not prog:
+        return "(not recorded in this run)"
+    lines = ["| query | micro-batches | rows per batch | s per batch (trigger) | of which "
+             "`addBatch` s | of which `latestOffset` s |", "|---|---|---|---|---|---|"]
+    for name, q in sorted(prog.items()):
+        n = max(q.get("batches", 0), 1)
+        lines.append(f"| `{name}` | {_n(q.get('batches', 0))} | "
+                     f"{_n(round(q.get('input_rows', 0) / n))} | "
+                     f"{_n(q.get('triggerExecution_ms', 0) / 1000 / n)} | "
+                     f"{_n(q.get('addBatch_ms', 0) / 1000 / n)} | "
+                     f"{_n(q.get('latestOffset_ms', 0) / 1000 / n)} |")
+    return "\n".join(lines)
+
+
 # Per target: (text when met, text when missed), filled with the same values as the page.
 ANALYSIS = {
     "ship_ratio": (
         "**Shipper vs raw decode (met, ${ratio}×).**",
         """**Shipper vs raw decode (${ratio}×, target 0.8×).** Raw decode ran at
-${raw_rows_per_s} rows/s, the shipper at ${ship_rows_per_s} rows/s. The shipper pays the whole
-decode and then everything after it, one step at a time: `pg_logical_slot_peek_changes`
-materialises its result (a tuplestore) before the first row reaches the client, so nothing
-of a batch is converted or written until Postgres has decoded all of it (up to
-`--max-changes`, 50,000 rows); then the rows are converted (binary COPY → Arrow), written as
-Parquet and committed to Delta with the progress; only then is the slot advanced - the
-exactly-once rule of DESIGN §3.1, which forbids acknowledging before the commit. Each peek
-is also a new decoding session (snapshot rebuilt from `restart_lsn`). With decode as the
-floor and the rest strictly after it, the ratio is decode / (decode + convert + write +
-commit); 0.8× would need the rest to cost a quarter of the decode. What would close it,
-**not built** (an open design decision): streaming replication - `START_REPLICATION SLOT …
-LOGICAL` with the same wal2json options over a replication connection, writing bronze
-while Postgres keeps decoding, and sending the standby status update (`flush_lsn`) only
-after the bronze commit that holds those changes. That keeps the delivery rule (acknowledge
-only what bronze holds; on restart the server resends from `confirmed_flush_lsn` and the
-version check drops what bronze already has), overlaps the write with the decode and
-removes the per-batch decoding restarts."""),
+${raw_rows_per_s} rows/s, the shipper at ${ship_rows_per_s} rows/s. *Fixed since the first
+report* (0.31× under load; interleaved on one 213k-change backlog, five rounds each, quiet
+machine: median 0.36× → 0.47×): rows are written to the commit's Parquet files while the
+peek streams (a writer thread; a transaction's rows as soon as its commit row arrives), the
+peek bound went from 50,000 to 200,000 changes (fewer re-decodes, commits and advances), and
+`gc.freeze()` at start keeps Python's collector from rescanning every imported module while
+the peek's buffers churn (about 30% less CPU). *What limits the rest*, measured in-process
+on one batch: importing the shipper takes 0.55-0.7 s (about 45% of this backlog's raw
+decode); Postgres decodes a whole peek before it sends the first row
+(`pg_logical_slot_peek_changes` materialises its result), ~1.5 s here, so nothing can
+overlap the decode; then streaming the ~260 MB of rows to the client takes ~1 s (a bare
+COPY read of them alone 0.55-0.7 s) - a cost the raw decode, which counts rows in the
+server, never pays. Commit and advance take 0.1 s. 0.8× would need the decode to overlap the
+transfer: streaming replication (`START_REPLICATION SLOT … LOGICAL` with the same wal2json
+options, the standby status update sent only after the bronze commit holding the changes),
+which replaces DESIGN §3.1's bounded peek - a decision for the maintainers, asked for and
+not built."""),
     "catch_up": (
         "**Catch-up (met, ${catch_up} changes/s).**",
         """**Silver + gold + push catch-up (${catch_up} changes/s, target 50,000).** Almost all
 of it is Spark: silver ${silver_rate} changes/s, gold ${gold_rate} changes/s, push
-${push_rate} changes/s (the push moves keys, not changes: it is not a limit). Silver parses
-every bronze row twice - once for `silver/changes`, once more in the quarantine query,
-because both use the built-in Delta sink (DESIGN §3.2) and the raw JSON is not a silver
-column; Spark's progress shows the quarantine trigger at ${quarantine_trigger} s next to
-${silver_trigger} s for `silver/changes`, the two sharing the same two cores. One
-`foreachBatch` query that parses once and writes both tables (idempotent with
-`txnAppId`/`txnVersion`, as gold already is) would save most of the second parse; it is a
-design change (the sink's own exactly-once replaced by ours), so it is described here, not
-built. Gold's micro-batch runs about ten Spark jobs (checks, aggregation, the completeness
-cut-off, key deltas, the MERGE, the `_pending` overwrite, history reads), each with a fixed
-cost that dominates small batches on a loaded machine. Finally, the machine: two cores,
-shared (the section started at a 1-min load of ${load_backlog}), for the two local Spark
-tasks, the Spark driver and Python. For
-50k changes/s through three stages in sequence, silver and gold would each have to drain
-about 100k changes/s; silver drained ${silver_rate}. This target needs the single-parse
-silver, fewer jobs per gold batch and cores to run them, not tuning."""),
+${push_rate} changes/s (the push moves keys, not changes: it is not a limit).
+*Fixed since the first report* (5,486 → ${silver_rate} changes/s for silver, measured under
+different load): silver parsed every bronze row twice, once more in the quarantine query;
+the quarantine query now reads `silver/changes` and looks up the raw JSON in bronze only for
+rows that failed (here it took ${quarantine_trigger} s next to ${silver_trigger} s for
+`silver/changes`). Gold's batch no longer reads `_pending`'s log and rows when the previous
+batch left it empty, and takes the merged key count from the MERGE's own metrics instead of
+a separate Spark job. *What limits the rest*, profiled with the warm JVM on the 212,871-row
+backlog (one run, quiet machine): reading bronze's `data` column alone took 2.3 s, the
+number quoting and `from_json` about 2 s more, the column maps and error rules of
+`silver.parse` 3-5 s more, writing Delta about 2 s - that is ~40 µs of core time per row
+for read + parse alone, so two cores top out near 50,000 rows/s for silver with nothing else
+running; gold's batch spent ${gold_merge_s} s of its ${gold_batch_s} s in the MERGE. For
+50,000 changes/s through the stages in sequence, silver and gold would each need about
+100,000 changes/s (the push costs next to nothing): beyond Spark's JSON path on two cores. What would move it further, not built:
+parsing only the fields silver keeps (a narrower `from_json` schema and no per-row maps for
+the identity), and more cores - both Spark stages scale with cores, the shipper does not
+need them."""),
     "freshness": (
         "**Freshness (met, p95 ${p95} s).**",
         """**Freshness (p95 ${p95} s at ${achieved_rate} changes/s, target 5 s).**
-${saturation} At ${slow_rate} changes/s p95 was ${fresh_slow} s. A change passes three chained micro-batch stages, each starting only after the
-previous one has committed: the shipper's poll and commit, the silver trigger and batch,
-the gold trigger and batch, then the push interval (0.5 s). The trigger intervals (1 s,
-`pipelines/run.py`) are not what limits it: a batch takes longer than its interval, so each
-query starts its next batch as soon as the last one ends, and a commit waits on average half
-a batch for the next batch to start plus a whole batch to finish - at silver and again at
-gold. Gold's batch alone took ${gold_small_batch} s for ${scale_batch} changes (section 3);
-its cost is mostly per batch (about ten Spark jobs), not per change. What would reach 5 s:
-fewer chained queries - one streaming query whose `foreachBatch` parses bronze, appends
-silver and merges gold (then pushes) in one pass takes one whole batch and one trigger wait
-off every change's path - and fewer Spark jobs per gold batch; both are design changes of
-`silver/stream.py` + `gold/`, described here, not built."""),
+${saturation} At ${slow_rate} changes/s p95 was ${fresh_slow} s. A change passes three
+chained stages, each starting only after the previous one has committed: the shipper's poll
+(0.2 s here) and commit, the silver trigger and batch, the gold trigger and batch, then the
+push interval (0.5 s). The trigger intervals (1 s, `pipelines/run.py`) are not what limits
+it: each batch takes longer than its interval (the per-query table above), so every query
+starts its next batch as soon as the last ends, and a change waits on average half a batch
+for the next batch to start plus a whole batch to finish - at silver and again at gold.
+Gold's batch has a floor that does not depend on its size: the MERGE alone (a join to find
+the files holding touched keys, their rewrite with change-data files, the commit) took
+${gold_merge_s} s on the backlog and about 2 s for a few hundred keys (section 3: MERGE
+column); the checks and the completeness cut-off add 1-3 Spark jobs. With silver and gold
+each at 2-5 s per batch on two shared cores, p95 ≤ 5 s is out of reach of this design
+here. What would reach it, not built: one streaming query whose `foreachBatch` parses
+bronze, appends silver and merges gold in one pass (one trigger wait and one batch off every
+change's path), and a gold table small enough to update without Delta's MERGE machinery
+(for example overwriting the touched services' files directly); both change DESIGN §3's
+hop-by-hop protocol, so they are a decision for the maintainers."""),
     "gold_growth": (
         """**Gold batch time vs source size (met, ${batch_growth}× over ${source_growth}×).**
 Gold's batch never reads the source: it aggregates the batch's signed deltas and MERGEs them
@@ -350,22 +379,26 @@ it - gold's key count can. A fixed batch of status changes lands on more distinc
 there are more keys (at few keys its deltas collapse onto the same rows), so the MERGE's
 source and the gold rows it rewrites (gold is unpartitioned: a MERGE rewrites every file
 holding a matched key) grow with the keys until the batch's own size bounds them. That is
-the likely reading of this run, not a measured one (the batch's merged keys are not in the
-results); a bound on it would be partitioning or clustering gold by service, so a batch
-rewrites only the files of the services it touches."""),
+the reading the "keys merged" and MERGE columns of section 3 allow; a bound on it would be
+partitioning or clustering gold by service, so a batch rewrites only the files of the
+services it touches."""),
     "rss": (
         """**Shipper memory (met, ${bigtx_rss} MB through ${bigtx_rows} rows in one
-transaction).**""",
+transaction).** *Fixed since the first report* (659 MB): delta-rs's `write_deltalake` kept a
+few hundred MB more than its input in memory through a write (+300-430 MB for this
+transaction, not reduced by smaller row groups or files), so bronze's Parquet files are now
+written by pyarrow one row group (16,384 rows) at a time straight to storage and committed
+by delta-rs with their statistics in one log entry (`bronze.table.DataFiles`); peek rows
+are converted in 2 MB chunks (was 16 MB), and the transaction still open spills to an
+unlinked temporary file past `--memory-budget-mb`. About 190 MB is the process before any
+data (Python with pyarrow, deltalake and psycopg).""",
         """**Shipper memory (${bigtx_rss} MB through ${bigtx_rows} rows in one transaction,
-target 512 MB).** About 145 MB is the process before any data (Python with pyarrow,
-deltalake and psycopg: importing `bronze.ship` alone), and the shipper peaked at
-${ship_rss} MB on the backlog's 50,000-change peeks. The conversion of a peek is bounded
-(16 MB chunks, spilled to disk past the 64 MB `--memory-budget-mb`), so what grows with a
-single huge transaction is writing it as one Delta commit: delta-rs builds each Parquet file
-(up to `TARGET_FILE_BYTES` = 64 MB compressed, `bronze/table.py`) and its row groups in
-memory before it is stored, next to Arrow's allocator pools. Not profiled further and not
-changed here (`bronze/` is outside this issue's files); the next step is a smaller bronze
-target file size, re-measured with `python -m bench --big-tx-rows 1000000`."""),
+target 512 MB).** About 190 MB is the process before any data (Python with pyarrow,
+deltalake and psycopg). Bronze's Parquet files are written by pyarrow one row group (16,384
+rows) at a time and committed by delta-rs; peek rows are converted in 2 MB chunks and the
+open transaction spills past `--memory-budget-mb`. What grew past the target in this run is
+not profiled here: re-measure with `python -m bench --big-tx-rows 1000000` and sample
+`/proc/<pid>/status` during the write."""),
 }
 
 

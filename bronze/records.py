@@ -11,7 +11,8 @@ non-transactional message is a transaction of one: ``commit_lsn`` = its own LSN,
 never has to sit in memory at once; state carried between chunks is one open transaction's
 header. The transaction's change count (``tx_changes``, stored on every row so a reader
 can tell it holds the whole transaction) is only known at its ``C``, so chunks carry a
-transaction number (``gid``) and ``finalize`` fills the count in once the peek is complete.
+transaction number (``gid``) and ``finalize`` fills the count in once the transaction is
+closed (``TransactionAssembler.tx_changes``; ``open_gid`` is the one still open).
 
 Snapshot backfill (``bronze/backfill.py``), the pure parts: ``high_marks`` finds the HIGH
 watermark messages among assembled rows, ``Window``/``changed_keys`` the keys a chunk must
@@ -108,7 +109,7 @@ class TransactionAssembler:
         self._open: _Open | None = None
         self._groups = 0
         self._rows = 0
-        self._tx_changes: list[np.ndarray] = []
+        self._counts = np.zeros(1024, dtype=np.int32)    # tx_changes by gid, known at ends
         self._last_lsn: int | None = None
         self._max_commit: int | None = None
         self._kept = 0
@@ -157,10 +158,13 @@ class TransactionAssembler:
 
         # Change counts, known at each end row: C (rows since B) or a solo message (1).
         eidx = np.flatnonzero(ends)
+        if self._groups + len(sidx) > len(self._counts):
+            grown = np.zeros(2 * (self._groups + len(sidx)), dtype=np.int32)
+            grown[:self._groups] = self._counts[:self._groups]
+            self._counts = grown
         if len(eidx):
             gl = local[eidx]
-            count = np.where(is_solo[eidx], 1, idx[eidx] - g_start[gl] - 1)
-            self._tx_changes.append(np.stack([g_gid[gl], count], axis=1).astype(np.int64))
+            self._counts[g_gid[gl]] = np.where(is_solo[eidx], 1, idx[eidx] - g_start[gl] - 1)
 
         keep = ~is_b & ~is_c & (row_commit > self.after)
         kidx = np.flatnonzero(keep)
@@ -194,16 +198,24 @@ class TransactionAssembler:
             _kept_text(cols.data, kidx, n_changes=int(np.count_nonzero(~is_b & ~is_c))),
         ], schema=ASSEMBLED_SCHEMA)
 
+    @property
+    def open_gid(self) -> int | None:
+        """The transaction still open after the last chunk (its rows are the last ones
+        ``add`` returned); None at a transaction boundary."""
+        return None if self._open is None else self._open.gid
+
+    @property
+    def tx_changes(self) -> np.ndarray:
+        """Change counts by ``gid``, so far: valid for every transaction already closed."""
+        return self._counts[:self._groups]
+
     def finish(self) -> PeekSummary:
         """Close the peek. Raises if it ended inside a transaction (wal2json never does)."""
         if self._open is not None:
             raise MalformedPeek("peek ended inside a transaction")
-        counts = np.zeros(self._groups, dtype=np.int32)
-        for pairs in self._tx_changes:
-            counts[pairs[:, 0]] = pairs[:, 1]
         return PeekSummary(rows=self._rows, last_lsn=self._last_lsn,
                            max_commit_lsn=self._max_commit, kept=self._kept,
-                           transactions=len(self._kept_groups), tx_changes=counts)
+                           transactions=len(self._kept_groups), tx_changes=self.tx_changes)
 
 
 def _kept_text(data: pa.StringArray, kidx: np.ndarray, n_changes: int) -> pa.StringArray:

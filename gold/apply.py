@@ -16,7 +16,9 @@ Batch ``b`` (silver rows ``S``), in this order:
 
 1. If ``_pending``'s newest commit is batch ``b``'s, both writes below already happened:
    return (a replay after the last write, before Spark's checkpoint commit).
-2. Read ``_pending`` at a pinned version ``P`` (its state after batch ``b-1``).
+2. Read ``_pending`` at a pinned version ``P`` (its state after batch ``b-1``). When this
+   writer's own batch ``b-1`` found it empty and left it unwritten, it is known empty at
+   ``P``: neither its log nor its rows are read (steps 1-2 cost nothing in the usual case).
 3. Check ``S`` for rows gold must stop on (truncate of notifications, parse errors...):
    raise before writing anything, so a replay after the fix sees the same state.
 4. ``C = aggregate(contributions(S) ∪ P)``; ``cutoff`` = lowest incomplete transaction.
@@ -127,6 +129,7 @@ class BatchResult:
     commit_lsn: int | None = None       # watermark after this batch (None: unchanged)
     replayed: bool = False              # step 1: already fully applied
     seconds: float = 0.0
+    merge_seconds: float = 0.0          # of ``seconds``: the MERGE into gold (step 5)
 
 
 def last_metadata(spark: SparkSession, path: str, limit: int = 100) -> dict | None:
@@ -240,6 +243,8 @@ class GoldBatchWriter:
         self.results: list[BatchResult] = []
         self.failure: BaseException | None = None
         self.on_result = on_result          # called after every batch (metrics)
+        # (version, batch id) of an empty _pending this writer has not written since.
+        self._pending_known_empty: tuple[int, int | None] | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
@@ -265,13 +270,22 @@ class GoldBatchWriter:
     def apply(self, batch: DataFrame, batch_id: int) -> BatchResult:
         started = time.monotonic()
         spark = batch.sparkSession
-        pending_meta = self._pending_head(spark)
-        if self.guard and pending_meta[1] is not None and pending_meta[1] >= batch_id:
+        # Step 2 without reading the log when this writer's previous batch left _pending
+        # empty and unwritten (the usual case: no transaction split across batches). Only
+        # lakecdc writes _pending, under the gold lock this job holds; kept only after a
+        # batch that succeeded, so a failure (or a new process) reads the table again.
+        known_empty, self._pending_known_empty = self._pending_known_empty, None
+        version, last_batch = known_empty or self._pending_head(spark)
+        if self.guard and last_batch is not None and last_batch >= batch_id:
             return BatchResult(batch_id, replayed=True, seconds=time.monotonic() - started)
-        # Carried rows at or below the floor are inside a baseline a rebuild wrote since.
-        stored = (spark.read.format("delta").option("versionAsOf", pending_meta[0])
-                  .load(self.paths.pending))
-        pending = stored.where(F.col("commit_lsn") >= F.lit(self.floor_lsn))
+        if known_empty:
+            pending, pending_was_empty = spark.createDataFrame([], D.CONTRIBUTIONS), True
+        else:
+            stored = (spark.read.format("delta").option("versionAsOf", version)
+                      .load(self.paths.pending))
+            pending_was_empty = stored.isEmpty()
+            # Carried rows at or below the floor are inside a baseline a rebuild wrote since.
+            pending = stored.where(F.col("commit_lsn") >= F.lit(self.floor_lsn))
         silver = batch.where(F.col("commit_lsn") >= F.lit(self.floor_lsn)).persist()
         try:
             checked = D.profile(silver, self.tables, self.accept_errors_upto).first()
@@ -281,12 +295,15 @@ class GoldBatchWriter:
             combined = D.aggregate(D.contributions(silver, self.tables)
                                    .unionByName(pending)).persist()
             try:
-                return self._apply_combined(spark, combined, batch_id, silver_rows,
-                                            stored.isEmpty(), started)
+                result = self._apply_combined(spark, combined, batch_id, silver_rows,
+                                              pending_was_empty, started)
             finally:
                 combined.unpersist()
         finally:
             silver.unpersist()
+        if pending_was_empty and not result.pending_transactions:
+            self._pending_known_empty = (version, last_batch)    # _pending was not written
+        return result
 
     def _apply_combined(self, spark: SparkSession, combined: DataFrame, batch_id: int,
                         silver_rows: int, pending_was_empty: bool,
@@ -312,12 +329,10 @@ class GoldBatchWriter:
                       applied_transactions=applied.n,
                       pending_transactions=summary.transactions - applied.n)
         if applied.n:
-            keys = D.key_deltas(D.below(combined, cutoff)).persist()
-            try:
-                result["merged_keys"] = keys.count()
-                self._merge(spark, keys, batch_id, applied)
-            finally:
-                keys.unpersist()
+            merging = time.monotonic()
+            result["merged_keys"] = self._merge(spark, D.key_deltas(D.below(combined, cutoff)),
+                                                batch_id, applied)
+            result["merge_seconds"] = time.monotonic() - merging
             result["commit_lsn"] = applied.lsn
             self.faults.hit("after_gold_merge")
         carried = D.at_or_above(combined, cutoff)
@@ -326,7 +341,9 @@ class GoldBatchWriter:
             self.faults.hit("after_gold_pending")
         return BatchResult(**result, seconds=time.monotonic() - started)
 
-    def _merge(self, spark: SparkSession, keys: DataFrame, batch_id: int, applied) -> None:
+    def _merge(self, spark: SparkSession, keys: DataFrame, batch_id: int, applied) -> int:
+        """MERGE the key deltas; returns the gold rows it updated or inserted (0 when Delta
+        skipped it as an already committed batch)."""
         now = datetime.now(timezone.utc)
         source = keys.withColumn("updated_at", F.lit(now).cast("timestamp"))
         on = " AND ".join(f"g.{c} = s.{c}" for c in DIMS)
@@ -351,10 +368,13 @@ class GoldBatchWriter:
         for key, value in confs.items():
             spark.conf.set(key, value)
         try:
-            merge.execute()
+            # Delta's MERGE returns its metrics as a one-row DataFrame (none when skipped).
+            metrics = merge.execute().first()
         finally:
             for key in confs:
                 spark.conf.unset(key)
+        return 0 if metrics is None else int(metrics["num_updated_rows"]
+                                             + metrics["num_inserted_rows"])
 
     def _write_pending(self, carried: DataFrame, batch_id: int, transactions: int) -> None:
         writer = (carried.write.format("delta").mode("overwrite")

@@ -199,12 +199,12 @@ def setup(ctx, rebaseline):
 @cli.command()
 @click.option("--once", is_flag=True, help="Drain what is committed now, then exit.")
 @click.option("--max-changes", "upto_nchanges", type=int,
-              help="Peek bound (upto_nchanges) per batch [50000].")
+              help="Peek bound (upto_nchanges) per batch [200000].")
 @click.option("--peek-timeout", "peek_timeout_s", type=int,
               help="Statement timeout of one peek, seconds [300].")
 @click.option("--poll-interval", "poll_interval_s", type=float,
               help="Seconds between peeks when idle [1].")
-@click.option("--chunk-mb", type=float, help="Peek rows are converted in chunks of this size [16].")
+@click.option("--chunk-mb", type=float, help="Peek rows are converted in chunks of this size [2].")
 @click.option("--memory-budget-mb", type=int,
               help="Rows held in memory per batch before spilling to local disk [64].")
 @_shipper_safety_options

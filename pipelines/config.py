@@ -35,8 +35,11 @@ class Config:
     lakehouse: str = "./lakehouse"
     slot: str = "lakecdc"
     tables: tuple[str, ...] = DEFAULT_TABLES
-    # Shipper tuning.
-    upto_nchanges: int = 50_000
+    # Shipper tuning. Every peek and advance re-decodes from the slot's restart_lsn and every
+    # batch is a commit: few large batches drain a backlog faster (memory does not grow with
+    # them: bronze/ship.py). The source keeps a peek's output in a temporary file until it
+    # is read: ~1 kB per change of the Notify-like tables.
+    upto_nchanges: int = 200_000
     peek_timeout_s: int = 300
     poll_interval_s: float = 1.0
     # Progress-only bronze commits (no rows: transactions of uncaptured tables passed over)
@@ -49,7 +52,10 @@ class Config:
     # backoff from 0.5 s up to this many seconds between attempts.
     reconnect_max_backoff_s: float = 30.0
     memory_budget_mb: int = 64
-    chunk_mb: float = 16.0
+    # Peek rows are converted and written in chunks of this size: each chunk is in memory a
+    # few times over (rows, Arrow columns, the writer's queue), so small ones keep the peak
+    # low at no cost in speed.
+    chunk_mb: float = 2.0
     spill_dir: str | None = None
     # S3 lakehouse (pipelines.storage): a non-AWS endpoint (MinIO, moto) and the region.
     # Credentials are not configuration: each engine reads the standard AWS chain.

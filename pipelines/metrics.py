@@ -49,7 +49,7 @@ STATE_PARTS = ("source", *LAYERS[:3], "quarantine", "dashboard")
 # pg_replication_slots.wal_status values (PostgreSQL 13+); one series each, 1 for the current.
 WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 # The silver query whose input rows are silver's rows (``silver.stream`` names its queries
-# ``lakecdc_silver_<table>``; the quarantine query reads the same bronze rows again).
+# ``lakecdc_silver_<table>``; the quarantine query reads those rows of silver/changes again).
 SILVER_QUERY = "lakecdc_silver_changes"
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 DEFAULT_HOST = "0.0.0.0"

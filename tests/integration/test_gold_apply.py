@@ -188,9 +188,13 @@ def test_only_complete_transactions_are_applied_and_the_rest_is_carried(spark, p
     assert r0.applied_transactions == 4 and r0.pending_transactions == 1
     assert r0.commit_lsn == sim.txs[3][0]["commit_lsn"]
     assert gold_counts(spark, paths.gold) == sim.truths[3]
+    # The MERGE's own metrics: one gold row per key whose net delta is not 0.
+    assert r0.merged_keys == len(nonzero(sim.truths[3]))
 
     r1 = writer.apply(df(spark, second), 1)
     assert r1.pending_transactions == 0
+    assert r1.merged_keys == sum(1 for k in set(sim.truth()) | set(sim.truths[3])
+                                 if sim.truth().get(k, 0) != sim.truths[3].get(k, 0))
     assert nonzero(gold_counts(spark, paths.gold)) == sim.truth()
     # A key counted in batch 0 and emptied in batch 1 stays, at 0, for the dashboard.
     assert gold_counts(spark, paths.gold)[("svc-b", "tpl-2", "sms", "sending")] == 0

@@ -1,12 +1,14 @@
 """slot → bronze exactly once, on real Postgres 15 + wal2json and real Delta.
 
 Every test compares bronze with a witness slot (tests/truth.py) that saw the same WAL and
-is never advanced. Crash tests run the real CLI in a subprocess and end it with a fault
-point (os._exit, like kill -9) or kill -9 itself, then restart and check again.
+is never advanced (the data files' statistics are compared with delta-rs's). Crash tests
+run the real CLI in a subprocess and end it with a fault point (os._exit, like kill -9) or
+kill -9 itself, then restart and check again.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -15,11 +17,15 @@ import sys
 import threading
 import time
 
+import numpy as np
 import psycopg
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
+from bronze.records import BRONZE_SCHEMA, UTC_US
 from bronze.ship import Shipper
+from bronze.table import BronzeTable, Progress, SourceIdentity
 from pipelines.setup_source import setup
 from tests_support import cli_env, run_cli, wait_for
 from truth import Witness, bronze_rows, check_bronze
@@ -101,6 +107,25 @@ def test_large_transaction_spills_to_disk_and_lands_whole_in_one_commit(
     assert not list(tmp_path.glob("lakecdc-spill-*"))          # spill files removed
 
 
+def test_rows_written_while_the_peek_streams_land_whole_and_in_one_commit(
+        source_db, config, witness, tmp_path):
+    """Tiny chunks: transactions close in every chunk, many span several, and a large one
+    waits spilled to disk while the small ones around it are written."""
+    mixed(source_db.dsn, seed=1)
+    with source_db.connect() as conn:
+        multi_row_insert(conn, random.Random(9), 5000)
+    mixed(source_db.dsn, seed=2)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    before = DeltaTable(config.bronze_path).version()
+    totals = Shipper(config.with_(chunk_mb=0.01, memory_budget_mb=1,
+                                  spill_dir=str(spill))).run(once=True)
+    assert totals.commits == 1 and totals.transactions > 10
+    assert DeltaTable(config.bronze_path).version() == before + 1
+    check_bronze(config.bronze_path, witness.transactions())
+    assert not list(spill.iterdir())
+
+
 def test_long_open_transaction_committed_after_a_restart_arrives_whole(
         source_db, config, witness):
     rng = random.Random(11)
@@ -122,6 +147,38 @@ def test_long_open_transaction_committed_after_a_restart_arrives_whole(
     witnessed = witness.transactions()
     check_bronze(config.bronze_path, witnessed)
     assert first > 0 and max(len(v) for v in witnessed.values()) == 40
+
+
+def test_data_files_carry_the_statistics_delta_rs_would_write(tmp_path):
+    """Readers prune bronze files by these statistics (Spark, the backfill's bronze
+    lookups): ours must be what delta-rs writes for the same rows - nulls, strings and
+    timestamps truncated to milliseconds included."""
+    rng = np.random.default_rng(1)
+    n = 5000
+    ts = rng.integers(1_700_000_000_000_000, 1_800_000_000_000_000, n)
+    batch = pa.RecordBatch.from_arrays([
+        pa.array(["s1"] * n), pa.array(rng.integers(0, 10**12, n)),
+        pa.array(rng.integers(0, 10**6, n).astype(np.int32)),
+        pa.array(rng.integers(1, 10**6, n).astype(np.int32)),
+        pa.array(rng.integers(0, 10**9, n), mask=rng.random(n) < 0.3),
+        pa.array(rng.integers(0, 10**12, n)),
+        pa.array(ts, pa.int64(), mask=rng.random(n) < 0.3).cast(UTC_US),
+        pa.array(rng.choice(["I", "U", "D", "M"], n)),
+        pa.array(np.full(n, ts[0]), pa.int64()).cast(UTC_US),
+        pa.array([f'{{"n":{i}}}' for i in range(n)])], schema=BRONZE_SCHEMA)
+    ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
+    for path in (ours, theirs):
+        BronzeTable(path).create(SourceIdentity("s1", "db", "1"), 0)
+    BronzeTable(ours).append(iter([batch]), "s1", Progress(1, 1))
+    write_deltalake(theirs, pa.RecordBatchReader.from_batches(BRONZE_SCHEMA, [batch]),
+                    mode="append")
+
+    def stats(path):
+        with open(f"{path}/_delta_log/00000000000000000001.json") as log:
+            return [json.loads(json.loads(line)["add"]["stats"]) for line in log
+                    if '"add"' in line]
+    assert stats(ours) == stats(theirs)
+    assert DeltaTable(ours).to_pyarrow_table().equals(pa.Table.from_batches([batch]))
 
 
 # --- crashes ------------------------------------------------------------------------------

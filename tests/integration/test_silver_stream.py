@@ -21,7 +21,7 @@ from pyspark.testing import assertDataFrameEqual
 from bronze.records import BRONZE_SCHEMA
 from bronze.table import BronzeTable, Progress, SourceIdentity
 from pipelines.errors import UserError
-from silver.stream import SilverLocations, run_silver, start_silver
+from silver.stream import QUARANTINE_CHECKPOINT, SilverLocations, run_silver, start_silver
 
 KNOWN = ("public.notifications", "public.notification_history")
 SVC = "11111111-1111-4111-8111-111111111111"
@@ -230,7 +230,7 @@ def test_a_replayed_batch_is_skipped_by_the_sink(spark, loc):
     versions = (version(spark, loc.silver_path), version(spark, loc.quarantine_path))
 
     checkpoints = Path(loc.checkpoint_root)
-    dropped = [_drop_last_commit(checkpoints / name) for name in ("changes", "quarantine")]
+    dropped = [_drop_last_commit(checkpoints / name) for name in ("changes", QUARANTINE_CHECKPOINT)]
     replay = run_once(spark, loc)
 
     assert all(p.exists() for p in dropped)             # the batches did run again ...

@@ -104,6 +104,30 @@ def test_whole_transactions_keyed_by_commit_lsn_and_seq_whatever_the_chunking(ch
     assert summary.rows == len(rows)
 
 
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5])
+def test_rows_of_closed_transactions_have_their_final_count_after_each_chunk(chunk):
+    """What the shipper relies on to write rows while the peek streams: after every chunk,
+    the open transaction's rows are the last ones returned, and every other row's
+    transaction already has its final ``tx_changes``."""
+    rows = load_rows()
+    asm = TransactionAssembler(0)
+    seen = []                                  # (gid, tx_changes as known then) per row
+    for i in range(0, len(rows), chunk):
+        gids = asm.add(columns(rows[i:i + chunk])).column("gid").to_pylist()
+        open_gid = asm.open_gid
+        closed = [g for g in gids if g != open_gid]
+        assert gids[:len(closed)] == closed                # the open one is a suffix
+        seen += [(g, int(asm.tx_changes[g])) for g in closed]
+        seen += [(g, None) for g in gids[len(closed):]]
+    final = asm.finish().tx_changes
+    assert len(seen) == sum(map(len, expected_transactions(rows).values()))
+    assert any(known is None for _, known in seen)         # some did wait
+    for gid, known in seen:
+        if known is not None:
+            assert known == final[gid]
+    assert asm.open_gid is None
+
+
 def test_begin_and_commit_rows_fold_into_columns_and_messages_stand_alone():
     rows = load_rows()
     table, _ = assemble(rows)
