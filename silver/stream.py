@@ -184,8 +184,7 @@ class QuarantineWriter:
             return
         # Bronze's files carry commit_lsn statistics: the range prunes them to a few.
         raw = (spark.read.format("delta").load(self.bronze_path)
-               .where(F.col("commit_lsn").between(bounds.lo, bounds.hi))
-               .drop("error"))
+               .where(F.col("commit_lsn").between(bounds.lo, bounds.hi)))
         rows = new.join(raw, list(self.KEY)).select(
             *[F.col(f.name).cast(f.dataType).alias(f.name) for f in SILVER_QUARANTINE.fields])
         on = " AND ".join(f"q.{c} = r.{c}" for c in self.KEY)
