@@ -48,6 +48,7 @@ from infra.localpg import LocalPostgres, bin_dir
 from pipelines.config import Config
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
+from pipelines.captured import COUNTED
 from pipelines.source_truth import source_counts
 
 SCHEMA = (Path(__file__).resolve().parents[1] / "infra" / "postgres" /
@@ -128,7 +129,7 @@ def dashboard_counts(dsn: str) -> dict:
 
 def truth(dsn: str) -> dict:
     with psycopg.connect(dsn) as conn:
-        return source_counts(conn)
+        return source_counts(conn, COUNTED)
 
 
 def exactness(config: Config) -> dict:

@@ -141,24 +141,55 @@ def require_identity(conn: psycopg.Connection, tables: tuple[str, ...]) -> None:
                             f"{table} REPLICA IDENTITY FULL.")
 
 
+def identity_blocker(conn: psycopg.Connection, table: str) -> str | None:
+    """Why setup could not give ``table`` the dims identity index, or None if it can (or
+    the identity already supplies the old dims). Reads only: setup checks every captured
+    table with this before it changes any of them."""
+    if identity_problem(conn, table) is None:
+        return None
+    schema, name = _split(table)
+    columns = dict(conn.execute("""
+        SELECT a.attname, a.attnotnull FROM pg_attribute a
+        JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
+        """, [schema, name]).fetchall())
+    missing = [c for c in IDENTITY_COLUMNS if c not in columns]
+    if missing:
+        return (f"captured table {table} has no column(s) {', '.join(missing)}, which "
+                f"lakecdc counts by ({', '.join(IDENTITY_COLUMNS)}); capture only tables of "
+                "that shape (LAKECDC_TABLES), and nothing was changed.")
+    nullable = [c for c in IDENTITY_COLUMNS if not columns[c]]
+    if nullable:
+        return (f"column(s) {', '.join(nullable)} of {table} allow NULL, so they cannot form "
+                "the replica identity index; make them NOT NULL without blocking writers "
+                "with `lakecdc setup --online-not-null` (docs/source-tables.md), or run "
+                f"ALTER TABLE {table} REPLICA IDENTITY FULL (more WAL), then rerun setup.")
+    return None
+
+
+def nullable_identity_columns(conn: psycopg.Connection, table: str) -> list[str]:
+    """The identity columns of ``table`` that allow NULL."""
+    schema, name = _split(table)
+    return [r[0] for r in conn.execute("""
+        SELECT a.attname FROM pg_attribute a
+        JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %s AND c.relname = %s AND a.attname = ANY(%s) AND NOT a.attnotnull
+        ORDER BY a.attnum""", [schema, name, list(IDENTITY_COLUMNS)])]
+
+
 def ensure_replica_identity(conn: psycopg.Connection, table: str) -> bool:
     """Make the identity cover the dims; returns True if anything was changed.
 
     Builds the index ``CONCURRENTLY`` so writers are not blocked; a leftover invalid index
-    from an interrupted build is dropped and rebuilt.
+    from an interrupted build is dropped and rebuilt. Call ``identity_blocker`` for every
+    table first: this raises its sentence too, but only for the table at hand.
     """
+    blocker = identity_blocker(conn, table)
+    if blocker:
+        raise UserError(blocker)
     if identity_problem(conn, table) is None:
         return False
     schema, name = _split(table)
-    nullable = [r[0] for r in conn.execute("""
-        SELECT a.attname FROM pg_attribute a
-        JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = %s AND c.relname = %s AND a.attname = ANY(%s) AND NOT a.attnotnull
-        """, [schema, name, list(IDENTITY_COLUMNS)])]
-    if nullable:
-        raise UserError(f"column(s) {', '.join(nullable)} of {table} allow NULL, so they "
-                        "cannot form the replica identity index; make them NOT NULL, or run "
-                        f"ALTER TABLE {table} REPLICA IDENTITY FULL, then rerun setup.")
     index = identity_index_name(table)
     valid = conn.execute("""
         SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid

@@ -132,11 +132,13 @@ class BatchResult:
     merge_seconds: float = 0.0          # of ``seconds``: the MERGE into gold (step 5)
 
 
-def last_metadata(spark: SparkSession, path: str, limit: int = 100) -> dict | None:
-    """The newest lakecdc commit metadata in the latest ``limit`` commits of ``path``."""
+def last_metadata(spark: SparkSession, path: str, limit: int | None = 100) -> dict | None:
+    """The newest lakecdc commit metadata in the latest ``limit`` commits of ``path`` (all of
+    them if None)."""
     if not DeltaTable.isDeltaTable(spark, path):
         return None
-    for row in DeltaTable.forPath(spark, path).history(limit).select("userMetadata").collect():
+    history = DeltaTable.forPath(spark, path).history(limit).select("userMetadata")
+    for row in history.where(F.col("userMetadata").isNotNull()).collect():
         found = parse_metadata(row.userMetadata)
         if found is not None:
             return found
@@ -175,7 +177,7 @@ def _create(spark: SparkSession, path: str, schema: StructType, props: dict) -> 
 
 
 def seed_gold(spark: SparkSession, gold_path: str, counts: DataFrame, commit_lsn: int,
-              commit_ts: datetime | None = None) -> bool:
+              commit_ts: datetime | None = None, faults: Faults | None = None) -> bool:
     """Write baseline counts (dims + ``count``) counted at consistent point ``commit_lsn``.
 
     For setup's exported-snapshot baseline. One commit carrying the rows, a txn
@@ -188,6 +190,7 @@ def seed_gold(spark: SparkSession, gold_path: str, counts: DataFrame, commit_lsn
     """
     if not DeltaTable.isDeltaTable(spark, gold_path):
         _create(spark, gold_path, GOLD_SCHEMA, GOLD_PROPERTIES)
+        (faults or _NoFaults()).hit("after_gold_create")
     progress = last_metadata(spark, gold_path)
     if progress is not None and progress.get("operation") == "seed" \
             and progress.get("floor") == commit_lsn:
@@ -207,6 +210,18 @@ def seed_gold(spark: SparkSession, gold_path: str, counts: DataFrame, commit_lsn
                                       commit_ts=commit_ts.isoformat() if commit_ts else None))
      .save(gold_path))
     return True
+
+
+def holds_counts(spark: SparkSession, gold_path: str) -> bool:
+    """Whether gold records any counts of lakecdc's: a seed, a rebuild or an applied batch.
+
+    This, not whether the table exists, decides seeding: a process killed after creating
+    gold (or ``_pending``) and before the seed's commit leaves an empty table that still
+    needs its baseline. The latest commits answer for any gold in use; only a gold without
+    lakecdc commits among them has its whole (short) history read.
+    """
+    return (last_metadata(spark, gold_path) or last_metadata(spark, gold_path, None)) \
+        is not None
 
 
 def seed_floor(spark: SparkSession, gold_path: str) -> int:

@@ -34,14 +34,12 @@ transaction carried between micro-batches is just its aggregated contributions (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (IntegerType, LongType, StringType, StructField, StructType,
                                TimestampType)
 
-from pipelines.captured import DIMS
+from pipelines.captured import COUNTED, DIMS, CountedTables  # noqa: F401 (re-exported)
 from pipelines.errors import UserError
 from pipelines.lsn import fmt
 
@@ -83,23 +81,6 @@ class GoldInputError(RuntimeError):
     """Silver broke its contract (more rows for a transaction than it has, ...): a bug."""
 
 
-@dataclass(frozen=True)
-class CountedTables:
-    """The two tables whose rows service_stats counts, as (schema, table)."""
-
-    live: tuple[str, str] = ("public", "notifications")
-    history: tuple[str, str] = ("public", "notification_history")
-
-    @classmethod
-    def from_names(cls, live: str = "public.notifications",
-                   history: str = "public.notification_history") -> "CountedTables":
-        return cls(tuple(live.split(".", 1)), tuple(history.split(".", 1)))
-
-    def name(self, which: str) -> str:
-        return ".".join(getattr(self, which))
-
-
-COUNTED = CountedTables()
 
 
 def _is(table: tuple[str, str]) -> Column:

@@ -84,7 +84,8 @@ def rebuild_gold(pipeline) -> RebuildReport:
         state = gold_state(spark, where.gold)
         with consistent_point(dsn) as point:
             counted_at = datetime.now(timezone.utc)
-            baseline = count_at(dsn, point, "counting the new baseline")
+            baseline = count_at(dsn, point, pipeline.config.counted,
+                                "counting the new baseline")
         lsn = point.lsn
         if state.watermark is not None and state.watermark >= lsn:
             # Cannot happen while the lock is held (gold only holds commits from before

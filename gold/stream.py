@@ -35,6 +35,7 @@ from gold.apply import (BatchResult, Faults, GoldBatchWriter, GoldPaths, ensure_
 from gold.asof import gold_state
 from gold.deltas import COUNTED, REBUILD, CountedTables
 from pipelines.captured import DIMS
+from pipelines.checkpoints import remove_incomplete_writes
 from pipelines.errors import UserError
 
 log = logging.getLogger("lakecdc.gold")
@@ -99,6 +100,7 @@ def start_gold(spark: SparkSession, silver_path: str, gold_path: str, checkpoint
     for created in ensure_gold_tables(spark, paths):
         log.info("created %s", created)
     check_checkpoint(spark, paths, checkpoint_dir)
+    remove_incomplete_writes(spark, checkpoint_dir)  # a kill mid-write must not wedge it
     # A reprocess-silver commit replaces rows already streamed: not new changes (gold is
     # rebuilt after it), so the stream passes over such commits instead of failing on them.
     reader = spark.readStream.format("delta").option("skipChangeCommits", "true")

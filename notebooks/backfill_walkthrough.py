@@ -110,7 +110,8 @@ else:
 
 from pipelines.quality import render, run_gates
 
-silver_gate = run_gates(spark, where.silver.silver_path, where.gold, ("silver",))
+silver_gate = run_gates(spark, where.silver.silver_path, where.gold, config.counted,
+                        ("silver",))
 print(render(silver_gate))
 assert all(r.success for r in silver_gate), "the silver gate failed: do not rebuild from it"
 
@@ -133,7 +134,8 @@ if param("rebuild", "no") == "yes":
     print(rebuilt.summary())
     after = describe_gold("after")
     assert after.floor > before.floor, "the rebuild did not move gold's baseline"
-    gold_gate = run_gates(spark, where.silver.silver_path, where.gold, ("gold",),
+    gold_gate = run_gates(spark, where.silver.silver_path, where.gold, config.counted,
+                          ("gold",),
                           baseline_path=config.baseline_path,
                           storage_options=Lakehouse.from_config(config).delta_rs_options())
     print(render(gold_gate))

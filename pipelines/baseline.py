@@ -17,18 +17,19 @@ from __future__ import annotations
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from pipelines.captured import DIMS
+from pipelines.captured import DIMS, CountedTables
 
 APP_ID = "lakecdc-baseline"
 SCHEMA = pa.schema([*[pa.field(c, pa.string(), nullable=False) for c in DIMS],
                     pa.field("count", pa.int64(), nullable=False)])
 
 
-def count_in_snapshot(dsn: str, snapshot_name: str) -> pa.Table:
-    """service_stats as of an exported snapshot (the slot's consistent point)."""
+def count_in_snapshot(dsn: str, snapshot_name: str, tables: CountedTables) -> pa.Table:
+    """service_stats of the counted ``tables`` as of an exported snapshot (the slot's
+    consistent point)."""
     from pipelines.consistent import ConsistentPoint, count_at
 
-    counts = count_at(dsn, ConsistentPoint(0, snapshot_name), "counting the baseline")
+    counts = count_at(dsn, ConsistentPoint(0, snapshot_name), tables, "counting the baseline")
     return to_table(counts)
 
 

@@ -8,6 +8,7 @@ sentence on stderr, no traceback), 3 an unexpected failure (traceback, passwords
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 import signal
@@ -169,6 +170,29 @@ def _stage_metrics(pipeline, listen: str | None, stage: str):
         yield pipeline
 
 
+SPARK_MISSING = ("this command runs Spark, which is not installed here: install it with "
+                 "pip install 'lakecdc[spark]' (a Databricks runtime brings its own).")
+
+
+def _require_spark() -> None:
+    """The one check for the ``spark`` extra, before anything imports it: commands that
+    need no JVM (setup, ship, push, status, metrics, backfill snapshot) never call it."""
+    from importlib.util import find_spec
+
+    if find_spec("pyspark") is None or find_spec("delta") is None:
+        raise UserError(SPARK_MISSING)
+
+
+def _needs_spark(command):
+    """Marks a command that runs Spark: without the extra it ends in ``SPARK_MISSING``
+    (exit 2) before any of its imports."""
+    @functools.wraps(command)
+    def checked(*args, **kwargs):
+        _require_spark()
+        return command(*args, **kwargs)
+    return checked
+
+
 def _pipeline(ctx, **flags):
     from pipelines.run import Pipeline
     from pipelines.spark import get_or_create
@@ -186,12 +210,16 @@ def _pipeline(ctx, **flags):
 @click.option("--rebaseline", is_flag=True,
               help="Drop and recreate the slot and restart bronze's position from it "
                    "(after a lost slot, failover or restore).")
+@click.option("--online-not-null", is_flag=True,
+              help="First make nullable identity columns NOT NULL without blocking writers "
+                   "(NOT VALID check, VALIDATE, SET NOT NULL; docs/source-tables.md).")
 @click.pass_context
-def setup(ctx, rebaseline):
+def setup(ctx, rebaseline, online_not_null):
     """Idempotent: replica identity, slot, lakehouse tables."""
     from pipelines.setup_source import setup as run_setup
 
-    report = run_setup(_config(ctx), rebaseline=rebaseline)
+    report = run_setup(_config(ctx), rebaseline=rebaseline, online_not_null=online_not_null,
+                       echo=click.echo)
     for line in report.actions:
         click.echo(line)
 
@@ -228,14 +256,38 @@ def _once_option(help_text: str):
     return click.option("--once", is_flag=True, help=help_text)
 
 
+def _wait_option(command):
+    """``--wait-for-input SECONDS`` of the stages a job may start before their input
+    exists (``pipelines.inputs``)."""
+    return click.option(
+        "--wait-for-input", "wait_s", type=click.FloatRange(min=0), default=0.0,
+        metavar="SECONDS",
+        help="If the input table does not exist yet (a first start), wait up to this long "
+             "for it to be created [0: refuse at once].")(command)
+
+
+def _await_input(ctx, stage: str, wait_s: float, stop: threading.Event) -> None:
+    if wait_s > 0:
+        from pipelines.inputs import wait_for_input
+        from pipelines.storage import Lakehouse
+
+        config = _config(ctx)
+        wait_for_input(config, stage, wait_s, stop=stop,
+                       storage_options=Lakehouse.from_config(config).delta_rs_options())
+
+
 @cli.command()
 @_once_option("Process what bronze holds now (availableNow), then exit.")
+@_wait_option
 @_metrics_option
 @click.pass_context
-def silver(ctx, once, metrics_port):
+@_needs_spark
+def silver(ctx, once, wait_s, metrics_port):
     """bronze → silver (Spark Structured Streaming)."""
+    stop = _stop_on_signals()
+    _await_input(ctx, "silver", wait_s, stop)
     with _stage_metrics(_pipeline(ctx), metrics_port, "silver") as pipeline:
-        result = pipeline.silver(once=once, stop=_stop_on_signals())
+        result = pipeline.silver(once=once, stop=stop)
     click.echo(f"silver: {result.changes_rows} rows, {result.quarantined_rows} quarantined")
 
 
@@ -244,9 +296,11 @@ def silver(ctx, once, metrics_port):
 @click.option("--accept-errors-upto", metavar="LSN",
               help="Treat quarantined (unparseable) silver rows up to this commit LSN as "
                    "count-neutral, after checking silver/quarantine; e.g. 0/4A3F2C0.")
+@_wait_option
 @_metrics_option
 @click.pass_context
-def gold(ctx, once, accept_errors_upto, metrics_port):
+@_needs_spark
+def gold(ctx, once, accept_errors_upto, wait_s, metrics_port):
     """silver → gold service_stats (idempotent MERGE of whole transactions)."""
     from pipelines.lsn import Lsn
 
@@ -254,22 +308,39 @@ def gold(ctx, once, accept_errors_upto, metrics_port):
         accept = int(Lsn.parse(accept_errors_upto)) if accept_errors_upto else None
     except ValueError as exc:
         raise UserError(f"--accept-errors-upto: {exc}; write an LSN like 0/4A3F2C0.") from None
+    stop = _stop_on_signals()
+    _await_input(ctx, "gold", wait_s, stop)
     with _stage_metrics(_pipeline(ctx), metrics_port, "gold") as pipeline:
-        result = pipeline.gold(once=once, stop=_stop_on_signals(), accept_errors_upto=accept)
+        result = pipeline.gold(once=once, stop=stop, accept_errors_upto=accept)
     click.echo(f"gold: {result.applied_transactions} transactions applied")
 
 
 @cli.command()
 @_once_option("Push gold's latest version once, then exit.")
+@_wait_option
 @_metrics_option
 @click.pass_context
-def push(ctx, once, metrics_port):
-    """gold → dashboard Postgres service_stats."""
-    with _stage_metrics(_pipeline(ctx), metrics_port, "push") as pipeline:
-        result = pipeline.push(once=once, stop=_stop_on_signals())
-    if once:
-        click.echo(f"push: gold version {result.gold_version}"
-                   + ("" if result.pushed else " (already pushed)"))
+def push(ctx, once, wait_s, metrics_port):
+    """gold → dashboard Postgres service_stats (JVM-free: delta-rs and psycopg)."""
+    from gold.push import push_once, run_push
+    from pipelines.faults import FaultPoints
+    from pipelines.metrics import pipeline_exporter
+
+    config = _config(ctx)
+    gold_path = config.table_path("gold", "service_stats")
+    stop = _stop_on_signals()
+    _await_input(ctx, "push", wait_s, stop)
+    with pipeline_exporter(config, metrics_port, stage="push") as metrics:
+        on_result = metrics.on_push if metrics is not None else None
+        if not once:
+            run_push(gold_path, config.dashboard, stop, interval_s=0.5,
+                     on_result=on_result)
+            return
+        result = push_once(gold_path, config.dashboard, faults=FaultPoints(config.faults))
+        if on_result is not None:
+            on_result(result)
+    click.echo(f"push: gold version {result.gold_version}"
+               + ("" if result.pushed else " (already pushed)"))
 
 
 @cli.command()
@@ -277,6 +348,7 @@ def push(ctx, once, metrics_port):
 @_shipper_safety_options
 @_metrics_option
 @click.pass_context
+@_needs_spark
 def run(ctx, once, metrics_port, **flags):
     """All stages: ship, silver, gold, push."""
     with _stage_metrics(_pipeline(ctx, **flags), metrics_port, "run") as pipeline:
@@ -309,6 +381,7 @@ def status(ctx, as_json):
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Seconds to wait for a running pipeline to pass the verification point.")
 @click.pass_context
+@_needs_spark
 def verify(ctx, as_json, repair, timeout_s):
     """Gold and the dashboard against a GROUP BY of the source at one consistent LSN.
 
@@ -350,6 +423,7 @@ def backfill_snapshot(ctx, tables, chunk_rows, new_run, timeout_s):
 
 @backfill.command("rebuild-gold")
 @click.pass_context
+@_needs_spark
 def backfill_rebuild_gold(ctx):
     """Recompute gold from a fresh consistent baseline plus the silver changes after it,
     replace it atomically, push everything."""
@@ -365,6 +439,7 @@ def backfill_rebuild_gold(ctx):
 @click.option("--since", "since", help="First commit time (ISO 8601, UTC if no offset).")
 @click.option("--until", "until", help="Last commit time (ISO 8601).")
 @click.pass_context
+@_needs_spark
 def backfill_reprocess_silver(ctx, from_lsn, to_lsn, since, until):
     """Re-parse bronze rows of an LSN or time range into silver (after a parser fix), then
     rebuild gold so it stays exact."""
@@ -381,6 +456,7 @@ def backfill_reprocess_silver(ctx, from_lsn, to_lsn, since, until):
 @click.option("--out", type=click.Path(), default="demo-output", show_default=True,
               help="Where the lakehouse, the summary and the PNG go.")
 @click.pass_context
+@_needs_spark
 def demo(ctx, seconds, out):
     """Own local Postgres + wal2json, Notify-like traffic, the whole pipeline, a summary
     and a picture."""
@@ -399,6 +475,7 @@ def demo(ctx, seconds, out):
               help="Check every silver row, not only those after gold's baseline.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
+@_needs_spark
 def quality(ctx, suites, all_silver, as_json):
     """Great Expectations gates: the silver suite (keys, known ops, LSN order) and the gold
     suite (keys, counts >= 0, gold = baseline + silver deltas).
@@ -410,7 +487,7 @@ def quality(ctx, suites, all_silver, as_json):
     pipeline = _pipeline(ctx)
     config = pipeline.config
     results = run_gates(pipeline.spark, pipeline.where.silver.silver_path,
-                        pipeline.where.gold, tuple(suites) or SUITES,
+                        pipeline.where.gold, config.counted, tuple(suites) or SUITES,
                         baseline_path=config.baseline_path,
                         storage_options=Lakehouse.from_config(config).delta_rs_options(),
                         all_silver=all_silver)
@@ -427,6 +504,7 @@ def quality(ctx, suites, all_silver, as_json):
               default="table", show_default=True)
 @click.option("--limit", type=int, default=1000, show_default=True, help="Rows shown at most.")
 @click.pass_context
+@_needs_spark
 def sql_command(ctx, query, query_file, fmt, limit):
     """Spark SQL on the lakehouse tables, registered by name: bronze_wal2json_changes,
     silver_changes, silver_quarantine, gold_service_stats."""

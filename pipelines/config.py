@@ -11,11 +11,14 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
+from pipelines.captured import CountedTables
 from pipelines.errors import UserError
 
-DEFAULT_TABLES = ("public.notifications", "public.notification_history")
-_SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
-_TABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$")
+DEFAULT_NOTIFICATIONS = "public.notifications"
+DEFAULT_HISTORY = "public.notification_history"
+DEFAULT_TABLES = (DEFAULT_NOTIFICATIONS, DEFAULT_HISTORY)
+_SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
+_TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
 
 # Guards that tests may switch off on purpose to prove the checker catches the damage
 # (negative controls). Never set this in production.
@@ -35,6 +38,10 @@ class Config:
     lakehouse: str = "./lakehouse"
     slot: str = "lakecdc"
     tables: tuple[str, ...] = DEFAULT_TABLES
+    # The two counted tables (DESIGN §2): DELETE from the first is -1, from the second a
+    # retention purge (0). Both must be among ``tables``.
+    notifications_table: str = DEFAULT_NOTIFICATIONS
+    history_table: str = DEFAULT_HISTORY
     # Shipper tuning. Every peek and advance re-decodes from the slot's restart_lsn and every
     # batch is a commit: few large batches drain a backlog faster (memory does not grow with
     # them: bronze/ship.py). The source keeps a peek's output in a temporary file until it
@@ -86,19 +93,35 @@ class Config:
                 values[key] = _seconds(name, env[name])
         if env.get("LAKECDC_TABLES"):
             values["tables"] = tuple(t.strip() for t in env["LAKECDC_TABLES"].split(","))
+        for name, key in (("LAKECDC_NOTIFICATIONS_TABLE", "notifications_table"),
+                          ("LAKECDC_HISTORY_TABLE", "history_table")):
+            if env.get(name):
+                values[key] = env[name].strip()
         values.update({k: v for k, v in flags.items() if v is not None})
         config = cls(**values)
         config.validate()
         return config
 
     def validate(self) -> None:
-        if not _SLOT_NAME.match(self.slot):
+        if not _SLOT_NAME.fullmatch(self.slot):
             raise UserError(f"slot name {self.slot!r} is invalid: use 1-63 lower-case letters, "
                             "digits or underscores (LAKECDC_SLOT or --slot).")
         for table in self.tables:
-            if not _TABLE_NAME.match(table):
+            if not _TABLE_NAME.fullmatch(table):
                 raise UserError(f"captured table {table!r} must be written schema.table "
                                 "(LAKECDC_TABLES).")
+        for table, env in ((self.notifications_table, "LAKECDC_NOTIFICATIONS_TABLE"),
+                           (self.history_table, "LAKECDC_HISTORY_TABLE")):
+            if not _TABLE_NAME.fullmatch(table):
+                raise UserError(f"counted table {table!r} must be written schema.table "
+                                f"({env}).")
+            if table not in self.tables:
+                raise UserError(f"the counted table {table} ({env}) is not among the "
+                                f"captured tables ({', '.join(self.tables)}): add it to "
+                                "LAKECDC_TABLES, or set the variable to a captured table.")
+        if self.notifications_table == self.history_table:
+            raise UserError("LAKECDC_NOTIFICATIONS_TABLE and LAKECDC_HISTORY_TABLE name the "
+                            f"same table ({self.history_table}): they must differ.")
         unknown = self.disabled_guards - GUARDS
         if unknown:
             raise UserError(f"unknown guard(s) in LAKECDC_UNSAFE_DISABLE_GUARDS: "
@@ -111,6 +134,11 @@ class Config:
         if self.reconnect_max_backoff_s <= 0:
             raise UserError("the reconnect backoff (LAKECDC_RECONNECT_MAX_BACKOFF) must be a "
                             "positive number of seconds.")
+
+    @property
+    def counted(self) -> CountedTables:
+        """The counted tables, as gold's rules, the baseline and the truth take them."""
+        return CountedTables.from_names(self.notifications_table, self.history_table)
 
     def require_source(self) -> str:
         if not self.source_dsn:

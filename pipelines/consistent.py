@@ -28,6 +28,7 @@ from psycopg import sql
 from bronze import slot as slots
 from bronze.source import connect
 from pipelines.progress import Progress
+from pipelines.captured import CountedTables
 from pipelines.source_truth import count_truth, estimated_rows
 
 MARKER_PREFIX = "lakecdc.marker"
@@ -54,15 +55,17 @@ def consistent_point(dsn: str) -> Iterator[ConsistentPoint]:
                 rconn.execute(sql.SQL("DROP_REPLICATION_SLOT {}").format(sql.Identifier(name)))
 
 
-def count_at(dsn: str, point: ConsistentPoint, label: str = "counting source rows") -> Counter:
-    """``service_stats`` truth as of ``point`` (source rows only), with a progress bar."""
+def count_at(dsn: str, point: ConsistentPoint, tables: CountedTables,
+             label: str = "counting source rows") -> Counter:
+    """``service_stats`` truth of the counted ``tables`` as of ``point`` (source rows only),
+    with a progress bar."""
 
     with connect(dsn) as conn:
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
             sql.Literal(point.snapshot_name)))
-        with Progress(label, estimated_rows(conn)) as progress:
-            counts = count_truth(conn, progress)
+        with Progress(label, estimated_rows(conn, tables)) as progress:
+            counts = count_truth(conn, tables, progress)
         conn.rollback()
     return counts
 

@@ -130,7 +130,7 @@ def run_demo(seconds: float, out_dir: str, stop: threading.Event,
 
 def _summarise(config: Config, dsn: str, traffic: Traffic, report, freshness, out: Path):
     with psycopg.connect(dsn) as conn:
-        truth = source_counts(conn)
+        truth = source_counts(conn, config.counted)
         live, archived = conn.execute(
             "SELECT (SELECT count(*) FROM notifications), "
             "(SELECT count(*) FROM notification_history)").fetchone()

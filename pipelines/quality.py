@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.captured import DIMS
+from pipelines.captured import DIMS, CountedTables
 from pipelines.errors import UserError
 
 log = logging.getLogger("lakecdc.quality")
@@ -118,11 +118,12 @@ def silver_frame(spark: SparkSession, silver_path: str, after_lsn: int = 0) -> D
                     *[f"old_{c}" for c in DIMS]))
 
 
-def expected_counts(baseline: DataFrame, silver: DataFrame) -> DataFrame:
+def expected_counts(baseline: DataFrame, silver: DataFrame, tables: CountedTables
+                    ) -> DataFrame:
     """Per key: baseline count + net signed deltas of ``silver`` (dims, expected)."""
     from gold.asof import net_deltas
 
-    deltas = net_deltas(silver).select(*DIMS, F.col("delta").alias("n"))
+    deltas = net_deltas(silver, tables).select(*DIMS, F.col("delta").alias("n"))
     base = baseline.select(*DIMS, F.col("count").cast("long").alias("n"))
     return (base.unionByName(deltas).groupBy(*DIMS)
             .agg(F.sum("n").cast("long").alias("expected")))
@@ -136,7 +137,7 @@ def reconcile(gold: DataFrame, expected: DataFrame) -> DataFrame:
             .select(*DIMS, "count", F.coalesce("expected", F.lit(0)).alias("expected")))
 
 
-def gold_frame(spark: SparkSession, gold_path: str, silver_path: str,
+def gold_frame(spark: SparkSession, gold_path: str, silver_path: str, tables: CountedTables,
                baseline_path: str | None = None, storage_options: dict | None = None
                ) -> tuple[DataFrame, str]:
     """Gold at its latest version reconciled with its baseline and silver; and a scope."""
@@ -150,7 +151,7 @@ def gold_frame(spark: SparkSession, gold_path: str, silver_path: str,
     gold = spark.read.format("delta").option("versionAsOf", state.version).load(gold_path)
     baseline = _baseline(spark, gold_path, state.floor, baseline_path, storage_options)
     silver = silver_range(spark, silver_path, state.floor, watermark)
-    frame = reconcile(gold, expected_counts(baseline, silver))
+    frame = reconcile(gold, expected_counts(baseline, silver, tables))
     return frame, (f"gold version {state.version}: baseline at {fmt(state.floor)} + silver "
                    f"changes up to {fmt(watermark)}")
 
@@ -244,7 +245,7 @@ def _plain(values: list) -> list:
     return json.loads(json.dumps(values[:_SAMPLES], default=str))
 
 
-def run_gates(spark: SparkSession, silver_path: str, gold_path: str,
+def run_gates(spark: SparkSession, silver_path: str, gold_path: str, tables: CountedTables,
               suites: tuple[str, ...] = SUITES, baseline_path: str | None = None,
               storage_options: dict | None = None, all_silver: bool = False
               ) -> list[GateResult]:
@@ -259,7 +260,7 @@ def run_gates(spark: SparkSession, silver_path: str, gold_path: str,
         scope = "every silver row" if after == 0 else f"silver rows after {fmt(after)}"
         results.append(validate(silver_frame(spark, silver_path, after), silver_suite(), scope))
     if "gold" in suites:
-        frame, scope = gold_frame(spark, gold_path, silver_path, baseline_path,
+        frame, scope = gold_frame(spark, gold_path, silver_path, tables, baseline_path,
                                   storage_options)
         results.append(validate(frame, gold_suite(), scope))
     return results

@@ -83,7 +83,8 @@ class Pipeline:
         self.faults = FaultPoints(config.faults)
         self._gold_locked = False
         self.gold_options = {"guard": config.guard_on("gold_txn"), "faults": self.faults,
-                             "pending_path": self.where.gold_pending}
+                             "pending_path": self.where.gold_pending,
+                             "tables": config.counted}
 
     @property
     def spark(self):
@@ -96,21 +97,22 @@ class Pipeline:
 
     def seed_gold_from_baseline(self) -> bool:
         """Before gold's first batch: seed it with setup's baseline counts (exact as of the
-        slot's consistent point). Does nothing once gold exists."""
-        from delta.tables import DeltaTable as SparkDeltaTable
-
-        from gold.apply import seed_gold
+        slot's consistent point). Decided by what gold records (``holds_counts``), never by
+        whether its table exists; a retry after a kill anywhere in here seeds once."""
+        from gold.apply import holds_counts, seed_gold
         from pipelines.baseline import read_baseline
 
-        if SparkDeltaTable.isDeltaTable(self.spark, self.where.gold):
-            return False
+        self.faults.hit("before_gold_seed")
         baseline = read_baseline(self.config.baseline_path)
-        if baseline is None:
+        if baseline is None or holds_counts(self.spark, self.where.gold):
             return False
         commit_lsn, counts = baseline
         frame = self.spark.createDataFrame(counts.to_pylist(), schema=", ".join(
             [f"{c} string" for c in counts.column_names[:-1]] + ["count bigint"]))
-        return seed_gold(self.spark, self.where.gold, frame, commit_lsn)
+        seeded = seed_gold(self.spark, self.where.gold, frame, commit_lsn,
+                           faults=self.faults)
+        self.faults.hit("after_gold_seed")
+        return seeded
 
     def require_no_gap(self) -> None:
         """Refuse gold while bronze holds a re-baseline gap gold's counts do not cover.

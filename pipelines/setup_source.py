@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 import psycopg
 
 from bronze import slot as slots
-from bronze.source import check_plugin, check_source, connect, ensure_replica_identity
+from bronze.source import (check_plugin, check_source, connect, ensure_replica_identity,
+                           identity_blocker, nullable_identity_columns)
 from bronze.failover import NEW_LAKEHOUSE
+from bronze.not_null import make_not_null
 from bronze.table import REBASELINE_SUFFIX, BronzeTable, Progress, SourceIdentity
 from gold.push import ensure_dashboard_tables
 from pipelines.baseline import count_in_snapshot, write_baseline
@@ -51,7 +53,10 @@ class SetupReport:
 
 
 def setup(config: Config, rebaseline: bool = False,
-          storage_options: dict | None = None) -> SetupReport:
+          storage_options: dict | None = None, online_not_null: bool = False,
+          echo=None) -> SetupReport:
+    """``online_not_null``: first make nullable identity columns NOT NULL without blocking
+    writers (``bronze.not_null``); ``echo`` receives each statement it runs."""
     report = SetupReport()
     dsn = config.require_source()
     check_writable(config.lakehouse)
@@ -59,6 +64,17 @@ def setup(config: Config, rebaseline: bool = False,
     with connect(dsn) as conn:
         check_source(conn, config.tables)
         check_plugin(conn)
+        if online_not_null:
+            for table in config.tables:
+                columns = nullable_identity_columns(conn, table)
+                if columns:
+                    make_not_null(conn, table, columns, echo=echo)
+                    report.did(f"made {', '.join(columns)} of {table} NOT NULL online")
+        # Every table is checked before any is changed: one refusal leaves all as they were.
+        for table in config.tables:
+            blocker = identity_blocker(conn, table)
+            if blocker:
+                raise UserError(blocker)
         for table in config.tables:
             if ensure_replica_identity(conn, table):
                 report.did(f"set REPLICA IDENTITY USING INDEX on {table}")
@@ -88,7 +104,7 @@ def setup(config: Config, rebaseline: bool = False,
         report.did(f"created slot {config.slot} at {fmt(created.consistent_point)}")
         try:
             # The exported snapshot is importable while rconn stays open and idle.
-            counts = count_in_snapshot(dsn, created.snapshot_name)
+            counts = count_in_snapshot(dsn, created.snapshot_name, config.counted)
         except BaseException:
             with connect(dsn) as conn:
                 slots.drop_slot(conn, config.slot)

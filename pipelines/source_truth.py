@@ -1,7 +1,7 @@
 """Ground truth of ``service_stats`` read straight from the source (DESIGN §2).
 
-``count`` = notifications ever created, in their latest status, across ``notifications``
-and ``notification_history``: a ``GROUP BY`` of the dims over both tables. Rows purged from
+``count`` = notifications ever created, in their latest status, across the two counted
+tables (``Config.counted``, schema-qualified): a ``GROUP BY`` of the dims over both. Rows purged from
 history since the baseline are not in it; callers that purge must add them back.
 
 ``count_truth`` counts in primary-key chunks inside the caller's transaction (give it a
@@ -19,37 +19,42 @@ from typing import Callable
 import psycopg
 from psycopg import sql
 
-from pipelines.captured import DIMS
+from pipelines.captured import DIMS, CountedTables
 
 Key = tuple[str, str, str, str]
-
-TRUTH_TABLES = ("notifications", "notification_history")
-
-TRUTH_SQL = """
-SELECT service_id::text, template_id::text, notification_type::text, notification_status,
-       count(*)
-FROM (SELECT service_id, template_id, notification_type, notification_status
-      FROM notifications
-      UNION ALL
-      SELECT service_id, template_id, notification_type, notification_status
-      FROM notification_history) AS all_notifications
-GROUP BY 1, 2, 3, 4"""
 
 CHUNK_ROWS = 250_000
 
 
-def source_counts(conn: psycopg.Connection) -> dict[Key, int]:
-    return {tuple(r[:4]): r[4] for r in conn.execute(TRUTH_SQL)}
+def _ident(table: tuple[str, str]) -> sql.Identifier:
+    return sql.Identifier(*table)
 
 
-def estimated_rows(conn: psycopg.Connection) -> int:
+def truth_sql(tables: CountedTables) -> sql.Composed:
+    """The ``GROUP BY`` of the dims over both counted tables (schema-qualified)."""
+    dims = sql.SQL(", ").join(sql.Identifier(c) for c in DIMS)
+    return sql.SQL("""
+SELECT service_id::text, template_id::text, notification_type::text,
+       notification_status::text, count(*)
+FROM (SELECT {dims} FROM {live} UNION ALL SELECT {dims} FROM {history}) AS all_notifications
+GROUP BY 1, 2, 3, 4""").format(dims=dims, live=_ident(tables.live),
+                               history=_ident(tables.history))
+
+
+def source_counts(conn: psycopg.Connection, tables: CountedTables) -> dict[Key, int]:
+    return {tuple(r[:4]): r[4] for r in conn.execute(truth_sql(tables))}
+
+
+def estimated_rows(conn: psycopg.Connection, tables: CountedTables) -> int:
     """The planner's row estimate of both tables (for a progress total; never for counts)."""
     row = conn.execute("SELECT coalesce(sum(greatest(reltuples, 0)), 0)::bigint FROM pg_class "
-                       "WHERE oid = ANY(%s::regclass[])", [list(TRUTH_TABLES)]).fetchone()
+                       "WHERE oid = ANY(%s::regclass[])",
+                       [[sql.Identifier(*t).as_string(conn) for t in tables.both]]).fetchone()
     return int(row[0])
 
 
-def count_truth(conn: psycopg.Connection, progress: Callable[[int], None] | None = None,
+def count_truth(conn: psycopg.Connection, tables: CountedTables,
+                progress: Callable[[int], None] | None = None,
                 chunk_rows: int = CHUNK_ROWS) -> Counter:
     """The truth, counted in ``id`` ranges of ``chunk_rows`` rows in the current transaction.
 
@@ -58,8 +63,8 @@ def count_truth(conn: psycopg.Connection, progress: Callable[[int], None] | None
     dims = sql.SQL(", ").join(
         sql.SQL("{}::text").format(sql.Identifier(c)) for c in DIMS)
     counts: Counter = Counter()
-    for table in TRUTH_TABLES:
-        ident = sql.Identifier(table)
+    for table in tables.both:
+        ident = _ident(table)
         boundary = sql.SQL("SELECT id FROM {} WHERE id > %s ORDER BY id OFFSET %s LIMIT 1"
                            ).format(ident)
         first = sql.SQL("SELECT id FROM {} ORDER BY id OFFSET %s LIMIT 1").format(ident)

@@ -109,7 +109,7 @@ def verify_once(pipeline, timeout_s: float = 600.0) -> Verdict:
         marker = emit_marker(source, "verify")
         log.info("verify: consistent point %s, marker %s; counting the source",
                  fmt(point.lsn), fmt(marker))
-        truth_src = count_at(source, point, "verify: counting source rows")
+        truth_src = count_at(source, point, config.counted, "verify: counting source rows")
     # The temporary slot is gone: nothing of verify pins WAL from here on.
 
     how = _past_marker(pipeline, marker, timeout_s)
@@ -127,15 +127,16 @@ def verify_once(pipeline, timeout_s: float = 600.0) -> Verdict:
 
     gold_now = spark.read.format("delta").option("versionAsOf", state.version).load(where.gold)
     gold_at = asof.subtract(asof.counts_of(gold_now),
-                            asof.net_deltas(_from(spark, silver, point.lsn, state.watermark)))
+                            asof.net_deltas(_from(spark, silver, point.lsn, state.watermark),
+                                            config.counted))
 
     dash_now, dash_version, dash_lsn = read_dashboard(config.dashboard, gold_key(where.gold))
     if dash_lsn is None or dash_lsn < marker:
         raise UserError(_went_back("the dashboard", dash_lsn, marker))
     dash_at = asof.subtract(dash_now, asof.net_deltas(_from(spark, silver, point.lsn,
-                                                            dash_lsn)))
+                                                            dash_lsn), config.counted))
 
-    purged = _history_purges(spark, silver, state.floor, point.lsn)
+    purged = _history_purges(spark, silver, state.floor, point.lsn, config.counted)
     truth = Counter(truth_src)
     truth.update(purged)
     return Verdict(point.lsn, marker, nonzero(truth), sum(purged.values()), (
@@ -304,18 +305,18 @@ def _from(spark, silver_path: str, first: int, last: int):
     return silver_range(spark, silver_path, first, last)
 
 
-def _history_purges(spark, silver_path: str, floor: int, point: int) -> Counter:
+def _history_purges(spark, silver_path: str, floor: int, point: int, tables) -> Counter:
     """History rows purged by transactions in ``[floor, point)``, per key; refuses a
     TRUNCATE of history there (its rows' dims are unknown)."""
     from gold.deltas import history_purges, history_truncates
 
     rows = _from(spark, silver_path, floor, point - 1)
-    truncate = history_truncates(rows).orderBy("commit_lsn").limit(1).collect()
+    truncate = history_truncates(rows, tables).orderBy("commit_lsn").limit(1).collect()
     if truncate:
         raise UserError(
-            f"notification_history was truncated at commit LSN "
+            f"{tables.name('history')} was truncated at commit LSN "
             f"{fmt(truncate[0].commit_lsn)}, after gold's baseline: the truncated rows still "
             "count but their services are unknown, so gold cannot be verified; rebuild it "
             "with `lakecdc backfill rebuild-gold` (it re-baselines), then verify.")
     return Counter({tuple(r[c] for c in DIMS): int(r["purged"])
-                    for r in history_purges(rows).collect()})
+                    for r in history_purges(rows, tables).collect()})

@@ -55,6 +55,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
 
+from pipelines.checkpoints import remove_incomplete_writes
 from pipelines.config import Config
 from pipelines.errors import UserError
 from silver.parse import parse_changes
@@ -210,7 +211,7 @@ def _start_changes(spark: SparkSession, bronze_path: str, silver_path: str,
     bronze = spark.readStream.format("delta").load(bronze_path)
     writer = (parse_changes(bronze, tuple(known_tables)).writeStream.format("delta")
               .outputMode("append"))
-    return _start(writer, "changes", _checkpoint(checkpoint_root, "changes"), once,
+    return _start(spark, writer, "changes", _checkpoint(checkpoint_root, "changes"), once,
                   trigger_interval, silver_path)
 
 
@@ -224,12 +225,13 @@ def _start_quarantine(spark: SparkSession, bronze_path: str, silver_path: str,
     writer = changes.writeStream.foreachBatch(QuarantineWriter(bronze_path, quarantine_path))
     # A checkpoint directory of its own: the quarantine query used to read bronze (its
     # checkpoint was "quarantine"), and a checkpoint cannot change its source table.
-    return _start(writer, "quarantine", _checkpoint(checkpoint_root, QUARANTINE_CHECKPOINT),
-                  once, trigger_interval)
+    return _start(spark, writer, "quarantine",
+                  _checkpoint(checkpoint_root, QUARANTINE_CHECKPOINT), once, trigger_interval)
 
 
-def _start(writer, name: str, checkpoint: str, once: bool, trigger_interval: str,
-           path: str | None = None) -> StreamingQuery:
+def _start(spark: SparkSession, writer, name: str, checkpoint: str, once: bool,
+           trigger_interval: str, path: str | None = None) -> StreamingQuery:
+    remove_incomplete_writes(spark, checkpoint)      # a kill mid-write must not wedge it
     writer = writer.queryName(f"lakecdc_silver_{name}").option("checkpointLocation",
                                                                 checkpoint)
     writer = (writer.trigger(availableNow=True) if once

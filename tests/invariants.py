@@ -133,9 +133,9 @@ def check_i2(lakehouse: str, bronze: list[dict]) -> tuple[int, int]:
 # --- I3, I4 -------------------------------------------------------------------------------
 
 def check_i3_i4(lakehouse: str, source_dsn: str, dashboard_dsn: str,
-                purged: Counter | None = None) -> None:
+                purged: Counter | None = None, schema: str = "public") -> None:
     try:
-        check_gold(lakehouse, source_dsn, dashboard_dsn, purged)
+        check_gold(lakehouse, source_dsn, dashboard_dsn, purged, schema)
     except AssertionError as exc:
         which = "I4 dashboard" if "dashboard" in str(exc) else "I3 gold"
         raise _fail(which, exc) from None
@@ -182,7 +182,7 @@ def check_i5(config, max_lag: int = MAX_LAG_BYTES, drain=None) -> tuple[str, int
 
 def check_invariants(config, witness: Witness, purged: Counter | None = None,
                      planted: dict[int, list[str]] | None = None,
-                     max_lag: int = MAX_LAG_BYTES) -> Verdict:
+                     max_lag: int = MAX_LAG_BYTES, schema: str = "public") -> Verdict:
     """I1-I5 for the pipeline of ``config`` (local lakehouse) after it has drained.
 
     ``purged``: dims of history rows the test deleted itself (the truth still counts them,
@@ -195,7 +195,7 @@ def check_invariants(config, witness: Witness, purged: Counter | None = None,
         columns=["commit_lsn", "seq", "data"]).to_pylist()
     verdict.transactions, verdict.bronze_rows = len(expected), len(bronze)
     verdict.silver_clean, verdict.quarantined = check_i2(config.lakehouse, bronze)
-    check_i3_i4(config.lakehouse, config.require_source(), config.dashboard, purged)
+    check_i3_i4(config.lakehouse, config.require_source(), config.dashboard, purged, schema)
     gold = gold_counts(config.lakehouse)
     verdict.gold_keys, verdict.notifications = len(gold), sum(gold.values())
     verdict.wal_status, verdict.lag_before_probe, verdict.lag_after_probe = \

@@ -15,6 +15,7 @@ import json
 from collections import Counter, defaultdict
 
 import psycopg
+from psycopg import sql
 from deltalake import DeltaTable
 
 CAPTURED = "public.notifications,public.notification_history"
@@ -87,16 +88,21 @@ def check_bronze(path: str, witnessed: dict[int, list[str]]) -> None:
         assert [r["data"] for r in got] == expected, f"transaction {commit} differs"
 
 
-def source_truth(dsn: str, purged: Counter | None = None) -> Counter:
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute("""
+def source_truth(dsn: str, purged: Counter | None = None, schema: str = "public") -> Counter:
+    """The GROUP BY of the dims over ``<schema>.notifications`` and
+    ``<schema>.notification_history``, plus the history rows the test purged itself."""
+    query = sql.SQL("""
             SELECT service_id::text, template_id::text, notification_type::text,
-                   notification_status, count(*)
+                   notification_status::text, count(*)
             FROM (SELECT service_id, template_id, notification_type, notification_status
-                  FROM notifications UNION ALL
+                  FROM {live} UNION ALL
                   SELECT service_id, template_id, notification_type, notification_status
-                  FROM notification_history) t
-            GROUP BY 1, 2, 3, 4""").fetchall()
+                  FROM {history}) t
+            GROUP BY 1, 2, 3, 4""").format(
+        live=sql.Identifier(schema, "notifications"),
+        history=sql.Identifier(schema, "notification_history"))
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(query).fetchall()
     truth = Counter({tuple(r[:4]): r[4] for r in rows})
     truth.update(purged or Counter())
     return truth
@@ -120,9 +126,9 @@ def _nonzero(c: Counter) -> dict:
 
 
 def check_gold(lakehouse: str, source_dsn: str, dashboard_dsn: str,
-               purged: Counter | None = None) -> None:
+               purged: Counter | None = None, schema: str = "public") -> None:
     """I3 and I4: gold = truth exactly (no clamps: negatives would show), dashboard = gold."""
-    truth = _nonzero(source_truth(source_dsn, purged))
+    truth = _nonzero(source_truth(source_dsn, purged, schema))
     gold = _nonzero(gold_counts(lakehouse))
     differ = {k: (gold.get(k), truth.get(k)) for k in set(gold) | set(truth)
               if gold.get(k) != truth.get(k)}

@@ -197,3 +197,23 @@ def test_the_entry_point_ends_success_without_systemexit(monkeypatch, capsys):
     with pytest.raises(SystemExit) as failed:
         entry()
     assert failed.value.code == 2
+
+
+def test_a_first_start_waits_for_inputs_and_transient_failures_are_retried():
+    """On a fresh deployment the jobs start side by side: each streaming stage waits for the
+    table it reads, and every task whose failure may be transient is retried."""
+    stream = {t["task_key"]: t["python_wheel_task"]["parameters"]
+              for t in JOBS["lakecdc_stream"]["tasks"]}
+    for stage, parameters in stream.items():
+        assert parameters[0] == stage, parameters
+        at = parameters.index("--wait-for-input")
+        assert float(parameters[at + 1]) >= 600, parameters
+    for name in ("lakecdc_shipper", "lakecdc_stream"):
+        assert JOBS[name]["continuous"]["task_retry_mode"] == "ON_FAILURE", name
+    retried = {t["task_key"] for j in JOBS.values() for t in j["tasks"]
+               if t.get("max_retries", 0) >= 1 and t.get("min_retry_interval_millis", 0) > 0}
+    assert {"setup", "verify", "rebuild_gold", "backfill_snapshot"} <= retried
+    # Quality gates fail on data, not on luck: never retried.
+    gates = {t["task_key"] for j in JOBS.values() for t in j["tasks"]
+             if t["python_wheel_task"]["parameters"][0] == "quality"}
+    assert gates and not gates & retried

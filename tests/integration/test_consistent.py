@@ -8,6 +8,7 @@ import threading
 import pytest
 from psycopg import sql
 
+from pipelines.captured import COUNTED
 from pipelines.consistent import consistent_point, count_at, emit_marker
 from pipelines.source_truth import count_truth, source_counts
 from workload import archive, insert, transition
@@ -26,7 +27,7 @@ def _populate(source_db, n: int, seed: int) -> None:
 def test_chunked_count_equals_one_group_by_and_reports_every_row(source_db):
     _populate(source_db, 1000, 1)
     with source_db.connect() as conn:
-        expected = source_counts(conn)
+        expected = source_counts(conn, COUNTED)
         seen: list[int] = []
         for chunk in (97, 1000, 5000):
             seen.clear()
@@ -38,12 +39,12 @@ def test_chunked_count_equals_one_group_by_and_reports_every_row(source_db):
 def test_a_consistent_point_counts_exactly_what_committed_before_it(source_db):
     _populate(source_db, 300, 2)
     with source_db.connect() as conn:
-        before = source_counts(conn)
+        before = source_counts(conn, COUNTED)
     with consistent_point(source_db.dsn) as point:
         with source_db.connect() as conn:       # committed after the point: not counted
             insert(conn, random.Random(3), 50)
             transition(conn, 1.0, "sending")
-        assert count_at(source_db.dsn, point) == before
+        assert count_at(source_db.dsn, point, COUNTED) == before
         marker = emit_marker(source_db.dsn, "test")
         assert marker > point.lsn
         with source_db.connect() as conn:

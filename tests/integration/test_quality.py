@@ -35,7 +35,7 @@ def test_gates_pass_on_pipeline_output_and_fail_on_planted_rows(source_db, confi
     pipeline.run_once()
     where = pipeline.where
 
-    silver, gold = run_gates(spark, where.silver.silver_path, where.gold,
+    silver, gold = run_gates(spark, where.silver.silver_path, where.gold, config.counted,
                              baseline_path=config.baseline_path)
     assert silver.success and gold.success, (silver.failures, gold.failures)
     assert silver.rows > 0
@@ -58,7 +58,8 @@ def test_gates_pass_on_pipeline_output_and_fail_on_planted_rows(source_db, confi
     table = DeltaTable.forPath(spark, where.gold)
     table.update(key_is(first), {"count": F.col("count") + 1})
     table.update(key_is(second), {"count": F.lit(-5).cast("long")})
-    [gold] = run_gates(spark, where.silver.silver_path, where.gold, ("gold",),
+    [gold] = run_gates(spark, where.silver.silver_path, where.gold, config.counted,
+                       ("gold",),
                        baseline_path=config.baseline_path)
     assert not gold.success
     assert _failed(gold) == {"expect_column_pair_values_to_be_equal": 2,
@@ -71,7 +72,8 @@ def test_gates_pass_on_pipeline_output_and_fail_on_planted_rows(source_db, confi
     bad.update(commit_lsn=top + 100, seq=0, tx_changes=1, lsn=top + 200, op="X")
     spark.createDataFrame([bad], SILVER_CHANGES).write.format("delta").mode("append") \
         .save(where.silver.silver_path)
-    [silver] = run_gates(spark, where.silver.silver_path, where.gold, ("silver",))
+    [silver] = run_gates(spark, where.silver.silver_path, where.gold, config.counted,
+                         ("silver",))
     assert _failed(silver) == {"expect_column_values_to_be_in_set": 1,
                                "expect_column_pair_values_a_to_be_greater_than_b": 1}
 

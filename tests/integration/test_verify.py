@@ -325,14 +325,14 @@ def test_verify_does_not_block_writers_and_stays_exact_under_traffic(
     real_count_at = verify_module.count_at
     seen = {}
 
-    def count_at_while_writers_commit(dsn, point, label="counting"):
+    def count_at_while_writers_commit(dsn, point, tables, label="counting"):
         # Inside the consistent point: the temporary slot and the exported snapshot exist.
         # Writers must keep committing now; the count must not see what they commit.
         seen["slots"] = temporary_slots(source_db)
         before = writer.commits
         wait_for(lambda: writer.commits >= before + 10, timeout=60, interval=0.05)
         seen["commits_during_point"] = writer.commits - before
-        return real_count_at(dsn, point, label)
+        return real_count_at(dsn, point, tables, label)
 
     monkeypatch.setattr(verify_module, "count_at", count_at_while_writers_commit)
     with Writer(source_db.dsn, seed=71) as writer:

@@ -1,0 +1,76 @@
+"""Streaming checkpoints after a ``kill -9``: what may be removed, and nothing else.
+
+Spark writes every checkpoint file (``metadata``, ``offsets/N``, ``commits/N``,
+``sources/…/N``) to a temporary file ``.<name>.<uuid>[.TID<n>].tmp`` beside it and then
+renames it into place (``CheckpointFileManager.createAtomic``); Hadoop's local file system
+adds a checksum file ``.<temp name>.crc`` next to the temporary one. A process killed
+between the two leaves the temporary file behind. Spark never reads it, but from 4.1 on it
+refuses a checkpoint whose ``offsets/`` is not empty on batch 0
+(``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``), so a kill during a query's first batch
+would wedge it for good.
+
+``remove_incomplete_writes`` removes exactly those temporary files and their checksums:
+they are provably incomplete (a finished write has been renamed away from that name).
+Committed files - the query id in ``metadata``, planned offsets, commit markers - are never
+touched: they are the idempotency record of every sink. Call it only while no other process
+runs the same query (lakecdc's writers hold the gold writer lock; see ``pipelines.locks``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+log = logging.getLogger("lakecdc.checkpoints")
+
+# ".<final name>.<uuid>[.TID<task attempt>].tmp", and Hadoop's ".<that>.crc" beside it.
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+INCOMPLETE = re.compile(rf"\.?\.[^/]+\.{_UUID}(\.TID\d+)?\.tmp(\.crc)?")
+# The folders Spark writes checkpoint files into, below the checkpoint root.
+_FOLDERS = ("", "offsets", "commits", "sources")
+
+
+def is_incomplete_write(name: str) -> bool:
+    """True for the name of a temporary checkpoint file (or its checksum) that Spark never
+    renamed into place."""
+    return INCOMPLETE.fullmatch(name) is not None
+
+
+def remove_incomplete_writes(spark, checkpoint_dir: str) -> list[str]:
+    """Remove the temporary files a killed write left in ``checkpoint_dir``; returns their
+    paths. Local paths and object stores alike, through Hadoop's file system."""
+    fs, path_of = _file_system(spark, checkpoint_dir)
+    removed: list[str] = []
+    for folder in _FOLDERS:
+        for status in _walk(fs, path_of(checkpoint_dir, folder),
+                            recursive=folder == "sources"):
+            name = status.getPath().getName()
+            if status.isFile() and is_incomplete_write(name):
+                if fs.delete(status.getPath(), False):
+                    removed.append(status.getPath().toString())
+    for path in removed:
+        log.warning("removed an incomplete checkpoint write left by a killed process: %s",
+                    path)
+    return removed
+
+
+def _file_system(spark, checkpoint_dir: str):
+    jvm = spark.sparkContext._jvm
+    root = jvm.org.apache.hadoop.fs.Path(checkpoint_dir)
+    fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+
+    def path_of(base: str, folder: str):
+        return jvm.org.apache.hadoop.fs.Path(f"{base.rstrip('/')}/{folder}" if folder
+                                             else base)
+    return fs, path_of
+
+
+def _walk(fs, path, recursive: bool):
+    if not fs.exists(path):
+        return
+    for status in fs.listStatus(path):
+        if status.isDirectory():
+            if recursive:
+                yield from _walk(fs, status.getPath(), recursive)
+        else:
+            yield status

@@ -1,0 +1,48 @@
+"""Waiting for a stage's input table on a first start (``--wait-for-input SECONDS``).
+
+The bundle's jobs start side by side on a fresh deployment: ``gold`` may start before
+silver has created ``silver/changes``, ``push`` before gold exists. Such a stage waits,
+polling the table's Delta log (delta-rs: no JVM), until its input exists or the time is up;
+then it starts, and a missing input is still refused by the stage itself with its one
+sentence (exit 2). Without the flag (interactive use) nothing waits: a missing input is a
+mistake to hear about at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from deltalake import DeltaTable
+
+from pipelines.config import Config
+
+log = logging.getLogger("lakecdc.inputs")
+
+# The table each waiting stage reads: (layer, name) under the lakehouse.
+INPUT_OF = {
+    "silver": ("bronze", "wal2json_changes"),
+    "gold": ("silver", "changes"),
+    "push": ("gold", "service_stats"),
+}
+
+
+def wait_for_input(config: Config, stage: str, timeout_s: float, *,
+                   storage_options: dict | None = None, poll_s: float = 2.0,
+                   stop: threading.Event | None = None) -> bool:
+    """Wait until ``stage``'s input table exists, ``timeout_s`` passed or ``stop`` is set;
+    returns whether it exists."""
+    path = config.table_path(*INPUT_OF[stage])
+    deadline = time.monotonic() + timeout_s
+    stop = stop or threading.Event()
+    waited = False
+    while not DeltaTable.is_deltatable(path, storage_options=storage_options):
+        if time.monotonic() >= deadline or stop.is_set():
+            return False
+        if not waited:
+            log.info("%s: waiting up to %.0fs for its input %s to be created", stage,
+                     timeout_s, path)
+            waited = True
+        stop.wait(min(poll_s, max(0.0, deadline - time.monotonic())))
+    return True

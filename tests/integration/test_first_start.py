@@ -1,0 +1,92 @@
+"""F22: a pipeline killed during its first start - before gold's baseline is seeded, or while
+Spark writes a checkpoint file - recovers by itself on the next start, exactly.
+
+Every scenario starts from an empty lakehouse on a source that already holds rows (so gold's
+baseline matters), and ends with ``tests/invariants.py`` (I1-I5 against a witness slot and a
+GROUP BY of the source). The randomized version is ``python -m tests.soak --fresh-start``.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from pathlib import Path
+
+import pytest
+
+from invariants import check_invariants
+from pipelines.setup_source import setup
+from tests_support import cli_env, run_cli
+from truth import Witness
+from workload import insert, mixed, transition
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+
+@pytest.fixture
+def populated(source_db, config):
+    """Rows in the source before ``setup`` (they reach gold only through the baseline), then
+    setup and a witness slot."""
+    with source_db.connect() as conn:
+        rng = random.Random(22)
+        insert(conn, rng, 300)
+        transition(conn, 0.5, "sending")
+    setup(config)
+    witness = Witness(source_db.dsn, source_db.slot + "_w")
+    yield config, witness
+    witness.drop()
+
+
+def plant_incomplete_writes(checkpoint: Path, batch: int) -> list[Path]:
+    """What a kill while Spark writes ``offsets/<batch>`` and ``commits/<batch>`` leaves: the
+    0-byte temporary file and Hadoop's checksum of it."""
+    planted = []
+    for folder in ("offsets", "commits"):
+        (checkpoint / folder).mkdir(parents=True, exist_ok=True)
+        name = f".{batch}.{uuid.uuid4()}.tmp"
+        for path in (checkpoint / folder / name, checkpoint / folder / f".{name}.crc"):
+            path.write_bytes(b"")
+            planted.append(path)
+    return planted
+
+
+def test_kill_after_gold_is_created_before_its_seed_restarts_exact(populated, source_db):
+    """The kill lands between creating gold's table and writing the baseline into it; the
+    restart must still seed (decided by what gold records, not by the table existing)."""
+    config, witness = populated
+    env = cli_env(config)
+    killed = run_cli(["run", "--once"], {**env, "LAKECDC_FAULT": "after_gold_create:1"})
+    assert killed.returncode == 137, killed.stderr[-2000:]
+    assert (Path(config.lakehouse) / "gold" / "service_stats" / "_delta_log").is_dir()
+    purged = mixed(source_db.dsn, seed=5)
+    done = run_cli(["run", "--once"], env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    check_invariants(config, witness, purged)
+
+
+def test_leftovers_of_killed_checkpoint_writes_are_removed_and_restarts_are_exact(
+        populated, source_db):
+    """Spark refuses a checkpoint whose ``offsets/`` is not empty on batch 0; a kill while
+    it wrote the first offset file leaves exactly that. Planted in every query's checkpoint
+    of a first start, then - after a run - at the next batch beside committed files: each
+    restart removes only the leftovers, keeps every query's id, and ends exact."""
+    config, witness = populated
+    env = cli_env(config)
+    checkpoints = Path(config.lakehouse) / "_checkpoints"
+    queries = [checkpoints / "silver" / "changes",
+               checkpoints / "silver" / "quarantine_from_changes", checkpoints / "gold"]
+    planted = [p for q in queries for p in plant_incomplete_writes(q, 0)]
+    first = run_cli(["run", "--once"], env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert not [p for p in planted if p.exists()]
+    check_invariants(config, witness)
+
+    ids = {q: (q / "metadata").read_text() for q in queries}
+    planted = [p for q in queries for p in plant_incomplete_writes(
+        q, 1 + max(int(f.name) for f in (q / "offsets").iterdir() if f.name.isdigit()))]
+    purged = mixed(source_db.dsn, seed=6)
+    again = run_cli(["run", "--once"], env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert not [p for p in planted if p.exists()]
+    assert {q: (q / "metadata").read_text() for q in queries} == ids
+    check_invariants(config, witness, purged)
