@@ -67,7 +67,7 @@ from bronze.table import BronzeTable
 from pipelines.config import Config
 from pipelines.errors import UserError
 from pipelines.faults import FaultPoints
-from pipelines.locks import is_held, ship_lock_name
+from pipelines.locks import acquire, is_held, ship_lock_name
 from pipelines.lsn import fmt
 from pipelines.progress import Progress
 
@@ -197,6 +197,10 @@ class StagingTable:
                 state.complete = True
                 state.total_rows = m["rows"] or 0
         return runs
+
+    def run_ids(self) -> set[str]:
+        """The runs staging holds (none if there is no staging table)."""
+        return set(self.runs()) if self.exists() else set()
 
     def chunk(self, run: str, chunk: int) -> ChunkInfo | None:
         if not self.exists():
@@ -437,8 +441,19 @@ class BackfillEmitter:
         by its read rows, so ``finalize`` writes the grown count on the message row too.
         """
         accepted: list[tuple[HighMark, ChunkInfo]] = []
+        # Anyone allowed to emit logical messages can forge marks: those of runs that
+        # staging does not hold are dropped before any other read (one read of staging's
+        # run markers per batch), and every other read is made at most once per run and
+        # chunk - a flood of forged marks costs no I/O per mark.
+        known = self.staging.run_ids() if marks else set()
+        forged = [m for m in marks if m.run not in known]
+        if forged:
+            log.warning("backfill: %d HIGH marks of runs that were never staged ignored "
+                        "(forged, or of another lakehouse)", len(forged))
         versions: dict[str, int] = {}
-        for mark in sorted(marks, key=lambda m: (m.commit_lsn, m.seq)):
+        looked_up: dict[tuple[str, int], ChunkInfo | None] = {}
+        for mark in sorted((m for m in marks if m.run in known),
+                           key=lambda m: (m.commit_lsn, m.seq)):
             if mark.run not in versions:
                 versions[mark.run] = self.bronze.app_version(app_id(mark.run)) or 0
             have = versions[mark.run]
@@ -451,7 +466,9 @@ class BackfillEmitter:
                             "next to emit; ignored (a resumed backfill announces it again)",
                             mark.run, mark.chunk, have + 1)
                 continue
-            info = self.staging.chunk(mark.run, mark.chunk)
+            if (mark.run, mark.chunk) not in looked_up:
+                looked_up[(mark.run, mark.chunk)] = self.staging.chunk(mark.run, mark.chunk)
+            info = looked_up[(mark.run, mark.chunk)]
             if info is None:
                 log.warning("backfill %s: HIGH watermark of chunk %d, which is not staged "
                             "in %s; ignored", mark.run, mark.chunk, self.staging.uri)
@@ -672,11 +689,9 @@ class SnapshotBackfill:
         if not self.bronze.exists():
             raise UserError(f"no bronze table at {cfg.bronze_path}: run `lakecdc setup` first.")
         with connect(cfg.require_source()) as conn:
-            got = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
-                               [backfill_lock_name(cfg.slot)]).fetchone()[0]
-            if not got:
-                raise UserError(f"another `lakecdc backfill snapshot` is running on slot "
-                                f"{cfg.slot}; wait for it to finish or stop it first.")
+            acquire(conn, backfill_lock_name(cfg.slot), f"lakecdc backfill {cfg.slot}",
+                    f"another `lakecdc backfill snapshot` is running on slot {cfg.slot}; wait "
+                    "for it to finish or stop it first.")
             self.staging.ensure()
             state, resumed = self._pick_run()
             per_table = {t: TableProgress(t) for t in self.tables}

@@ -23,6 +23,7 @@ transaction.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -281,12 +282,45 @@ def decode_copy_rows(rows: list) -> PeekColumns:
         raise MalformedPeek("unexpected binary COPY tuple layout")
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(data_len, out=offsets[1:])
+    action = head["action"].astype(np.uint8)
+    data, offsets = _valid_messages(data, offsets, action)
     return PeekColumns(lsn=head["lsn"].astype(np.int64), xid=head["xid"].astype(np.int64),
                        commit_lsn=head["commit_lsn"].astype(np.int64),
                        commit_ts_us=head["ts"].astype(np.int64),
-                       action=head["action"].astype(np.uint8),
+                       action=action,
                        data=pa.StringArray.from_buffers(n, pa.py_buffer(offsets),
                                                         pa.py_buffer(data)))
+
+
+def _valid_messages(data: bytes, offsets: np.ndarray, action: np.ndarray
+                    ) -> tuple[bytes, np.ndarray]:
+    """``data`` and ``offsets`` with every logical message's text made valid UTF-8.
+
+    wal2json prints the column values of changes as valid text, but a message's content as
+    the raw bytes it was given - and anyone allowed to call ``pg_logical_emit_message(…,
+    bytea)`` can give it any. An invalid byte becomes U+FFFD: the row is still shipped (a
+    message counts 0) and nothing downstream meets bytes that are not text. Messages are
+    rare, so only they are checked.
+    """
+    fixed: dict[int, bytes] = {}
+    for i in np.flatnonzero(action == _M).tolist():
+        text = data[int(offsets[i]):int(offsets[i + 1])]
+        try:
+            text.decode("utf-8")
+        except UnicodeDecodeError:
+            fixed[i] = text.decode("utf-8", errors="replace").encode("utf-8")
+    if not fixed:
+        return data, offsets
+    lengths = np.diff(offsets).astype(np.int64)
+    parts, start = [], 0
+    for i, text in fixed.items():
+        parts += [data[start:int(offsets[i])], text]
+        start = int(offsets[i + 1])
+        lengths[i] = len(text)
+    parts.append(data[start:])
+    new = np.zeros_like(offsets)
+    np.cumsum(lengths, out=new[1:])
+    return b"".join(parts), new
 
 
 # --- Snapshot backfill: watermarks, window drops, read rows (see bronze/backfill.py) ----
@@ -340,31 +374,68 @@ class Window:
         return hit
 
 
-def high_marks(batch: pa.RecordBatch) -> list[HighMark]:
-    """The backfill HIGH watermarks among assembled rows (``ASSEMBLED_SCHEMA``).
+# A HIGH or LOW mark is ``{"run": …, "table": …, "chunk": …, "mark": …}``, well under this
+# size; anything larger under lakecdc's prefix is not lakecdc's and is never parsed.
+MAX_MARK_BYTES = 1024
+_RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
+_TABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
+_MARK_KEYS = frozenset({"run", "table", "chunk", "mark"})
+
+
+def parse_mark(text: str) -> tuple[str, str, int, str] | None:
+    """``(run, table, chunk, mark)`` of a backfill watermark's content, or None for anything
+    that is not exactly one: total (never raises) and O(1) - the size is checked before
+    anything is parsed, and only a flat object of the four expected keys and types passes."""
+    if not isinstance(text, str) or len(text) > MAX_MARK_BYTES:
+        return None
+    try:
+        content = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(content, dict) or content.keys() != _MARK_KEYS:
+        return None
+    run, table, chunk, mark = (content[k] for k in ("run", "table", "chunk", "mark"))
+    if not (isinstance(run, str) and _RUN_ID.fullmatch(run) and isinstance(table, str)
+            and _TABLE.fullmatch(table) and type(chunk) is int and 0 < chunk < 2**31
+            and mark in ("low", "high")):
+        return None
+    return run, table, chunk, mark
+
+
+def high_marks(batch: pa.RecordBatch) -> tuple[list[HighMark], int]:
+    """The backfill HIGH watermarks among assembled rows (``ASSEMBLED_SCHEMA``), and how many
+    messages under the backfill prefix were not well-formed marks (skipped, never raised:
+    any role allowed to emit logical messages can write under lakecdc's prefixes).
 
     Cheap on ordinary batches: one vectorised comparison finds the (rare) message rows;
-    only those are parsed. Messages with another prefix, LOW marks and malformed contents
-    are not marks.
+    only those are looked at, each at a bounded cost (``parse_mark``).
     """
     if batch.num_rows == 0:
-        return []
+        return [], 0
     is_m = np.asarray(pc.fill_null(pc.equal(batch.column("action"), "M"), False))
     idx = np.flatnonzero(is_m)
     if len(idx) == 0:
-        return []
-    marks = []
+        return [], 0
+    marks, rejected = [], 0
     data = batch.column("data")
     for i in idx.tolist():
+        text = data[i].as_py()
+        if len(text) > MAX_MARK_BYTES + 512 or f'"{BACKFILL_PREFIX}"' not in text:
+            rejected += f'"prefix":"{BACKFILL_PREFIX}"' in text[:200]
+            continue
         try:
-            doc = json.loads(data[i].as_py())
-            if doc.get("prefix") != BACKFILL_PREFIX or doc.get("transactional") is not True:
-                continue
-            content = json.loads(doc.get("content") or "")
-            if content.get("mark") != "high":
-                continue
-            run, table, chunk = str(content["run"]), str(content["table"]), int(content["chunk"])
-        except (ValueError, KeyError, TypeError, AttributeError):
+            doc = json.loads(text)
+        except (ValueError, RecursionError):
+            rejected += 1
+            continue
+        if not isinstance(doc, dict) or doc.get("prefix") != BACKFILL_PREFIX:
+            continue
+        parsed = parse_mark(doc.get("content")) if doc.get("transactional") is True else None
+        if parsed is None:
+            rejected += 1
+            continue
+        run, table, chunk, mark = parsed
+        if mark != "high":
             continue
         ts = batch.column("commit_ts")[i]
         marks.append(HighMark(
@@ -375,7 +446,7 @@ def high_marks(batch: pa.RecordBatch) -> list[HighMark]:
             lsn=int(batch.column("lsn")[i].as_py()),
             commit_ts_us=None if not ts.is_valid else ts.cast(pa.int64()).as_py(),
             run=run, table=table, chunk=chunk))
-    return marks
+    return marks, rejected
 
 
 def changed_keys(commit_lsn: pa.Array, xid: pa.Array, action: pa.Array, data: pa.Array,

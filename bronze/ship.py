@@ -61,12 +61,12 @@ from bronze.failover import check_same_history
 from bronze.backfill import BackfillEmitter
 from bronze.records import (ASSEMBLED_SCHEMA, UTC_US, HighMark, TransactionAssembler, finalize,
                             high_marks)
-from bronze.source import check_replication_role, connect, require_identity
+from bronze.source import check_replication_role, connect, open_connection, require_identity
 from bronze.table import BronzeTable, DataFiles, Progress
 from pipelines.config import Config
 from pipelines.errors import UserError, redact
 from pipelines.faults import FaultPoints
-from pipelines.locks import ship_lock_name
+from pipelines.locks import acquire, ship_lock_name
 from pipelines.lsn import fmt
 
 log = logging.getLogger("lakecdc.ship")
@@ -153,11 +153,9 @@ class Shipper:
             self._session = conn.execute(
                 "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
             ).fetchone()
-            got = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
-                               [ship_lock_name(cfg.slot)]).fetchone()[0]
-            if not got:
-                raise UserError(f"another lakecdc shipper is already running on slot "
-                                f"{cfg.slot}; stop it first (only one may ship a slot).")
+            acquire(conn, ship_lock_name(cfg.slot), f"lakecdc ship {cfg.slot}",
+                    f"another lakecdc shipper is already running on slot {cfg.slot}; stop it "
+                    "first (only one may ship a slot).")
             progress = self._check(conn)
             state = slots.slot_state(conn, cfg.slot)
             if state.confirmed_flush_lsn < progress.end_lsn and cfg.guard_on("version_check"):
@@ -173,7 +171,7 @@ class Shipper:
         dsn = self.config.require_source()
         if not reconnecting:      # a source unreachable at start: one sentence, exit 2
             return connect(dsn, **SESSION_OPTIONS)
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=10, **SESSION_OPTIONS)
+        return open_connection(dsn, **SESSION_OPTIONS)
 
     def _end_previous_session(self, conn: psycopg.Connection) -> None:
         """End this shipper's previous source session if the server still runs it (a cut
@@ -301,6 +299,10 @@ class Shipper:
                                                summary.tx_changes, cfg.slot, shipped_at)
                             if rows.marks else None)
                 rows.finish(summary.tx_changes)
+                if rows.rejected_marks:
+                    log.warning("skipped %d logical messages under lakecdc's prefix that are "
+                                "not well-formed backfill marks (forged or damaged; see "
+                                "docs/security.md)", rows.rejected_marks)
                 if emission is not None:
                     for batch in emission.batches:
                         files.write(self._with_fault(batch))
@@ -533,6 +535,7 @@ class _Rows:
         self.shipped_at = shipped_at
         self.hook = hook
         self.marks: list[HighMark] = []
+        self.rejected_marks = 0             # malformed or forged, under lakecdc's prefix
         self._marked_gids: set[int] = set()
         self.marked = self._buffer()
         self.open_rows = self._buffer()
@@ -544,8 +547,9 @@ class _Rows:
 
     def add(self, batch: pa.RecordBatch) -> None:
         """The rows ``TransactionAssembler.add`` returned for the latest chunk."""
-        found = high_marks(batch)
+        found, rejected = high_marks(batch)
         self.marks += found
+        self.rejected_marks += rejected
         self._marked_gids.update(m.gid for m in found)
         open_gid = self.assembler.open_gid
         if self.open_rows.rows and open_gid != self._open_gid:      # it closed: write it

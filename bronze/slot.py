@@ -22,9 +22,17 @@ import psycopg
 from psycopg import sql
 
 from bronze.heartbeat import PREFIX as HEARTBEAT_PREFIX
-from bronze.records import COPY_HEADER_LEN, COPY_SIGNATURE, PeekColumns, decode_copy_rows
-from bronze.source import raise_if_plugin_missing
+from bronze.records import (BACKFILL_PREFIX, COPY_HEADER_LEN, COPY_SIGNATURE, PeekColumns,
+                            decode_copy_rows)
+from bronze.source import open_connection, raise_if_plugin_missing
+from pipelines.captured import MARKER_PREFIX
 from pipelines.lsn import Lsn
+
+# The logical messages lakecdc reads: the snapshot backfill's watermarks and verify's
+# markers. wal2json delivers no others (add-msg-prefixes): another application's messages
+# never reach bronze, and neither do the shipper's own heartbeats (filter-msg-prefixes,
+# kept explicit: their transactions arrive as empty B/C pairs).
+MESSAGE_PREFIXES = (BACKFILL_PREFIX, MARKER_PREFIX)
 
 PLUGIN = "wal2json"
 CHUNK_BYTES = 16 << 20
@@ -33,11 +41,13 @@ CHUNK_BYTES = 16 << 20
 def plugin_options(tables: tuple[str, ...]) -> list[str]:
     """wal2json options, as name/value pairs, shared by the shipper and its witnesses.
 
-    The shipper's own heartbeats (``bronze/heartbeat.py``) are filtered out: their
-    transactions arrive as empty ``B``/``C`` pairs, like those of uncaptured tables."""
+    Only ``MESSAGE_PREFIXES`` messages are delivered; the shipper's own heartbeats
+    (``bronze/heartbeat.py``) are filtered out: their transactions arrive as empty
+    ``B``/``C`` pairs, like those of uncaptured tables."""
     return ["format-version", "2", "include-xids", "1", "include-timestamp", "1",
             "include-lsn", "1",
             "add-tables", ",".join(tables),
+            "add-msg-prefixes", ",".join(MESSAGE_PREFIXES),
             "filter-msg-prefixes", HEARTBEAT_PREFIX]
 
 
@@ -143,7 +153,7 @@ class CreatedSlot:
 
 
 def replication_connection(dsn: str) -> psycopg.Connection:
-    return psycopg.connect(dsn, replication="database", autocommit=True, connect_timeout=10)
+    return open_connection(dsn, replication="database")
 
 
 def identify_system(dsn: str) -> tuple[str, int]:

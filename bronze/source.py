@@ -1,7 +1,9 @@
 """Checks and preparation of the source database: each problem a person can fix becomes one
 ``UserError`` sentence saying what to do.
 
-- ``connect``: a bad or unreachable DSN is reported without its password.
+- ``open_connection``: every connection lakecdc makes (``connect`` adds the sentence for an
+  unreachable server): a malformed DSN is one fixed sentence - libpq's own parse errors
+  echo the password - and a session's ``search_path`` is pinned to ``public``.
 - ``check_source``: ``wal_level``, REPLICATION privilege, captured tables present;
   ``check_plugin``: wal2json loads (setup checks it before changing anything).
 - ``identity_problem`` / ``ensure_replica_identity``: the replica identity must supply the
@@ -25,12 +27,28 @@ class Unreachable(UserError):
     before may retry; at start-up it is a configuration problem like any other."""
 
 
-def connect(dsn: str, what: str = "source", **kwargs) -> psycopg.Connection:
+def open_connection(dsn: str, what: str = "source", **kwargs) -> psycopg.Connection:
+    """An autocommit connection. A DSN libpq cannot parse is refused with a fixed sentence:
+    libpq's message quotes the text around the fault, which may be the password. Outside
+    the replication protocol the session's ``search_path`` is ``public`` (``pg_catalog``
+    is always searched first): a schema named after the role cannot shadow the tables
+    lakecdc names unqualified. Connection failures are raised as psycopg's."""
     try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=10, **kwargs)
-    except psycopg.ProgrammingError as exc:
-        raise UserError(f"the {what} DSN is not a valid connection string "
-                        f"({_first_line(exc)}); use postgresql://user@host:port/dbname.") from None
+        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10, **kwargs)
+    except psycopg.ProgrammingError:
+        raise UserError(f"the {what} DSN is not a valid connection string (libpq could not "
+                        "parse it; its message is not shown, as it may quote the password); "
+                        "use postgresql://user@host:port/dbname, with special characters "
+                        "in the password percent-encoded.") from None
+    if "replication" not in kwargs:
+        conn.execute("SET search_path = public")
+    return conn
+
+
+def connect(dsn: str, what: str = "source", **kwargs) -> psycopg.Connection:
+    """``open_connection``, with a server that cannot be reached as ``Unreachable``."""
+    try:
+        return open_connection(dsn, what, **kwargs)
     except psycopg.OperationalError as exc:
         raise Unreachable(f"cannot connect to the {what} database {redact(dsn)}: "
                         f"{_first_line(exc)}; check the DSN, that the server is up and "

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The prefix of verify's count-neutral marker transactions (``pipelines.consistent``): they
+# travel through every layer, so the shipper asks wal2json for them.
+MARKER_PREFIX = "lakecdc.marker"
+
 DIMS = ("service_id", "template_id", "notification_type", "notification_status")
 IDENTITY_COLUMNS = ("id", *DIMS)
 

@@ -142,7 +142,8 @@ def _metrics_option(command):
     return click.option(
         "--metrics-port", metavar="[HOST:]PORT", envvar="LAKECDC_METRICS_PORT",
         help="Serve Prometheus metrics on http://HOST:PORT/metrics while running (host "
-             "0.0.0.0 unless given) [env LAKECDC_METRICS_PORT].")(command)
+             "127.0.0.1 unless given; 0.0.0.0:PORT opens it to the network) "
+             "[env LAKECDC_METRICS_PORT].")(command)
 
 
 def _shipper_safety_options(command):
@@ -521,7 +522,7 @@ def sql_command(ctx, query, query_file, fmt, limit):
 @cli.command()
 @click.option("--port", "listen", metavar="[HOST:]PORT", required=True,
               envvar="LAKECDC_METRICS_PORT",
-              help="Where to serve http://HOST:PORT/metrics (host 0.0.0.0 unless given) "
+              help="Where to serve http://HOST:PORT/metrics (host 127.0.0.1 unless given) "
                    "[env LAKECDC_METRICS_PORT].")
 @click.pass_context
 def metrics(ctx, listen):

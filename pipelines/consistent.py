@@ -28,10 +28,9 @@ from psycopg import sql
 from bronze import slot as slots
 from bronze.source import connect
 from pipelines.progress import Progress
-from pipelines.captured import CountedTables
+from pipelines.captured import MARKER_PREFIX, CountedTables
 from pipelines.source_truth import count_truth, estimated_rows
 
-MARKER_PREFIX = "lakecdc.marker"
 
 
 @dataclass(frozen=True)

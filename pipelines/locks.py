@@ -6,18 +6,24 @@
   the dashboard database (every gold writer already talks to it to push).
 
 Session-level locks: held while the connection is open, released by the server when the
-process dies, so a ``kill -9`` never leaves a stale lock behind.
+process dies, so a ``kill -9`` never leaves a stale lock behind. A session of another role
+holding one of these names cannot keep lakecdc from running (``acquire``).
 """
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
+from dataclasses import dataclass
+from hashlib import sha256
 from typing import Iterator
 
 import psycopg
 
 from bronze.source import connect
 from pipelines.errors import UserError
+
+log = logging.getLogger("lakecdc.locks")
 
 
 def gold_lock_name(gold_path: str) -> str:
@@ -32,26 +38,77 @@ def ship_lock_name(slot: str) -> str:
     return f"lakecdc.ship:{slot}"
 
 
-def is_held(conn: psycopg.Connection, name: str) -> bool:
-    """Whether any session holds the advisory lock ``name`` (on ``conn``'s database)."""
-    row = conn.execute("""
+def is_held(conn: psycopg.Connection, name: str, any_role: bool = False) -> bool:
+    """Whether a session of this connection's role (``any_role``: of any role) holds the
+    advisory lock ``name`` on ``conn``'s database. Sessions of other roles are not the
+    pipeline's own (see ``acquire``)."""
+    return any(any_role or h.same_role for h in holders(conn, name))
+
+
+@dataclass(frozen=True)
+class Holder:
+    pid: int
+    role: str
+    application: str
+    client: str | None
+    same_role: bool
+
+    def describe(self) -> str:
+        return (f"PID {self.pid}, role {self.role}, application {self.application!r}"
+                + (f", from {self.client}" if self.client else ""))
+
+
+def holders(conn: psycopg.Connection, name: str) -> list[Holder]:
+    """The sessions holding advisory lock ``name`` on ``conn``'s database."""
+    rows = conn.execute("""
         WITH k AS (SELECT hashtextextended(%s, 0) AS key)
-        SELECT count(*) FROM pg_locks, k
-        WHERE locktype = 'advisory' AND granted AND objsubid = 1
-          AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-          AND classid::text::bigint = (k.key >> 32) & 4294967295
-          AND objid::text::bigint = k.key & 4294967295""", [name]).fetchone()
-    return bool(row[0])
+        SELECT l.pid, coalesce(a.usename, '?'), coalesce(a.application_name, ''),
+               host(a.client_addr), a.usename = current_user
+        FROM pg_locks l CROSS JOIN k LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND l.classid::text::bigint = (k.key >> 32) & 4294967295
+          AND l.objid::text::bigint = k.key & 4294967295
+          AND l.pid <> pg_backend_pid()""", [name]).fetchall()
+    return [Holder(pid, role, app, client, bool(same)) for pid, role, app, client, same in rows]
+
+
+def acquire(conn: psycopg.Connection, name: str, application: str, busy: str) -> None:
+    """Take advisory lock ``name`` for ``conn``'s session, which is named ``application``;
+    ``UserError(busy …)`` saying who holds it when another lakecdc process does.
+
+    Advisory locks have no privileges: any role that can connect can take any key, and
+    lakecdc's names are public. Every lakecdc process of a pipeline connects as the
+    pipeline's role, so a lock held only by sessions of *other* roles is a squatter's: it
+    is passed over (and named in a warning), and exclusion then rests on what a squatter
+    cannot fake - a session of our own role with this lock's application name.
+    """
+    conn.execute("SELECT set_config('application_name', %s, false)", [application[:63]])
+    if conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
+                    [name]).fetchone()[0]:
+        return
+    found = holders(conn, name)
+    ours = [h for h in found if h.same_role]
+    if not ours:
+        ours = [Holder(pid, role, app, client, True) for pid, role, app, client in
+                conn.execute("SELECT pid, usename, application_name, host(client_addr) "
+                             "FROM pg_stat_activity WHERE usename = current_user AND "
+                             "datname = current_database() AND application_name = %s AND "
+                             "pid <> pg_backend_pid()", [application[:63]]).fetchall()]
+    if ours:
+        raise UserError(f"{busy} It is held by {ours[0].describe()}.")
+    log.warning("the lock %s is held by %s, a session of another role: not a lakecdc "
+                "process of this pipeline, so it is passed over (end that session and "
+                "restrict who can connect: docs/security.md)", name,
+                "; ".join(h.describe() for h in found) or "a session that has ended")
 
 
 @contextmanager
 def exclusive(dsn: str, name: str, busy: str, what: str = "dashboard") -> Iterator[None]:
-    """Hold advisory lock ``name`` for the block; ``UserError(busy)`` if someone has it."""
+    """Hold advisory lock ``name`` for the block (see ``acquire``)."""
     with connect(dsn, what=what) as conn:
-        got = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
-                           [name]).fetchone()[0]
-        if not got:
-            raise UserError(busy)
+        acquire(conn, name, f"lakecdc {name.split(':', 1)[0].split('.')[-1]} "
+                f"{sha256(name.encode()).hexdigest()[:16]}", busy)
         try:
             yield
         finally:

@@ -52,7 +52,7 @@ WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 # ``lakecdc_silver_<table>``; the quarantine query reads those rows of silver/changes again).
 SILVER_QUERY = "lakecdc_silver_changes"
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-DEFAULT_HOST = "0.0.0.0"
+DEFAULT_HOST = "127.0.0.1"      # local only; [HOST:]PORT opens it wider on purpose
 # Why the shipper lost its source session (``bronze.ship.reconnect_reason``): PostgreSQL's
 # condition names for the server's own reasons, ``connection_lost`` for the client's
 # (reset, refused, timed out, keepalives). A fixed set, so every series exists from 0.

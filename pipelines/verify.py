@@ -180,7 +180,8 @@ def _past_marker(pipeline, marker: int, timeout_s: float) -> str:
             connect(config.dashboard, what="dashboard") as dash:
         waited = False
         while True:
-            if not is_held(src, ship_lock) and not is_held(dash, gold_lock):
+            if not is_held(src, ship_lock, any_role=True) and \
+                    not is_held(dash, gold_lock, any_role=True):
                 log.info("verify: no pipeline running; running every stage once "
                          "(run --once)")
                 pipeline.run_once()

@@ -39,6 +39,7 @@ class Witness:
                 "SELECT data FROM pg_logical_slot_peek_changes(%s, NULL, NULL, "
                 "'format-version', '2', 'include-xids', '1', 'include-timestamp', '1', "
                 "'include-lsn', '1', 'add-tables', %s, "
+                "'add-msg-prefixes', 'lakecdc.backfill,lakecdc.marker', "
                 "'filter-msg-prefixes', 'lakecdc.heartbeat')",   # as the shipper asks
                 [self.name, self.tables]).fetchall()
         result: dict[int, list[str]] = {}

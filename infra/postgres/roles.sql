@@ -45,3 +45,16 @@ GRANT USAGE ON SCHEMA public TO lakecdc_dashboard, lakecdc_dashboard_reader;
 GRANT SELECT, INSERT, UPDATE, DELETE ON public.service_stats, public.lakecdc_push_progress
     TO lakecdc_dashboard;
 GRANT SELECT ON public.service_stats TO lakecdc_dashboard_reader;
+
+-- Source: logical messages. lakecdc reads messages under its own prefixes (the snapshot
+-- backfill's watermarks, verify's markers) and writes heartbeats; by default every role
+-- may call pg_logical_emit_message, and so write under those prefixes too. lakecdc skips
+-- what is not its own (docs/security.md, "Logical messages"), but each such message still
+-- costs WAL and decoding: only lakecdc's role (and superusers) should emit them. Both
+-- overloads; in the source database, the only one whose messages the slot decodes.
+REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text)
+    TO lakecdc_replicator;
+GRANT EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, bytea)
+    TO lakecdc_replicator;

@@ -448,8 +448,8 @@ def test_poison_mid_stream_is_quarantined_or_carried_and_counts_reconcile(
         with source_db.connect() as conn:
             conn.execute(INSERT_ONE.format(extra=", rate_multiplier", values=", 'NaN'"),
                          [svc, tpl])
-            conn.execute("SELECT pg_logical_emit_message(true, 'lakecdc.poison', 'in tx')")
-            conn.execute("SELECT pg_logical_emit_message(false, 'lakecdc.poison', 'solo')")
+            conn.execute("SELECT pg_logical_emit_message(true, 'lakecdc.marker', 'in tx')")
+            conn.execute("SELECT pg_logical_emit_message(false, 'lakecdc.marker', 'solo')")
             conn.execute("ALTER TABLE notifications ADD COLUMN postage text")
             conn.execute(INSERT_ONE.format(extra=", postage", values=", 'first'"), [svc, tpl])
             transition(conn, 0.5, "sending")

@@ -71,8 +71,8 @@ def slot_lag(source_db) -> int:
 def shipper_pids(source_db) -> list[int]:
     with source_db.connect() as conn:
         return [r[0] for r in conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name = "
-            "'lakecdc ship' AND backend_type = 'client backend'", [source_db.name])]
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name "
+            "LIKE 'lakecdc ship%%' AND backend_type = 'client backend'", [source_db.name])]
 
 
 def wal_elsewhere(source_db, megabytes: int) -> None:

@@ -84,11 +84,14 @@ def mixed(dsn: str, seed: int = 7, scale: int = 1) -> Counter:
         multi_row_insert(conn, rng, 30 * scale)
         copy_rows(conn, rng, 40 * scale)
         conn.execute("INSERT INTO uncaptured VALUES (1)")
-        conn.execute("SELECT pg_logical_emit_message(false, 'lakecdc.test', 'solo')")
+        # Messages: one lakecdc reads (markers travel through every layer), one it never
+        # asks wal2json for.
+        conn.execute("SELECT pg_logical_emit_message(false, 'lakecdc.marker', 'solo')")
+        conn.execute("SELECT pg_logical_emit_message(true, 'another.app', 'not ours')")
         transition(conn, 0.5, "sending")
         with conn.transaction():
             insert(conn, rng, 5)
-            conn.execute("SELECT pg_logical_emit_message(true, 'lakecdc.test', 'in-tx')")
+            conn.execute("SELECT pg_logical_emit_message(true, 'lakecdc.marker', 'in-tx')")
             try:
                 with conn.transaction():            # savepoint rolled back
                     insert(conn, rng, 7)

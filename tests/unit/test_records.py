@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 from bronze.records import (BACKFILL_PREFIX, BRONZE_SCHEMA, COPY_HEADER_LEN, HighMark,
+                            _valid_messages, parse_mark,
                             MalformedPeek, PeekColumns, TransactionAssembler, Window,
                             changed_keys, decode_copy_rows, finalize, high_marks,
                             read_records)
@@ -250,8 +251,11 @@ def assembled(rows):
     return batch, asm.finish()
 
 
+RUN = "20261124T050000Z-abc123"
+
+
 def test_only_transactional_high_watermarks_of_the_backfill_are_marks():
-    high = {"run": "r1", "table": "public.notifications", "chunk": 3, "mark": "high"}
+    high = {"run": RUN, "table": "public.notifications", "chunk": 3, "mark": "high"}
     rows = (peek_tx("0/100", 10, write("I", "k1"))
             + peek_tx("0/200", 11, message(BACKFILL_PREFIX, {**high, "mark": "low"}))
             + peek_tx("0/300", 12, message(BACKFILL_PREFIX, high, lsn="0/2F0"))
@@ -260,17 +264,18 @@ def test_only_transactional_high_watermarks_of_the_backfill_are_marks():
             + [("0/600", 0, json.dumps(message(BACKFILL_PREFIX, high, transactional=False,
                                                lsn="0/600")))])
     batch, _ = assembled(rows)
-    marks = high_marks(batch)
+    marks, rejected = high_marks(batch)
+    assert rejected == 2                         # "not json", and the non-transactional one
     assert [(m.run, m.table, m.chunk, m.commit_lsn, m.seq, m.xid, m.lsn) for m in marks] == \
-        [("r1", "public.notifications", 3, 0x300, 0, 12, 0x2F0)]
+        [(RUN, "public.notifications", 3, 0x300, 0, 12, 0x2F0)]
     assert marks[0].commit_ts_us == int(datetime.fromisoformat(
         TS.replace("+00", "+00:00")).timestamp() * 1_000_000)
     assert marks[0].gid == 2                       # the third transaction of the peek
-    assert high_marks(assembled(peek_tx("0/100", 10, write("I", "k1")))[0]) == []
+    assert high_marks(assembled(peek_tx("0/100", 10, write("I", "k1")))[0]) == ([], 0)
 
 
 def test_window_holds_changes_after_low_before_high_and_of_transactions_the_snapshot_missed():
-    window = Window("r1", 1, "public.notifications", "id", low_lsn=0x50, high_lsn=0x200,
+    window = Window(RUN, 1, "public.notifications", "id", low_lsn=0x50, high_lsn=0x200,
                     in_progress=frozenset({7}))
     rows = (peek_tx("0/40", 7, write("U", "k1", old="k1"))    # before LOW, but invisible
             + peek_tx("0/45", 6, write("U", "k2", old="k2"))  # before LOW, visible: kept
@@ -284,12 +289,12 @@ def test_window_holds_changes_after_low_before_high_and_of_transactions_the_snap
     batch, _ = assembled(rows)
     got = changed_keys(batch.column("commit_lsn"), batch.column("xid"),
                        batch.column("action"), batch.column("data"), [window])
-    assert got == {("r1", 1): {"k1", "k3", "k4", "k5", "k8"}}
+    assert got == {(RUN, 1): {"k1", "k3", "k4", "k5", "k8"}}
     # Without the in-progress transactions only the LSN range counts.
-    plain = Window("r1", 1, "public.notifications", "id", 0x50, 0x200)
+    plain = Window(RUN, 1, "public.notifications", "id", 0x50, 0x200)
     got = changed_keys(batch.column("commit_lsn"), batch.column("xid"),
                        batch.column("action"), batch.column("data"), [plain])
-    assert got == {("r1", 1): {"k3", "k4", "k5", "k8"}}
+    assert got == {(RUN, 1): {"k3", "k4", "k5", "k8"}}
 
 
 def test_window_keys_are_text_as_postgres_prints_them_also_for_numbers():
@@ -304,7 +309,7 @@ def test_window_keys_are_text_as_postgres_prints_them_also_for_numbers():
 
 def test_read_rows_join_the_high_watermark_transaction_after_its_rows():
     mark = HighMark(gid=0, commit_lsn=0x300, seq=0, xid=12, lsn=0x2F0,
-                    commit_ts_us=1_700_000_000_000_000, run="r1",
+                    commit_ts_us=1_700_000_000_000_000, run=RUN,
                     table="public.notifications", chunk=3)
     shipped = pa.scalar(5, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
     batch = read_records(pa.array(['{"action":"R"}', '{"action":"R","x":1}']), mark,
@@ -316,3 +321,46 @@ def test_read_rows_join_the_high_watermark_transaction_after_its_rows():
     assert {r["slot"] for r in rows} == {"s1"}
     assert rows[0]["commit_ts"].timestamp() == 1_700_000_000
     assert [r["data"] for r in rows] == ['{"action":"R"}', '{"action":"R","x":1}']
+
+
+@pytest.mark.parametrize("content", [
+    "[" * 100_000,                                                     # deep nesting
+    "x" * 10_000_000,                                                  # oversized
+    json.dumps({"run": RUN, "table": "public.t", "chunk": 1, "mark": "high", "x": 1}),
+    json.dumps({"run": RUN, "table": "public.t", "chunk": True, "mark": "high"}),
+    json.dumps({"run": RUN, "table": "public.t", "chunk": 2**40, "mark": "high"}),
+    json.dumps({"run": "r1", "table": "public.t", "chunk": 1, "mark": "high"}),
+    json.dumps({"run": RUN, "table": "public.t\n", "chunk": 1, "mark": "high"}),
+    json.dumps({"run": RUN, "table": "pub\ud800", "chunk": 1, "mark": "high"}),
+    json.dumps([RUN, "public.t", 1, "high"]),
+    "\ud800\udfff{",
+])
+def test_a_mark_that_is_not_exactly_one_is_none_and_never_raises(content):
+    assert parse_mark(content) is None
+
+
+def test_a_well_formed_mark_parses():
+    text = json.dumps({"run": RUN, "table": "public.t", "chunk": 7, "mark": "high"})
+    assert parse_mark(text) == (RUN, "public.t", 7, "high")
+
+
+def test_forged_and_huge_messages_are_counted_not_raised():
+    rows = (peek_tx("0/100", 10, message(BACKFILL_PREFIX, "[" * 100_000))
+            + peek_tx("0/200", 11, message(BACKFILL_PREFIX, "y" * 3_000_000))
+            + peek_tx("0/300", 12, message("other.app", "[" * 100_000)))
+    batch, _ = assembled(rows)
+    assert high_marks(batch) == ([], 2)
+
+
+def test_invalid_utf8_in_a_message_becomes_replacement_characters_and_nothing_else_moves():
+    texts = [b'{"action":"I"}', b'{"action":"M","content":"\xff\xfe ok"}', b'{"action":"U"}']
+    data = b"".join(texts)
+    offsets = np.array([0, 14, 14 + len(texts[1]), len(data)], dtype=np.int32)
+    action = np.array([ord("I"), ord("M"), ord("U")], dtype=np.uint8)
+    fixed, new = _valid_messages(data, offsets, action)
+    out = pa.StringArray.from_buffers(3, pa.py_buffer(new), pa.py_buffer(fixed))
+    out.validate(full=True)
+    assert out.to_pylist() == ['{"action":"I"}', '{"action":"M","content":"\ufffd\ufffd ok"}',
+                               '{"action":"U"}']
+    assert _valid_messages(b"ab", np.array([0, 2], np.int32), np.array([ord("M")], np.uint8)
+                           )[0] == b"ab"
