@@ -8,6 +8,11 @@ Contract:
   crash: no shutdown checkpoint) so tests can watch slots go backwards.
 - ``initdb`` and ``pg_ctl`` refuse to run as root, so as root they run through
   ``runuser -u postgres``; the data directory is then owned by ``postgres``.
+- No local user can borrow the cluster while it runs: TCP on 127.0.0.1 asks for a
+  password (scram-sha-256; the superuser's is random, kept in ``base_dir/password``, mode
+  0600, and in the DSNs ``dsn()`` returns - lakecdc redacts it from every log line), and the
+  Unix socket lives in ``base_dir``, mode 0700, owned by ``postgres``: only that user and
+  root reach it. ``dsn(user=...)`` for any other role goes through the socket (trust).
 
 Usage from a shell: ``python -m infra.localpg start DIR`` prints the DSN;
 ``python -m infra.localpg stop DIR``.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -92,16 +98,40 @@ class LocalPostgres:
     def log_file(self) -> Path:
         return self.base_dir / "server.log"
 
+    @property
+    def password(self) -> str:
+        """The superuser's password (TCP), made on the first start."""
+        path = self.base_dir / "password"
+        if not path.exists():
+            self.base_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(24))
+        return path.read_text().strip()
+
     def dsn(self, dbname: str = "postgres", user: str = "postgres") -> str:
-        return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
+        if user == "postgres":
+            return f"postgresql://postgres:{self.password}@127.0.0.1:{self.port}/{dbname}"
+        return f"postgresql://{user}@/{dbname}?host={self.base_dir}&port={self.port}"
 
     def start(self) -> "LocalPostgres":
         self.base_dir.mkdir(parents=True, exist_ok=True)
+        password = self.password
         if os.geteuid() == 0:
             shutil.chown(self.base_dir, "postgres", "postgres")
+        self.base_dir.chmod(0o700)
         if not (self.data_dir / "PG_VERSION").exists():
-            _run([str(bin_dir() / "initdb"), "-D", str(self.data_dir), "-U", "postgres",
-                  "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8", "--no-sync"])
+            pwfile = self.base_dir / "initdb-password"
+            pwfile.write_text(password + "\n")
+            if os.geteuid() == 0:
+                shutil.chown(pwfile, "postgres", "postgres")
+            try:
+                _run([str(bin_dir() / "initdb"), "-D", str(self.data_dir), "-U", "postgres",
+                      "--auth-local=trust", "--auth-host=scram-sha-256",
+                      f"--pwfile={pwfile}", "--encoding=UTF8", "--locale=C.UTF-8",
+                      "--no-sync"])
+            finally:
+                pwfile.unlink()
         self._write_settings()
         self._pg_ctl("start", "-w", "-t", "60", "-l", str(self.log_file))
         self._check_is_ours()
@@ -159,8 +189,10 @@ class LocalPostgres:
         simulate a failover); otherwise it starts as a restored copy of this moment."""
         copy = LocalPostgres(base_dir)
         copy.base_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(self.base_dir / "password", copy.base_dir / "password")  # same cluster
         if os.geteuid() == 0:
             shutil.chown(copy.base_dir, "postgres", "postgres")
+        copy.base_dir.chmod(0o700)
         _run([str(bin_dir() / "pg_basebackup"), "-D", str(copy.data_dir),
               "-h", str(self.base_dir), "-p", str(self.port), "-U", "postgres",
               "-X", "stream", "--no-sync", *(["-R"] if standby else [])])

@@ -11,6 +11,7 @@ import datetime as dt
 import functools
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -559,7 +560,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """Console-script entry point: exits only with a non-zero code."""
+    """Console-script entry point: exits only with a non-zero code.
+
+    Everything the process creates - local lakehouse tables, checkpoints, spill files, the
+    demo's output - is its owner's alone (umask 077: directories 0700, files 0600), and so
+    is what the Spark JVM it starts creates: bronze holds personal data (``to``,
+    ``personalisation``)."""
+    os.umask(0o077)
     code = main()
     if code:
         sys.exit(code)

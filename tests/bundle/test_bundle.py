@@ -120,10 +120,16 @@ def test_targets_and_modes():
     dev, prod = targets["dev"], targets["prod"]
     assert dev["mode"] == "development" and dev["default"] is True
     assert prod["mode"] == "production" and not prod.get("default")
-    assert prod["workspace"]["root_path"].startswith("/Workspace/Shared/")
-    assert "${bundle.target}" in prod["workspace"]["root_path"]
+    root = prod["workspace"]["root_path"]
+    assert root.startswith("/Workspace/Users/${workspace.current_user.userName}/")
+    assert "Shared" not in root and "${bundle.target}" in root
     assert prod["run_as"] == {"service_principal_name": "${var.prod_service_principal}"}
-    assert {"group_name": "${var.operators_group}", "level": "CAN_MANAGE"} in prod["permissions"]
+    assert prod["permissions"] == [{"group_name": "${var.operators_group}",
+                                    "level": "CAN_MANAGE_RUN"}]
+    # Each target its own secret scope: a dev deploy never reads prod's DSNs.
+    assert "default" not in BUNDLE["variables"]["secret_scope"]
+    scopes = {t: targets[t]["variables"]["secret_scope"] for t in ("dev", "prod")}
+    assert scopes["dev"] != scopes["prod"], scopes
 
 
 def test_every_variable_reference_is_defined_and_every_variable_used():
@@ -142,16 +148,24 @@ def test_every_variable_reference_is_defined_and_every_variable_used():
         assert spec.get("description"), f"variable {name} needs a description"
 
 
+SECRET = {"LAKECDC_SOURCE_DSN": "{{secrets/${var.secret_scope}/${var.source_dsn_key}}}",
+          "LAKECDC_DASHBOARD_DSN": "{{secrets/${var.secret_scope}/${var.dashboard_dsn_key}}}"}
+# Each job gets only the DSNs its commands use.
+NEEDS = {"lakecdc_shipper": ("LAKECDC_SOURCE_DSN",),
+         "lakecdc_backfill": ("LAKECDC_SOURCE_DSN",),
+         "lakecdc_stream": ("LAKECDC_DASHBOARD_DSN",),
+         "lakecdc_setup": tuple(SECRET), "lakecdc_verify": tuple(SECRET),
+         "lakecdc_rebuild": tuple(SECRET)}
+
+
 def test_configuration_reaches_every_cluster_and_dsns_only_from_secrets():
     for name, job in JOBS.items():
         for cluster in job["job_clusters"]:
             env = cluster["new_cluster"]["spark_env_vars"]
             assert env["LAKECDC_LAKEHOUSE"] == "${var.lakehouse_root}", name
             assert env["LAKECDC_SLOT"] == "${var.slot}", name
-            assert env["LAKECDC_SOURCE_DSN"] == \
-                "{{secrets/${var.secret_scope}/${var.source_dsn_key}}}", name
-            assert env["LAKECDC_DASHBOARD_DSN"] == \
-                "{{secrets/${var.secret_scope}/${var.dashboard_dsn_key}}}", name
+            dsns = {k: v for k, v in env.items() if k.endswith("_DSN")}
+            assert dsns == {k: SECRET[k] for k in NEEDS[name]}, name
         keys = {c["job_cluster_key"] for c in job["job_clusters"]}
         assert {t["job_cluster_key"] for t in job["tasks"]} <= keys, name
     everything = list(_strings(BUNDLE)) + [s for j in JOBS.values() for s in _strings(j)]

@@ -84,3 +84,59 @@ def test_a_schema_named_after_the_role_cannot_shadow_lakecdcs_tables(source_db, 
     finally:
         source_db.execute(f'DROP OWNED BY "{role}" CASCADE')
         source_db.execute(f'DROP ROLE "{role}"')
+
+
+def test_a_lock_squatted_by_another_role_does_not_stop_the_shipper_but_a_shipper_does(
+        source_db, config):
+    """Any role can take ``lakecdc.ship:<slot>`` (advisory locks have no privileges): the
+    shipper passes over a holder of another role and names it; a session of the pipeline's
+    own role holding it - another shipper - still refuses the start, naming it."""
+    import psycopg
+
+    from pipelines.locks import acquire, ship_lock_name
+    from pipelines.setup_source import setup
+
+    setup(config)
+    role = f"squatter_{source_db.name}"
+    source_db.execute(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        with psycopg.connect(source_db.cluster.dsn(source_db.name, user=role),
+                             autocommit=True) as squatter:
+            squatter.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))",
+                             [ship_lock_name(config.slot)])
+            shipped = run_cli(["ship", "--once"], cli_env(config))
+            assert shipped.returncode == 0, shipped.stderr[-2000:]
+            assert f"role {role}" in shipped.stderr and "passed over" in shipped.stderr
+
+            with source_db.connect() as rival:
+                acquire(rival, ship_lock_name(config.slot), f"lakecdc ship {config.slot}",
+                        "busy")
+                refused = run_cli(["ship", "--once"], cli_env(config))
+                lines = [ln for ln in refused.stderr.splitlines()
+                         if ln.startswith("lakecdc: error:")]
+                assert refused.returncode == 2 and len(lines) == 1, refused.stderr[-2000:]
+                assert "already running" in lines[0] and \
+                    f"PID {rival.info.backend_pid}" in lines[0], lines[0]
+    finally:
+        source_db.execute(f'DROP ROLE "{role}"')
+
+
+def test_the_local_test_and_demo_cluster_is_not_open_to_other_local_users(pg_cluster):
+    """``infra/localpg.py``: TCP asks for the password, and the socket directory admits only
+    the cluster's owner (and root)."""
+    import os
+    import stat
+
+    import psycopg
+
+    no_password = f"postgresql://postgres@127.0.0.1:{pg_cluster.port}/postgres"
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(no_password, connect_timeout=5).close()
+    wrong = f"postgresql://postgres:wrong@127.0.0.1:{pg_cluster.port}/postgres"
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(wrong, connect_timeout=5).close()
+    with psycopg.connect(pg_cluster.dsn(), connect_timeout=5) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    info = os.stat(pg_cluster.base_dir)
+    assert stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid != 0
+    assert stat.S_IMODE(os.stat(pg_cluster.base_dir / "password").st_mode) == 0o600

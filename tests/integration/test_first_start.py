@@ -50,6 +50,13 @@ def plant_incomplete_writes(checkpoint: Path, batch: int) -> list[Path]:
     return planted
 
 
+def assert_owner_only(root: Path) -> None:
+    """Everything the CLI and its Spark JVM created is its owner's alone (umask 077): bronze
+    holds personal data."""
+    opened = [p for p in [root, *root.rglob("*")] if p.stat().st_mode & 0o077]
+    assert not opened, [(str(p), oct(p.stat().st_mode)) for p in opened[:5]]
+
+
 def test_kill_after_gold_is_created_before_its_seed_restarts_exact(populated, source_db):
     """The kill lands between creating gold's table and writing the baseline into it; the
     restart must still seed (decided by what gold records, not by the table existing)."""
@@ -80,6 +87,9 @@ def test_leftovers_of_killed_checkpoint_writes_are_removed_and_restarts_are_exac
     assert first.returncode == 0, first.stderr[-3000:]
     assert not [p for p in planted if p.exists()]
     check_invariants(config, witness)
+    lakehouse = Path(config.lakehouse)         # what `run` made (setup ran in this process)
+    for made in ("silver", "_checkpoints", "gold/service_stats", "gold/_pending"):
+        assert_owner_only(lakehouse / made)
 
     ids = {q: (q / "metadata").read_text() for q in queries}
     planted = [p for q in queries for p in plant_incomplete_writes(
