@@ -98,6 +98,9 @@ class Config:
             if env.get(name):
                 values[key] = env[name].strip()
         values.update({k: v for k, v in flags.items() if v is not None})
+        if "tables" not in values:            # by default the captured tables are the counted
+            values["tables"] = (values.get("notifications_table", DEFAULT_NOTIFICATIONS),
+                                values.get("history_table", DEFAULT_HISTORY))
         config = cls(**values)
         config.validate()
         return config

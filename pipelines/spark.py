@@ -33,6 +33,9 @@ _LOCAL_CONF = {
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.databricks.delta.properties.defaults.checkpointInterval": "20",
     "spark.sql.streaming.minBatchesToRetain": "20",
+    # Hadoop sets the mode of each file it creates from this, not from the process's umask:
+    # lakehouse files (bronze holds personal data) are their owner's alone, like the CLI's.
+    "spark.hadoop.fs.permissions.umask-mode": "077",
     # Stream threads run Java regexes over long error messages when a query stops: the
     # default thread stack overflows on them.
     "spark.driver.extraJavaOptions": "-Dio.netty.tryReflectionSetAccessible=true -Xss16m",

@@ -31,7 +31,7 @@ def test_chunked_count_equals_one_group_by_and_reports_every_row(source_db):
         seen: list[int] = []
         for chunk in (97, 1000, 5000):
             seen.clear()
-            assert count_truth(conn, seen.append, chunk_rows=chunk) == expected
+            assert count_truth(conn, COUNTED, seen.append, chunk_rows=chunk) == expected
             assert sum(seen) == 1000
         assert len(seen) == 2                 # one chunk per table at 5000 rows a chunk
 
@@ -77,7 +77,7 @@ def test_counting_does_not_block_writers(source_db):
                 conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
                     sql.Literal(point.snapshot_name)))
                 progress = []
-                counts = count_truth(conn, lambda n: progress.append(len(committed)),
+                counts = count_truth(conn, COUNTED, lambda n: progress.append(len(committed)),
                                      chunk_rows=50)
                 conn.rollback()
         finally:

@@ -3,11 +3,12 @@ Spark writes a checkpoint file - recovers by itself on the next start, exactly.
 
 Every scenario starts from an empty lakehouse on a source that already holds rows (so gold's
 baseline matters), and ends with ``tests/invariants.py`` (I1-I5 against a witness slot and a
-GROUP BY of the source). The randomized version is ``python -m tests.soak --fresh-start``.
+GROUP BY of the source). The randomized version is ``python -m tests.soak_first_start``.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import uuid
 from pathlib import Path
@@ -41,12 +42,16 @@ def plant_incomplete_writes(checkpoint: Path, batch: int) -> list[Path]:
     """What a kill while Spark writes ``offsets/<batch>`` and ``commits/<batch>`` leaves: the
     0-byte temporary file and Hadoop's checksum of it."""
     planted = []
-    for folder in ("offsets", "commits"):
-        (checkpoint / folder).mkdir(parents=True, exist_ok=True)
-        name = f".{batch}.{uuid.uuid4()}.tmp"
-        for path in (checkpoint / folder / name, checkpoint / folder / f".{name}.crc"):
-            path.write_bytes(b"")
-            planted.append(path)
+    umask = os.umask(0o077)                   # as the CLI that would have left them
+    try:
+        for folder in ("offsets", "commits"):
+            (checkpoint / folder).mkdir(parents=True, exist_ok=True)
+            name = f".{batch}.{uuid.uuid4()}.tmp"
+            for path in (checkpoint / folder / name, checkpoint / folder / f".{name}.crc"):
+                path.write_bytes(b"")
+                planted.append(path)
+    finally:
+        os.umask(umask)
     return planted
 
 

@@ -41,6 +41,16 @@ def test_flags_override_environment_which_overrides_defaults():
     assert Config.load(env={}).bronze_path == "./lakehouse/bronze/wal2json_changes"
 
 
+def test_captured_tables_default_to_the_counted_tables():
+    assert Config.load(env={}).tables == ("public.notifications", "public.notification_history")
+    moved = Config.load(env={"LAKECDC_NOTIFICATIONS_TABLE": "notify.notifications",
+                             "LAKECDC_HISTORY_TABLE": "notify.notification_history"})
+    assert moved.tables == ("notify.notifications", "notify.notification_history")
+    with pytest.raises(UserError, match="not among the captured tables"):
+        Config.load(env={"LAKECDC_NOTIFICATIONS_TABLE": "notify.notifications",
+                         "LAKECDC_TABLES": "public.notifications,public.notification_history"})
+
+
 @pytest.mark.parametrize("env,fragment", [
     ({"LAKECDC_SLOT": "Bad-Name"}, "slot name"),
     ({"LAKECDC_TABLES": "notifications"}, "schema.table"),
