@@ -430,10 +430,26 @@ class BackfillEmitter:
         self.bronze = bronze
         self.window_rule = config.guard_on(GUARD)
 
+    def staged_marks(self, marks: list[HighMark]) -> tuple[list[HighMark], int]:
+        """The marks of runs staging holds, and how many others were dropped.
+
+        Anyone allowed to emit logical messages can forge marks: those of runs that were
+        never staged are dropped before any other read, at the cost of one read of
+        staging's run markers per batch."""
+        if not marks:
+            return [], 0
+        known = self.staging.run_ids()
+        staged = [m for m in marks if m.run in known]
+        forged = len(marks) - len(staged)
+        if forged:
+            log.warning("backfill: %d HIGH marks of runs that were never staged ignored "
+                        "(forged, or of another lakehouse)", forged)
+        return staged, forged
+
     def plan(self, marks: list[HighMark], bronze_commit_lsn: int,
              assembled: Callable[[], Iterable[pa.RecordBatch]], tx_changes: np.ndarray,
              slot: str, shipped_at: pa.TimestampScalar) -> Emission | None:
-        """The read rows for ``marks`` (HIGHs kept in this batch), or None.
+        """The read rows for ``marks`` (``staged_marks`` of the HIGHs in this batch), or None.
 
         ``assembled`` re-reads this batch's rows (for changes inside the windows);
         ``bronze_commit_lsn`` is what bronze held before it (earlier parts of a window are
@@ -441,19 +457,11 @@ class BackfillEmitter:
         by its read rows, so ``finalize`` writes the grown count on the message row too.
         """
         accepted: list[tuple[HighMark, ChunkInfo]] = []
-        # Anyone allowed to emit logical messages can forge marks: those of runs that
-        # staging does not hold are dropped before any other read (one read of staging's
-        # run markers per batch), and every other read is made at most once per run and
-        # chunk - a flood of forged marks costs no I/O per mark.
-        known = self.staging.run_ids() if marks else set()
-        forged = [m for m in marks if m.run not in known]
-        if forged:
-            log.warning("backfill: %d HIGH marks of runs that were never staged ignored "
-                        "(forged, or of another lakehouse)", len(forged))
+        # Every read below is made at most once per run and chunk: with the forged marks
+        # dropped first (``staged_marks``), a flood of marks costs no I/O per mark.
         versions: dict[str, int] = {}
         looked_up: dict[tuple[str, int], ChunkInfo | None] = {}
-        for mark in sorted((m for m in marks if m.run in known),
-                           key=lambda m: (m.commit_lsn, m.seq)):
+        for mark in sorted(marks, key=lambda m: (m.commit_lsn, m.seq)):
             if mark.run not in versions:
                 versions[mark.run] = self.bronze.app_version(app_id(mark.run)) or 0
             have = versions[mark.run]

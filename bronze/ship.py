@@ -97,6 +97,9 @@ class BatchResult:
     # (``reconnect_reason``). Events of a failed attempt are reported with the next batch.
     heartbeats: int = 0
     reconnects: tuple[str, ...] = ()
+    # Logical messages under lakecdc's prefixes skipped as not lakecdc's: malformed, or
+    # backfill marks of runs never staged (docs/security.md).
+    skipped_messages: int = 0
 
 
 @dataclass
@@ -289,20 +292,22 @@ class Shipper:
                 slots.advance(conn, cfg.slot, new.end_lsn)
                 self.faults.hit("after_advance")
             committed = False
-            read_rows = 0
+            read_rows = skipped = 0
             if summary.kept:
                 metadata = {"lakecdc.changes": summary.kept,
                             "lakecdc.transactions": summary.transactions}
                 # Backfill chunks announced in this batch: their rows join the HIGH
                 # watermark's transaction (its tx_changes grows before its rows are written).
-                emission = (self.backfill.plan(rows.marks, progress.commit_lsn, rows.written,
+                marks, skipped = self.backfill.staged_marks(rows.marks)
+                emission = (self.backfill.plan(marks, progress.commit_lsn, rows.written,
                                                summary.tx_changes, cfg.slot, shipped_at)
-                            if rows.marks else None)
+                            if marks else None)
                 rows.finish(summary.tx_changes)
                 if rows.rejected_marks:
                     log.warning("skipped %d logical messages under lakecdc's prefix that are "
                                 "not well-formed backfill marks (forged or damaged; see "
                                 "docs/security.md)", rows.rejected_marks)
+                skipped += rows.rejected_marks
                 if emission is not None:
                     for batch in emission.batches:
                         files.write(self._with_fault(batch))
@@ -329,12 +334,14 @@ class Shipper:
                     self.heartbeat.recorded()
                 # In bronze now: reported even if the advance fails (a reconnect completes it).
                 self._done(BatchResult(summary.rows, summary.kept, summary.transactions, full,
-                                       committed, time.monotonic() - started, read_rows), new)
+                                       committed, time.monotonic() - started, read_rows,
+                                       skipped_messages=skipped), new)
                 self.faults.hit("after_bronze_commit")
             slots.advance(conn, cfg.slot, new.end_lsn)
             self.faults.hit("after_advance")
         return self._done(BatchResult(summary.rows, summary.kept, summary.transactions, full,
-                                      committed, time.monotonic() - started, read_rows), new)
+                                      committed, time.monotonic() - started, read_rows,
+                                      skipped_messages=skipped), new)
 
     def _done(self, result: BatchResult, progress: Progress) -> tuple[BatchResult, Progress]:
         """The batch ``run`` reports next (``on_batch``, totals)."""

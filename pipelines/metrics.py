@@ -130,8 +130,13 @@ class PipelineMetrics:
             "lakecdc_stream_processed_rows_per_second",
             "Spark's processedRowsPerSecond of the query's last micro-batch.", ["query"],
             registry=r)
-        self.heartbeats = self.reconnects = self.pushed_version = None
+        self.heartbeats = self.reconnects = self.skipped_messages = self.pushed_version = None
         if "bronze" in layers:
+            self.skipped_messages = Counter(
+                "lakecdc_ship_skipped_messages_total",
+                "Logical messages under lakecdc's prefixes the shipper skipped as not its "
+                "own: malformed, or backfill marks of runs never staged. Any rise means "
+                "someone else emits under those prefixes (docs/security.md).", registry=r)
             self.heartbeats = Counter(
                 "lakecdc_ship_heartbeats_total",
                 "Heartbeat transactions the shipper committed on the source so its slot can "
@@ -168,6 +173,8 @@ class PipelineMetrics:
                         result.transactions)
             if self.heartbeats is not None and result.heartbeats:
                 self.heartbeats.inc(result.heartbeats)
+            if self.skipped_messages is not None and result.skipped_messages:
+                self.skipped_messages.inc(result.skipped_messages)
             if self.reconnects is not None:
                 for reason in result.reconnects:
                     self.reconnects.labels(reason).inc()
