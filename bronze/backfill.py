@@ -67,7 +67,7 @@ from bronze.table import BronzeTable
 from pipelines.config import Config
 from pipelines.errors import UserError
 from pipelines.faults import FaultPoints
-from pipelines.locks import acquire, is_held, ship_lock_name
+from pipelines.locks import acquire, shipper_running
 from pipelines.lsn import fmt
 from pipelines.progress import Progress
 
@@ -678,7 +678,7 @@ class SnapshotBackfill:
         while self._emitted(run) < chunk:
             if self.stop.is_set():
                 return False
-            if not is_held(conn, ship_lock_name(self.config.slot)):
+            if not shipper_running(conn, self.config.slot):
                 raise _no_shipper(self.config.slot)
             if time.monotonic() > deadline:
                 raise UserError(f"the shipper has not brought backfill chunk {chunk} into "
@@ -712,7 +712,7 @@ class SnapshotBackfill:
                 self.staging.drop_rows(state.run)     # idempotent: a crash may have left them
                 return BackfillReport(state.run, self.tables, "already complete", per_table,
                                       time.monotonic() - started, resumed)
-            if not is_held(conn, ship_lock_name(cfg.slot)):
+            if not shipper_running(conn, cfg.slot):
                 raise _no_shipper(cfg.slot)
             sources = {t: describe_table(conn, t) for t in self.tables}
             outcome = self._run(conn, state, sources, per_table)

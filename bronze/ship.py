@@ -66,7 +66,7 @@ from bronze.table import BronzeTable, DataFiles, Progress
 from pipelines.config import Config
 from pipelines.errors import UserError, redact
 from pipelines.faults import FaultPoints
-from pipelines.locks import acquire, ship_lock_name
+from pipelines.locks import acquire, ship_application, ship_lock_name
 from pipelines.lsn import fmt
 
 log = logging.getLogger("lakecdc.ship")
@@ -156,7 +156,7 @@ class Shipper:
             self._session = conn.execute(
                 "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
             ).fetchone()
-            acquire(conn, ship_lock_name(cfg.slot), f"lakecdc ship {cfg.slot}",
+            acquire(conn, ship_lock_name(cfg.slot), ship_application(cfg.slot),
                     f"another lakecdc shipper is already running on slot {cfg.slot}; stop it "
                     "first (only one may ship a slot).")
             progress = self._check(conn)

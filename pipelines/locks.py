@@ -38,6 +38,19 @@ def ship_lock_name(slot: str) -> str:
     return f"lakecdc.ship:{slot}"
 
 
+def ship_application(slot: str) -> str:
+    """The ``application_name`` of the shipper's source session on ``slot``."""
+    return f"lakecdc ship {slot}"[:63]
+
+
+def shipper_running(conn: psycopg.Connection, slot: str) -> bool:
+    """Whether a shipper of this connection's role runs on ``slot``: it holds the ship lock,
+    or - when a session of another role took the lock first and the shipper passed it over
+    (``acquire``) - its session is there under its application name."""
+    return is_held(conn, ship_lock_name(slot)) or bool(
+        _own_sessions(conn, ship_application(slot)))
+
+
 def is_held(conn: psycopg.Connection, name: str, any_role: bool = False) -> bool:
     """Whether a session of this connection's role (``any_role``: of any role) holds the
     advisory lock ``name`` on ``conn``'s database. Sessions of other roles are not the
@@ -88,19 +101,21 @@ def acquire(conn: psycopg.Connection, name: str, application: str, busy: str) ->
                     [name]).fetchone()[0]:
         return
     found = holders(conn, name)
-    ours = [h for h in found if h.same_role]
-    if not ours:
-        ours = [Holder(pid, role, app, client, True) for pid, role, app, client in
-                conn.execute("SELECT pid, usename, application_name, host(client_addr) "
-                             "FROM pg_stat_activity WHERE usename = current_user AND "
-                             "datname = current_database() AND application_name = %s AND "
-                             "pid <> pg_backend_pid()", [application[:63]]).fetchall()]
+    ours = [h for h in found if h.same_role] or _own_sessions(conn, application)
     if ours:
         raise UserError(f"{busy} It is held by {ours[0].describe()}.")
     log.warning("the lock %s is held by %s, a session of another role: not a lakecdc "
                 "process of this pipeline, so it is passed over (end that session and "
                 "restrict who can connect: docs/security.md)", name,
                 "; ".join(h.describe() for h in found) or "a session that has ended")
+
+
+def _own_sessions(conn: psycopg.Connection, application: str) -> list[Holder]:
+    """Other sessions of this connection's role on its database named ``application``."""
+    return [Holder(pid, role, app, client, True) for pid, role, app, client in conn.execute(
+        "SELECT pid, usename, application_name, host(client_addr) FROM pg_stat_activity "
+        "WHERE usename = current_user AND datname = current_database() AND "
+        "application_name = %s AND pid <> pg_backend_pid()", [application[:63]]).fetchall()]
 
 
 @contextmanager

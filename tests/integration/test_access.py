@@ -93,7 +93,7 @@ def test_a_lock_squatted_by_another_role_does_not_stop_the_shipper_but_a_shipper
     own role holding it - another shipper - still refuses the start, naming it."""
     import psycopg
 
-    from pipelines.locks import acquire, ship_lock_name
+    from pipelines.locks import acquire, ship_application, ship_lock_name, shipper_running
     from pipelines.setup_source import setup
 
     setup(config)
@@ -108,15 +108,20 @@ def test_a_lock_squatted_by_another_role_does_not_stop_the_shipper_but_a_shipper
             assert shipped.returncode == 0, shipped.stderr[-2000:]
             assert f"role {role}" in shipped.stderr and "passed over" in shipped.stderr
 
-            with source_db.connect() as rival:
-                acquire(rival, ship_lock_name(config.slot), f"lakecdc ship {config.slot}",
-                        "busy")
-                refused = run_cli(["ship", "--once"], cli_env(config))
-                lines = [ln for ln in refused.stderr.splitlines()
-                         if ln.startswith("lakecdc: error:")]
-                assert refused.returncode == 2 and len(lines) == 1, refused.stderr[-2000:]
-                assert "already running" in lines[0] and \
-                    f"PID {rival.info.backend_pid}" in lines[0], lines[0]
+            with source_db.connect() as probe:
+                assert not shipper_running(probe, config.slot)      # only the squatter
+                with source_db.connect() as rival:
+                    # A shipper that passed the squatter over holds no lock, yet it runs:
+                    # `backfill snapshot` must still see it (it waits for its chunks).
+                    acquire(rival, ship_lock_name(config.slot), ship_application(config.slot),
+                            "busy")
+                    assert shipper_running(probe, config.slot)
+                    refused = run_cli(["ship", "--once"], cli_env(config))
+                    lines = [ln for ln in refused.stderr.splitlines()
+                             if ln.startswith("lakecdc: error:")]
+                    assert refused.returncode == 2 and len(lines) == 1, refused.stderr[-2000:]
+                    assert "already running" in lines[0] and \
+                        f"PID {rival.info.backend_pid}" in lines[0], lines[0]
     finally:
         source_db.execute(f'DROP ROLE "{role}"')
 
