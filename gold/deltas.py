@@ -81,8 +81,6 @@ class GoldInputError(RuntimeError):
     """Silver broke its contract (more rows for a transaction than it has, ...): a bug."""
 
 
-
-
 def _is(table: tuple[str, str]) -> Column:
     return (F.col("schema_name") == table[0]) & (F.col("table_name") == table[1])
 

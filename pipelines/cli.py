@@ -564,8 +564,8 @@ def entry() -> None:
 
     Everything the process creates - local lakehouse tables, checkpoints, spill files, the
     demo's output - is its owner's alone (umask 077: directories 0700, files 0600), and so
-    is what the Spark JVM it starts creates: bronze holds personal data (``to``,
-    ``personalisation``)."""
+    is what its local Spark JVM writes (Hadoop's own umask setting, ``pipelines.spark``):
+    bronze holds personal data (``to``, ``personalisation``)."""
     os.umask(0o077)
     code = main()
     if code:
