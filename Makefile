@@ -19,11 +19,12 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-# Two workers (one per core), whole files per worker so module fixtures are shared; Spark
-# is started once first so the Delta jars are resolved before the workers start theirs.
+# Two workers (one per core) that steal tests from each other, so neither idles while the
+# other finishes a long file; Spark is started once first so the Delta jars are resolved
+# before the workers start theirs.
 test: system-deps venv
 	$(PY) -c "from pipelines.spark import get_or_create; get_or_create().stop()"
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest -n 2 --dist worksteal
 
 unit: venv
 	$(PY) -m pytest tests/unit
