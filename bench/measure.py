@@ -42,7 +42,7 @@ import psycopg
 from deltalake import DeltaTable
 
 from bench import decode, poc, workload
-from bench.profile import ProgressLog
+from bench.profile import PassLog, ProgressLog
 from bronze.ship import Shipper
 from infra.localpg import LocalPostgres, bin_dir
 from pipelines.config import Config
@@ -155,8 +155,11 @@ class Bench:
     def __enter__(self) -> "Bench":
         self.pg.start()
         from pipelines.spark import get_or_create
-        self.spark = get_or_create("lakecdc-bench")
+        # Finished jobs kept for ``PassLog``'s count of Spark jobs per batch.
+        self.spark = get_or_create("lakecdc-bench",
+                                   extra_conf={"spark.ui.retainedJobs": "200000"})
         self.spark.streams.addListener(self.progress.listener())
+        self.passes = PassLog(self.spark)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -178,7 +181,9 @@ class Bench:
                            slot=name, poll_interval_s=0.2)
 
     def pipeline(self, config: Config, **kw) -> Pipeline:
-        return Pipeline(config, spark_factory=lambda: self.spark, **kw)
+        pipeline = Pipeline(config, spark_factory=lambda: self.spark, **kw)
+        pipeline.on_pass.append(self.passes.on_pass)
+        return pipeline
 
     # --- sections -----------------------------------------------------------------------
 
@@ -221,19 +226,14 @@ class Bench:
         layers: dict = {}
         profile: dict = {}
         with self.progress.window(profile):
+            mark = self.passes.mark()
             t = time.perf_counter()
-            silver = pipeline.silver(once=True)
-            layers["silver"] = {"seconds": round(time.perf_counter() - t, 2),
-                                "rows": silver.changes_rows}
-            t = time.perf_counter()
-            gold = pipeline.gold(once=True)
-            layers["gold"] = {"seconds": round(time.perf_counter() - t, 2),
-                              "rows": gold.silver_rows,
-                              "transactions": gold.applied_transactions,
-                              "batches": len(gold.batches),
-                              "batch_seconds": round(sum(b.seconds for b in gold.batches), 2),
-                              "merge_seconds": round(sum(b.merge_seconds
-                                                         for b in gold.batches), 2)}
+            run = pipeline.stream(once=True)
+            layers["stream"] = {"seconds": round(time.perf_counter() - t, 2),
+                                "rows": run.silver_rows,
+                                "transactions": run.applied_transactions,
+                                "batches": run.batches,
+                                "per_batch": self.passes.summary(mark)}
         t = time.perf_counter()
         push = pipeline.push(once=True)
         layers["push"] = {"seconds": round(time.perf_counter() - t, 2),
@@ -241,7 +241,7 @@ class Bench:
         for name, layer in layers.items():
             layer["changes_per_s"] = _rate(written.changes, layer["seconds"])
         catch_up = sum(layer["seconds"] for layer in layers.values())
-        layers["silver_gold_push"] = {"seconds": round(catch_up, 2),
+        layers["stream_push"] = {"seconds": round(catch_up, 2),
                                       "changes_per_s": _rate(written.changes, catch_up)}
         out["layers"] = layers
         out["spark_progress"] = profile
@@ -271,73 +271,52 @@ class Bench:
         out: dict = {"load_before": _load(), "rate": rate, "seconds": p.freshness_s}
         stop_traffic, stop_pipeline = threading.Event(), threading.Event()
         traffic = workload.SteadyTraffic(config.source_dsn, rate, tag=f"r{rate:g}-")
-        ticks: list[datetime] = []
+        probe = workload.FreshnessProbe(config.source_dsn, config.dashboard, tag=f"r{rate:g}")
         errors: list[BaseException] = []
 
-        def run_pipeline():
-            try:
-                pipeline.run_continuous(stop_pipeline)
-            except BaseException as exc:     # reported below, with the measurement
-                errors.append(exc)
+        def guarded(name: str, target) -> threading.Thread:
+            def body():
+                try:
+                    target()
+                except BaseException as exc:     # reported below, with the measurement
+                    errors.append(exc)
+                    stop_traffic.set()
+            return threading.Thread(target=body, name=f"bench-{name}", daemon=True)
 
-        def run_traffic():
-            try:
-                traffic.run(stop_traffic, on_tick=ticks.append)
-            except BaseException as exc:
-                errors.append(exc)
-                stop_traffic.set()
-
-        runner = threading.Thread(target=run_pipeline, name="bench-pipeline", daemon=True)
-        writer = threading.Thread(target=run_traffic, name="bench-traffic", daemon=True)
-        readings: list[tuple[datetime, datetime | None]] = []
+        runner = guarded("pipeline", lambda: pipeline.run_continuous(stop_pipeline))
+        writers = [guarded("traffic", lambda: traffic.run(stop_traffic)),
+                   guarded("probe", lambda: probe.run(stop_traffic))]
+        watcher = guarded("watch", lambda: probe.watch(stop_traffic))
         out["spark_progress"] = {}
-        with psycopg.connect(config.dashboard, autocommit=True) as conn, \
-                self.progress.window(out["spark_progress"]):
+        with self.progress.window(out["spark_progress"]):
             runner.start()
-            # Traffic starts once the continuous pipeline runs (its three streaming queries
-            # are active): its start-up is not part of a change's path in production.
+            # Traffic starts once the continuous pipeline runs (its streaming query is
+            # active): its start-up is not part of a change's path in production.
             ready_by = time.monotonic() + 300
-            while len(self.spark.streams.active) < 3 and not errors:
+            while not self.spark.streams.active and not errors:
                 if time.monotonic() > ready_by:
                     raise RuntimeError("the continuous pipeline did not start within 300 s")
                 stop_pipeline.wait(0.2)
-            writer.start()
-            started = time.monotonic()
-            deadline = started + p.freshness_s
-            drained, drain_from = False, None
-            while not errors:
-                readings.append(conn.execute(
-                    "SELECT clock_timestamp(), max(source_commit_ts) "
-                    "FROM lakecdc_push_progress").fetchone())
-                now = time.monotonic()
-                if now >= deadline and not stop_traffic.is_set():
-                    stop_traffic.set()
-                    writer.join()
-                    drain_from = now
-                if stop_traffic.is_set() and ticks and readings[-1][1] is not None \
-                        and readings[-1][1] >= ticks[-1]:
-                    drained = True
-                    break
-                if drain_from is not None and now - drain_from > 600:
-                    break
-                stop_pipeline.wait(p.sample_s)
-        stop_traffic.set()
+            started_at = time.time()
+            for thread in (*writers, watcher):
+                thread.start()
+            stop_traffic.wait(p.freshness_s)
+            stop_traffic.set()
+            for thread in writers:
+                thread.join()
+            watcher.join()
         stop_pipeline.set()
-        writer.join()
         runner.join(timeout=300)
         if errors:
             raise errors[0]
-        out["drained"] = drained
+        latencies = probe.latencies()
+        out["probes"] = {"committed": len(probe.committed), "seen": len(latencies)}
         out["written"] = traffic.written.as_dict()
         out["achieved_rate"] = round(traffic.written.changes / max(traffic.elapsed_s, 1e-9))
         out["load_after"] = _load()
-        latencies = _latencies(ticks, readings)
         out["latency_s"] = _percentiles([lat for _, lat in latencies])
-        # Freshness over time: each tick's latency against when it was written (at most
-        # ~600 points kept for the plot).
-        step = max(1, len(latencies) // 600)
-        out["series"] = [(round((tick - ticks[0]).total_seconds(), 2), round(lat, 2))
-                         for tick, lat in latencies[::step]]
+        # Freshness over time: each probe's latency against when it was committed.
+        out["series"] = [(round(t - started_at, 2), round(lat, 2)) for t, lat in latencies]
         pipeline.run_once()
         out["lakecdc"] = exactness(config)
         return out
@@ -358,13 +337,14 @@ class Bench:
             for rep in range(p.scale_repeats):
                 workload.fixed_batch(config.source_dsn, p.scale_batch, f"m{rep}")
                 Shipper(config).run(once=True)
-                pipeline.silver(once=True)
+                mark = self.passes.mark()
                 t = time.perf_counter()
-                gold = pipeline.gold(once=True)
+                pipeline.stream(once=True)
                 stage_s.append(time.perf_counter() - t)
-                batch_s.append(sum(b.seconds for b in gold.batches))
-                merge_s.append(sum(b.merge_seconds for b in gold.batches))
-                merged.append(sum(b.merged_keys for b in gold.batches))
+                passes = self.passes.passes[mark:]
+                batch_s.append(sum(b["gold_s"] for b in passes))
+                merge_s.append(sum(b["merge_s"] for b in passes))
+                merged.append(sum(b["merged_keys"] for b in passes))
                 pipeline.push(once=True)
             keys = len(gold_counts(config))
             out["points"].append({
@@ -394,18 +374,6 @@ class Bench:
         out["bronze_rows"] = DeltaTable(config.bronze_path).to_pyarrow_table(
             columns=["seq"]).num_rows
         return out
-
-
-def _latencies(ticks: list[datetime], readings: list[tuple]) -> list[tuple[datetime, float]]:
-    """Per traffic tick: (its stamp, seconds to the first reading that includes it)."""
-    out, i = [], 0
-    for tick in ticks:
-        while i < len(readings) and (readings[i][1] is None or readings[i][1] < tick):
-            i += 1
-        if i == len(readings):
-            break
-        out.append((tick, (readings[i][0] - tick).total_seconds()))
-    return out
 
 
 def _percentiles(values: list[float]) -> dict:

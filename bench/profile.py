@@ -66,3 +66,48 @@ class ProgressLog:
                 delta = {k: round(v - old.get(k, 0.0)) for k, v in totals.items()}
                 if delta.get("batches"):
                     into[name] = delta
+
+
+class PassLog:
+    """lakecdc's own account of each stream batch (``pipelines.stream.PassResult``): rows,
+    seconds per step (parse + silver appends, gold, of which the MERGE) and the Spark jobs
+    the batch ran (counted in the query's job group: Spark runs a micro-batch's jobs under
+    the run id of its query; the session keeps enough finished jobs, see ``bench.measure``).
+    """
+
+    def __init__(self, spark) -> None:
+        self.spark = spark
+        self._lock = threading.Lock()
+        self.passes: list[dict] = []
+        self._jobs: dict[str, int] = {}
+
+    def on_pass(self, result) -> None:
+        tracker = self.spark.sparkContext.statusTracker()
+        jobs = 0
+        for query in self.spark.streams.active:
+            run = str(query.runId)
+            total = len(tracker.getJobIdsForGroup(run))
+            jobs += total - self._jobs.get(run, 0)
+            self._jobs[run] = total
+        with self._lock:
+            self.passes.append({"rows": result.silver.rows, "seconds": result.seconds,
+                                "silver_s": result.silver_seconds,
+                                "gold_s": result.gold.seconds,
+                                "merge_s": result.gold.merge_seconds,
+                                "merged_keys": result.gold.merged_keys, "jobs": jobs})
+
+    def mark(self) -> int:
+        with self._lock:
+            return len(self.passes)
+
+    def summary(self, since: int = 0) -> dict:
+        """Per-batch means over the batches since ``mark()`` returned ``since``."""
+        with self._lock:
+            passes = self.passes[since:]
+        if not passes:
+            return {"batches": 0}
+        n = len(passes)
+        out = {"batches": n}
+        for key in ("rows", "seconds", "silver_s", "gold_s", "merge_s", "jobs"):
+            out[key] = round(sum(p[key] for p in passes) / n, 3)
+        return out

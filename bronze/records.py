@@ -93,6 +93,7 @@ class PeekSummary:
     rows: int                     # all peek rows, B/C included
     last_lsn: int | None          # the LSN the slot may be advanced to once this is stored
     max_commit_lsn: int | None    # highest commit_lsn among kept changes
+    max_commit_ts_us: int | None  # its commit time (microseconds since the epoch)
     kept: int                     # change rows kept (newer than the recorded version)
     transactions: int             # transactions kept (with at least one change)
     tx_changes: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.int32))
@@ -113,6 +114,7 @@ class TransactionAssembler:
         self._counts = np.zeros(1024, dtype=np.int32)    # tx_changes by gid, known at ends
         self._last_lsn: int | None = None
         self._max_commit: int | None = None
+        self._max_commit_ts_us: int | None = None
         self._kept = 0
         self._kept_groups: set[int] = set()
 
@@ -171,7 +173,10 @@ class TransactionAssembler:
         kidx = np.flatnonzero(keep)
         if len(kidx):
             self._kept += len(kidx)
-            self._max_commit = max(self._max_commit or 0, int(row_commit[kidx].max()))
+            newest = kidx[int(np.argmax(row_commit[kidx]))]
+            if self._max_commit is None or int(row_commit[newest]) > self._max_commit:
+                self._max_commit = int(row_commit[newest])
+                self._max_commit_ts_us = int(g_ts[local[newest]])
             self._kept_groups.update(np.unique(g_gid[local[kidx]]).tolist())
 
         # Carry the last transaction over if it is still open.
@@ -215,7 +220,8 @@ class TransactionAssembler:
         if self._open is not None:
             raise MalformedPeek("peek ended inside a transaction")
         return PeekSummary(rows=self._rows, last_lsn=self._last_lsn,
-                           max_commit_lsn=self._max_commit, kept=self._kept,
+                           max_commit_lsn=self._max_commit,
+                           max_commit_ts_us=self._max_commit_ts_us, kept=self._kept,
                            transactions=len(self._kept_groups), tx_changes=self.tx_changes)
 
 

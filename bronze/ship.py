@@ -46,6 +46,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from typing import Callable, Iterator
 
 import numpy as np
@@ -100,6 +101,9 @@ class BatchResult:
     # Logical messages under lakecdc's prefixes skipped as not lakecdc's: malformed, or
     # backfill marks of runs never staged (docs/security.md).
     skipped_messages: int = 0
+    # The newest source commit this batch stored in bronze (None: none).
+    commit_lsn: int | None = None
+    commit_ts: datetime | None = None
 
 
 @dataclass
@@ -335,13 +339,15 @@ class Shipper:
                 # In bronze now: reported even if the advance fails (a reconnect completes it).
                 self._done(BatchResult(summary.rows, summary.kept, summary.transactions, full,
                                        committed, time.monotonic() - started, read_rows,
-                                       skipped_messages=skipped), new)
+                                       skipped_messages=skipped,
+                                       **_newest(summary, committed)), new)
                 self.faults.hit("after_bronze_commit")
             slots.advance(conn, cfg.slot, new.end_lsn)
             self.faults.hit("after_advance")
         return self._done(BatchResult(summary.rows, summary.kept, summary.transactions, full,
                                       committed, time.monotonic() - started, read_rows,
-                                      skipped_messages=skipped), new)
+                                      skipped_messages=skipped,
+                                       **_newest(summary, committed)), new)
 
     def _done(self, result: BatchResult, progress: Progress) -> tuple[BatchResult, Progress]:
         """The batch ``run`` reports next (``on_batch``, totals)."""
@@ -660,3 +666,13 @@ def _size(n: int | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TB"
+
+
+def _newest(summary, committed: bool) -> dict:
+    """``BatchResult``'s newest stored source commit, from a peek's summary."""
+    if not committed or summary.max_commit_lsn is None:
+        return {}
+    ts = summary.max_commit_ts_us
+    return {"commit_lsn": summary.max_commit_lsn,
+            "commit_ts": None if ts is None else
+            datetime.fromtimestamp(ts / 1e6, timezone.utc)}

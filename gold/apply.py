@@ -19,6 +19,8 @@ Batch ``b`` (silver rows ``S``), in this order:
 2. Read ``_pending`` at a pinned version ``P`` (its state after batch ``b-1``). When this
    writer's own batch ``b-1`` found it empty and left it unwritten, it is known empty at
    ``P``: neither its log nor its rows are read (steps 1-2 cost nothing in the usual case).
+   ``S``'s contribution lines reach the driver in one Spark job (``gold.deltas.lines``);
+   steps 3-4 are decided there (``gold.plan``).
 3. Check ``S`` for rows gold must stop on (truncate of notifications, parse errors...):
    raise before writing anything, so a replay after the fix sees the same state.
 4. ``C = aggregate(contributions(S) ∪ P)``; ``cutoff`` = lowest incomplete transaction.
@@ -37,7 +39,7 @@ written first, a replay would add the carried rows twice. With ``guard=False`` (
 controls only) no txn is set and step 1 is skipped: a replay after 5 counts twice.
 
 Limits, stated: one gold writer per table (two concurrent jobs would interleave batch ids);
-a lost or older checkpoint is refused by ``gold.stream`` rather than replayed blindly.
+a lost or older checkpoint is refused by ``pipelines.stream`` rather than replayed blindly.
 """
 
 from __future__ import annotations
@@ -53,9 +55,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
-from gold import commit_metadata as metadata
+from pipelines.commits import commit_metadata as metadata
 from gold import deltas as D
-from gold import parse_commit_metadata as parse_metadata
+from gold.plan import Plan, first_problem
+from gold.plan import plan as plan_batch
+from pipelines.commits import last_metadata, parse_commit_metadata as parse_metadata
 from pipelines.captured import DIMS
 from pipelines.errors import UserError
 from pipelines.lsn import fmt
@@ -94,6 +98,8 @@ PENDING_PROPERTIES = {"delta.checkpointInterval": "20",
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+_MATERIALIZE = "spark.databricks.delta.merge.materializeSource"
+MERGE_SOURCE = StructType([*D.KEY_DELTAS.fields, StructField("updated_at", TimestampType())])
 
 
 class Faults(Protocol):
@@ -130,19 +136,6 @@ class BatchResult:
     replayed: bool = False              # step 1: already fully applied
     seconds: float = 0.0
     merge_seconds: float = 0.0          # of ``seconds``: the MERGE into gold (step 5)
-
-
-def last_metadata(spark: SparkSession, path: str, limit: int | None = 100) -> dict | None:
-    """The newest lakecdc commit metadata in the latest ``limit`` commits of ``path`` (all of
-    them if None)."""
-    if not DeltaTable.isDeltaTable(spark, path):
-        return None
-    history = DeltaTable.forPath(spark, path).history(limit).select("userMetadata")
-    for row in history.where(F.col("userMetadata").isNotNull()).collect():
-        found = parse_metadata(row.userMetadata)
-        if found is not None:
-            return found
-    return None
 
 
 def ensure_gold_tables(spark: SparkSession, paths: GoldPaths) -> list[str]:
@@ -220,7 +213,7 @@ def holds_counts(spark: SparkSession, gold_path: str) -> bool:
     needs its baseline. The latest commits answer for any gold in use; only a gold without
     lakecdc commits among them has its whole (short) history read.
     """
-    return (last_metadata(spark, gold_path) or last_metadata(spark, gold_path, None)) \
+    return (last_metadata(spark, gold_path) or last_metadata(spark, gold_path, limit=None)) \
         is not None
 
 
@@ -293,74 +286,52 @@ class GoldBatchWriter:
         version, last_batch = known_empty or self._pending_head(spark)
         if self.guard and last_batch is not None and last_batch >= batch_id:
             return BatchResult(batch_id, replayed=True, seconds=time.monotonic() - started)
-        if known_empty:
-            pending, pending_was_empty = spark.createDataFrame([], D.CONTRIBUTIONS), True
-        else:
-            stored = (spark.read.format("delta").option("versionAsOf", version)
-                      .load(self.paths.pending))
-            pending_was_empty = stored.isEmpty()
-            # Carried rows at or below the floor are inside a baseline a rebuild wrote since.
-            pending = stored.where(F.col("commit_lsn") >= F.lit(self.floor_lsn))
-        silver = batch.where(F.col("commit_lsn") >= F.lit(self.floor_lsn)).persist()
-        try:
-            checked = D.profile(silver, self.tables, self.accept_errors_upto).first()
-            if checked.problem is not None:
-                raise D.stop_error(checked.problem.asDict(), self.tables)
-            silver_rows = checked.rows
-            combined = D.aggregate(D.contributions(silver, self.tables)
-                                   .unionByName(pending)).persist()
-            try:
-                result = self._apply_combined(spark, combined, batch_id, silver_rows,
-                                              pending_was_empty, started)
-            finally:
-                combined.unpersist()
-        finally:
-            silver.unpersist()
-        if pending_was_empty and not result.pending_transactions:
-            self._pending_known_empty = (version, last_batch)    # _pending was not written
-        return result
-
-    def _apply_combined(self, spark: SparkSession, combined: DataFrame, batch_id: int,
-                        silver_rows: int, pending_was_empty: bool,
-                        started: float) -> BatchResult:
-        txs = D.transactions(combined).persist()
-        try:
-            summary = D.completeness(txs).first()
-            if summary.broken:
-                raise D.GoldInputError(
-                    f"silver delivered more rows than the transaction at commit LSN "
-                    f"{fmt(summary.first_broken)} has (or rows disagreeing about its size); "
-                    f"gold stopped: {D.REBUILD}.")
-            cutoff = summary.cutoff
-            applied = D.below(txs, cutoff).agg(
-                F.count(F.lit(1)).alias("n"), F.max("commit_lsn").alias("lsn"),
-                # ISO text with its offset, formatted by Spark: Python would convert the
-                # timestamp to its own local zone.
-                F.date_format(F.max_by("commit_ts", "commit_lsn"),
-                              "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX").alias("ts")).first()
-        finally:
-            txs.unpersist()
-        result = dict(batch_id=batch_id, silver_rows=silver_rows,
-                      applied_transactions=applied.n,
-                      pending_transactions=summary.transactions - applied.n)
-        if applied.n:
+        stored: list[tuple] = []
+        if not known_empty:
+            stored = [tuple(r.values()) for r in (
+                spark.read.format("delta").option("versionAsOf", version)
+                .load(self.paths.pending).toArrow().to_pylist())]
+        # Carried rows below the floor are inside a baseline a rebuild wrote since.
+        carried = [line for line in stored if line[0] >= self.floor_lsn]
+        # Step 3-4 from one Spark job: the batch's contribution lines, and the first row
+        # gold must stop on (``gold.deltas.lines``); the rest is decided on the driver.
+        silver = batch.where(F.col("commit_lsn") >= F.lit(self.floor_lsn))
+        found = D.lines(silver, self.tables, self.accept_errors_upto).toArrow().to_pylist()
+        problem = first_problem(r.pop("problem") for r in found)
+        if problem is not None:
+            raise D.stop_error(problem, self.tables)
+        batch_lines = [tuple(r.values()) for r in found]
+        plan = plan_batch(batch_lines + carried)
+        if plan.broken_at is not None:
+            raise D.GoldInputError(
+                f"silver delivered more rows than the transaction at commit LSN "
+                f"{fmt(plan.broken_at)} has (or rows disagreeing about its size); "
+                f"gold stopped: {D.REBUILD}.")
+        result = dict(batch_id=batch_id, silver_rows=sum(line[8] for line in batch_lines),
+                      applied_transactions=plan.applied,
+                      pending_transactions=plan.carried_transactions)
+        if plan.applied:
             merging = time.monotonic()
-            result["merged_keys"] = self._merge(spark, D.key_deltas(D.below(combined, cutoff)),
-                                                batch_id, applied)
+            result["merged_keys"] = self._merge(spark, plan, batch_id)
             result["merge_seconds"] = time.monotonic() - merging
-            result["commit_lsn"] = applied.lsn
+            result["commit_lsn"] = plan.commit_lsn
             self.faults.hit("after_gold_merge")
-        carried = D.at_or_above(combined, cutoff)
-        if result["pending_transactions"] or not pending_was_empty:
-            self._write_pending(carried, batch_id, result["pending_transactions"])
+        if plan.carried or stored:
+            self._write_pending(spark.createDataFrame(plan.carried, D.CONTRIBUTIONS),
+                                batch_id, plan.carried_transactions)
             self.faults.hit("after_gold_pending")
+        else:
+            self._pending_known_empty = (version, last_batch)    # _pending was not written
         return BatchResult(**result, seconds=time.monotonic() - started)
 
-    def _merge(self, spark: SparkSession, keys: DataFrame, batch_id: int, applied) -> int:
+    def _merge(self, spark: SparkSession, plan: Plan, batch_id: int) -> int:
         """MERGE the key deltas; returns the gold rows it updated or inserted (0 when Delta
-        skipped it as an already committed batch)."""
+        skipped it as an already committed batch).
+
+        The source is the plan's key deltas as a local relation: deterministic, so Delta
+        need not materialise it (``merge.materializeSource=none``)."""
         now = datetime.now(timezone.utc)
-        source = keys.withColumn("updated_at", F.lit(now).cast("timestamp"))
+        source = spark.createDataFrame([(*k, now) for k in plan.key_deltas], MERGE_SOURCE)
         on = " AND ".join(f"g.{c} = s.{c}" for c in DIMS)
         merge = (DeltaTable.forPath(spark, self.paths.gold).alias("g")
                  .merge(source.alias("s"), on)
@@ -371,10 +342,12 @@ class GoldBatchWriter:
                  .whenNotMatchedInsert(values={
                      **{c: f"s.{c}" for c in DIMS}, "count": "s.delta",
                      "last_commit_lsn": "s.last_commit_lsn", "updated_at": "s.updated_at"}))
+        ts = plan.commit_ts
         confs = {_USER_METADATA: metadata(
-            batch_id=batch_id, commit_lsn=applied.lsn,
-            commit_ts=applied.ts, floor=self.floor_lsn, epoch=self.epoch,
-            transactions=applied.n)}
+            batch_id=batch_id, commit_lsn=plan.commit_lsn,
+            commit_ts=ts.isoformat(timespec="microseconds") if ts is not None else None,
+            floor=self.floor_lsn, epoch=self.epoch, transactions=plan.applied),
+            _MATERIALIZE: "none"}
         if self.guard:
             confs.update({_TXN_APP: self.app_id, _TXN_VERSION: str(batch_id)})
         # Session confs are how Delta takes txn/metadata for MERGE. The batch's session is

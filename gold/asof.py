@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gold import deltas as D
-from gold import parse_commit_metadata
+from pipelines.commits import parse_commit_metadata
 from pipelines.captured import DIMS
 
 

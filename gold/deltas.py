@@ -130,18 +130,6 @@ def problems(silver: DataFrame, tables: CountedTables = COUNTED,
             .orderBy(rank, "commit_lsn", "seq"))
 
 
-def profile(silver: DataFrame, tables: CountedTables = COUNTED,
-            accept_errors_upto: int = 0) -> DataFrame:
-    """One row: ``rows`` (silver rows) and ``problem`` (the first row of ``problems`` as a
-    struct, NULL if none) - one pass over the batch instead of a count and a check."""
-    rules = _Rules(tables, accept_errors_upto)
-    rank = F.array_position(F.array(*[F.lit(p) for p in PROBLEMS]), rules.problem)
-    first = F.when(rules.problem.isNotNull(), F.struct(
-        rank.alias("rank"), "commit_lsn", "seq", rules.problem.alias("problem"),
-        "schema_name", "table_name", "op", "error"))
-    return silver.agg(F.count(F.lit(1)).alias("rows"), F.min(first).alias("problem"))
-
-
 def stop_error(problem: dict, tables: CountedTables = COUNTED) -> Exception:
     """The exception to stop gold with, for one row of ``problems`` (as a dict)."""
     where = f"commit LSN {fmt(problem['commit_lsn'])} (seq {problem['seq']})"
@@ -176,20 +164,50 @@ def contributions(silver: DataFrame, tables: CountedTables = COUNTED) -> DataFra
     whose delta sums to 0 are kept: the row counts are what completeness is judged on, and
     a zero key line is dropped later, in ``key_deltas``.
     """
-    rules = _Rules(tables, accept_errors_upto=0)
+    return aggregate(_exploded(silver, tables, 0, with_problem=False))
+
+
+def lines(silver: DataFrame, tables: CountedTables = COUNTED,
+          accept_errors_upto: int = 0) -> DataFrame:
+    """``contributions`` plus a ``problem`` column: per line, the first row among those it
+    aggregates that gold must stop on (a struct: rank in ``PROBLEMS``, commit_lsn, seq,
+    problem, schema_name, table_name, op, error), NULL if none. Everything a gold batch
+    decides on (``gold.plan``), from one pass over the batch."""
+    exploded = _exploded(silver, tables, accept_errors_upto, with_problem=True)
+    return (exploded.groupBy("commit_lsn", "tx_changes", *DIMS)
+            .agg(*_sums(), F.min("problem").alias("problem"))
+            .select(*[F.col(f.name).cast(f.dataType) for f in CONTRIBUTIONS.fields],
+                    "problem"))
+
+
+def _exploded(silver: DataFrame, tables: CountedTables, accept_errors_upto: int,
+              with_problem: bool) -> DataFrame:
+    rules = _Rules(tables, accept_errors_upto)
     null_dims = [F.lit(None).cast("string").alias(c) for c in DIMS]
+    rank = F.array_position(F.array(*[F.lit(p) for p in PROBLEMS]), rules.problem)
+    problem = F.when(rules.problem.isNotNull(), F.struct(
+        rank.alias("rank"), "commit_lsn", "seq", rules.problem.alias("problem"),
+        "schema_name", "table_name", "op", "error"))
+    null_problem = F.lit(None).cast(silver.select(problem.alias("p")).schema["p"].dataType)
 
-    def line(dims: list[Column], delta: int, rows: int) -> Column:
+    def line(dims: list[Column], delta: int, rows: int, flagged: bool = False) -> Column:
+        extra = [(problem if flagged else null_problem).alias("problem")] \
+            if with_problem else []
         return F.struct(*dims, F.lit(delta).cast("long").alias("delta"),
-                        F.lit(rows).cast("long").alias("rows"))
+                        F.lit(rows).cast("long").alias("rows"), *extra)
 
-    lines = F.array(
-        line(null_dims, 0, 1),
+    lines_ = F.array(
+        line(null_dims, 0, 1, flagged=True),
         F.when(rules.plus_new, line([F.col(c).alias(c) for c in DIMS], +1, 0)),
         F.when(rules.minus_old, line([F.col(f"old_{c}").alias(c) for c in DIMS], -1, 0)))
-    exploded = silver.select("commit_lsn", "tx_changes", "commit_ts",
-                             F.inline(F.filter(lines, lambda x: x.isNotNull())))
-    return aggregate(exploded)
+    return silver.select("commit_lsn", "tx_changes", "commit_ts",
+                         F.inline(F.filter(lines_, lambda x: x.isNotNull())))
+
+
+def _sums() -> list[Column]:
+    return [F.max("commit_ts").alias("commit_ts"),
+            F.sum("delta").cast("long").alias("delta"),
+            F.sum("rows").cast("long").alias("rows")]
 
 
 def history_purges(silver: DataFrame, tables: CountedTables = COUNTED) -> DataFrame:
@@ -216,52 +234,8 @@ def aggregate(lines: DataFrame) -> DataFrame:
     Associative, so ``aggregate(a ∪ b) == aggregate(aggregate(a) ∪ aggregate(b))``: the
     pending state of earlier batches combines with a new batch by union + aggregate.
     """
-    return (lines.groupBy("commit_lsn", "tx_changes", *DIMS)
-            .agg(F.max("commit_ts").alias("commit_ts"),
-                 F.sum("delta").cast("long").alias("delta"),
-                 F.sum("rows").cast("long").alias("rows"))
+    return (lines.groupBy("commit_lsn", "tx_changes", *DIMS).agg(*_sums())
             .select(*[F.col(f.name).cast(f.dataType) for f in CONTRIBUTIONS.fields]))
-
-
-def transactions(contribs: DataFrame) -> DataFrame:
-    """One row per source transaction: rows held, tx_changes, commit_ts, complete, broken.
-
-    ``broken``: more rows than the transaction has, or rows disagreeing about its size -
-    silver delivered something twice or wrongly; gold must not count it.
-    """
-    tx = (contribs.groupBy("commit_lsn")
-          .agg(F.sum("rows").alias("rows"), F.min("tx_changes").alias("tx_changes"),
-               F.max("tx_changes").alias("_tx_max"), F.max("commit_ts").alias("commit_ts")))
-    return tx.select(
-        "commit_lsn", F.col("rows").cast("long").alias("rows"), "tx_changes", "commit_ts",
-        (F.col("rows") == F.col("tx_changes")).alias("complete"),
-        ((F.col("rows") > F.col("tx_changes")) | (F.col("tx_changes") != F.col("_tx_max"))
-         | (F.col("tx_changes") < 1)).alias("broken"))
-
-
-def completeness(txs: DataFrame) -> DataFrame:
-    """One row summarising ``transactions``: where applying must stop, and what is broken.
-
-    ``cutoff`` is the lowest commit_lsn of an incomplete or broken transaction (NULL if
-    none): gold applies exactly the transactions below it, so it always holds a prefix of
-    the source's commit order as far as silver has delivered it.
-    """
-    bad = ~F.col("complete") | F.col("broken")
-    return txs.agg(
-        F.min(F.when(bad, F.col("commit_lsn"))).alias("cutoff"),
-        F.count(F.when(F.col("broken"), 1)).alias("broken"),
-        F.min(F.when(F.col("broken"), F.col("commit_lsn"))).alias("first_broken"),
-        F.count(F.lit(1)).alias("transactions"))
-
-
-def below(df: DataFrame, cutoff: int | None) -> DataFrame:
-    """Rows of transactions gold applies now (commit_lsn < cutoff; all if no cutoff)."""
-    return df if cutoff is None else df.where(F.col("commit_lsn") < F.lit(cutoff))
-
-
-def at_or_above(df: DataFrame, cutoff: int | None) -> DataFrame:
-    """Rows of transactions gold carries to the next batch."""
-    return df.limit(0) if cutoff is None else df.where(F.col("commit_lsn") >= F.lit(cutoff))
 
 
 def key_deltas(applied: DataFrame) -> DataFrame:

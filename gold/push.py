@@ -45,7 +45,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from psycopg import sql
 
 from bronze.source import Unreachable, connect
-from gold import parse_commit_metadata
+from pipelines.commits import parse_commit_metadata
 from pipelines.captured import DIMS
 from pipelines.errors import UserError
 from pipelines.lakehouse import is_remote
@@ -55,6 +55,8 @@ log = logging.getLogger("lakecdc.push")
 
 STATS_TABLE = "service_stats"
 PROGRESS_TABLE = "lakecdc_push_progress"
+LAYER_TABLE = "lakecdc_layer_progress"
+LAYERS = ("bronze", "silver", "gold", "dashboard")
 _STAGE = "lakecdc_push_stage"
 _KEEP = ("insert", "update_postimage", "delete")
 
@@ -81,12 +83,14 @@ def dashboard_ddl() -> str:
 
 
 def ensure_dashboard_tables(conn: psycopg.Connection) -> None:
-    """Create ``service_stats`` and ``lakecdc_push_progress`` if absent. Idempotent.
+    """Create ``service_stats``, ``lakecdc_push_progress`` and ``lakecdc_layer_progress`` if
+    absent. Idempotent.
 
-    When both exist nothing is run, so a least-privilege writer role (no CREATE on the
+    When all exist nothing is run, so a least-privilege writer role (no CREATE on the
     schema; ``infra/postgres/roles.sql``) passes."""
     present = conn.execute("SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT "
-                           "NULL", [STATS_TABLE, PROGRESS_TABLE]).fetchone()[0]
+                           "NULL AND to_regclass(%s) IS NOT NULL",
+                           [STATS_TABLE, PROGRESS_TABLE, LAYER_TABLE]).fetchone()[0]
     if present:
         return
     with conn.transaction():
@@ -94,15 +98,25 @@ def ensure_dashboard_tables(conn: psycopg.Connection) -> None:
 
 
 def push_once(gold_path: str, dashboard_dsn: str, storage_options: dict | None = None, *,
-              version: int | None = None, faults=None, full: bool = False) -> PushResult:
+              version: int | None = None, faults=None, full: bool = False,
+              marks: dict | None = None) -> PushResult:
     """Push gold (at its latest version, or ``version``) to the dashboard; see module doc.
 
     ``full``: replace the dashboard with every gold row even if the feed is readable (after
-    a rebuild), still guarded by version."""
+    a rebuild), still guarded by version. ``marks``: what bronze and silver hold (layer →
+    (commit LSN, commit time)), recorded in ``lakecdc_layer_progress`` with gold's and the
+    dashboard's."""
+    with connect(dashboard_dsn, what="dashboard") as conn:
+        return _push(conn, gold_path, storage_options, version=version, faults=faults,
+                     full=full, marks=marks)
+
+
+def _push(conn: psycopg.Connection, gold_path: str, storage_options: dict | None, *,
+          version: int | None = None, faults=None, full: bool = False,
+          marks: dict | None = None) -> PushResult:
     started = time.monotonic()
     table = open_gold(gold_path, storage_options, version)
-    with connect(dashboard_dsn, what="dashboard") as conn:
-        result = push_table(conn, table, gold_key(gold_path), faults or _Faults(), full)
+    result = push_table(conn, table, gold_key(gold_path), faults or _Faults(), full, marks)
     result = PushResult(**{**result.__dict__, "seconds": time.monotonic() - started})
     if result.pushed:
         log.info("pushed gold version %d (%s push): %d rows upserted, %d deleted, %.2fs",
@@ -114,33 +128,53 @@ def push_once(gold_path: str, dashboard_dsn: str, storage_options: dict | None =
 def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
              once: bool = False, interval_s: float = 5.0,
              storage_options: dict | None = None,
-             on_result: Callable[[PushResult], None] | None = None) -> list[PushResult]:
+             on_result: Callable[[PushResult], None] | None = None,
+             wake: threading.Event | None = None,
+             marks: Callable[[], dict] | None = None) -> list[PushResult]:
     """Push until ``stop`` is set (``once``: a single push). Returns the pushes that wrote.
 
-    A lost connection, a dashboard that cannot be reached once it has been (a restart) or
-    a gold read that fails is retried at the next interval; problems a person must fix
-    (``UserError``, or no connection at the very first push) end the loop.
+    Pushes every ``interval_s``, and at once whenever ``wake`` is set (the stream sets it
+    after each batch: the dashboard follows gold within one push). One connection is kept
+    open between pushes. A lost connection, a dashboard that cannot be reached once it has
+    been (a restart) or a gold read that fails is retried at the next interval; problems a
+    person must fix (``UserError``, or no connection at the very first push) end the loop.
 
     ``on_result`` (metrics) is called with every push that completed, including those that
     found gold already pushed; not with failed ones. It must not raise.
     """
     done: list[PushResult] = []
     reached = False
-    while True:
-        try:
-            result = push_once(gold_path, dashboard_dsn, storage_options)
-        except (psycopg.OperationalError, DeltaError, OSError, Unreachable) as exc:
-            if once or (isinstance(exc, Unreachable) and not reached):
-                raise
-            log.warning("push failed, retrying in %.0fs: %s", interval_s, exc)
-        else:
-            reached = True
-            if result.pushed:
-                done.append(result)
-            if on_result is not None:
-                on_result(result)
-        if once or stop.wait(interval_s):
-            return done
+    conn = None
+    wake = wake or threading.Event()
+    try:
+        while True:
+            wake.clear()
+            try:
+                if conn is None:
+                    conn = connect(dashboard_dsn, what="dashboard")
+                result = _push(conn, gold_path, storage_options,
+                               marks=marks() if marks is not None else None)
+            except (psycopg.OperationalError, DeltaError, OSError, Unreachable) as exc:
+                if conn is not None:
+                    conn.close()
+                    conn = None
+                if once or (isinstance(exc, Unreachable) and not reached):
+                    raise
+                log.warning("push failed, retrying in %.0fs: %s", interval_s, exc)
+            else:
+                reached = True
+                if result.pushed:
+                    done.append(result)
+                if on_result is not None:
+                    on_result(result)
+            if once or stop.is_set():
+                return done
+            wake.wait(interval_s)
+            if stop.is_set():
+                return done
+    finally:
+        if conn is not None:
+            conn.close()
 
 
 def gold_key(gold_path: str) -> str:
@@ -157,7 +191,7 @@ def open_gold(gold_path: str, storage_options: dict | None = None,
         return DeltaTable(uri, version=version, storage_options=storage_options)
     except TableNotFoundError:
         at = "" if version is None else f" (version {version})"
-        raise UserError(f"there is no gold table at {gold_path}{at}: run `lakecdc gold` "
+        raise UserError(f"there is no gold table at {gold_path}{at}: run `lakecdc stream` "
                         "first.") from None
 
 
@@ -176,8 +210,9 @@ def gold_position(table: DeltaTable, history_limit: int = 200) -> tuple[int | No
 
 
 def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults,
-               force_full: bool = False) -> PushResult:
-    """Steps 1-4 of the module docstring on an open connection (autocommit mode)."""
+               force_full: bool = False, marks: dict | None = None) -> PushResult:
+    """Steps 1-4 of the module docstring on an open connection (autocommit mode); the layer
+    marks are recorded in the same transaction."""
     version, table_id = table.version(), table.metadata().id
     with conn.transaction():
         conn.execute(sql.SQL("INSERT INTO {} (gold_table, gold_version) VALUES (%s, -1) "
@@ -189,6 +224,7 @@ def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults,
             [key]).fetchone()
         same_table = prev_id == table_id and prev_version >= 0
         if same_table and prev_version >= version:
+            _record_layers(conn, key, marks or {})
             return PushResult(version, prev_version, pushed=False)
         rows, deleted, full = None, [], force_full or not same_table
         if not full:
@@ -211,9 +247,31 @@ def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults,
             "source_commit_lsn = %s::bigint, source_commit_ts = %s::timestamptz, "
             "pushed_at = now() WHERE gold_table = %s").format(sql.Identifier(PROGRESS_TABLE)),
             [version, table_id, lsn, ts, key])
+        if full:      # a new gold (a rebuild, another source): its marks start afresh
+            conn.execute(sql.SQL("DELETE FROM {} WHERE gold_table = %s").format(
+                sql.Identifier(LAYER_TABLE)), [key])
+        _record_layers(conn, key, {**(marks or {}), "gold": (lsn, ts), "dashboard": (lsn, ts)})
     faults.hit("after_push_commit")
     return PushResult(version, prev_version if same_table else None, pushed=True, full=full,
                       upserted=upserted, deleted=removed, source_commit_lsn=lsn)
+
+
+def _record_layers(conn: psycopg.Connection, key: str, marks: dict) -> None:
+    """Upsert what each layer holds everything up to; between full pushes a mark never
+    moves backwards."""
+    rows = [(key, layer, *marks[layer]) for layer in LAYERS
+            if layer in marks and marks[layer][0] is not None]
+    if not rows:
+        return
+    with conn.cursor() as cur:
+        cur.executemany(sql.SQL(
+            "INSERT INTO {t} AS t (gold_table, layer, source_commit_lsn, source_commit_ts, "
+            "updated_at) VALUES (%s, %s, %s::bigint, %s::timestamptz, now()) "
+            "ON CONFLICT (gold_table, layer) DO UPDATE SET "
+            "source_commit_lsn = EXCLUDED.source_commit_lsn, "
+            "source_commit_ts = EXCLUDED.source_commit_ts, updated_at = EXCLUDED.updated_at "
+            "WHERE t.source_commit_lsn IS NULL OR t.source_commit_lsn <= EXCLUDED.source_commit_lsn"
+        ).format(t=sql.Identifier(LAYER_TABLE)), rows)
 
 
 def changed_keys(table: DeltaTable, start: int, end: int) -> tuple[list[tuple], list[tuple]]:

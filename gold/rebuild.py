@@ -12,22 +12,20 @@ from before anything this command does):
    whose commit LSN is below ``L``; ``gold.asof``), and a Delta app transaction
    (``lakecdc-gold-rebuild``, ``L``). Readers see the old gold or the new one, never an
    empty or partial table.
-3. ``_pending`` emptied (one commit, same metadata) and the gold checkpoint deleted: the
-   gold stage, availableNow, then starts afresh and reads all of silver, skipping the rows
-   below the floor (they are inside the baseline; a TRUNCATE that stopped gold was
-   committed before ``L``, so it is passed over) and applying the rest - the silver
-   changes after ``L`` - as usual. Anything ``_pending`` carried was committed before
-   ``L``, so it is inside the baseline too. Batch ids restart at 0 under a Delta app id
-   of this rebuild's own (``gold.apply.txn_app_id``: epoch ``L``), so the idempotency of
-   the new batches does not collide with the old ones. Because nothing of the old
-   checkpoint is kept, a lost gold checkpoint or a rebuilt silver table (F18) is
-   repaired by this command too.
+3. ``_pending`` emptied (one commit, same metadata). The stream then goes on from its own
+   checkpoint, under a Delta app id of this rebuild's own (``gold.apply.txn_app_id``: epoch
+   ``L``), so its batch ids never collide with what Delta recorded before; it skips every
+   row below the floor - they are inside the baseline: whatever it replays or has not read
+   yet of the old changes, a TRUNCATE that stopped gold included. Nothing silver holds is
+   at or past ``L`` (the stream is stopped while the lock is held, and ``L`` is taken
+   after it), so there is nothing to apply from silver. Anything ``_pending`` carried was
+   committed before ``L``, so it is inside the baseline too.
 4. A full push: the dashboard is replaced from gold in one Postgres transaction.
 
 A crash anywhere is harmless: before 2 nothing changed; after 2 gold is exact as of ``L``
-and the next gold run continues from it - from the old checkpoint if 3 did not finish (the
-rows ``_pending`` carried are below the floor and skipped); rerunning the command takes a
-newer baseline.
+and the stream continues from it (if 3 did not finish, the rows ``_pending`` carried are
+below the floor and skipped); rerunning the command takes a newer baseline. A lost stream
+checkpoint is not repaired here: silver must be rebuilt with it (``pipelines.stream``).
 Rows purged from ``notification_history`` before ``L`` are no longer counted afterwards:
 a rebuild re-baselines on the rows the source still has, as ``setup`` does.
 """
@@ -39,11 +37,10 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from gold import commit_metadata as metadata
+from pipelines.commits import commit_metadata as metadata
 from gold.apply import GOLD_SCHEMA, GoldPaths, ensure_gold_tables
 from gold.asof import gold_state
 from gold.deltas import CONTRIBUTIONS
-from gold.stream import drop_checkpoint
 from gold.push import push_once
 from pipelines.baseline import to_table, write_baseline
 from pipelines.consistent import consistent_point, count_at
@@ -60,7 +57,6 @@ class RebuildReport:
     baseline_total: int           # notifications counted in the source at the baseline
     keys: int
     gold_version: int             # the version holding the rebuilt counts
-    applied_after: int = 0        # silver transactions after the baseline applied since
     pushed_version: int | None = None
     seconds: float = 0.0
 
@@ -69,8 +65,7 @@ class RebuildReport:
             f"; dashboard replaced from gold version {self.pushed_version}"
         return (f"rebuilt gold from a baseline of {self.baseline_total:,} notifications in "
                 f"{self.keys:,} keys at {fmt(self.baseline_lsn)} (gold version "
-                f"{self.gold_version}), then applied {self.applied_after:,} later "
-                f"transactions{pushed} ({self.seconds:.1f}s)")
+                f"{self.gold_version}){pushed} ({self.seconds:.1f}s)")
 
 
 def rebuild_gold(pipeline) -> RebuildReport:
@@ -105,9 +100,6 @@ def rebuild_gold(pipeline) -> RebuildReport:
         (spark.createDataFrame([], CONTRIBUTIONS).write.format("delta").mode("overwrite")
          .option("userMetadata", metadata(operation="rebuild", floor=lsn, epoch=lsn))
          .save(where.gold_pending))
-        if drop_checkpoint(spark, where.gold_checkpoint):
-            log.info("deleted the gold checkpoint %s: the gold stage starts afresh",
-                     where.gold_checkpoint)
         # The newest baseline is also kept where setup keeps its own (the gold quality gate
         # reconciles gold against it once the rebuild commit's files are vacuumed).
         write_baseline(pipeline.config.baseline_path, to_table(baseline), lsn)
@@ -117,13 +109,10 @@ def rebuild_gold(pipeline) -> RebuildReport:
 
 
 def rebuild_and_push(pipeline) -> RebuildReport:
-    """``lakecdc backfill rebuild-gold``: rebuild, apply what silver holds after the new
-    baseline (the gold stage, availableNow), then replace the dashboard from gold."""
+    """``lakecdc backfill rebuild-gold``: rebuild, then replace the dashboard from gold."""
     started = time.monotonic()
     with pipeline.gold_lock():
         report = rebuild_gold(pipeline)
-        applied = pipeline.gold(once=True).applied_transactions
         pushed = push_once(pipeline.where.gold, pipeline.config.dashboard, full=True)
-    return RebuildReport(**{**report.__dict__, "applied_after": applied,
-                            "pushed_version": pushed.gold_version,
+    return RebuildReport(**{**report.__dict__, "pushed_version": pushed.gold_version,
                             "seconds": time.monotonic() - started})

@@ -54,6 +54,21 @@ def remove_incomplete_writes(spark, checkpoint_dir: str) -> list[str]:
     return removed
 
 
+def latest_planned_batch(spark, checkpoint_dir: str) -> int | None:
+    """The highest batch id in the checkpoint's offset log (planned batches), or None."""
+    fs, path_of = _file_system(spark, checkpoint_dir)
+    names = [s.getPath().getName() for s in _walk(fs, path_of(checkpoint_dir, "offsets"),
+                                                  recursive=False)]
+    ids = [int(n) for n in names if n.isdigit()]
+    return max(ids) if ids else None
+
+
+def has_metadata(spark, checkpoint_dir: str) -> bool:
+    """Whether the checkpoint exists: its ``metadata`` file (the query id) was written."""
+    fs, path_of = _file_system(spark, checkpoint_dir)
+    return bool(fs.exists(path_of(checkpoint_dir, "metadata")))
+
+
 def _file_system(spark, checkpoint_dir: str):
     jvm = spark.sparkContext._jvm
     root = jvm.org.apache.hadoop.fs.Path(checkpoint_dir)

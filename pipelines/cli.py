@@ -138,7 +138,7 @@ def _config(ctx, **flags) -> Config:
 
 def _metrics_option(command):
     """``--metrics-port`` of the commands that run stages: ``run`` serves every stage's
-    metrics, ``ship``, ``silver``, ``gold`` and ``push`` their own (pipelines.metrics.STAGES).
+    metrics, ``ship``, ``stream`` and ``push`` their own (pipelines.metrics.STAGES).
     """
     return click.option(
         "--metrics-port", metavar="[HOST:]PORT", envvar="LAKECDC_METRICS_PORT",
@@ -280,21 +280,6 @@ def _await_input(ctx, stage: str, wait_s: float, stop: threading.Event) -> None:
 
 @cli.command()
 @_once_option("Process what bronze holds now (availableNow), then exit.")
-@_wait_option
-@_metrics_option
-@click.pass_context
-@_needs_spark
-def silver(ctx, once, wait_s, metrics_port):
-    """bronze → silver (Spark Structured Streaming)."""
-    stop = _stop_on_signals()
-    _await_input(ctx, "silver", wait_s, stop)
-    with _stage_metrics(_pipeline(ctx), metrics_port, "silver") as pipeline:
-        result = pipeline.silver(once=once, stop=stop)
-    click.echo(f"silver: {result.changes_rows} rows, {result.quarantined_rows} quarantined")
-
-
-@cli.command()
-@_once_option("Apply what silver holds now (availableNow), then exit.")
 @click.option("--accept-errors-upto", metavar="LSN",
               help="Treat quarantined (unparseable) silver rows up to this commit LSN as "
                    "count-neutral, after checking silver/quarantine; e.g. 0/4A3F2C0.")
@@ -302,8 +287,9 @@ def silver(ctx, once, wait_s, metrics_port):
 @_metrics_option
 @click.pass_context
 @_needs_spark
-def gold(ctx, once, accept_errors_upto, wait_s, metrics_port):
-    """silver → gold service_stats (idempotent MERGE of whole transactions)."""
+def stream(ctx, once, accept_errors_upto, wait_s, metrics_port):
+    """bronze → silver → gold service_stats: one Spark Structured Streaming query, idempotent
+    appends and MERGE of whole transactions."""
     from pipelines.lsn import Lsn
 
     try:
@@ -311,10 +297,11 @@ def gold(ctx, once, accept_errors_upto, wait_s, metrics_port):
     except ValueError as exc:
         raise UserError(f"--accept-errors-upto: {exc}; write an LSN like 0/4A3F2C0.") from None
     stop = _stop_on_signals()
-    _await_input(ctx, "gold", wait_s, stop)
-    with _stage_metrics(_pipeline(ctx), metrics_port, "gold") as pipeline:
-        result = pipeline.gold(once=once, stop=stop, accept_errors_upto=accept)
-    click.echo(f"gold: {result.applied_transactions} transactions applied")
+    _await_input(ctx, "stream", wait_s, stop)
+    with _stage_metrics(_pipeline(ctx), metrics_port, "stream") as pipeline:
+        result = pipeline.stream(once=once, stop=stop, accept_errors_upto=accept)
+    click.echo(f"stream: {result.silver_rows} rows to silver ({result.quarantined} "
+               f"quarantined), {result.applied_transactions} transactions applied to gold")
 
 
 @cli.command()

@@ -25,10 +25,12 @@ _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
 # - version_check: bronze's recorded progress decides what is new (drop commit_lsn <= the
 #   recorded version; complete an interrupted advance on start).
 # - commit_before_advance: the slot moves only after the bronze commit.
+# - silver_txn: silver's appends carry txnAppId/txnVersion (replays skipped).
 # - gold_txn: gold's MERGE and pending writes carry txnAppId/txnVersion (replays skipped).
 # - backfill_window: the shipper drops snapshot backfill rows changed inside their chunk's
 #   watermark window (bronze/backfill.py); off, silver can receive a stale read.
-GUARDS = frozenset({"version_check", "commit_before_advance", "gold_txn", "backfill_window"})
+GUARDS = frozenset({"version_check", "commit_before_advance", "silver_txn", "gold_txn",
+                    "backfill_window"})
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Waiting for a stage's input table on a first start (``--wait-for-input SECONDS``).
 
-The bundle's jobs start side by side on a fresh deployment: ``gold`` may start before
-silver has created ``silver/changes``, ``push`` before gold exists. Such a stage waits,
+The bundle's jobs start side by side on a fresh deployment: ``stream`` may start before
+setup has created bronze, ``push`` before the stream has created gold. Such a stage waits,
 polling the table's Delta log (delta-rs: no JVM), until its input exists or the time is up;
 then it starts, and a missing input is still refused by the stage itself with its one
 sentence (exit 2). Without the flag (interactive use) nothing waits: a missing input is a
@@ -22,8 +22,7 @@ log = logging.getLogger("lakecdc.inputs")
 
 # The table each waiting stage reads: (layer, name) under the lakehouse.
 INPUT_OF = {
-    "silver": ("bronze", "wal2json_changes"),
-    "gold": ("silver", "changes"),
+    "stream": ("bronze", "wal2json_changes"),
     "push": ("gold", "service_stats"),
 }
 

@@ -1,7 +1,7 @@
 """One writer at a time where exactness needs it, with Postgres advisory locks.
 
 - the shipper holds ``lakecdc.ship:<slot>`` on the source (``bronze.ship``);
-- whoever writes gold - the gold stream of ``lakecdc gold`` / ``lakecdc run``, a rebuild,
+- whoever writes gold - the stream of ``lakecdc stream`` / ``lakecdc run``, a rebuild,
   ``verify --repair``, ``backfill reprocess-silver`` - holds ``lakecdc.gold:<gold path>`` on
   the dashboard database (every gold writer already talks to it to push).
 
@@ -137,5 +137,5 @@ def exclusive(dsn: str, name: str, busy: str, what: str = "dashboard") -> Iterat
 def gold_writer_lock(dashboard_dsn: str, gold_path: str) -> Iterator[None]:
     with exclusive(dashboard_dsn, gold_lock_name(gold_path),
                    f"another lakecdc process is writing gold at {gold_path} (`lakecdc run`, "
-                   "`lakecdc gold` or a rebuild); stop it first, only one may write gold."):
+                   "`lakecdc stream` or a rebuild); stop it first, only one may write gold."):
         yield

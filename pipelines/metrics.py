@@ -48,9 +48,6 @@ LAYERS = ("bronze", "silver", "gold", "dashboard")
 STATE_PARTS = ("source", *LAYERS[:3], "quarantine", "dashboard")
 # pg_replication_slots.wal_status values (PostgreSQL 13+); one series each, 1 for the current.
 WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
-# The silver query whose input rows are silver's rows (``silver.stream`` names its queries
-# ``lakecdc_silver_<table>``; the quarantine query reads those rows of silver/changes again).
-SILVER_QUERY = "lakecdc_silver_changes"
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 DEFAULT_HOST = "127.0.0.1"      # local only; [HOST:]PORT opens it wider on purpose
 # Why the shipper lost its source session (``bronze.ship.reconnect_reason``): PostgreSQL's
@@ -76,8 +73,7 @@ class Stage:
 STAGES = {
     "run": Stage(LAYERS, STATE_PARTS),
     "ship": Stage(("bronze",), ("source", "bronze")),
-    "silver": Stage(("silver",), ("silver", "quarantine")),
-    "gold": Stage(("gold",), ("gold",)),
+    "stream": Stage(("silver", "gold"), ("silver", "quarantine", "gold")),
     "push": Stage(("dashboard",), ("dashboard",)),
 }
 
@@ -87,7 +83,8 @@ class PipelineMetrics:
 
     Hook methods match the stages' results: ``on_ship_batch(result, progress)`` is the
     ``Shipper``'s ``on_batch`` (its batches, and the heartbeats and reconnects before
-    them); ``on_gold_batch(BatchResult)``; ``on_push(PushResult)`` (``run_push``'s
+    them); ``on_pass(PassResult)`` (a stream batch: silver and gold);
+    ``on_push(PushResult)`` (``run_push``'s
     ``on_result``); ``stream_listener()`` returns a Spark ``StreamingQueryListener`` feeding
     ``on_stream_progress``. None of them raises.
 
@@ -112,8 +109,8 @@ class PipelineMetrics:
             registry=r)
         self.batch_seconds = Histogram(
             "lakecdc_batch_duration_seconds",
-            "Duration of one batch: a peek and its bronze commit, a silver micro-batch, a "
-            "gold micro-batch, a push (empty ones included).", ["layer"],
+            "Duration of one batch: a peek and its bronze commit, the silver and the gold "
+            "part of a stream micro-batch, a push (empty ones included).", ["layer"],
             buckets=DURATION_BUCKETS, registry=r)
         self.last_batch = Gauge(
             "lakecdc_last_batch_timestamp_seconds",
@@ -180,10 +177,13 @@ class PipelineMetrics:
                     self.reconnects.labels(reason).inc()
         _safely(record)
 
-    def on_gold_batch(self, result) -> None:
-        """A ``gold.apply.BatchResult``."""
-        _safely(lambda: self._batch("gold", result.silver_rows, result.seconds,
-                                    result.applied_transactions))
+    def on_pass(self, result) -> None:
+        """A ``pipelines.stream.PassResult``: one stream batch through silver and gold."""
+        def record():
+            self._batch("silver", result.silver.rows, result.silver_seconds)
+            gold = result.gold
+            self._batch("gold", gold.silver_rows, gold.seconds, gold.applied_transactions)
+        _safely(record)
 
     def on_push(self, result) -> None:
         """A ``gold.push.PushResult`` (a push that found nothing new counts 0 rows)."""
@@ -198,7 +198,7 @@ class PipelineMetrics:
         _safely(record)
 
     def on_stream_progress(self, progress) -> None:
-        """A ``StreamingQueryProgress``: per query, and the silver layer's own metrics."""
+        """A ``StreamingQueryProgress``, per query."""
         def record():
             name = progress.name or str(progress.id)
             rows = int(progress.numInputRows or 0)
@@ -206,8 +206,6 @@ class PipelineMetrics:
             self.stream_rows.labels(name).inc(rows)
             self.stream_seconds.labels(name).observe(seconds)
             self.stream_rate.labels(name).set(float(progress.processedRowsPerSecond or 0.0))
-            if name == SILVER_QUERY:
-                self._batch("silver", rows, seconds)
         _safely(record)
 
     def stream_listener(self):

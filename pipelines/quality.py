@@ -162,7 +162,7 @@ def _baseline(spark: SparkSession, gold_path: str, floor: int, baseline_path: st
     seed or a rebuild), else setup's ``gold/_baseline`` if it is at ``floor``."""
     from delta.tables import DeltaTable
 
-    from gold import parse_commit_metadata
+    from pipelines.commits import parse_commit_metadata
     from gold.asof import metadata_floor
 
     empty = spark.createDataFrame([], ", ".join([f"{c} string" for c in DIMS] + ["count long"]))

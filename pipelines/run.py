@@ -1,12 +1,13 @@
 """``lakecdc run``: every stage, in one process.
 
-- ``run_once``: ship until the slot is drained, then silver and gold with ``availableNow``,
-  then one push. Everything committed on the source before it started reaches the
-  dashboard, then it returns.
-- ``run_continuous``: the shipper and the push in threads, silver and gold as streaming
-  queries in one Spark session. Stops on the ``stop`` event (SIGTERM / Ctrl-C) or on the
-  first failure of any stage, which is then raised. Each stage commits its progress with
-  its data, so stopping anywhere - even mid-batch - only repeats work the next run skips.
+- ``run_once``: ship until the slot is drained, then the stream (bronze → silver → gold, one
+  query, ``availableNow``), then one push. Everything committed on the source before it
+  started reaches the dashboard, then it returns.
+- ``run_continuous``: the shipper and the push in threads, the stream as one streaming
+  query in this process's Spark session; each stream batch wakes the push, so the dashboard
+  follows gold at once. Stops on the ``stop`` event (SIGTERM / Ctrl-C) or on the first
+  failure of any stage, which is then raised. Each stage commits its progress with its
+  data, so stopping anywhere - even mid-batch - only repeats work the next run skips.
 """
 
 from __future__ import annotations
@@ -19,16 +20,22 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from bronze.ship import Shipper
+from gold.apply import GoldPaths
 from gold.push import push_once, run_push
-from gold.stream import QUERY_NAME as GOLD_QUERY, gold_writer, run_gold, start_gold
 from pipelines.config import Config
 from pipelines.faults import FaultPoints
-from silver.stream import SilverLocations, run_silver, start_silver
+from pipelines.stream import (Marks, OnePass, StreamPaths, StreamRun, await_stream, prepare,
+                              start_stream, stop_between_batches)
+from silver.writer import SilverLocations, SilverWriter
 
 if TYPE_CHECKING:
     from pipelines.metrics import PipelineMetrics
 
 log = logging.getLogger("lakecdc.run")
+
+# How often the stream looks for new bronze commits when it is idle: a change waits half
+# of it on average. Each look reads bronze's log listing (docs/benchmarks.md).
+TRIGGER_INTERVAL = "250 milliseconds"
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,7 @@ class Locations:
     silver: SilverLocations
     gold: str
     gold_pending: str
-    gold_checkpoint: str
+    checkpoint: str             # the stream's (bronze → silver → gold)
 
     @classmethod
     def from_config(cls, config: Config) -> "Locations":
@@ -54,7 +61,13 @@ class Locations:
         return cls(SilverLocations.from_config(config),
                    path("gold", "service_stats"),
                    path("gold", "_pending"),
-                   path("_checkpoints", "gold"))
+                   path("_checkpoints", "stream"))
+
+    @property
+    def stream(self) -> StreamPaths:
+        s = self.silver
+        return StreamPaths(s.bronze_path, s.silver_path, s.quarantine_path,
+                           GoldPaths(self.gold, self.gold_pending), self.checkpoint)
 
 
 @dataclass
@@ -69,7 +82,7 @@ class OnceReport:
 
 class Pipeline:
     def __init__(self, config: Config, spark_factory: Callable | None = None,
-                 trigger_interval: str = "1 second", push_interval_s: float = 0.5,
+                 trigger_interval: str = TRIGGER_INTERVAL, push_interval_s: float = 5.0,
                  metrics: "PipelineMetrics | None" = None) -> None:
         self.config = config
         # Event metrics (pipelines.metrics), recorded by every stage run through this object.
@@ -79,12 +92,14 @@ class Pipeline:
         self._spark_factory = spark_factory
         self._spark = None
         self.trigger_interval = trigger_interval
+        # The push runs after every stream batch; this is only how often it also looks by
+        # itself (a gold written by another process, a dashboard back after an outage).
         self.push_interval_s = push_interval_s
         self.faults = FaultPoints(config.faults)
         self._gold_locked = False
-        self.gold_options = {"guard": config.guard_on("gold_txn"), "faults": self.faults,
-                             "pending_path": self.where.gold_pending,
-                             "tables": config.counted}
+        self.marks = Marks()
+        # Called with every stream batch's ``PassResult`` (benchmarks, tests); never fail it.
+        self.on_pass: list[Callable] = []
 
     @property
     def spark(self):
@@ -152,35 +167,52 @@ class Pipeline:
 
     # --- stages, one at a time -----------------------------------------------------------
 
-    def silver(self, once: bool, stop: threading.Event | None = None):
-        self._observe_streams()
-        s = self.where.silver
-        return run_silver(self.spark, s.bronze_path, s.silver_path, s.quarantine_path,
-                          s.checkpoint_root, self.config.tables, once=once, stop=stop,
-                          trigger_interval=self.trigger_interval)
+    def start_stream(self, once: bool, accept_errors_upto: int | None = None,
+                     on_pass: list | None = None, max_files_per_trigger: int | None = None):
+        """Prepare, seed gold if it has no counts yet, and start the one-pass stream
+        (``pipelines.stream``); returns (query, writer). Call under ``gold_lock``."""
+        from gold.start import gold_writer
 
-    def gold(self, once: bool, stop: threading.Event | None = None,
-             accept_errors_upto: int | None = None):
-        w = self.where
-        extra = {} if accept_errors_upto is None else {"accept_errors_upto": accept_errors_upto}
-        if self.metrics is not None:            # every batch as it ends, also when continuous
-            extra["on_result"] = self.metrics.on_gold_batch
+        paths = self.where.stream
+        silver = SilverWriter(paths.silver, paths.quarantine, self.config.tables,
+                              guard=self.config.guard_on("silver_txn"))
         self._observe_streams()
+        prepare(self.spark, paths, silver)
+        self.seed_gold_from_baseline()
+        self.require_no_gap()
+        gold = gold_writer(self.spark, paths.gold, tables=self.config.counted,
+                           accept_errors_upto=accept_errors_upto or 0,
+                           guard=self.config.guard_on("gold_txn"), faults=self.faults)
+        callbacks = [self.marks.on_pass, *self.on_pass, *(on_pass or [])]
+        if self.metrics is not None:
+            callbacks.append(self.metrics.on_pass)
+        writer = OnePass(silver, gold, self.faults, callbacks)
+        query = start_stream(self.spark, paths, writer, once,
+                             trigger_interval=self.trigger_interval,
+                             max_files_per_trigger=max_files_per_trigger)
+        return query, writer
+
+    def stream(self, once: bool, stop: threading.Event | None = None,
+               accept_errors_upto: int | None = None,
+               max_files_per_trigger: int | None = None) -> StreamRun:
+        """bronze → silver → gold: with ``once`` until bronze is drained, else until ``stop``
+        is set or a batch fails (raised as its own error)."""
         with self.gold_lock():
-            self.seed_gold_from_baseline()
-            self.require_no_gap()
-            return run_gold(self.spark, w.silver.silver_path, w.gold, w.gold_checkpoint,
-                            once=once, stop=stop, trigger_interval=self.trigger_interval,
-                            **self.gold_options, **extra)
+            query, writer = self.start_stream(once, accept_errors_upto,
+                                              max_files_per_trigger=max_files_per_trigger)
+            return await_stream(query, writer, stop)
 
-    def push(self, once: bool, stop: threading.Event | None = None):
+    def push(self, once: bool, stop: threading.Event | None = None,
+             wake: threading.Event | None = None):
         if once:
-            result = push_once(self.where.gold, self.config.dashboard, faults=self.faults)
+            result = push_once(self.where.gold, self.config.dashboard, faults=self.faults,
+                               marks=self.marks.snapshot())
             if self.metrics is not None:
                 self.metrics.on_push(result)
             return result
         return run_push(self.where.gold, self.config.dashboard, stop or threading.Event(),
-                        interval_s=self.push_interval_s,
+                        interval_s=self.push_interval_s, wake=wake,
+                        marks=self.marks.snapshot,
                         on_result=self.metrics.on_push if self.metrics is not None else None)
 
     # --- all stages -----------------------------------------------------------------------
@@ -191,12 +223,10 @@ class Pipeline:
         report.shipped = self._shipper().run(once=True).changes
         report.seconds["ship"] = time.monotonic() - started
         t = time.monotonic()
-        silver = self.silver(once=True)
-        report.silver_rows, report.quarantined = silver.changes_rows, silver.quarantined_rows
-        report.seconds["silver"] = time.monotonic() - t
-        t = time.monotonic()
-        report.gold_transactions = self.gold(once=True).applied_transactions
-        report.seconds["gold"] = time.monotonic() - t
+        run = self.stream(once=True)
+        report.silver_rows, report.quarantined = run.silver_rows, run.quarantined
+        report.gold_transactions = run.applied_transactions
+        report.seconds["stream"] = time.monotonic() - t
         t = time.monotonic()
         report.pushed_version = self.push(once=True).gold_version
         report.seconds["push"] = time.monotonic() - t
@@ -221,40 +251,26 @@ class Pipeline:
             thread.start()
             return thread
 
-        writer = None
+        wake = threading.Event()
         threads = [guarded("ship", lambda: self._shipper().run(once=False, stop=stop))]
-        queries = []
+        query = writer = None
         try:
-            s, w = self.where.silver, self.where
-            self._observe_streams()
-            queries += start_silver(self.spark, s.bronze_path, s.silver_path, s.quarantine_path,
-                                    s.checkpoint_root, self.config.tables, once=False,
-                                    trigger_interval=self.trigger_interval)
-            self.seed_gold_from_baseline()
-            self.require_no_gap()
-            options = dict(self.gold_options)
-            if self.metrics is not None:
-                options["on_result"] = self.metrics.on_gold_batch
-            writer = gold_writer(self.spark, w.gold, options.pop("pending_path"), **options)
-            queries.append(start_gold(self.spark, s.silver_path, w.gold, w.gold_checkpoint,
-                                      once=False, writer=writer,
-                                      trigger_interval=self.trigger_interval))
-            threads.append(guarded("push", lambda: self.push(once=False, stop=stop)))
+            query, writer = self.start_stream(False, on_pass=[lambda _: wake.set()])
+            threads.append(guarded("push", lambda: self.push(once=False, stop=stop,
+                                                             wake=wake)))
             while not stop.is_set():
-                for query in queries:
-                    if not query.isActive:
-                        # A gold batch's own error (e.g. a TRUNCATE: exit 2 with its
-                        # sentence) rather than Spark's wrapper around it.
-                        errors.append(writer.failure if query.name == GOLD_QUERY and
-                                      writer.failure is not None else
-                                      query.exception() or RuntimeError(
-                                          f"query {query.name} stopped"))
-                        stop.set()
+                if not query.isActive:
+                    # A batch's own error (e.g. a TRUNCATE: exit 2 with its sentence) rather
+                    # than Spark's wrapper around it.
+                    errors.append(writer.failure or query.exception()
+                                  or RuntimeError(f"query {query.name} stopped"))
+                    stop.set()
                 stop.wait(0.5)
         finally:
             stop.set()
-            for query in queries:
-                _stop_between_batches(query)
+            wake.set()
+            if query is not None:
+                stop_between_batches(query)
             for thread in threads:
                 thread.join(timeout=120)
         if errors:
@@ -263,11 +279,14 @@ class Pipeline:
     # --- metrics hooks (no-ops without self.metrics) ---------------------------------------
 
     def _shipper(self) -> Shipper:
-        return Shipper(self.config, on_batch=self.metrics.on_ship_batch
-                       if self.metrics is not None else None)
+        def on_batch(result, progress) -> None:
+            self.marks.set("bronze", result.commit_lsn, result.commit_ts)
+            if self.metrics is not None:
+                self.metrics.on_ship_batch(result, progress)
+        return Shipper(self.config, on_batch=on_batch)
 
     def _observe_streams(self) -> None:
-        """Record Spark streaming progress (silver's rows and batch durations) into
+        """Record Spark streaming progress (rows and batch durations per query) into
         ``self.metrics``: one listener per pipeline, kept on the session (removing it after
         a run could drop progress events still queued on Spark's listener bus)."""
         if self.metrics is None or self._stream_listener is not None:
@@ -279,18 +298,3 @@ class Pipeline:
         except Exception as exc:       # e.g. a Spark Connect session: state metrics remain
             log.info("streaming progress metrics unavailable: %s", exc)
 
-
-def _stop_between_batches(query, timeout_s: float = 120.0) -> None:
-    """Stop a streaming query, letting a running micro-batch finish first.
-
-    Stopping mid-batch is safe (the batch re-runs next time: every sink is idempotent) but
-    kills tasks noisily and wastes the work; waiting a little is kinder to the operator.
-    """
-    deadline = time.monotonic() + timeout_s
-    try:
-        while query.isActive and query.status.get("isTriggerActive") and \
-                time.monotonic() < deadline:
-            time.sleep(0.2)
-        query.stop()
-    except Exception as exc:       # best effort: progress is already safe
-        log.warning("stopping %s: %s", query.name, exc)

@@ -240,8 +240,8 @@ def _positions(pipeline, dashboard: psycopg.Connection,
 
 _WHAT_MOVES = {
     "bronze": "the shipper (`lakecdc run` or `lakecdc ship`)",
-    "silver": "the silver stream (`lakecdc run` or `lakecdc silver`)",
-    "gold": "the gold stream (`lakecdc run` or `lakecdc gold`; a stopped gold logs why)",
+    "silver": "the stream (`lakecdc run` or `lakecdc stream`)",
+    "gold": "the stream (`lakecdc run` or `lakecdc stream`; a stopped gold logs why)",
     "dashboard": "the push (`lakecdc run` or `lakecdc push`)",
 }
 

@@ -10,9 +10,11 @@
 --                        the snapshot backfill. Nothing else: it cannot read other tables
 --                        or write anything.
 --   lakecdc_dashboard    what LAKECDC_DASHBOARD_DSN connects as: the push. SELECT, INSERT,
---                        UPDATE, DELETE on service_stats and lakecdc_push_progress only
---                        (and the TEMP privilege PUBLIC has by default, for COPY staging).
---   lakecdc_dashboard_reader   dashboards: SELECT on service_stats.
+--                        UPDATE, DELETE on service_stats, lakecdc_push_progress and
+--                        lakecdc_layer_progress only (and the TEMP privilege PUBLIC has by
+--                        default, for COPY staging).
+--   lakecdc_dashboard_reader   dashboards: SELECT on service_stats and
+--                        lakecdc_layer_progress (how fresh each layer is).
 --
 -- Before this file, as the tables' owners: the dashboard tables
 -- (psql -f infra/postgres/dashboard_schema.sql in the dashboard database), and the replica
@@ -39,12 +41,13 @@ $$;
 GRANT USAGE ON SCHEMA public TO lakecdc_replicator;
 GRANT SELECT ON public.notifications, public.notification_history TO lakecdc_replicator;
 
--- Dashboard: the two tables lakecdc writes (created beforehand by their owner from
+-- Dashboard: the three tables lakecdc writes (created beforehand by their owner from
 -- infra/postgres/dashboard_schema.sql).
 GRANT USAGE ON SCHEMA public TO lakecdc_dashboard, lakecdc_dashboard_reader;
-GRANT SELECT, INSERT, UPDATE, DELETE ON public.service_stats, public.lakecdc_push_progress
-    TO lakecdc_dashboard;
-GRANT SELECT ON public.service_stats TO lakecdc_dashboard_reader;
+GRANT SELECT, INSERT, UPDATE, DELETE ON public.service_stats, public.lakecdc_push_progress,
+    public.lakecdc_layer_progress TO lakecdc_dashboard;
+GRANT SELECT ON public.service_stats, public.lakecdc_layer_progress
+    TO lakecdc_dashboard_reader;
 
 -- Source: logical messages. lakecdc reads messages under its own prefixes (the snapshot
 -- backfill's watermarks, verify's markers) and writes heartbeats; by default every role

@@ -4,13 +4,14 @@ Every expected value below is worked out from the rules of DESIGN §2 for the li
 rows, not taken from pipeline output.
 """
 
-from datetime import datetime
+from datetime import datetime, timezone
 
 import pytest
 from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
 from gold import deltas as D
+from gold.plan import first_problem, plan
 from pipelines.errors import UserError
 from silver.schema import SILVER_CHANGES
 
@@ -19,6 +20,7 @@ pytestmark = pytest.mark.spark
 LIVE = ("public", "notifications")
 HIST = ("public", "notification_history")
 TS = datetime(2025, 1, 2, 3, 4, 5)
+UTC_TS = TS.replace(tzinfo=timezone.utc)      # as Arrow returns it (the session is in UTC)
 CREATED = ("svc1", "tpl1", "email", "created")
 SENDING = ("svc1", "tpl1", "email", "sending")
 DELIVERED = ("svc1", "tpl1", "email", "delivered")
@@ -111,9 +113,8 @@ def test_snapshot_read_rows_count_zero_but_complete_their_transaction(spark):
     assertDataFrameEqual(D.key_deltas(got), key_deltas(spark))
     assert D.problems(silver(spark, *rows)).collect() == []
     # Without its last read row the transaction is not complete: gold waits for it.
-    partial = D.transactions(D.contributions(silver(spark, *rows[:2]))).collect()
-    assert [(t.commit_lsn, t.rows, t.tx_changes, t.complete) for t in partial] == \
-        [(800, 2, 3, False)]
+    partial = _plan(spark, silver(spark, *rows[:2]))
+    assert (partial.transactions, partial.applied, len(partial.carried)) == (1, 0, 1)
     # Reads are not purges either.
     assert D.history_purges(silver(spark, *rows)).collect() == []
 
@@ -146,33 +147,33 @@ def test_contributions_of_a_split_transaction_add_up_to_the_whole(spark):
     assertDataFrameEqual(parts, expected)
 
 
+def _plan(spark, rows, carried=()):
+    """``gold.plan`` over the batch's collected ``lines`` (and lines carried before)."""
+    found = D.lines(rows).toArrow().to_pylist()
+    return plan([tuple(v for k, v in r.items() if k != "problem") for r in found]
+                + list(carried))
+
+
 def test_completeness_cuts_at_the_first_incomplete_transaction(spark):
     rows = silver(spark,
                   change(10, 0, 1, "I", LIVE, new=CREATED),
                   change(20, 0, 2, "I", LIVE, new=SMS),           # 1 of 2 rows: incomplete
                   change(30, 0, 1, "I", LIVE, new=SENDING))       # complete, after the gap
-    txs = D.transactions(D.contributions(rows))
-    assertDataFrameEqual(txs.select("commit_lsn", "rows", "tx_changes", "complete", "broken"),
-                         [Row(commit_lsn=10, rows=1, tx_changes=1, complete=True, broken=False),
-                          Row(commit_lsn=20, rows=1, tx_changes=2, complete=False, broken=False),
-                          Row(commit_lsn=30, rows=1, tx_changes=1, complete=True,
-                              broken=False)])
-    summary = D.completeness(txs).first()
-    assert (summary.cutoff, summary.broken, summary.transactions) == (20, 0, 3)
-    c = D.contributions(rows)
-    assertDataFrameEqual(D.key_deltas(D.below(c, summary.cutoff)),
-                         key_deltas(spark, (CREATED, 1, 10)))
-    assertDataFrameEqual(D.at_or_above(c, summary.cutoff),
-                         contribs(spark, (20, 2, NO_DIMS, 0, 1), (20, 2, SMS, 1, 0),
-                                  (30, 1, NO_DIMS, 0, 1), (30, 1, SENDING, 1, 0)))
+    got = _plan(spark, rows)
+    assert (got.transactions, got.applied, got.commit_lsn, got.broken_at) == (3, 1, 10, None)
+    assert got.key_deltas == [(*CREATED, 1, 10)]
+    assert sorted(got.carried, key=str) == sorted([
+        (20, 2, *NO_DIMS, UTC_TS, 0, 1), (20, 2, *SMS, UTC_TS, 1, 0),
+        (30, 1, *NO_DIMS, UTC_TS, 0, 1), (30, 1, *SENDING, UTC_TS, 1, 0)], key=str)
+    # The carried lines and the rest of transaction 20 complete it in a later batch.
+    later = _plan(spark, silver(spark, change(20, 1, 2, "I", LIVE, new=SMS)), got.carried)
+    assert (later.applied, later.commit_lsn, later.carried) == (2, 30, [])
+    assert sorted(later.key_deltas) == sorted([(*SMS, 2, 20), (*SENDING, 1, 30)])
 
 
 def test_completeness_without_a_gap_applies_everything(spark):
-    c = D.contributions(silver(spark, change(10, 0, 1, "I", LIVE, new=CREATED)))
-    summary = D.completeness(D.transactions(c)).first()
-    assert summary.cutoff is None
-    assertDataFrameEqual(D.below(c, None), c)
-    assert D.at_or_above(c, None).isEmpty()
+    got = _plan(spark, silver(spark, change(10, 0, 1, "I", LIVE, new=CREATED)))
+    assert (got.applied, got.commit_lsn, got.commit_ts, got.carried) == (1, 10, UTC_TS, [])
 
 
 def test_failure_path_too_many_rows_or_disagreeing_sizes_are_broken(spark):
@@ -181,8 +182,19 @@ def test_failure_path_too_many_rows_or_disagreeing_sizes_are_broken(spark):
                   change(10, 0, 1, "I", LIVE, new=CREATED),       # delivered twice
                   change(20, 0, 2, "I", LIVE, new=SMS),
                   change(20, 1, 3, "I", LIVE, new=SMS))           # sizes disagree
-    summary = D.completeness(D.transactions(D.contributions(rows))).first()
-    assert (summary.broken, summary.first_broken, summary.cutoff) == (2, 10, 10)
+    got = _plan(spark, rows)
+    assert (got.broken_at, got.applied) == (10, 0)
+    assert plan([(20, 2, *NO_DIMS, None, 0, 1), (20, 3, *NO_DIMS, None, 0, 1)]).broken_at == 20
+
+
+def test_the_first_problem_comes_from_the_batch_lines(spark):
+    rows = silver(spark, change(10, 0, 1, "D", LIVE, old_id="n1"), change(20, 0, 1, "T", LIVE),
+                  change(30, 0, 1, "I", LIVE, new=CREATED))
+    found = D.lines(rows).toArrow().to_pylist()
+    problem = first_problem(r["problem"] for r in found)
+    assert (problem["problem"], problem["commit_lsn"], problem["seq"]) == ("truncate", 20, 0)
+    assert first_problem(r["problem"] for r in D.lines(silver(spark, change(
+        30, 0, 1, "I", LIVE, new=CREATED))).toArrow().to_pylist()) is None
 
 
 def _problems(spark, *rows, **kw):
@@ -237,10 +249,6 @@ def test_problems_are_reported_most_important_first(spark):
     rows = (change(10, 0, 1, "D", LIVE, old_id="n1"), change(20, 0, 1, "T", LIVE),
             change(30, 0, 1, "I", LIVE, new=CREATED))
     assert D.problems(silver(spark, *rows)).first().problem == "truncate"
-    checked = D.profile(silver(spark, *rows)).first()
-    assert checked.rows == 3
-    assert (checked.problem.problem, checked.problem.commit_lsn) == ("truncate", 20)
-    assert D.profile(silver(spark, rows[2])).first().problem is None
 
 
 def test_counted_tables_can_be_named(spark):

@@ -1,0 +1,48 @@
+"""Gold's part of the stream's start (``pipelines.stream``): its tables, what it has applied,
+and its ``foreachBatch`` writer, floored at gold's baseline.
+
+- gold seeded at a source LSN (``seed_gold``) or rebuilt at one (``gold.rebuild``): silver
+  rows below it are already counted, so the writer skips them (``floor_lsn``). This is what
+  lets a rebuilt gold go on from the stream's checkpoint: the rows of every batch the
+  stream replays or plays next that are older than the rebuild's baseline are inside it.
+- each rebuild is an *epoch* with a Delta app id of its own (``gold.apply.txn_app_id``), so
+  the batch ids the stream goes on with never collide with what Delta recorded before it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pyspark.sql import SparkSession
+
+from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables
+from gold.asof import gold_state
+from gold.deltas import COUNTED, CountedTables
+from pipelines.commits import last_metadata
+
+log = logging.getLogger("lakecdc.gold")
+
+
+def prepare_gold(spark: SparkSession, paths: GoldPaths) -> None:
+    """Create gold and ``_pending`` if absent (refusing one without the other)."""
+    for created in ensure_gold_tables(spark, paths):
+        log.info("created %s", created)
+
+
+def applied_batch(spark: SparkSession, paths: GoldPaths) -> int | None:
+    """The newest stream batch id gold or ``_pending`` records (None: none since the last
+    seed or rebuild)."""
+    recorded = [m.get("batch_id") for m in (last_metadata(spark, paths.gold),
+                                            last_metadata(spark, paths.pending)) if m]
+    recorded = [b for b in recorded if b is not None]
+    return max(recorded) if recorded else None
+
+
+def gold_writer(spark: SparkSession, paths: GoldPaths, *, tables: CountedTables = COUNTED,
+                accept_errors_upto: int = 0, guard: bool = True, faults=None,
+                ) -> GoldBatchWriter:
+    """The gold half of a stream batch, floored at gold's baseline (its seed or rebuild)."""
+    state = gold_state(spark, paths.gold)
+    return GoldBatchWriter(paths, tables, floor_lsn=state.floor if state else 0,
+                           epoch=state.epoch if state else None,
+                           accept_errors_upto=accept_errors_upto, guard=guard, faults=faults)

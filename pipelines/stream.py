@@ -1,0 +1,257 @@
+"""``lakecdc stream [--once]``: bronze → silver → gold in one Structured Streaming query.
+
+One query reads bronze; its ``foreachBatch`` (``OnePass``) does, per micro-batch ``b``:
+
+1. silver (``silver.writer``): parse once, append ``silver/changes`` and the batch's failed
+   rows to ``silver/quarantine`` (Delta app transactions ``lakecdc-silver`` /
+   ``lakecdc-quarantine``, version ``b``);
+2. gold (``gold.apply``): the parsed rows' signed deltas of whole source transactions,
+   MERGEd into ``gold/service_stats`` (app transaction ``lakecdc-gold[@epoch]``, version
+   ``b``), partial transactions carried in ``gold/_pending``;
+3. ``on_pass`` callbacks: metrics, and the push thread woken so the dashboard follows at once
+   (``pipelines.run``).
+
+Why one query (docs/benchmarks.md): a change used to wait for a silver micro-batch, then a
+gold one, then the push loop, paying Spark's per-batch cost at each hop, and three queries
+competed for the cores. Now it waits for one batch, and the bronze rows are parsed once.
+
+Exactly once: every write is idempotent on its own, so a replay of batch ``b`` after a kill
+anywhere (between the two silver appends, between silver and gold, between the MERGE and
+``_pending``, before Spark's commit file) skips what is written and completes the rest.
+The stream's checkpoint is what maps batch ids to bronze rows, so starting is refused when
+silver or gold record a batch the checkpoint has not planned (it was lost, or restored from
+an older copy; F18): replaying under reused ids would skip or double data.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from gold.apply import BatchResult, GoldBatchWriter, GoldPaths
+from gold.deltas import REBUILD
+from gold.start import applied_batch, prepare_gold
+from pipelines.captured import DIMS
+from pipelines.checkpoints import has_metadata, latest_planned_batch, remove_incomplete_writes
+from pipelines.errors import UserError
+from silver.writer import SilverBatch, SilverWriter, last_batch
+
+log = logging.getLogger("lakecdc.stream")
+
+QUERY_NAME = "lakecdc_stream"
+# The silver columns gold reads; the rest (column maps, messages) it leaves alone.
+GOLD_COLUMNS = ("commit_lsn", "seq", "tx_changes", "commit_ts", "op", "schema_name",
+                "table_name", *DIMS, "old_id", *[f"old_{c}" for c in DIMS], "error")
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """One micro-batch through silver and gold."""
+
+    batch_id: int
+    silver: SilverBatch
+    gold: BatchResult
+    seconds: float
+    silver_seconds: float           # parse and the silver appends
+
+
+@dataclass
+class StreamRun:
+    """What one ``run_stream`` did, summed over its batches."""
+
+    batches: int = 0
+    silver_rows: int = 0
+    quarantined: int = 0
+    applied_transactions: int = 0
+    commit_lsn: int | None = None           # gold's watermark after the last batch
+
+    def add(self, result: PassResult) -> None:
+        self.batches += 1
+        self.silver_rows += result.silver.rows
+        self.quarantined += result.silver.quarantined
+        self.applied_transactions += result.gold.applied_transactions
+        if result.gold.commit_lsn is not None:
+            self.commit_lsn = result.gold.commit_lsn
+
+
+class Faults:
+    def hit(self, name: str) -> None:
+        return None
+
+
+class OnePass:
+    """The ``foreachBatch`` function of the stream (see the module docstring).
+
+    ``failure`` keeps a batch's own exception (Spark wraps it), so a ``GoldStopped`` reaches
+    the CLI as its one sentence. ``on_pass`` callbacks never fail a batch."""
+
+    def __init__(self, silver: SilverWriter, gold: GoldBatchWriter, faults=None,
+                 on_pass: list[Callable[[PassResult], None]] | None = None) -> None:
+        self.silver = silver
+        self.gold = gold
+        self.faults = faults or Faults()
+        self.on_pass = list(on_pass or [])
+        self.run = StreamRun()
+        self.failure: BaseException | None = None
+
+    def __call__(self, bronze: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        try:
+            parsed, written = self.silver.write(bronze, batch_id)
+            try:
+                silver_seconds = time.monotonic() - started
+                self.faults.hit("after_silver_append")
+                applied = self.gold.apply(parsed.select(*GOLD_COLUMNS), batch_id)
+            finally:
+                parsed.unpersist()
+        except BaseException as exc:
+            self.failure = exc
+            raise
+        result = PassResult(batch_id, written, applied, time.monotonic() - started,
+                            silver_seconds)
+        self.run.add(result)
+        log.info("batch %d: %d rows to silver (%d quarantined), %d transactions applied to "
+                 "gold (%d keys), %d carried, %.2fs%s", batch_id, written.rows,
+                 written.quarantined, applied.applied_transactions, applied.merged_keys,
+                 applied.pending_transactions, result.seconds,
+                 " (gold: replay, already applied)" if applied.replayed else "")
+        for callback in self.on_pass:
+            try:
+                callback(result)
+            except Exception:                # an observer never fails the batch
+                log.warning("batch %d: a pass callback failed", batch_id, exc_info=True)
+
+
+@dataclass(frozen=True)
+class StreamPaths:
+    bronze: str
+    silver: str
+    quarantine: str
+    gold: GoldPaths
+    checkpoint: str
+
+
+def prepare(spark: SparkSession, paths: StreamPaths, silver: SilverWriter) -> None:
+    """Everything the stream needs before it starts, and the refusals that keep it exact."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, paths.bronze):
+        raise UserError(f"no bronze table at {paths.bronze}: run `lakecdc setup` first.")
+    silver.prepare(spark)
+    prepare_gold(spark, paths.gold)
+    check_checkpoint(spark, paths)
+    remove_incomplete_writes(spark, paths.checkpoint)    # a kill mid-write must not wedge it
+
+
+def check_checkpoint(spark: SparkSession, paths: StreamPaths) -> None:
+    """Refuse to start when silver or gold are ahead of the checkpoint (F18)."""
+    recorded = {name: batch for name, batch in (
+        ("silver", last_batch(spark, paths.silver)),
+        ("gold", applied_batch(spark, paths.gold))) if batch is not None}
+    planned = latest_planned_batch(spark, paths.checkpoint)
+    if not has_metadata(spark, paths.checkpoint) and _streamed(spark, paths.silver):
+        recorded.setdefault("silver", 0)
+    ahead = {name: batch for name, batch in recorded.items()
+             if planned is None or planned < batch}
+    if not ahead:
+        return
+    state = "missing" if planned is None else f"at batch {planned}"
+    which = " and ".join(f"{name} (batch {batch})" for name, batch in ahead.items())
+    raise UserError(
+        f"the stream checkpoint {paths.checkpoint} is {state} but {which} already hold later "
+        "batches; starting would append or count bronze again. Restore that checkpoint, or "
+        "move away silver/changes, silver/quarantine and the checkpoint together and "
+        f"{REBUILD}.")
+
+
+def _streamed(spark: SparkSession, path: str) -> bool:
+    """Whether the silver table holds anything written after its creation (version 0)."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return False
+    return DeltaTable.forPath(spark, path).history(1).collect()[0]["version"] > 0
+
+
+def start_stream(spark: SparkSession, paths: StreamPaths, writer: OnePass, once: bool, *,
+                 trigger_interval: str = "250 milliseconds",
+                 max_files_per_trigger: int | None = None) -> StreamingQuery:
+    """Start the query (after ``prepare``). ``once``: everything bronze holds now
+    (``availableNow``), then it ends. ``max_files_per_trigger`` bounds a micro-batch; it may
+    then split a bronze commit, which gold handles (``_pending``)."""
+    reader = spark.readStream.format("delta")
+    if max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", str(max_files_per_trigger))
+    stream = (reader.load(paths.bronze).writeStream.queryName(QUERY_NAME)
+              .option("checkpointLocation", paths.checkpoint).foreachBatch(writer))
+    stream = stream.trigger(availableNow=True) if once \
+        else stream.trigger(processingTime=trigger_interval)
+    return stream.start()
+
+
+def await_stream(query: StreamingQuery, writer: OnePass, stop: threading.Event | None = None,
+                 poll_s: float = 0.5) -> StreamRun:
+    """Until the query ends (``once``) or ``stop`` is set; raises a batch's own error."""
+    try:
+        while not (stop is not None and stop.is_set()):
+            if query.awaitTermination(poll_s):
+                break
+    except StreamingQueryException:
+        if writer.failure is not None:     # the batch's own exception, not Spark's wrapper
+            raise writer.failure from None
+        raise
+    finally:
+        stop_between_batches(query)
+    return writer.run
+
+
+def stop_between_batches(query: StreamingQuery, timeout_s: float = 120.0) -> None:
+    """Stop the query, letting a running micro-batch finish first.
+
+    Stopping mid-batch is safe (the batch re-runs next time: every write is idempotent) but
+    kills tasks noisily and wastes the work; waiting a little is kinder to the operator.
+    """
+    deadline = time.monotonic() + timeout_s
+    try:
+        while query.isActive and query.status.get("isTriggerActive") and \
+                time.monotonic() < deadline:
+            time.sleep(0.1)
+        query.stop()
+    except Exception as exc:       # best effort: progress is already safe
+        log.warning("stopping %s: %s", query.name, exc)
+
+
+@dataclass
+class Marks:
+    """The newest source commit each layer holds everything up to, as the stream and the
+    shipper of this process last saw it; read by the push (the dashboard's progress)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    layers: dict = field(default_factory=dict)     # layer -> (commit_lsn, commit_ts)
+
+    def set(self, layer: str, commit_lsn: int | None, commit_ts) -> None:
+        if commit_lsn is None:
+            return
+        with self.lock:
+            old = self.layers.get(layer)
+            if old is None or old[0] < commit_lsn:
+                self.layers[layer] = (commit_lsn, commit_ts)
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            return dict(self.layers)
+
+    def on_pass(self, result: PassResult) -> None:
+        """Silver holds every transaction below gold's cutoff whole; with nothing carried,
+        every transaction of the batch too."""
+        silver, gold = result.silver, result.gold
+        if not gold.pending_transactions:
+            self.set("bronze", silver.commit_lsn, silver.commit_ts)
+            self.set("silver", silver.commit_lsn, silver.commit_ts)

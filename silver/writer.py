@@ -1,0 +1,146 @@
+"""One micro-batch of bronze rows into silver, exactly once (docs/silver.md).
+
+``SilverWriter.write(bronze, batch_id)`` is the silver half of the one-pass stream
+(``pipelines.stream``): it parses the batch once (``silver.parse``), appends one row per
+bronze row to ``silver/changes``, appends the batch's failed rows (raw JSON and the error)
+to ``silver/quarantine``, and hands the parsed rows on to gold.
+
+- **Exactly once per table.** Each append carries a Delta app transaction
+  (``txnAppId`` ``lakecdc-silver`` / ``lakecdc-quarantine``, ``txnVersion`` = the stream's
+  batch id): a batch that re-runs after a kill between the append and Spark's checkpoint
+  commit is recognised by Delta and skipped. The stream's checkpoint is the record of which
+  bronze rows a batch id covers, so ``require_checkpoint`` refuses to stream into a table
+  that holds streamed batches its checkpoint does not know (F18).
+- **Append-only.** Both tables are created up front with an explicit schema and
+  ``delta.appendOnly=true``, so analysts and other engines can read them as streams.
+- **Never raises on data.** A row that cannot be parsed becomes an ``error`` row in
+  ``silver/changes`` and a quarantine row; gold decides what that means.
+- **Ordering.** Rows within a batch are unordered; every row carries
+  ``(commit_lsn, seq, tx_changes)`` so readers order by key and know when they hold a whole
+  transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Iterable
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from pipelines.commits import commit_metadata, last_metadata
+from pipelines.errors import UserError
+from silver.parse import parse_changes, quarantine_rows
+from silver.schema import SILVER_CHANGES, SILVER_QUARANTINE
+
+log = logging.getLogger("lakecdc.silver")
+
+APP_ID = "lakecdc-silver"
+QUARANTINE_APP_ID = "lakecdc-quarantine"
+TABLE_PROPERTIES = {
+    "delta.appendOnly": "true",
+    # One append per micro-batch: checkpoint the log often so readers replay few commits.
+    "delta.checkpointInterval": "20",
+    "delta.logRetentionDuration": "interval 30 days",
+}
+
+
+@dataclass(frozen=True)
+class SilverLocations:
+    """Where silver reads and writes, as Spark must see the paths (``s3a://`` for S3
+    outside Databricks)."""
+
+    bronze_path: str
+    silver_path: str
+    quarantine_path: str
+
+    @classmethod
+    def from_config(cls, config) -> "SilverLocations":
+        from pipelines.storage import on_databricks, spark_path
+
+        def path(layer: str, name: str) -> str:
+            return spark_path(config.table_path(layer, name), on_databricks())
+
+        return cls(bronze_path=spark_path(config.bronze_path, on_databricks()),
+                   silver_path=path("silver", "changes"),
+                   quarantine_path=path("silver", "quarantine"))
+
+
+@dataclass(frozen=True)
+class SilverBatch:
+    """What one batch added to silver (nothing when ``replayed``: Delta skipped it)."""
+
+    rows: int
+    quarantined: int
+    commit_lsn: int | None          # the newest source commit among the batch's rows
+    commit_ts: datetime | None
+
+
+class SilverWriter:
+    def __init__(self, silver_path: str, quarantine_path: str,
+                 known_tables: Iterable[str], guard: bool = True) -> None:
+        self.silver_path = silver_path
+        self.quarantine_path = quarantine_path
+        self.known_tables = tuple(known_tables)
+        self.guard = guard      # False: no txn ids (negative controls only)
+
+    def prepare(self, spark: SparkSession) -> None:
+        """Create both tables if absent; refuse a table of another schema."""
+        ensure_table(spark, self.silver_path, SILVER_CHANGES, "lakecdc silver/changes")
+        ensure_table(spark, self.quarantine_path, SILVER_QUARANTINE,
+                     "lakecdc silver/quarantine")
+
+    def write(self, bronze: DataFrame, batch_id: int) -> tuple[DataFrame, SilverBatch]:
+        """Append the batch; returns its parsed rows (persisted: the caller unpersists them)
+        and what was written. One Spark job reads the batch's figures, one appends it; a
+        batch with failed rows costs one more for quarantine."""
+        parsed = parse_changes(bronze, self.known_tables).persist()
+        try:
+            figures = parsed.agg(
+                F.count(F.lit(1)).alias("rows"),
+                F.count("error").alias("errors"),
+                F.max("commit_lsn").alias("lsn"),
+                F.max_by("commit_ts", "commit_lsn").alias("ts")).first()
+            self._append(parsed, self.silver_path, APP_ID, batch_id, figures.rows)
+            if figures.errors:
+                self._append(quarantine_rows(bronze, self.known_tables),
+                             self.quarantine_path, QUARANTINE_APP_ID, batch_id,
+                             figures.errors)
+                log.warning("silver batch %d: %d bronze rows failed to parse; see %s",
+                            batch_id, figures.errors, self.quarantine_path)
+        except BaseException:
+            parsed.unpersist()
+            raise
+        return parsed, SilverBatch(figures.rows, figures.errors, figures.lsn, figures.ts)
+
+    def _append(self, rows: DataFrame, path: str, app_id: str, batch_id: int,
+                count: int) -> None:
+        writer = (rows.write.format("delta").mode("append")
+                  .option("userMetadata", commit_metadata("silver", batch_id=batch_id, rows=count)))
+        if self.guard:
+            writer = writer.option("txnAppId", app_id).option("txnVersion", batch_id)
+        writer.save(path)
+
+
+def ensure_table(spark: SparkSession, path: str, schema: StructType, description: str) -> None:
+    """Create the append-only Delta table at ``path`` if absent; check its schema if not."""
+    table = (DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+             .comment(description))
+    for key, value in TABLE_PROPERTIES.items():
+        table = table.property(key, value)
+    table.execute()
+    actual = DeltaTable.forPath(spark, path).toDF().schema
+    if [(f.name, f.dataType) for f in actual] != [(f.name, f.dataType) for f in schema]:
+        raise UserError(f"the table at {path} does not have the silver schema of this "
+                        f"lakecdc version (found {actual.simpleString()}); move it away and "
+                        "rebuild silver from bronze.")
+
+
+def last_batch(spark: SparkSession, path: str) -> int | None:
+    """The newest stream batch id appended to ``path`` (from its commit metadata), or None."""
+    found = last_metadata(spark, path, "silver")
+    return None if found is None else found.get("batch_id")

@@ -1,0 +1,71 @@
+"""gold.plan on literal contribution lines: which transactions a batch applies (no Spark).
+
+Lines are (commit_lsn, tx_changes, service, template, type, status, commit_ts, delta, rows);
+every expected value is worked out by hand from the rules in gold.plan's docstring."""
+
+from datetime import datetime, timezone
+
+from gold.plan import aggregate, first_problem, plan
+
+T1 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T2 = datetime(2026, 1, 2, tzinfo=timezone.utc)
+A = ("s1", "t1", "email", "created")
+B = ("s1", "t1", "email", "sending")
+NONE = (None, None, None, None)
+
+
+def count_line(lsn, size, rows, ts=T1):
+    return (lsn, size, *NONE, ts, 0, rows)
+
+
+def key_line(lsn, size, dims, delta, ts=T1):
+    return (lsn, size, *dims, ts, delta, 0)
+
+
+def test_whole_transactions_apply_and_net_zero_keys_are_dropped():
+    got = plan([count_line(10, 2, 2), key_line(10, 2, A, +1), key_line(10, 2, B, +1),
+                count_line(20, 1, 1, T2), key_line(20, 1, A, -1, T2),
+                key_line(20, 1, B, +1, T2)])
+    assert (got.transactions, got.applied, got.commit_lsn, got.commit_ts) == (2, 2, 20, T2)
+    assert got.key_deltas == [(*B, 2, 20)]          # A: +1 -1 = 0, dropped
+    assert got.carried == [] and got.broken_at is None
+
+
+def test_an_incomplete_transaction_cuts_and_everything_after_it_is_carried():
+    lines = [count_line(10, 1, 1), key_line(10, 1, A, +1),
+             count_line(20, 3, 2), key_line(20, 3, B, +2),
+             count_line(30, 1, 1), key_line(30, 1, A, +1)]
+    got = plan(lines)
+    assert (got.applied, got.commit_lsn, got.carried_transactions) == (1, 10, 2)
+    assert got.key_deltas == [(*A, 1, 10)]
+    assert sorted(got.carried) == sorted(lines[2:])
+    # The last row of 20 arrives with the next batch: the carried lines complete it.
+    later = plan([*got.carried, count_line(20, 3, 1), key_line(20, 3, B, +1)])
+    assert (later.applied, later.commit_lsn, later.carried) == (2, 30, [])
+    assert sorted(later.key_deltas) == sorted([(*A, 1, 30), (*B, 3, 20)])
+
+
+def test_nothing_complete_applies_nothing_and_keeps_the_watermark():
+    got = plan([count_line(10, 2, 1)])
+    assert (got.applied, got.commit_lsn, got.commit_ts, got.key_deltas) == (0, None, None, [])
+
+
+def test_failure_path_more_rows_than_the_transaction_has_or_sizes_disagreeing_are_broken():
+    assert plan([count_line(10, 1, 2)]).broken_at == 10
+    assert plan([count_line(10, 2, 1), count_line(10, 3, 1)]).broken_at == 10
+    assert plan([count_line(10, 0, 0)]).broken_at == 10
+    assert plan([count_line(5, 1, 1), count_line(10, 1, 2)]).broken_at == 10
+
+
+def test_aggregate_is_associative_so_carried_lines_combine_with_new_ones():
+    a = [count_line(10, 3, 1), key_line(10, 3, A, +1)]
+    b = [count_line(10, 3, 2, T2), key_line(10, 3, A, +1, T2)]
+    assert sorted(aggregate(a + b)) == sorted(aggregate(aggregate(a) + aggregate(b))) == \
+        sorted([count_line(10, 3, 3, T2), key_line(10, 3, A, +2, T2)])
+
+
+def test_the_first_problem_is_the_most_important_then_the_oldest():
+    problems = [None, {"rank": 2, "commit_lsn": 5, "seq": 0},
+                {"rank": 1, "commit_lsn": 9, "seq": 3}, {"rank": 1, "commit_lsn": 9, "seq": 1}]
+    assert first_problem(problems) == {"rank": 1, "commit_lsn": 9, "seq": 1}
+    assert first_problem([None, None]) is None
