@@ -48,6 +48,7 @@ from infra.localpg import LocalPostgres, bin_dir
 from pipelines.config import Config
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
+from pipelines.traffic import FreshnessProbe
 from pipelines.captured import COUNTED
 from pipelines.source_truth import source_counts
 
@@ -271,7 +272,7 @@ class Bench:
         out: dict = {"load_before": _load(), "rate": rate, "seconds": p.freshness_s}
         stop_traffic, stop_pipeline = threading.Event(), threading.Event()
         traffic = workload.SteadyTraffic(config.source_dsn, rate, tag=f"r{rate:g}-")
-        probe = workload.FreshnessProbe(config.source_dsn, config.dashboard, tag=f"r{rate:g}")
+        probe = FreshnessProbe(config.source_dsn, config.dashboard, tag=f"r{rate:g}")
         errors: list[BaseException] = []
 
         def guarded(name: str, target) -> threading.Thread:

@@ -48,7 +48,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable, Protocol
+from typing import Protocol
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -175,7 +175,7 @@ def seed_gold(spark: SparkSession, gold_path: str, counts: DataFrame, commit_lsn
 
     For setup's exported-snapshot baseline. One commit carrying the rows, a txn
     (``lakecdc-gold-seed``, ``commit_lsn``) and metadata ``operation: seed``, floor
-    ``commit_lsn``; the gold stream then ignores silver rows with ``commit_lsn <`` it
+    ``commit_lsn``; the stream's gold half then ignores rows with ``commit_lsn <`` it
     (``seed_floor``: the snapshot holds exactly those).
     ``counts`` holds one row per key. Allowed only on a gold table that has applied no batch
     (created here if absent). Returns False if this exact seed was already written
@@ -227,7 +227,7 @@ def seed_floor(spark: SparkSession, gold_path: str) -> int:
 
 
 class GoldBatchWriter:
-    """The ``foreachBatch`` function of the gold stream (see the module docstring).
+    """The gold half of a stream batch (``apply``; see the module docstring).
 
     ``floor_lsn``: silver rows with ``commit_lsn <`` it are already in gold (its baseline,
     see ``gold.asof``).
@@ -238,8 +238,7 @@ class GoldBatchWriter:
 
     def __init__(self, paths: GoldPaths, tables: D.CountedTables = D.COUNTED, *,
                  floor_lsn: int = 0, epoch: int | None = None, accept_errors_upto: int = 0,
-                 guard: bool = True, faults: Faults | None = None,
-                 on_result: Callable[[BatchResult], None] | None = None) -> None:
+                 guard: bool = True, faults: Faults | None = None) -> None:
         self.paths = paths
         self.tables = tables
         self.floor_lsn = floor_lsn
@@ -248,32 +247,8 @@ class GoldBatchWriter:
         self.accept_errors_upto = accept_errors_upto
         self.guard = guard
         self.faults = faults or _NoFaults()
-        self.results: list[BatchResult] = []
-        self.failure: BaseException | None = None
-        self.on_result = on_result          # called after every batch (metrics)
         # (version, batch id) of an empty _pending this writer has not written since.
         self._pending_known_empty: tuple[int, int | None] | None = None
-
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        try:
-            result = self.apply(batch, batch_id)
-        except BaseException as exc:
-            # Spark wraps the error into a StreamingQueryException; keep the original so
-            # the job can re-raise a GoldStopped (exit 2, one sentence) as itself.
-            self.failure = exc
-            raise
-        self.results.append(result)
-        if self.on_result is not None:
-            try:
-                self.on_result(result)
-            except Exception:                # an observer never fails the batch
-                log.warning("gold batch %d: the result callback failed", batch_id,
-                            exc_info=True)
-        log.info("gold batch %d: %d silver rows, %d transactions applied (%d keys), %d "
-                 "carried, %.2fs%s", batch_id, result.silver_rows,
-                 result.applied_transactions, result.merged_keys,
-                 result.pending_transactions, result.seconds,
-                 " (replay: already applied)" if result.replayed else "")
 
     def apply(self, batch: DataFrame, batch_id: int) -> BatchResult:
         started = time.monotonic()

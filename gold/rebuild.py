@@ -2,8 +2,8 @@
 
 Used after a TRUNCATE of ``notifications`` (gold stops on it), a failover or restore
 (``setup --rebaseline``), or drift found by ``verify``. Under the gold writer lock
-(``pipelines.locks``: no gold stream runs meanwhile, so gold's watermark ``W`` is a commit
-from before anything this command does):
+(``pipelines.locks``: the stream is not running meanwhile, so gold's watermark ``W`` is a
+commit from before anything this command does):
 
 1. A consistent point ``L`` of the source (temporary slot + exported snapshot) and the
    ``GROUP BY`` counts inside it: the new baseline, exact as of ``L`` (``W < L``).

@@ -23,10 +23,14 @@ from pipelines.commits import last_metadata
 log = logging.getLogger("lakecdc.gold")
 
 
-def prepare_gold(spark: SparkSession, paths: GoldPaths) -> None:
-    """Create gold and ``_pending`` if absent (refusing one without the other)."""
-    for created in ensure_gold_tables(spark, paths):
-        log.info("created %s", created)
+def prepare_gold(spark: SparkSession, paths: GoldPaths, faults=None) -> None:
+    """Create gold and ``_pending`` if absent (refusing one without the other). Fault point
+    ``after_gold_create``: created, not seeded yet (``pipelines.run`` seeds next)."""
+    created = ensure_gold_tables(spark, paths)
+    for path in created:
+        log.info("created %s", path)
+    if paths.gold in created and faults is not None:
+        faults.hit("after_gold_create")
 
 
 def applied_batch(spark: SparkSession, paths: GoldPaths) -> int | None:

@@ -98,6 +98,7 @@ class Pipeline:
         self.faults = FaultPoints(config.faults)
         self._gold_locked = False
         self.marks = Marks()
+        self.started = threading.Event()    # set once run_continuous's stream is up
         # Called with every stream batch's ``PassResult`` (benchmarks, tests); never fail it.
         self.on_pass: list[Callable] = []
 
@@ -177,7 +178,7 @@ class Pipeline:
         silver = SilverWriter(paths.silver, paths.quarantine, self.config.tables,
                               guard=self.config.guard_on("silver_txn"))
         self._observe_streams()
-        prepare(self.spark, paths, silver)
+        prepare(self.spark, paths, silver, self.faults)
         self.seed_gold_from_baseline()
         self.require_no_gap()
         gold = gold_writer(self.spark, paths.gold, tables=self.config.counted,
@@ -256,6 +257,7 @@ class Pipeline:
         query = writer = None
         try:
             query, writer = self.start_stream(False, on_pass=[lambda _: wake.set()])
+            self.started.set()
             threads.append(guarded("push", lambda: self.push(once=False, stop=stop,
                                                              wake=wake)))
             while not stop.is_set():

@@ -138,14 +138,15 @@ class StreamPaths:
     checkpoint: str
 
 
-def prepare(spark: SparkSession, paths: StreamPaths, silver: SilverWriter) -> None:
+def prepare(spark: SparkSession, paths: StreamPaths, silver: SilverWriter,
+            faults=None) -> None:
     """Everything the stream needs before it starts, and the refusals that keep it exact."""
     from delta.tables import DeltaTable
 
     if not DeltaTable.isDeltaTable(spark, paths.bronze):
         raise UserError(f"no bronze table at {paths.bronze}: run `lakecdc setup` first.")
     silver.prepare(spark)
-    prepare_gold(spark, paths.gold)
+    prepare_gold(spark, paths.gold, faults)
     check_checkpoint(spark, paths)
     remove_incomplete_writes(spark, paths.checkpoint)    # a kill mid-write must not wedge it
 

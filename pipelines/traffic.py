@@ -13,6 +13,7 @@ import random
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 
 import psycopg
 
@@ -84,3 +85,64 @@ class Traffic:
 
 class _Rollback(Exception):
     pass
+
+
+@dataclass
+class FreshnessProbe:
+    """The freshness probe: every ``every_s``, one notification of a service never seen
+    before, committed on its own; ``watch`` polls the dashboard for those services.
+
+    A probe's latency runs from its commit returning to the first dashboard poll that shows
+    its service (polls every ``poll_s``: the figure errs high by up to that much). Probes go
+    into ``notification_history``, which the traffic never changes, so no later change of
+    the traffic can cancel one inside a batch.
+    """
+
+    dsn: str
+    dashboard_dsn: str
+    tag: str
+    every_s: float = 0.5
+    poll_s: float = 0.05
+    committed: dict = field(default_factory=dict)     # service id -> time.time() of commit
+    seen: dict = field(default_factory=dict)          # service id -> time.time() first seen
+
+    def run(self, stop: threading.Event) -> None:
+        """Commit probes until ``stop`` is set."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            n = 0
+            started = time.monotonic()
+            while not stop.is_set():
+                service = str(uuid.uuid5(uuid.NAMESPACE_URL, f"lakecdc-probe/{self.tag}/{n}"))
+                conn.execute(
+                    "INSERT INTO notification_history (id, service_id, template_id, "
+                    "notification_type, notification_status, key_type, created_at) "
+                    "VALUES (gen_random_uuid(), %s, %s, 'email', 'delivered', 'normal', now())",
+                    [service, service])
+                self.committed[service] = time.time()
+                n += 1
+                stop.wait(max(0.0, started + n * self.every_s - time.monotonic()))
+
+    def watch(self, stop: threading.Event) -> None:
+        """Poll the dashboard for probe services until ``stop`` is set and every committed
+        probe has been seen (or ``stop`` has been set for 120 s)."""
+        given_up = None
+        with psycopg.connect(self.dashboard_dsn, autocommit=True) as conn:
+            while True:
+                pending = [s for s in list(self.committed) if s not in self.seen]
+                if pending:
+                    found = conn.execute(
+                        "SELECT DISTINCT service_id FROM service_stats "
+                        "WHERE service_id = ANY(%s)", [pending]).fetchall()
+                    now = time.time()
+                    for (service,) in found:
+                        self.seen.setdefault(service, now)
+                if stop.is_set():
+                    given_up = given_up or time.monotonic() + 120
+                    if not pending or time.monotonic() > given_up:
+                        return
+                time.sleep(self.poll_s)
+
+    def latencies(self) -> list[tuple[float, float]]:
+        """(commit time, seconds until seen) per probe seen, in commit order."""
+        return sorted((t, self.seen[s] - t) for s, t in self.committed.items()
+                      if s in self.seen)

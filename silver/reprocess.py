@@ -6,17 +6,16 @@ committed in it), under the gold writer lock:
 
 1. The range is cut at the end of what silver holds *whole*: the newest transaction silver
    has every row of (``tx_changes``), and nothing after a transaction it holds only part
-   of. Rows past the cut are the silver stream's to parse (with the fixed parser too);
+   of. Rows past the cut are the stream's to parse (with the fixed parser too);
    replacing them here would make the stream append them a second time.
 2. The bronze rows of the range are parsed with today's ``silver.parse`` and replace the
    range in ``silver/changes`` and in ``silver/quarantine`` (``replaceWhere`` on
    ``commit_lsn``: one commit per table, so each table holds the range exactly once; no
    duplicates, and a rerun replaces the range again). Both tables are append-only for
    their readers' sake; the flag is lifted for this one commit and set back.
-3. Gold is rebuilt (``gold.rebuild``): its counts come from a fresh consistent baseline
-   plus the silver changes after it, so whatever the old parse got wrong is not carried on.
-   Gold's stream reads silver with ``skipChangeCommits``, so the replacing commits are not
-   seen as new changes.
+3. Gold is rebuilt (``gold.rebuild``): its counts come from a fresh consistent baseline,
+   so whatever the old parse got wrong is not carried on; the stream goes on past it. The
+   stream reads bronze, never silver, so the replacing commits are not seen as changes.
 
 Why rebuild gold rather than re-derive it from the reprocessed silver: silver does not hold
 the baseline (rows older than the slot never had a WAL change), so only the source can say

@@ -87,6 +87,9 @@ class SilverWriter:
         self.quarantine_path = quarantine_path
         self.known_tables = tuple(known_tables)
         self.guard = guard      # False: no txn ids (negative controls only)
+        # path -> the newest batch id this writer knows the table holds (read once per
+        # process, or again after a failure); a replayed batch is skipped before any write.
+        self._written: dict[str, int] = {}
 
     def prepare(self, spark: SparkSession) -> None:
         """Create both tables if absent; refuse a table of another schema."""
@@ -97,7 +100,12 @@ class SilverWriter:
     def write(self, bronze: DataFrame, batch_id: int) -> tuple[DataFrame, SilverBatch]:
         """Append the batch; returns its parsed rows (persisted: the caller unpersists them)
         and what was written. One Spark job reads the batch's figures, one appends it; a
-        batch with failed rows costs one more for quarantine."""
+        batch with failed rows costs one more for quarantine.
+
+        A replay (the batch id is already in a table's commits) appends nothing to that
+        table; Delta's app transaction would skip it anyway, this only saves the work and
+        reports the batch truthfully."""
+        spark = bronze.sparkSession
         parsed = parse_changes(bronze, self.known_tables).persist()
         try:
             figures = parsed.agg(
@@ -105,25 +113,39 @@ class SilverWriter:
                 F.count("error").alias("errors"),
                 F.max("commit_lsn").alias("lsn"),
                 F.max_by("commit_ts", "commit_lsn").alias("ts")).first()
-            self._append(parsed, self.silver_path, APP_ID, batch_id, figures.rows)
+            rows = self._append(spark, parsed, self.silver_path, APP_ID, batch_id,
+                                figures.rows)
+            quarantined = 0
             if figures.errors:
-                self._append(quarantine_rows(bronze, self.known_tables),
-                             self.quarantine_path, QUARANTINE_APP_ID, batch_id,
-                             figures.errors)
+                quarantined = self._append(spark, quarantine_rows(bronze, self.known_tables),
+                                           self.quarantine_path, QUARANTINE_APP_ID, batch_id,
+                                           figures.errors)
                 log.warning("silver batch %d: %d bronze rows failed to parse; see %s",
                             batch_id, figures.errors, self.quarantine_path)
         except BaseException:
+            self._written.clear()          # a failed append may have committed: read again
             parsed.unpersist()
             raise
-        return parsed, SilverBatch(figures.rows, figures.errors, figures.lsn, figures.ts)
+        return parsed, SilverBatch(rows, quarantined, figures.lsn, figures.ts)
 
-    def _append(self, rows: DataFrame, path: str, app_id: str, batch_id: int,
-                count: int) -> None:
+    def _append(self, spark: SparkSession, rows: DataFrame, path: str, app_id: str,
+                batch_id: int, count: int) -> int:
+        """Append ``count`` rows as batch ``batch_id``; returns the rows written (0: the
+        table already holds the batch)."""
+        if self.guard:
+            if path not in self._written:
+                found = last_batch(spark, path)
+                self._written[path] = -1 if found is None else found
+            if self._written[path] >= batch_id:
+                return 0
         writer = (rows.write.format("delta").mode("append")
-                  .option("userMetadata", commit_metadata("silver", batch_id=batch_id, rows=count)))
+                  .option("userMetadata", commit_metadata("silver", batch_id=batch_id,
+                                                          rows=count)))
         if self.guard:
             writer = writer.option("txnAppId", app_id).option("txnVersion", batch_id)
         writer.save(path)
+        self._written[path] = batch_id
+        return count
 
 
 def ensure_table(spark: SparkSession, path: str, schema: StructType, description: str) -> None:

@@ -50,3 +50,78 @@ def tmpfs(mount: Path, size: str, read_only: bool = False):
     finally:
         if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def stream_paths(lakehouse: Path):
+    """The one-pass stream's tables under a bare lakehouse directory (no Config)."""
+    from gold.apply import GoldPaths
+    from pipelines.stream import StreamPaths
+
+    return StreamPaths(bronze=str(lakehouse / "bronze" / "wal2json_changes"),
+                       silver=str(lakehouse / "silver" / "changes"),
+                       quarantine=str(lakehouse / "silver" / "quarantine"),
+                       gold=GoldPaths(str(lakehouse / "gold" / "service_stats"),
+                                      str(lakehouse / "gold" / "_pending")),
+                       checkpoint=str(lakehouse / "_checkpoints" / "stream"))
+
+
+def start_bare_stream(spark, paths, known_tables, once: bool = True, *, counted=None,
+                      accept_errors_upto: int = 0, silver_guard: bool = True,
+                      gold_guard: bool = True, faults=None, **start):
+    """The one-pass stream on bare paths, as ``Pipeline.start_stream`` wires it, without a
+    source (no baseline seed): returns (query, writer)."""
+    from gold.deltas import COUNTED
+    from gold.start import gold_writer
+    from pipelines.stream import OnePass, prepare, start_stream
+    from silver.writer import SilverWriter
+
+    silver = SilverWriter(paths.silver, paths.quarantine, known_tables, guard=silver_guard)
+    prepare(spark, paths, silver)
+    gold = gold_writer(spark, paths.gold, tables=counted or COUNTED,
+                       accept_errors_upto=accept_errors_upto, guard=gold_guard, faults=faults)
+    writer = OnePass(silver, gold, faults)
+    return start_stream(spark, paths, writer, once, **start), writer
+
+
+def run_bare_stream(spark, paths, known_tables, **kw):
+    """``start_bare_stream`` with ``once``, awaited: the ``StreamRun``."""
+    from pipelines.stream import await_stream
+
+    return await_stream(*start_bare_stream(spark, paths, known_tables, True, **kw))
+
+
+def run_gold_over_silver(spark, silver: str, gold: str, checkpoint: str, *,
+                         max_files_per_trigger: int | None = None, **writer) -> list:
+    """The gold half of the stream's batches, fed by a stream over a silver table that a
+    test wrote directly (``availableNow``): ``gold.apply`` across real micro-batches, with
+    transactions split between them. Returns the batches' ``BatchResult``s; a batch's own
+    error is raised as itself."""
+    from pyspark.errors import StreamingQueryException
+
+    from gold.apply import GoldPaths
+    from gold.start import gold_writer, prepare_gold
+
+    paths = GoldPaths.beside(gold)
+    prepare_gold(spark, paths)
+    apply = gold_writer(spark, paths, **writer).apply
+    results, failures = [], []
+
+    def batch(frame, batch_id: int) -> None:
+        try:
+            results.append(apply(frame, batch_id))
+        except BaseException as exc:
+            failures.append(exc)
+            raise
+
+    reader = spark.readStream.format("delta")
+    if max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", str(max_files_per_trigger))
+    query = (reader.load(silver).writeStream.option("checkpointLocation", checkpoint)
+             .foreachBatch(batch).trigger(availableNow=True).start())
+    try:
+        query.awaitTermination()
+    except StreamingQueryException:
+        if failures:
+            raise failures[-1] from None
+        raise
+    return results

@@ -330,7 +330,7 @@ def test_without_the_window_rule_the_replay_check_finds_stale_rows(
         source_db, config, witness, spark):
     backfill_under_churn(source_db, config, witness, guards="backfill_window")
     assert bronze_metadata_sum(config.bronze_path, "lakecdc.backfill_dropped") == 0
-    Pipeline(config, spark_factory=lambda: spark).silver(once=True)
+    Pipeline(config, spark_factory=lambda: spark).stream(once=True)
     with pytest.raises(AssertionError, match="silver replay differs"):
         check_replay(silver_rows(spark, config), source_db.dsn)
 

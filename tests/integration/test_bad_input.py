@@ -259,13 +259,13 @@ def test_malformed_change_rows_stop_gold_with_one_sentence_until_accepted(
             columns=["commit_lsn", "seq", "data"]).to_pylist()
         check_i2(config.lakehouse, bronze)
 
-        one_sentence(*lakecdc(config, "gold", "--once", "--accept-errors-upto",
+        one_sentence(*lakecdc(config, "stream", "--once", "--accept-errors-upto",
                               "not-an-lsn")[::2], "--accept-errors-upto", "0/4A3F2C0")
-        code, _, err = lakecdc(config, "gold", "--once", "--accept-errors-upto", lsn(first))
+        code, _, err = lakecdc(config, "stream", "--once", "--accept-errors-upto", lsn(first))
         line = one_sentence(code, err, "unknown table public.other")
         assert f"commit LSN {lsn(second)}" in line
         assert dashboard_counts(source_db.dsn) == dashboard
-        code, _, err = lakecdc(config, "gold", "--once", "--accept-errors-upto", lsn(second))
+        code, _, err = lakecdc(config, "stream", "--once", "--accept-errors-upto", lsn(second))
         assert code == 0, err[-3000:]
         assert lakecdc(config, "push", "--once")[0] == 0
         verdict = check_invariants(config, witness, purged, planted=planted)

@@ -6,7 +6,6 @@ import random
 import threading
 from collections import Counter
 
-import psycopg
 import pytest
 
 from pipelines.run import Pipeline
@@ -61,6 +60,15 @@ def test_the_cli_run_once_leaves_the_dashboard_exact(source_db, config):
     check_gold(config.lakehouse, source_db.dsn, source_db.dsn, purged)
     status = run_cli(["status", "--json"], cli_env(config))
     assert status.returncode == 0 and '"wal_status": "reserved"' in status.stdout
+    # Drained: every layer's recorded progress is the newest source commit bronze holds.
+    from deltalake import DeltaTable
+
+    newest = max(DeltaTable(config.bronze_path).to_pyarrow_table(
+        columns=["commit_lsn"]).column("commit_lsn").to_pylist())
+    with source_db.connect() as conn:
+        marks = dict(conn.execute("SELECT layer, source_commit_lsn FROM "
+                                  "lakecdc_layer_progress").fetchall())
+    assert marks == {layer: newest for layer in ("bronze", "silver", "gold", "dashboard")}
 
 
 def test_continuous_mode_under_traffic_ends_exact(source_db, config, pipeline):

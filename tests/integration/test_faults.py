@@ -109,25 +109,19 @@ def dashboard_rows(dsn: str) -> list[tuple]:
 
 
 @contextmanager
-def silver_running(spark, config):
-    """Silver's two queries streaming for the block; yields ``drain()``: process everything
-    bronze holds now and assert both queries are still up without an error."""
-    from silver.stream import SilverLocations, start_silver
+def stream_running(pipeline, accept_errors_upto: int | None = None):
+    """The one-pass stream (bronze → silver → gold) running for the block; yields
+    ``drain()``: process everything bronze holds now and assert the query is still up."""
+    with pipeline.gold_lock():
+        query, _ = pipeline.start_stream(False, accept_errors_upto)
 
-    loc = SilverLocations.from_config(config)
-    queries = start_silver(spark, loc.bronze_path, loc.silver_path, loc.quarantine_path,
-                           loc.checkpoint_root, config.tables, once=False,
-                           trigger_interval="200 milliseconds")
-
-    def drain() -> None:
-        for query in queries:
+        def drain() -> None:
             query.processAllAvailable()
-        assert all(q.isActive and q.exception() is None for q in queries)
+            assert query.isActive and query.exception() is None
 
-    try:
-        yield drain
-    finally:
-        for query in queries:
+        try:
+            yield drain
+        finally:
             query.stop()
 
 
@@ -364,11 +358,10 @@ def test_kill_9_of_the_run_process_group_in_the_gold_batch_and_mid_flight_ends_e
     from bronze.ship import Shipper
     from soak import Positions, Soak
 
-    # The fault point is passed in every gold batch, MERGE or not, and a new gold stream's
-    # batch 0 is silver's snapshot when it starts - empty on a fresh lakehouse. With rows in
-    # silver before the run, batch 0 merges them: the 1st pass is right after a MERGE.
+    # The fault point is passed in every batch that merges; a new stream's batch 0 is
+    # bronze's snapshot when it starts. With rows in bronze before the run, batch 0 merges
+    # them: the 1st pass is right after a MERGE.
     wait_for(lambda: Shipper(config).run(once=True).changes > 0, timeout=60)
-    pipeline.silver(once=True)
     soak = Soak(config, tmp_path)
     crashed = soak.cycle(fault="after_gold_merge:1")
     assert crashed.exit_code == 137
@@ -376,7 +369,7 @@ def test_kill_9_of_the_run_process_group_in_the_gold_batch_and_mid_flight_ends_e
     last = gold.history(1)[0]
     assert last["operation"] == "MERGE", last
     batch = json.loads(last["userMetadata"])["batch_id"]
-    checkpoint = Path(config.lakehouse) / "_checkpoints" / "gold"
+    checkpoint = Path(config.lakehouse) / "_checkpoints" / "stream"
     assert (checkpoint / "offsets" / str(batch)).exists()
     assert not (checkpoint / "commits" / str(batch)).exists(), \
         "the kill was meant to land between the MERGE and the checkpoint"
@@ -428,23 +421,33 @@ INSERT_ONE = ("INSERT INTO notifications (id, service_id, template_id, notificat
 
 @pytest.mark.spark
 def test_poison_mid_stream_is_quarantined_or_carried_and_counts_reconcile(
-        source_db, config, witness, pipeline, spark):
-    """A running silver stream meets, between good changes: unparseable JSON and a change of
-    a table silver does not know (quarantined), a numeric NaN, logical messages and a column
-    added mid-stream (carried). The stream keeps going; gold, told after inspection that the
-    quarantined rows are count-neutral (``accept_errors_upto``), ends exact (I1-I5)."""
+        source_db, config, witness, pipeline, lakecdc):
+    """The running stream meets, between good changes: unparseable JSON and a change of a
+    table silver does not know. Silver quarantines both; gold cannot tell whether they
+    change the counts, so the pass stops with one sentence, with nothing counted past them.
+    Told after inspection that they are count-neutral (``--accept-errors-upto``), it goes
+    on; a numeric NaN, logical messages and a column added mid-stream are carried, and the
+    counts end exact (I1-I5)."""
     from bronze.ship import Shipper
-    from silver.stream import SilverLocations
 
     svc, tpl = "11111111-1111-4111-8111-111111111111", "22222222-2222-4222-8222-222222222222"
     with source_db.connect() as conn:
         insert(conn, random.Random(41), 20)
     Shipper(config).run(once=True)
-    loc = SilverLocations.from_config(config)
-    with silver_running(spark, config) as drain:
+    with stream_running(pipeline) as drain:
         drain()
-        planted = plant(config, ['{"action":"I","schema":"public","table":"notif',   # cut off
-                                 foreign_insert("other")])
+    planted = plant(config, ['{"action":"I","schema":"public","table":"notif',   # cut off
+                             foreign_insert("other")])
+    line = one_sentence(*lakecdc(config, "stream", "--once")[::2], "could not parse",
+                        lsn_text(min(planted)))
+    assert "accept" in line
+    silver_path = config.table_path("silver", "changes")
+    silver = DeltaTable(silver_path).to_pyarrow_table().to_pylist()
+    assert sorted(r["error"] for r in silver if r["commit_lsn"] in planted) == \
+        ["malformed JSON", "unknown table public.other"]
+
+    with stream_running(pipeline, accept_errors_upto=max(planted)) as drain:
+        drain()
         with source_db.connect() as conn:
             conn.execute(INSERT_ONE.format(extra=", rate_multiplier", values=", 'NaN'"),
                          [svc, tpl])
@@ -456,10 +459,9 @@ def test_poison_mid_stream_is_quarantined_or_carried_and_counts_reconcile(
         Shipper(config).run(once=True)
         drain()
 
-    silver = DeltaTable(loc.silver_path).to_pyarrow_table().to_pylist()
-    by_key = {r["commit_lsn"]: r for r in silver if r["seq"] == 0}
-    errors = sorted(by_key[lsn]["error"] for lsn in planted)
-    assert errors == ["malformed JSON", "unknown table public.other"]
+    silver = DeltaTable(silver_path).to_pyarrow_table().to_pylist()
+    assert sorted(r["error"] for r in silver if r["commit_lsn"] in planted) == \
+        ["malformed JSON", "unknown table public.other"]          # once, not per attempt
     carried = [r for r in silver if r["error"] is None and r["op"] in ("I", "M")
                and r["commit_lsn"] > max(planted)]
     ours = [dict(r["columns"]) for r in carried if r["op"] == "I" and r["service_id"] == svc]
@@ -468,16 +470,15 @@ def test_poison_mid_stream_is_quarantined_or_carried_and_counts_reconcile(
     assert [c["postage"] for c in ours if "postage" in c] == ["first"]
     assert sorted(r["message_content"] for r in carried if r["op"] == "M") == ["in tx", "solo"]
 
-    pipeline.gold(once=True, accept_errors_upto=max(planted))
     pipeline.push(once=True)
     verdict = check_invariants(config, witness, planted=planted)
     assert verdict.quarantined == 2
 
 
-# --- F17: OPTIMIZE and VACUUM of bronze while silver streams --------------------------------------
+# --- F17: OPTIMIZE and VACUUM of bronze while the stream runs ---------------------------------
 
 @pytest.mark.spark
-def test_optimize_and_vacuum_of_bronze_under_a_running_silver_stream(
+def test_optimize_and_vacuum_of_bronze_under_a_running_stream(
         source_db, config, witness, pipeline, spark):
     """Bronze is append-only (``delta.appendOnly``), but compaction is allowed: OPTIMIZE
     (Spark's here) rewrites files with ``dataChange=false``, which a Delta streaming source
@@ -488,7 +489,6 @@ def test_optimize_and_vacuum_of_bronze_under_a_running_silver_stream(
     stopped reader's lag deletes files it still needs, and the reader stops loudly rather
     than skipping them."""
     from bronze.ship import Shipper
-    from silver.stream import SilverLocations, run_silver
 
     bronze = config.bronze_path
     rng = random.Random(51)
@@ -501,8 +501,7 @@ def test_optimize_and_vacuum_of_bronze_under_a_running_silver_stream(
             Shipper(config).run(once=True)
 
     traffic_then_ship(3)
-    loc = SilverLocations.from_config(config)
-    with silver_running(spark, config) as drain:
+    with stream_running(pipeline) as drain:
         drain()
         files = len(DeltaTable(bronze).file_uris())
         spark.sql(f"OPTIMIZE delta.`{bronze}`")
@@ -514,23 +513,21 @@ def test_optimize_and_vacuum_of_bronze_under_a_running_silver_stream(
         assert vacuumed == []
         traffic_then_ship()
         drain()
-    pipeline.gold(once=True)
     pipeline.push(once=True)
     check_invariants(config, witness)
 
-    # The limit: silver is stopped while bronze moves on; a compaction (delta-rs this time)
-    # then a VACUUM retaining nothing removes the files of versions silver has not read.
+    # The limit: the stream is stopped while bronze moves on; a compaction (delta-rs this time)
+    # then a VACUUM retaining nothing removes the files of versions the stream has not read.
     traffic_then_ship(2)
-    silver_version = DeltaTable(loc.silver_path).version()
+    before = versions(config)
     DeltaTable(bronze).optimize.compact()
     assert DeltaTable(bronze).vacuum(retention_hours=0, enforce_retention_duration=False,
                                      dry_run=False)
     with pytest.raises(Exception) as failed:
-        run_silver(spark, loc.bronze_path, loc.silver_path, loc.quarantine_path,
-                   loc.checkpoint_root, config.tables, once=True)
+        pipeline.stream(once=True)
     assert "FileNotFound" in str(failed.value) or "does not exist" in str(failed.value), \
         str(failed.value)[:2000]
-    assert DeltaTable(loc.silver_path).version() == silver_version    # nothing half-read
+    assert versions(config) == before                                 # nothing half-read
 
 
 # --- F18: a checkpoint directory deleted ----------------------------------------------------------
@@ -551,71 +548,38 @@ def move_away(config, *parts: str) -> None:
 
 
 @pytest.mark.spark
-def test_lost_silver_checkpoint_is_refused_and_silver_can_be_rebuilt(
+def test_lost_stream_checkpoint_is_refused_and_the_way_out_it_names_ends_exact(
         source_db, config, witness, pipeline, lakecdc, monkeypatch, tmp_path):
-    """Without its checkpoint the silver sink cannot recognise its own batches: starting
-    would append every bronze row again. ``run`` refuses with one sentence and writes
-    nothing past bronze; with the refusal switched off (on a copy), I2 catches the
-    duplicates; the way out of docs/silver.md - move silver and its checkpoints away,
-    ``silver --once``, then rebuild gold - must end exact."""
-    import silver.stream
+    """Without its checkpoint the stream cannot tell which bronze rows its recorded batch
+    ids covered: starting afresh would reuse those ids for other rows. ``run`` refuses with
+    one sentence naming the way out and writes nothing past bronze. With the refusal
+    switched off (on a copy), silver and gold go wrong (I2, I3). The way out it names -
+    move silver and the checkpoint away, ``backfill rebuild-gold`` - must end exact."""
+    import pipelines.stream
 
     purged = mixed(source_db.dsn, seed=61)
     pipeline.run_once()
-    shutil.rmtree(Path(config.lakehouse) / "_checkpoints" / "silver")
+    shutil.rmtree(Path(config.lakehouse) / "_checkpoints" / "stream")
     purged += mixed(source_db.dsn, seed=62)
     before, dashboard = versions(config), dashboard_rows(config.dashboard)
-    one_sentence(*lakecdc(config, "run", "--once")[::2], "checkpoint", "is missing")
-    assert versions(config) == before and dashboard_rows(config.dashboard) == dashboard
-
-    copy = config.with_(lakehouse=str(tmp_path / "copy"))           # negative control
-    shutil.copytree(config.lakehouse, copy.lakehouse)
-    with monkeypatch.context() as m:
-        m.setattr(silver.stream, "_require_checkpoint_if_written", lambda *a: None)
-        Pipeline(copy, spark_factory=lambda: pipeline.spark).silver(once=True)
-    bronze = DeltaTable(config.bronze_path).to_pyarrow_table(
-        columns=["commit_lsn", "seq", "data"]).to_pylist()
-    with pytest.raises(AssertionError, match=r"^I2 silver: silver/changes holds \d+ dup"):
-        check_i2(copy.lakehouse, bronze)
-
-    move_away(config, "silver", "_checkpoints/silver")
-    assert lakecdc(config, "silver", "--once")[0] == 0
-    check_i2(config.lakehouse, bronze)
-    # The old gold checkpoint names the silver table moved away: reading on from it would
-    # fail (DIFFERENT_DELTA_TABLE_READ_BY_STREAMING_SOURCE); the rebuild starts afresh.
-    code, _, err = lakecdc(config, "backfill", "rebuild-gold")
-    assert code == 0, err[-3000:]
-    check_invariants(config, witness)           # the rebuild re-baselined: no old purges
-
-
-@pytest.mark.spark
-def test_lost_gold_checkpoint_is_refused_and_the_way_out_it_names_ends_exact(
-        source_db, config, witness, pipeline, lakecdc, monkeypatch, tmp_path):
-    """Without its checkpoint the gold stream would re-read silver from the start and count
-    it again. ``gold`` refuses with one sentence naming the way out and changes nothing;
-    with the refusal switched off (on a copy), I3 sees the double count; the way out it
-    names (``backfill rebuild-gold``) must end exact."""
-    import gold.stream
-
-    purged = mixed(source_db.dsn, seed=71)
-    pipeline.run_once()
-    shutil.rmtree(Path(config.lakehouse) / "_checkpoints" / "gold")
-    purged += mixed(source_db.dsn, seed=72)
-    assert lakecdc(config, "ship", "--once")[0] == 0
-    assert lakecdc(config, "silver", "--once")[0] == 0
-    before, dashboard = versions(config), dashboard_rows(config.dashboard)
-    line = one_sentence(*lakecdc(config, "gold", "--once")[::2], "checkpoint", "is missing")
+    line = one_sentence(*lakecdc(config, "run", "--once")[::2], "checkpoint", "is missing")
     assert "rebuild-gold" in line
     assert versions(config) == before and dashboard_rows(config.dashboard) == dashboard
 
     copy = config.with_(lakehouse=str(tmp_path / "copy"))           # negative control
     shutil.copytree(config.lakehouse, copy.lakehouse)
     with monkeypatch.context() as m:
-        m.setattr(gold.stream, "check_checkpoint", lambda *a: None)
-        Pipeline(copy, spark_factory=lambda: pipeline.spark).gold(once=True)
+        m.setattr(pipelines.stream, "check_checkpoint", lambda *a: None)
+        Pipeline(copy, spark_factory=lambda: pipeline.spark).stream(once=True)
+    bronze = DeltaTable(config.bronze_path).to_pyarrow_table(
+        columns=["commit_lsn", "seq", "data"]).to_pylist()
+    with pytest.raises(AssertionError, match=r"^I2 silver: "):
+        check_i2(copy.lakehouse, bronze)
     with pytest.raises(AssertionError, match=r"^I3 gold: gold differs"):
         check_i3_i4(copy.lakehouse, config.source_dsn, config.dashboard, purged)
 
+    move_away(config, "silver", "_checkpoints/stream")
     code, _, err = lakecdc(config, "backfill", "rebuild-gold")
     assert code == 0, err[-3000:]
+    assert lakecdc(config, "run", "--once")[0] == 0
     check_invariants(config, witness)           # the rebuild re-baselined: no old purges

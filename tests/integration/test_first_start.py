@@ -79,14 +79,13 @@ def test_kill_after_gold_is_created_before_its_seed_restarts_exact(populated, so
 def test_leftovers_of_killed_checkpoint_writes_are_removed_and_restarts_are_exact(
         populated, source_db):
     """Spark refuses a checkpoint whose ``offsets/`` is not empty on batch 0; a kill while
-    it wrote the first offset file leaves exactly that. Planted in every query's checkpoint
-    of a first start, then - after a run - at the next batch beside committed files: each
-    restart removes only the leftovers, keeps every query's id, and ends exact."""
+    it wrote the first offset file leaves exactly that. Planted in the stream's checkpoint
+    on a first start, then - after a run - at the next batch beside committed files: each
+    restart removes only the leftovers, keeps the query's id, and ends exact."""
     config, witness = populated
     env = cli_env(config)
     checkpoints = Path(config.lakehouse) / "_checkpoints"
-    queries = [checkpoints / "silver" / "changes",
-               checkpoints / "silver" / "quarantine_from_changes", checkpoints / "gold"]
+    queries = [checkpoints / "stream"]
     planted = [p for q in queries for p in plant_incomplete_writes(q, 0)]
     first = run_cli(["run", "--once"], env)
     assert first.returncode == 0, first.stderr[-3000:]

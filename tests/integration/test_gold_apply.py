@@ -1,4 +1,4 @@
-"""gold.apply and gold.stream on real Delta tables: completeness, replay, crashes (F12, F15, F18).
+"""gold.apply on real Delta tables: completeness, replay, crashes (F12, F15).
 
 Silver input comes from ``Sim``, a tiny in-memory model of the two source tables that
 emits silver rows transaction by transaction. The truth every test compares gold with is
@@ -24,8 +24,7 @@ from pyspark.sql import Row
 
 from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables, last_metadata, seed_gold
 from gold.deltas import GoldStopped
-from gold.stream import run_gold, start_gold
-from pipelines.errors import UserError
+from tests_support import run_gold_over_silver as run_gold
 from silver.schema import SILVER_CHANGES
 
 pytestmark = pytest.mark.spark
@@ -283,21 +282,17 @@ def test_stream_split_into_small_batches_is_exact(spark, tmp_path):
     cut = next(i for i, r in enumerate(rows) if r["tx_changes"] > 2 and r["seq"] == 1)
     write_silver(spark, silver, rows[:cut], files=3)
     write_silver(spark, silver, rows[cut:], files=3)
-    run = run_gold(spark, silver, gold, ckpt, once=True, max_files_per_trigger=1)
-    assert len(run.batches) >= 3
-    assert any(b.pending_transactions for b in run.batches)
+    run = run_gold(spark, silver, gold, ckpt, max_files_per_trigger=1)
+    assert len(run) >= 3
+    assert any(b.pending_transactions for b in run)
     assert nonzero(gold_counts(spark, gold)) == sim.truth()
-    assert run.commit_lsn == sim.lsn
+    assert [b.commit_lsn for b in run if b.commit_lsn][-1] == sim.lsn
     props = spark.sql(f"DESCRIBE DETAIL delta.`{gold}`").first().properties
     assert props["delta.enableChangeDataFeed"] == "true"
     # Nothing new: a second run applies nothing and changes nothing.
-    again = run_gold(spark, silver, gold, ckpt, once=True)
-    assert again.applied_transactions == 0
+    again = run_gold(spark, silver, gold, ckpt)
+    assert sum(b.applied_transactions for b in again) == 0
     assert nonzero(gold_counts(spark, gold)) == sim.truth()
-    # F18: with the checkpoint gone, starting would count silver again: refused.
-    shutil.rmtree(ckpt)
-    with pytest.raises(UserError, match="checkpoint"):
-        start_gold(spark, silver, gold, ckpt, once=True)
 
 
 def test_stream_truncate_stops_loudly_then_a_seeded_rebuild_resumes_exactly(spark, tmp_path):
@@ -310,7 +305,7 @@ def test_stream_truncate_stops_loudly_then_a_seeded_rebuild_resumes_exactly(spar
     write_silver(spark, silver, sim.rows)
     gold = str(tmp_path / "gold" / "service_stats")
     with pytest.raises(GoldStopped, match="TRUNCATE of public.notifications"):
-        run_gold(spark, silver, gold, str(tmp_path / "ck1"), once=True)
+        run_gold(spark, silver, gold, str(tmp_path / "ck1"))
     # The rebuild: a new gold seeded with the source's counts at a consistent point just
     # after the truncate's commit (the source is empty then: commits below the point are in
     # the snapshot), a new checkpoint; later changes apply on top.
@@ -324,7 +319,7 @@ def test_stream_truncate_stops_loudly_then_a_seeded_rebuild_resumes_exactly(spar
     new_ids = sim.create(b, b)
     sim.set_status(new_ids[:1], "sending")
     write_silver(spark, silver, sim.rows[len(ids) + 1:])      # rows after the truncate
-    run_gold(spark, silver, gold, str(tmp_path / "ck2"), once=True)
+    run_gold(spark, silver, gold, str(tmp_path / "ck2"))
     assert nonzero(gold_counts(spark, gold)) == sim.truth()
 
 
@@ -332,12 +327,12 @@ def test_stream_truncate_stops_loudly_then_a_seeded_rebuild_resumes_exactly(spar
 
 CRASHING_GOLD = textwrap.dedent("""
     import sys
-    from gold.stream import run_gold
     from pipelines.faults import FaultPoints
     from pipelines.spark import get_or_create
+    from tests.tests_support import run_gold_over_silver
     silver, gold, ckpt, guard, fault = sys.argv[1:]
-    run_gold(get_or_create("lakecdc-gold-crash"), silver, gold, ckpt, once=True,
-             guard=guard == "on", faults=FaultPoints(fault))
+    run_gold_over_silver(get_or_create("lakecdc-gold-crash"), silver, gold, ckpt,
+                         guard=guard == "on", faults=FaultPoints(fault))
 """)
 
 
@@ -361,7 +356,7 @@ def test_gold_killed_after_merge_commit_before_checkpoint(spark, tmp_path, guard
     assert proc.returncode == 137, err.decode()[-2000:]
     assert nonzero(gold_counts(spark, gold)) == sim.truth()     # the MERGE did commit
     assert not os.path.exists(os.path.join(ckpt, "commits", "0"))
-    run_gold(spark, silver, gold, ckpt, once=True, guard=guard == "on")   # batch 0 again
+    run_gold(spark, silver, gold, ckpt, guard=guard == "on")              # batch 0 again
     got = nonzero(gold_counts(spark, gold))
     if guard == "on":
         assert got == sim.truth()

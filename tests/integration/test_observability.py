@@ -111,7 +111,7 @@ def check_run_once_metrics(source_db, config, spark, port, started):
         samples = scrape(port)[0]
         return (value(samples, "lakecdc_rows_total", layer="silver"),
                 value(samples, "lakecdc_stream_input_rows_total",
-                      query="lakecdc_silver_quarantine")) == (silver.num_rows, bronze.num_rows)
+                      query="lakecdc_stream")) == (silver.num_rows, bronze.num_rows)
     wait_for(streamed, timeout=30, interval=0.2)
     lag_before = slot_lag(source_db)
     scraped_at = time.time()

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 import sys
 
-import psycopg
 import pytest
 from deltalake import DeltaTable
 
-from pipelines.errors import UserError
 from pipelines.setup_source import setup
 from tests_support import cli_env, run_cli, wait_for
 from truth import Witness, check_bronze

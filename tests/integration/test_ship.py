@@ -15,10 +15,8 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
-import psycopg
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake

@@ -9,10 +9,10 @@ the pipeline's code does not produce, and the peek bound.
 - Every stage command takes ``--metrics-port`` / ``LAKECDC_METRICS_PORT`` (a busy port is one
   sentence, exit 2, before any work); ``ship`` and ``run`` refuse a negative heartbeat
   interval or backoff.
-- The silver, gold and push exporters (Spark): each layer's events equal its table; the
-  continuous push (``run_push(on_result=...)``, as ``lakecdc run`` and ``lakecdc push`` use
-  it) records every push: rows equal what the dashboard received, the pushed version equals
-  the dashboard's progress row.
+- The stream (silver and gold) and push exporters (Spark): each layer's events equal its
+  table; the continuous push (``run_push(on_result=...)``, as ``lakecdc run`` and
+  ``lakecdc push`` use it) records every push: rows equal what the dashboard received, the
+  pushed version equals the dashboard's progress row.
 - A peek that outlives ``--peek-timeout``: one sentence, exit 2, nothing in bronze, the slot
   where it was; the same backlog then ships whole with a larger timeout.
 """
@@ -188,7 +188,7 @@ def test_ship_metrics_count_heartbeats_and_reconnects_seen_on_the_source(
     assert not any(secret in text + output for secret in secrets_of(source_db))
 
 
-@pytest.mark.parametrize("command", ["ship", "silver", "gold", "push", "run"])
+@pytest.mark.parametrize("command", ["ship", "stream", "push", "run"])
 def test_every_stage_serves_metrics_on_the_port_it_is_given(config, command):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -215,31 +215,16 @@ def test_shipper_safety_flags_refuse_impossible_values(config, command, flag):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-# --- silver, gold and the continuous push ---------------------------------------------------
+# --- the stream (silver and gold) and the continuous push -----------------------------------
 
 @pytest.mark.spark
-def test_silver_gold_and_continuous_push_exporters_equal_their_tables(source_db, config,
-                                                                       spark):
+def test_stream_and_continuous_push_exporters_equal_their_tables(source_db, config, spark):
     with source_db.connect() as conn:
         insert(conn, random.Random(8), 40)           # the baseline: gold's seed
     setup(config)
     mixed(source_db.dsn, seed=31)
     Shipper(config).run(once=True)
     bronze = rows(config.bronze_path, ["commit_lsn"])
-
-    with pipeline_exporter(config, "127.0.0.1:0", max_age_s=0, stage="silver") as metrics:
-        Pipeline(config, spark_factory=lambda: spark, metrics=metrics).silver(once=True)
-        silver = rows(config.table_path("silver", "changes"), ["commit_lsn"])
-        assert silver.num_rows == bronze.num_rows > 100
-        # Spark's listener bus is asynchronous.
-        wait_for(lambda: value(scrape(metrics.port)[0], "lakecdc_rows_total",
-                               layer="silver") == silver.num_rows, timeout=30, interval=0.2)
-        samples, _ = scrape(metrics.port)
-    assert event_layers(samples) == {"silver"}
-    assert state_parts(samples) == {"silver", "quarantine"}
-    assert value(samples, "lakecdc_quarantine_rows") == 0
-    assert value(samples, "lakecdc_layer_commit_lsn_bytes", layer="silver") == \
-        pc.max(silver["commit_lsn"]).as_py()
 
     gold_path = config.table_path("gold", "service_stats")
     push_metrics = pipeline_exporter(config, "127.0.0.1:0", max_age_s=0, stage="push")
@@ -261,9 +246,11 @@ def test_silver_gold_and_continuous_push_exporters_equal_their_tables(source_db,
             assert not failed, failed
             first = dash.execute("SELECT count(*) FROM service_stats").fetchone()[0]
 
-            with pipeline_exporter(config, "127.0.0.1:0", max_age_s=0, stage="gold") as gm:
-                Pipeline(config, spark_factory=lambda: spark, metrics=gm).gold(once=True)
-                samples, _ = scrape(gm.port)
+            with pipeline_exporter(config, "127.0.0.1:0", max_age_s=0, stage="stream") as sm:
+                Pipeline(config, spark_factory=lambda: spark, metrics=sm).stream(once=True)
+                samples, _ = scrape(sm.port)
+            silver = rows(config.table_path("silver", "changes"), ["commit_lsn"])
+            assert silver.num_rows == bronze.num_rows > 100
             gold = DeltaTable(gold_path)
             wait_for(lambda: pushed_version() == gold.version() > seeded, timeout=30)
             pushes = value(scrape(pm.port)[0], "lakecdc_batch_duration_seconds_count",
@@ -280,9 +267,14 @@ def test_silver_gold_and_continuous_push_exporters_equal_their_tables(source_db,
                               "gold_table = %s)", [gold_key(gold_path)]).fetchone()[0]
         assert second > 0
 
-    # Gold's stage: rows and transactions equal silver's.
-    assert event_layers(samples) == {"gold"}
-    assert state_parts(samples) == {"gold"}
+    # The stream's stage: silver's rows equal its table, gold's rows and transactions equal
+    # silver's; each layer's state as its table holds it.
+    assert event_layers(samples) == {"silver", "gold"}
+    assert state_parts(samples) == {"silver", "quarantine", "gold"}
+    assert value(samples, "lakecdc_rows_total", layer="silver") == silver.num_rows
+    assert value(samples, "lakecdc_quarantine_rows") == 0
+    assert value(samples, "lakecdc_layer_commit_lsn_bytes", layer="silver") == \
+        pc.max(silver["commit_lsn"]).as_py()
     assert value(samples, "lakecdc_rows_total", layer="gold") == silver.num_rows
     assert value(samples, "lakecdc_transactions_total", layer="gold") == \
         len(pc.unique(silver["commit_lsn"]))

@@ -57,7 +57,7 @@ def test_jvm_free_commands_work_and_spark_commands_name_the_extra(
     shipped = lakecdc(no_spark_python, ["ship", "--once"], env)
     assert shipped.returncode == 0 and "shipped" in shipped.stdout, shipped.stderr[-3000:]
 
-    for command in (["run", "--once"], ["silver", "--once"], ["gold", "--once"], ["verify"],
+    for command in (["run", "--once"], ["stream", "--once"], ["verify"],
                     ["quality"], ["sql", "SELECT 1"], ["backfill", "rebuild-gold"],
                     ["demo", "--seconds", "1"]):
         result = lakecdc(no_spark_python, command, env)
@@ -67,9 +67,7 @@ def test_jvm_free_commands_work_and_spark_commands_name_the_extra(
 
     # Silver and gold by Spark (here, in the test's own environment), then the push and
     # status without it.
-    pipeline = Pipeline(config, spark_factory=lambda: spark)
-    pipeline.silver(once=True)
-    pipeline.gold(once=True)
+    Pipeline(config, spark_factory=lambda: spark).stream(once=True)
     pushed = lakecdc(no_spark_python, ["push", "--once"], env)
     assert pushed.returncode == 0 and "push: gold version" in pushed.stdout, \
         pushed.stderr[-3000:]

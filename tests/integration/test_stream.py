@@ -1,4 +1,5 @@
-"""``silver.stream``: bronze → silver through real Delta tables and Structured Streaming.
+"""``pipelines.stream``: bronze → silver (and gold) in one Structured Streaming query, on
+real Delta tables; the silver half and what one pass means for replays and poison.
 
 Bronze comes either from the real shipper (Postgres 15 + wal2json) or, for inputs wal2json
 never produces, is written with ``bronze.table.BronzeTable`` exactly as the shipper writes
@@ -10,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,7 +21,9 @@ from pyspark.testing import assertDataFrameEqual
 from bronze.records import BRONZE_SCHEMA
 from bronze.table import BronzeTable, Progress, SourceIdentity
 from pipelines.errors import UserError
-from silver.stream import QUARANTINE_CHECKPOINT, SilverLocations, run_silver, start_silver
+from gold.deltas import GoldStopped
+from pipelines.stream import StreamPaths
+from tests_support import run_bare_stream, start_bare_stream, stream_paths
 
 KNOWN = ("public.notifications", "public.notification_history")
 SVC = "11111111-1111-4111-8111-111111111111"
@@ -86,12 +88,8 @@ SECOND = [row(200, insert_json(2), 0, 2), row(200, delete_json(1), 1, 2, action=
 
 
 @pytest.fixture
-def loc(tmp_path: Path) -> SilverLocations:
-    root = tmp_path / "lakehouse"
-    return SilverLocations(bronze_path=str(root / "bronze" / "wal2json_changes"),
-                           silver_path=str(root / "silver" / "changes"),
-                           quarantine_path=str(root / "silver" / "quarantine"),
-                           checkpoint_root=str(root / "_checkpoints" / "silver"))
+def paths(tmp_path: Path) -> StreamPaths:
+    return stream_paths(tmp_path / "lakehouse")
 
 
 def read(spark, path: str):
@@ -102,17 +100,21 @@ def version(spark, path: str) -> int:
     return spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").collect()[0]["version"]
 
 
-def run_once(spark, loc: SilverLocations, known=KNOWN):
-    return run_silver(spark, **asdict(loc), known_tables=known, once=True)
+def versions(spark, paths: StreamPaths) -> tuple[int, ...]:
+    return tuple(version(spark, p) for p in (paths.silver, paths.quarantine, paths.gold.gold))
 
 
-def assert_one_silver_row_per_bronze_row(spark, loc: SilverLocations) -> None:
-    assertDataFrameEqual(read(spark, loc.silver_path).select(KEY),
-                         read(spark, loc.bronze_path).select(KEY))
+def run_once(spark, paths: StreamPaths, known=KNOWN, **kw):
+    return run_bare_stream(spark, paths, known, **kw)
 
 
-def quarantined(spark, loc: SilverLocations):
-    return read(spark, loc.quarantine_path).select("commit_lsn", "error", "data")
+def assert_one_silver_row_per_bronze_row(spark, paths: StreamPaths) -> None:
+    assertDataFrameEqual(read(spark, paths.silver).select(KEY),
+                         read(spark, paths.bronze).select(KEY))
+
+
+def quarantined(spark, paths: StreamPaths):
+    return read(spark, paths.quarantine).select("commit_lsn", "error", "data")
 
 
 def expected_quarantine(spark):
@@ -120,10 +122,14 @@ def expected_quarantine(spark):
                                  "commit_lsn bigint, error string, data string")
 
 
+ACCEPT_POISON = max(POISON)           # the operator checked quarantine: count them 0
+
+
 @pytest.mark.spark
 @pytest.mark.integration
 def test_shipped_changes_reach_silver_once(spark, source_db, config):
     from bronze.ship import Shipper
+    from pipelines.run import Locations
     from pipelines.setup_source import setup
 
     setup(config)
@@ -145,13 +151,13 @@ def test_shipped_changes_reach_silver_once(spark, source_db, config):
         conn.execute("DELETE FROM notifications WHERE id = %s", [nid(1)])
     Shipper(config).run(once=True)
 
-    loc = SilverLocations.from_config(config)
-    first = run_once(spark, loc, config.tables)
+    paths = Locations.from_config(config).stream
+    first = run_once(spark, paths, config.tables)
 
-    bronze_rows = read(spark, loc.bronze_path).count()
-    assert (first.changes_rows, first.quarantined_rows) == (bronze_rows, 0)
-    assert_one_silver_row_per_bronze_row(spark, loc)
-    silver = (read(spark, loc.silver_path)
+    bronze_rows = read(spark, paths.bronze).count()
+    assert (first.silver_rows, first.quarantined) == (bronze_rows, 0)
+    assert_one_silver_row_per_bronze_row(spark, paths)
+    silver = (read(spark, paths.silver)
               .where((F.col("op") != "M") | (F.col("message_content") == "hello"))
               .select("op", "table_name", "id", "notification_type", "notification_status",
                       "old_id", "old_notification_status", F.col("columns")["rate_multiplier"],
@@ -169,38 +175,46 @@ def test_shipped_changes_reach_silver_once(spark, source_db, config):
         ("D", "notifications", None, None, None, nid(1), "sending", None, None, None),
         ("M", None, None, None, None, None, None, None, "hello", None),
     ], silver.schema))
-    assert read(spark, loc.quarantine_path).count() == 0
+    assert read(spark, paths.quarantine).count() == 0
 
-    versions = (version(spark, loc.silver_path), version(spark, loc.quarantine_path))
-    again = run_once(spark, loc, config.tables)
-    assert (again.changes_rows, again.quarantined_rows) == (0, 0)
-    assert (version(spark, loc.silver_path), version(spark, loc.quarantine_path)) == versions
-    assert_one_silver_row_per_bronze_row(spark, loc)
+    before = versions(spark, paths)
+    again = run_once(spark, paths, config.tables)
+    assert (again.batches, again.silver_rows, again.quarantined) == (0, 0, 0)
+    assert versions(spark, paths) == before
+    assert_one_silver_row_per_bronze_row(spark, paths)
 
 
 @pytest.mark.spark
-def test_poison_is_quarantined_and_the_running_stream_keeps_going(spark, loc):
-    append_bronze(loc.bronze_path, FIRST)
-    queries = start_silver(spark, **asdict(loc), known_tables=KNOWN, once=False,
-                           trigger_interval="200 milliseconds")
-    try:
-        for query in queries:
-            query.processAllAvailable()
-        assertDataFrameEqual(quarantined(spark, loc), expected_quarantine(spark))
-        append_bronze(loc.bronze_path, SECOND)                  # after the poison
-        for query in queries:
-            query.processAllAvailable()
-        assert all(q.isActive and q.exception() is None for q in queries)
-    finally:
-        for query in queries:
-            query.stop()
+def test_poison_is_quarantined_and_stops_the_pass_until_accepted_then_each_row_lands_once(
+        spark, paths):
+    """Silver never raises on data; gold stops on a row it cannot count. In one pass the
+    batch's silver appends are already committed when gold stops: the restart with the rows
+    accepted skips them (their txn) and completes gold."""
+    append_bronze(paths.bronze, FIRST)
+    with pytest.raises(GoldStopped, match="could not be parsed|unparseable|quarantine"):
+        run_once(spark, paths)
+    assertDataFrameEqual(quarantined(spark, paths), expected_quarantine(spark))
+    assert_one_silver_row_per_bronze_row(spark, paths)
+    stopped = versions(spark, paths)
 
-    assert_one_silver_row_per_bronze_row(spark, loc)
+    query, writer = start_bare_stream(spark, paths, KNOWN, once=False,
+                                      accept_errors_upto=ACCEPT_POISON,
+                                      trigger_interval="200 milliseconds")
+    try:
+        query.processAllAvailable()
+        assert versions(spark, paths)[:2] == stopped[:2]        # silver: skipped, not again
+        append_bronze(paths.bronze, SECOND)                     # after the poison
+        query.processAllAvailable()
+        assert query.isActive and query.exception() is None
+    finally:
+        query.stop()
+
+    assert_one_silver_row_per_bronze_row(spark, paths)
     assertDataFrameEqual(
-        read(spark, loc.silver_path).select("commit_lsn", "seq", "op", "id", "old_id",
-                                            F.col("columns")["rate_multiplier"].alias("rate"),
-                                            F.col("columns")["postage"].alias("postage"),
-                                            "error"),
+        read(spark, paths.silver).select("commit_lsn", "seq", "op", "id", "old_id",
+                                         F.col("columns")["rate_multiplier"].alias("rate"),
+                                         F.col("columns")["postage"].alias("postage"),
+                                         "error"),
         spark.createDataFrame([
             (100, 0, "I", nid(1), None, None, None, None),
             (110, 0, None, None, None, None, None, "malformed JSON"),
@@ -210,7 +224,9 @@ def test_poison_is_quarantined_and_the_running_stream_keeps_going(spark, loc):
             (200, 1, "D", None, nid(1), None, None, None),
         ], "commit_lsn bigint, seq int, op string, id string, old_id string, "
            "rate string, postage string, error string"))
-    assertDataFrameEqual(quarantined(spark, loc), expected_quarantine(spark))
+    assertDataFrameEqual(quarantined(spark, paths), expected_quarantine(spark))
+    # Gold: nid(1) and nid(3) inserted, nid(2) inserted and nid(1) deleted: 2 created.
+    assert [tuple(r) for r in read(spark, paths.gold.gold).select("count").collect()] == [(2,)]
 
 
 def _drop_last_commit(checkpoint: Path) -> Path:
@@ -223,42 +239,43 @@ def _drop_last_commit(checkpoint: Path) -> Path:
 
 
 @pytest.mark.spark
-def test_a_replayed_batch_is_skipped_by_the_sink(spark, loc):
-    """F11: killed after the sink's Delta commit, before the checkpoint's commit file."""
-    append_bronze(loc.bronze_path, FIRST)
-    append_bronze(loc.bronze_path, SECOND)
-    run_once(spark, loc)
-    versions = (version(spark, loc.silver_path), version(spark, loc.quarantine_path))
+def test_a_replayed_batch_is_skipped_by_every_sink(spark, paths):
+    """F11: killed after the batch's Delta commits, before the checkpoint's commit file."""
+    append_bronze(paths.bronze, FIRST)
+    append_bronze(paths.bronze, SECOND)
+    run_once(spark, paths, accept_errors_upto=ACCEPT_POISON)
+    before = versions(spark, paths)
+    gold = read(spark, paths.gold.gold).collect()
 
-    checkpoints = Path(loc.checkpoint_root)
-    dropped = [_drop_last_commit(checkpoints / name) for name in ("changes", QUARANTINE_CHECKPOINT)]
-    replay = run_once(spark, loc)
+    dropped = _drop_last_commit(Path(paths.checkpoint))
+    replay = run_once(spark, paths, accept_errors_upto=ACCEPT_POISON)
 
-    assert all(p.exists() for p in dropped)             # the batches did run again ...
-    assert (replay.changes_rows, replay.quarantined_rows) == (0, 0)     # ... and wrote nothing
-    assert (version(spark, loc.silver_path), version(spark, loc.quarantine_path)) == versions
-    assert_one_silver_row_per_bronze_row(spark, loc)
-    assertDataFrameEqual(quarantined(spark, loc), expected_quarantine(spark))
+    assert dropped.exists()                               # the batch did run again ...
+    assert (replay.batches, replay.silver_rows, replay.quarantined) == (1, 0, 0)
+    assert versions(spark, paths) == before               # ... and wrote nothing
+    assert read(spark, paths.gold.gold).collect() == gold
+    assert_one_silver_row_per_bronze_row(spark, paths)
+    assertDataFrameEqual(quarantined(spark, paths), expected_quarantine(spark))
 
 
 @pytest.mark.spark
-def test_a_lost_checkpoint_refuses_to_start_instead_of_duplicating(spark, loc):
-    """F18: without its checkpoint the sink cannot recognise its own batches."""
-    append_bronze(loc.bronze_path, SECOND)
-    run_once(spark, loc)
-    shutil.rmtree(Path(loc.checkpoint_root) / "changes")
+def test_a_lost_checkpoint_refuses_to_start_instead_of_duplicating(spark, paths):
+    """F18: without its checkpoint the sinks cannot recognise their own batches."""
+    append_bronze(paths.bronze, SECOND)
+    run_once(spark, paths)
+    shutil.rmtree(paths.checkpoint)
 
     with pytest.raises(UserError, match="checkpoint .* is missing"):
-        run_once(spark, loc)
-    assert_one_silver_row_per_bronze_row(spark, loc)
+        run_once(spark, paths)
+    assert_one_silver_row_per_bronze_row(spark, paths)
 
 
 @pytest.mark.spark
-def test_refuses_missing_bronze_and_foreign_tables(spark, loc):
+def test_refuses_missing_bronze_and_foreign_tables(spark, paths):
     with pytest.raises(UserError, match="no bronze table"):
-        start_silver(spark, **asdict(loc), known_tables=KNOWN, once=True)
-    append_bronze(loc.bronze_path, SECOND)
-    spark.createDataFrame([(1,)], "x int").write.format("delta").save(loc.silver_path)
+        start_bare_stream(spark, paths, KNOWN)
+    append_bronze(paths.bronze, SECOND)
+    spark.createDataFrame([(1,)], "x int").write.format("delta").save(paths.silver)
     with pytest.raises(UserError, match="does not have the silver schema"):
-        start_silver(spark, **asdict(loc), known_tables=KNOWN, once=True)
-    assert not Path(loc.checkpoint_root).exists()        # nothing was started
+        start_bare_stream(spark, paths, KNOWN)
+    assert not Path(paths.checkpoint).exists()        # nothing was started
