@@ -120,7 +120,7 @@ assert all(r.success for r in silver_gate), "the silver gate failed: do not rebu
 # MAGIC %md
 # MAGIC ## 3. Rebuild gold, then the gold gate
 # MAGIC Set the `rebuild` parameter to `yes` to run it (the job runs `lakecdc backfill
-# MAGIC rebuild-gold`). Stop a running gold stream first: only one process may write gold,
+# MAGIC rebuild-gold`). Stop a running stream first: only one process may write gold,
 # MAGIC and the rebuild says so if another holds the lock.
 
 # COMMAND ----------

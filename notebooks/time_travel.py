@@ -58,7 +58,7 @@ gold_path = table_paths(config)["gold_service_stats"]
 
 # MAGIC %md
 # MAGIC ## Gold's versions
-# MAGIC Each MERGE of the gold stream is one version; `userMetadata` records the newest source
+# MAGIC Each MERGE of the stream is one version; `userMetadata` records the newest source
 # MAGIC commit it includes (`commit_lsn`) - gold is exact as of that commit.
 
 # COMMAND ----------

@@ -153,7 +153,7 @@ class Pipeline:
     @contextmanager
     def gold_lock(self):
         """Held by every gold writer (``pipelines.locks``): one at a time. Re-entrant
-        within this pipeline (a rebuild holds it and then runs the gold stage)."""
+        within this pipeline (verify's repair holds it around a rebuild)."""
         from pipelines.locks import gold_writer_lock
 
         if self._gold_locked:

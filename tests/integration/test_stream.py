@@ -279,3 +279,16 @@ def test_refuses_missing_bronze_and_foreign_tables(spark, paths):
     with pytest.raises(UserError, match="does not have the silver schema"):
         start_bare_stream(spark, paths, KNOWN)
     assert not Path(paths.checkpoint).exists()        # nothing was started
+
+
+@pytest.mark.spark
+def test_negative_control_without_the_silver_guard_a_replayed_batch_appends_twice(spark,
+                                                                                  paths):
+    """The replay of the test above with silver's guard off (no app transaction, no replay
+    check): the batch's rows land in silver a second time."""
+    append_bronze(paths.bronze, SECOND)
+    run_once(spark, paths, silver_guard=False)
+    _drop_last_commit(Path(paths.checkpoint))
+    run_once(spark, paths, silver_guard=False)
+    keys = [tuple(r) for r in read(spark, paths.silver).select(KEY).collect()]
+    assert len(keys) == 2 * len(SECOND) and len(set(keys)) == len(SECOND)
