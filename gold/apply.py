@@ -249,6 +249,7 @@ class GoldBatchWriter:
         self.faults = faults or _NoFaults()
         # (version, batch id) of an empty _pending this writer has not written since.
         self._pending_known_empty: tuple[int, int | None] | None = None
+        self._session: SparkSession | None = None
 
     def apply(self, batch: DataFrame, batch_id: int) -> BatchResult:
         started = time.monotonic()
@@ -287,7 +288,7 @@ class GoldBatchWriter:
                       pending_transactions=plan.carried_transactions)
         if plan.applied:
             merging = time.monotonic()
-            result["merged_keys"] = self._merge(spark, plan, batch_id)
+            result["merged_keys"] = self._merge(self._merge_session(spark), plan, batch_id)
             result["merge_seconds"] = time.monotonic() - merging
             result["commit_lsn"] = plan.commit_lsn
             self.faults.hit("after_gold_merge")
@@ -298,6 +299,14 @@ class GoldBatchWriter:
         else:
             self._pending_known_empty = (version, last_batch)    # _pending was not written
         return BatchResult(**result, seconds=time.monotonic() - started)
+
+    def _merge_session(self, spark: SparkSession) -> SparkSession:
+        """A session of this writer's own for the MERGE: the txn and metadata confs it sets
+        are then seen by no other write, even one running at the same time in the batch's
+        session (``pipelines.stream`` appends silver meanwhile)."""
+        if self._session is None or self._session.sparkContext is not spark.sparkContext:
+            self._session = spark.newSession()
+        return self._session
 
     def _merge(self, spark: SparkSession, plan: Plan, batch_id: int) -> int:
         """MERGE the key deltas; returns the gold rows it updated or inserted (0 when Delta
@@ -325,9 +334,8 @@ class GoldBatchWriter:
             _MATERIALIZE: "none"}
         if self.guard:
             confs.update({_TXN_APP: self.app_id, _TXN_VERSION: str(batch_id)})
-        # Session confs are how Delta takes txn/metadata for MERGE. The batch's session is
-        # the stream's own clone, and they are unset right after, so no other write of the
-        # session can pick them up.
+        # Session confs are how Delta takes txn/metadata for MERGE: set on this writer's own
+        # session (``_merge_session``) and unset right after, so no other write sees them.
         for key, value in confs.items():
             spark.conf.set(key, value)
         try:

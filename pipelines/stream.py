@@ -2,12 +2,13 @@
 
 One query reads bronze; its ``foreachBatch`` (``OnePass``) does, per micro-batch ``b``:
 
-1. silver (``silver.writer``): parse once, append ``silver/changes`` and the batch's failed
-   rows to ``silver/quarantine`` (Delta app transactions ``lakecdc-silver`` /
-   ``lakecdc-quarantine``, version ``b``);
-2. gold (``gold.apply``): the parsed rows' signed deltas of whole source transactions,
-   MERGEd into ``gold/service_stats`` (app transaction ``lakecdc-gold[@epoch]``, version
-   ``b``), partial transactions carried in ``gold/_pending``;
+1. parse the batch once (``silver.writer``, persisted for both halves);
+2. at the same time, in two threads:
+   - silver: append ``silver/changes`` and the batch's failed rows to ``silver/quarantine``
+     (Delta app transactions ``lakecdc-silver`` / ``lakecdc-quarantine``, version ``b``);
+   - gold (``gold.apply``): the parsed rows' signed deltas of whole source transactions,
+     MERGEd into ``gold/service_stats`` (app transaction ``lakecdc-gold[@epoch]``, version
+     ``b``), partial transactions carried in ``gold/_pending``;
 3. ``on_pass`` callbacks: metrics, and the push thread woken so the dashboard follows at once
    (``pipelines.run``).
 
@@ -31,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from pyspark import InheritableThread
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -104,11 +106,10 @@ class OnePass:
     def __call__(self, bronze: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         try:
-            parsed, written = self.silver.write(bronze, batch_id)
+            parsed, figures = self.silver.parse(bronze)
             try:
-                silver_seconds = time.monotonic() - started
-                self.faults.hit("after_silver_append")
-                applied = self.gold.apply(parsed.select(*GOLD_COLUMNS), batch_id)
+                written, applied, silver_seconds = self._both(bronze, parsed, figures,
+                                                              batch_id, started)
             finally:
                 parsed.unpersist()
         except BaseException as exc:
@@ -127,6 +128,34 @@ class OnePass:
                 callback(result)
             except Exception:                # an observer never fails the batch
                 log.warning("batch %d: a pass callback failed", batch_id, exc_info=True)
+
+
+    def _both(self, bronze, parsed, figures, batch_id: int, started: float):
+        """Silver's appends and gold's MERGE of the parsed batch, at the same time: they are
+        independent writes, each idempotent on its own, and most of their time is spent on
+        the driver (Delta log work), so two threads keep both cores busy. Both always run to
+        the end; the first error (silver's, else gold's) is raised after. The gold thread
+        inherits the batch's Spark job properties (its query's job group: stopping the query
+        cancels its jobs too)."""
+        gold: dict = {}
+
+        def apply() -> None:
+            try:
+                gold["result"] = self.gold.apply(parsed.select(*GOLD_COLUMNS), batch_id)
+            except BaseException as exc:
+                gold["error"] = exc
+
+        thread = InheritableThread(target=apply, name=f"lakecdc-gold-{batch_id}", daemon=True)
+        thread.start()
+        try:
+            written = self.silver.append(bronze, parsed, figures, batch_id)
+            silver_seconds = time.monotonic() - started
+            self.faults.hit("after_silver_append")
+        finally:
+            thread.join()
+        if "error" in gold:
+            raise gold["error"]
+        return written, gold["result"], silver_seconds
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """One micro-batch of bronze rows into silver, exactly once (docs/silver.md).
 
-``SilverWriter.write(bronze, batch_id)`` is the silver half of the one-pass stream
-(``pipelines.stream``): it parses the batch once (``silver.parse``), appends one row per
-bronze row to ``silver/changes``, appends the batch's failed rows (raw JSON and the error)
-to ``silver/quarantine``, and hands the parsed rows on to gold.
+``SilverWriter`` is the silver half of the one-pass stream (``pipelines.stream``):
+``parse`` parses the batch once (``silver.parse``) for silver and gold alike; ``append``
+appends one row per bronze row to ``silver/changes`` and the batch's failed rows (raw JSON
+and the error) to ``silver/quarantine``.
 
 - **Exactly once per table.** Each append carries a Delta app transaction
   (``txnAppId`` ``lakecdc-silver`` / ``lakecdc-quarantine``, ``txnVersion`` = the stream's
@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Iterable
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -97,15 +97,9 @@ class SilverWriter:
         ensure_table(spark, self.quarantine_path, SILVER_QUARANTINE,
                      "lakecdc silver/quarantine")
 
-    def write(self, bronze: DataFrame, batch_id: int) -> tuple[DataFrame, SilverBatch]:
-        """Append the batch; returns its parsed rows (persisted: the caller unpersists them)
-        and what was written. One Spark job reads the batch's figures, one appends it; a
-        batch with failed rows costs one more for quarantine.
-
-        A replay (the batch id is already in a table's commits) appends nothing to that
-        table; Delta's app transaction would skip it anyway, this only saves the work and
-        reports the batch truthfully."""
-        spark = bronze.sparkSession
+    def parse(self, bronze: DataFrame) -> tuple[DataFrame, Row]:
+        """The batch parsed once and persisted (the caller unpersists it), and its figures:
+        rows, errors, the newest commit (``lsn``, ``ts``). One Spark job."""
         parsed = parse_changes(bronze, self.known_tables).persist()
         try:
             figures = parsed.agg(
@@ -113,6 +107,21 @@ class SilverWriter:
                 F.count("error").alias("errors"),
                 F.max("commit_lsn").alias("lsn"),
                 F.max_by("commit_ts", "commit_lsn").alias("ts")).first()
+        except BaseException:
+            parsed.unpersist()
+            raise
+        return parsed, figures
+
+    def append(self, bronze: DataFrame, parsed: DataFrame, figures: Row,
+               batch_id: int) -> SilverBatch:
+        """Append the parsed batch to ``silver/changes`` and its failed rows to
+        ``silver/quarantine``; returns what was written (one Spark job each).
+
+        A replay (the batch id is already in a table's commits) appends nothing to that
+        table; Delta's app transaction would skip it anyway, this only saves the work and
+        reports the batch truthfully."""
+        spark = bronze.sparkSession
+        try:
             rows = self._append(spark, parsed, self.silver_path, APP_ID, batch_id,
                                 figures.rows)
             quarantined = 0
@@ -124,9 +133,8 @@ class SilverWriter:
                             batch_id, figures.errors, self.quarantine_path)
         except BaseException:
             self._written.clear()          # a failed append may have committed: read again
-            parsed.unpersist()
             raise
-        return parsed, SilverBatch(rows, quarantined, figures.lsn, figures.ts)
+        return SilverBatch(rows, quarantined, figures.lsn, figures.ts)
 
     def _append(self, spark: SparkSession, rows: DataFrame, path: str, app_id: str,
                 batch_id: int, count: int) -> int:
