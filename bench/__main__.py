@@ -1,14 +1,15 @@
 """``python -m bench`` (``make bench``): every benchmark in one run, and its report.
 
 Starts its own throw-away Postgres 15 with wal2json and a local Spark session, runs the
-sections of ``bench.measure`` (backlog: decode vs ship, silver/gold/push throughput, the PoC
+sections of ``bench.measure`` (backlog: decode vs ship, stream and push throughput, the PoC
 baseline and exactness; freshness at a steady rate; gold batch time against source size;
 the shipper's peak RSS through one big transaction), writes the result document
 ``results.json`` and PNG plots into ``--out`` and regenerates ``--report`` from
 ``bench/report.py``'s template. Everything it started is stopped and removed again.
 
-``--quick`` is the smoke size, what CI runs (``tests/integration/test_bench_smoke.py``),
-writing to ``bench-output/quick`` unless told otherwise.
+``--quick`` is the smoke size (``tests/integration/test_bench_smoke.py``, run with
+``pytest -m bench`` outside the default run), writing to ``bench-output/quick`` unless
+told otherwise.
 Exit 0 when lakecdc's counts were exact everywhere, 1 if any differed (the numbers are
 written either way).
 """
@@ -26,7 +27,7 @@ from bench import report
 from bench.measure import Params, run_all
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = Params(changes=6_000, tx_size=500, rates=(300.0,), freshness_s=10.0, sample_s=0.25,
+QUICK = Params(changes=6_000, tx_size=500, rates=(300.0,), freshness_s=10.0,
                scale_rows=(2_000, 20_000), scale_batch=500, scale_repeats=1,
                big_tx_rows=20_000, quick=True)
 

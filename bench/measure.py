@@ -4,20 +4,21 @@
 
 - ``backlog``: a deterministic backlog (``bench.workload.write_backlog``) in database
   ``bench``: raw decode on a witness slot (timed before and after the shipper) against
-  ``lakecdc ship --once`` on the same content; then silver, gold and push, each timed
-  alone (``once``: everything available); lakecdc's gold and dashboard against the source
-  ``GROUP BY``. The PoC (``bench.poc``) drains its own slot, which saw the same WAL, and is
-  compared with the same ``GROUP BY``; so is the PoC on a twin database that got the same
-  backlog under the default replica identity (the primary key), as the PoC was deployed.
+  ``lakecdc ship --once`` on the same content; then the stream (bronze → silver and gold in
+  one pass, ``once``: everything available) and the push, each timed alone, with the
+  stream's per-batch account (``bench.profile.PassLog``); lakecdc's gold and dashboard
+  against the source ``GROUP BY``. The PoC (``bench.poc``) drains its own slot, which saw
+  the same WAL, and is compared with the same ``GROUP BY``; so is the PoC on a twin database
+  that got the same backlog under the default replica identity (the primary key), as the
+  PoC was deployed.
 - ``freshness``: per rate, ``lakecdc run`` (continuous) on ``bench``; once its streaming
-  queries are up, ``SteadyTraffic`` writes at that steady rate; the dashboard's watermark
-  (``lakecdc_push_progress.source_commit_ts``) is read every ``sample_s``. A tick's latency
-  is from its last commit to the first reading whose watermark includes it (resolution
-  ``sample_s``). Then the layers are drained and checked.
+  query is up, ``SteadyTraffic`` writes at that steady rate while a
+  ``pipelines.traffic.FreshnessProbe`` commits a never-seen service every 0.5 s and times
+  each until its row is on the dashboard. Then everything is drained and checked.
 - ``gold_scaling``: per source size, a database populated before ``setup`` (so the rows
   reach gold through the baseline, and gold's keys grow with the services), then the same
-  fixed batch of status changes, repeated; gold's batch time (foreachBatch, and the whole
-  ``gold --once`` stage) per repeat.
+  fixed batch of status changes, repeated; the gold half of each pass, and the whole
+  ``stream --once``, per repeat.
 - ``big_transaction``: one transaction of ``big_tx_rows`` inserts, drained by
   ``lakecdc ship --once``; the child's peak RSS.
 
@@ -62,7 +63,6 @@ class Params:
     tx_size: int = 1000               # rows per insert transaction in the backlog
     rates: tuple[float, ...] = (2000.0, 200.0)   # freshness: changes per second, one run each
     freshness_s: float = 120.0        # freshness: seconds of steady traffic
-    sample_s: float = 0.25            # freshness: dashboard reading interval
     scale_rows: tuple[int, ...] = (100_000, 300_000, 1_000_000)
     scale_batch: int = 10_000         # gold scaling: changes per measured batch
     scale_repeats: int = 2
@@ -289,6 +289,7 @@ class Bench:
                    guarded("probe", lambda: probe.run(stop_traffic))]
         watcher = guarded("watch", lambda: probe.watch(stop_traffic))
         out["spark_progress"] = {}
+        mark = self.passes.mark()
         with self.progress.window(out["spark_progress"]):
             runner.start()
             # Traffic starts once the continuous pipeline runs (its streaming query is
@@ -310,6 +311,7 @@ class Bench:
         runner.join(timeout=300)
         if errors:
             raise errors[0]
+        out["per_batch"] = self.passes.summary(mark)
         latencies = probe.latencies()
         out["probes"] = {"committed": len(probe.committed), "seen": len(latencies)}
         out["written"] = traffic.written.as_dict()

@@ -32,6 +32,8 @@ from pipelines.source_truth import source_counts
 from pipelines.traffic import SERVICE_NAMES, FreshnessProbe, Traffic
 
 SCHEMA = Path(__file__).resolve().parents[1] / "infra" / "postgres" / "source_schema.sql"
+STEP_INSERTS = 30        # notifications per traffic step (a step every 0.1 s)
+WARM_STEPS = 50          # the untimed warm-up round of real traffic
 
 
 def _say(text: str) -> None:
@@ -82,14 +84,20 @@ def run_demo(seconds: float, out_dir: str, stop: threading.Event,
              "lakehouse tables ...")
         pipeline = Pipeline(config, spark_factory=spark_factory)
         pipeline.run_once()   # warm up: tables, JVM, first plans - before the clock runs
-
         traffic = Traffic(dsn, seed=42)
+        # Then a round of real traffic through every layer, untimed too: the freshness
+        # below is the running pipeline's, not the first batches of a cold JVM's.
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for _ in range(WARM_STEPS):
+                traffic.step(conn, STEP_INSERTS)
+        pipeline.run_once()
+
         # Freshness as a dashboard user sees it: a notification of a never-seen service
         # committed every 0.5 s, timed until its row shows on the dashboard.
         probe = FreshnessProbe(dsn, dsn, tag=uuid.uuid4().hex)
         pipe = threading.Thread(target=pipeline.run_continuous, args=(pipeline_stop,),
                                 daemon=True)
-        sources = [threading.Thread(target=traffic.run, args=(traffic_stop, 0.1, 30),
+        sources = [threading.Thread(target=traffic.run, args=(traffic_stop, 0.1, STEP_INSERTS),
                                     daemon=True),
                    threading.Thread(target=probe.run, args=(traffic_stop,), daemon=True)]
         watcher = threading.Thread(target=probe.watch, args=(traffic_stop,), daemon=True)

@@ -129,7 +129,6 @@ class OnePass:
             except Exception:                # an observer never fails the batch
                 log.warning("batch %d: a pass callback failed", batch_id, exc_info=True)
 
-
     def _both(self, bronze, parsed, figures, batch_id: int, started: float):
         """Silver's appends and gold's MERGE of the parsed batch, at the same time: they are
         independent writes, each idempotent on its own, and most of their time is spent on
