@@ -59,7 +59,7 @@ SCHEMA = (Path(__file__).resolve().parents[1] / "infra" / "postgres" /
 
 @dataclass(frozen=True)
 class Params:
-    changes: int = 200_000            # backlog size (at least this many changes)
+    changes: int = 300_000            # backlog size (at least this many changes)
     tx_size: int = 1000               # rows per insert transaction in the backlog
     rates: tuple[float, ...] = (2000.0, 200.0)   # freshness: changes per second, one run each
     freshness_s: float = 120.0        # freshness: seconds of steady traffic
