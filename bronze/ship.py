@@ -347,7 +347,7 @@ class Shipper:
         return self._done(BatchResult(summary.rows, summary.kept, summary.transactions, full,
                                       committed, time.monotonic() - started, read_rows,
                                       skipped_messages=skipped,
-                                       **_newest(summary, committed)), new)
+                                      **_newest(summary, committed)), new)
 
     def _done(self, result: BatchResult, progress: Progress) -> tuple[BatchResult, Progress]:
         """The batch ``run`` reports next (``on_batch``, totals)."""
