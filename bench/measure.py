@@ -295,10 +295,9 @@ class Bench:
             # Traffic starts once the continuous pipeline runs (its streaming query is
             # active): its start-up is not part of a change's path in production.
             ready_by = time.monotonic() + 300
-            while not self.spark.streams.active and not errors:
+            while not pipeline.started.wait(0.2) and not errors:
                 if time.monotonic() > ready_by:
                     raise RuntimeError("the continuous pipeline did not start within 300 s")
-                stop_pipeline.wait(0.2)
             started_at = time.time()
             for thread in (*writers, watcher):
                 thread.start()

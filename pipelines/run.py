@@ -238,6 +238,7 @@ class Pipeline:
             self._run_continuous(stop)
 
     def _run_continuous(self, stop: threading.Event) -> None:
+        self.started.clear()
         errors: list[BaseException] = []
 
         def guarded(name: str, target: Callable[[], object]) -> threading.Thread:

@@ -386,6 +386,29 @@ def test_kill_9_of_the_run_process_group_in_the_gold_batch_and_mid_flight_ends_e
     assert verdict.notifications > 0
 
 
+@pytest.mark.spark
+def test_kill_9_after_silver_appends_while_gold_merges_beside_them_ends_exact(
+        source_db, config, witness, pipeline, traffic, tmp_path):
+    """Silver's appends and gold's MERGE run side by side (``pipelines.stream``): the
+    driver dies as soon as silver has appended a batch, wherever gold's thread is then
+    (planning, mid-MERGE, done), and the rest of the group gets SIGKILL. The restart replays
+    the batch: silver skips it, gold applies it or skips it, and I1-I5 hold."""
+    from bronze.ship import Shipper
+    from soak import Soak
+
+    wait_for(lambda: Shipper(config).run(once=True).changes > 0, timeout=60)
+    crashed = Soak(config, tmp_path).cycle(fault="after_silver_append:1")
+    assert crashed.exit_code == 137
+    silver = DeltaTable(config.table_path("silver", "changes"))
+    assert json.loads(silver.history(1)[0]["userMetadata"])["batch_id"] == 0
+    checkpoint = Path(config.lakehouse) / "_checkpoints" / "stream"
+    assert not (checkpoint / "commits" / "0").exists(), "the kill was meant to land mid-batch"
+    assert traffic() > 0
+    pipeline.run_once()
+    verdict = check_invariants(config, witness)
+    assert verdict.notifications > 0
+
+
 # --- F14: poison input mid-stream ---------------------------------------------------------------
 
 def lsn_text(value: int) -> str:
