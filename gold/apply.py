@@ -63,6 +63,7 @@ from pipelines.commits import last_metadata, parse_commit_metadata as parse_meta
 from pipelines.captured import DIMS
 from pipelines.errors import UserError
 from pipelines.lsn import fmt
+from pipelines.snapshots import warm_in_background
 
 log = logging.getLogger("lakecdc.gold")
 
@@ -344,6 +345,8 @@ class GoldBatchWriter:
         finally:
             for key in confs:
                 spark.conf.unset(key)
+        if self.guard:
+            warm_in_background(spark, self.paths.gold)   # for the next batch's MERGE
         return 0 if metrics is None else int(metrics["num_updated_rows"]
                                              + metrics["num_inserted_rows"])
 

@@ -34,6 +34,7 @@ from pyspark.sql.types import StructType
 
 from pipelines.commits import commit_metadata, last_metadata
 from pipelines.errors import UserError
+from pipelines.snapshots import warm_in_background
 from silver.parse import parse_changes, quarantine_rows
 from silver.schema import SILVER_CHANGES, SILVER_QUARANTINE
 
@@ -153,6 +154,8 @@ class SilverWriter:
             writer = writer.option("txnAppId", app_id).option("txnVersion", batch_id)
         writer.save(path)
         self._written[path] = batch_id
+        if self.guard:
+            warm_in_background(spark, path)      # for the next batch's app transaction
         return count
 
 
