@@ -48,7 +48,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Protocol
+from typing import Callable, Protocol
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -57,6 +57,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 
 from pipelines.commits import commit_metadata as metadata
 from gold import deltas as D
+from gold.asof import gold_state
 from gold.plan import Plan, first_problem
 from gold.plan import plan as plan_batch
 from pipelines.commits import last_metadata, parse_commit_metadata as parse_metadata
@@ -124,6 +125,20 @@ class GoldPaths:
     def beside(cls, gold_path: str) -> "GoldPaths":
         """``_pending`` next to ``service_stats`` (``<lakehouse>/gold/_pending``)."""
         return cls(gold_path, gold_path.rstrip("/").rsplit("/", 1)[0] + "/_pending")
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A batch's step of gold, known before its MERGE commits: gold moves from watermark
+    ``after_lsn`` to ``commit_lsn`` by adding ``key_deltas`` (``(dims..., delta,
+    last_commit_lsn)``). A replay of the batch plans the same step (its inputs are fixed),
+    so the dashboard may take it ahead of gold (``gold.push.push_ahead``)."""
+
+    batch_id: int
+    after_lsn: int
+    commit_lsn: int
+    commit_ts: datetime | None
+    key_deltas: list[tuple]
 
 
 @dataclass(frozen=True)
@@ -251,8 +266,15 @@ class GoldBatchWriter:
         # (version, batch id) of an empty _pending this writer has not written since.
         self._pending_known_empty: tuple[int, int | None] | None = None
         self._session: SparkSession | None = None
+        # Gold's watermark after this writer's last successful batch (None: read it again).
+        self._watermark: int | None = None
 
-    def apply(self, batch: DataFrame, batch_id: int) -> BatchResult:
+    def apply(self, batch: DataFrame, batch_id: int,
+              planned: Callable[[Planned], None] | None = None) -> BatchResult:
+        """Steps 1-7 of the module docstring. ``planned`` is called with the batch's step
+        right before the MERGE (not when nothing is applied, nor on a replay that returns
+        at step 1)."""
+        watermark, self._watermark = self._watermark, None
         started = time.monotonic()
         spark = batch.sparkSession
         # Step 2 without reading the log when this writer's previous batch left _pending
@@ -288,6 +310,12 @@ class GoldBatchWriter:
                       applied_transactions=plan.applied,
                       pending_transactions=plan.carried_transactions)
         if plan.applied:
+            if planned is not None:
+                if watermark is None:
+                    watermark = gold_state(spark, self.paths.gold).watermark
+                if watermark is not None:
+                    planned(Planned(batch_id, watermark, plan.commit_lsn, plan.commit_ts,
+                                    plan.key_deltas))
             merging = time.monotonic()
             result["merged_keys"] = self._merge(self._merge_session(spark), plan, batch_id)
             result["merge_seconds"] = time.monotonic() - merging
@@ -299,6 +327,7 @@ class GoldBatchWriter:
             self.faults.hit("after_gold_pending")
         else:
             self._pending_known_empty = (version, last_batch)    # _pending was not written
+        self._watermark = plan.commit_lsn if plan.applied else watermark
         return BatchResult(**result, seconds=time.monotonic() - started)
 
     def _merge_session(self, spark: SparkSession) -> SparkSession:

@@ -7,7 +7,8 @@ One push, at one gold version ``V`` (fixed when the push starts):
 1. In one Postgres transaction, lock this gold table's row of ``lakecdc_push_progress``
    (created at version -1 if missing; the lock also serialises concurrent pushers).
 2. Nothing to do if it records ``V`` or later for the same Delta table id: a replayed or
-   stale push (F13) changes nothing, not even ``pushed_at``.
+   stale push (F13) changes nothing, not even ``pushed_at``. (2b) If it records a watermark
+   at or above gold's at ``V`` (an ahead push), only the version is recorded.
 3. Otherwise the keys that changed in gold versions ``(pushed, V]`` come from gold's change
    data feed, and their *absolute* counts at ``V`` (the newest post-image per key; a key
    whose newest change is a delete is deleted). No progress yet, a different table id
@@ -18,9 +19,20 @@ One push, at one gold version ``V`` (fixed when the push starts):
 
 Absolute counts make a repeated push harmless by themselves; the version guard keeps an
 older version from overwriting a newer one. The dashboard therefore always shows gold at
-one version, and gold only ever holds whole source transactions (``gold.apply``), so the
+one watermark, and gold only ever holds whole source transactions (``gold.apply``), so the
 dashboard never shows part of a source transaction. ``source_commit_lsn``/``_ts`` of a row
-are the gold watermark of the push that wrote it: the count is exact as of that commit.
+are the watermark of the push that wrote it: the count is exact as of that commit.
+
+**Ahead of gold** (``push_ahead``, inside ``lakecdc run``): as soon as a stream batch has
+planned its step of gold (``gold.apply.Planned``: from watermark ``A`` to ``W`` by some key
+deltas) and silver holds its rows, the same step is added to the dashboard, before gold's
+MERGE commits it, in one transaction fenced on the progress row: applied only if the
+dashboard is at watermark ``A`` of the same gold table; the row then records ``W`` (its gold
+version stays). A replayed batch plans the same step, and finds the dashboard at ``W``:
+nothing is added twice. A push of gold version ``V`` whose watermark is at or below the
+dashboard's only records ``V`` (step 2b): the dashboard already holds gold at ``V``, or gold
+at a later watermark, which the counts at ``V`` must not overwrite (gold at a watermark
+is the source as of it, and so is the dashboard: docs/gold.md).
 
 When the dashboard is the captured source database, the push's writes stay out of the
 replication slot because the shipper asks wal2json for the captured tables only
@@ -99,7 +111,7 @@ def ensure_dashboard_tables(conn: psycopg.Connection) -> None:
 
 def push_once(gold_path: str, dashboard_dsn: str, storage_options: dict | None = None, *,
               version: int | None = None, faults=None, full: bool = False,
-              marks: dict | None = None) -> PushResult:
+              marks: dict | None = None, fence: bool = True) -> PushResult:
     """Push gold (at its latest version, or ``version``) to the dashboard; see module doc.
 
     ``full``: replace the dashboard with every gold row even if the feed is readable (after
@@ -108,15 +120,16 @@ def push_once(gold_path: str, dashboard_dsn: str, storage_options: dict | None =
     dashboard's."""
     with connect(dashboard_dsn, what="dashboard") as conn:
         return _push(conn, gold_path, storage_options, version=version, faults=faults,
-                     full=full, marks=marks)
+                     full=full, marks=marks, fence=fence)
 
 
 def _push(conn: psycopg.Connection, gold_path: str, storage_options: dict | None, *,
           version: int | None = None, faults=None, full: bool = False,
-          marks: dict | None = None) -> PushResult:
+          marks: dict | None = None, fence: bool = True) -> PushResult:
     started = time.monotonic()
     table = open_gold(gold_path, storage_options, version)
-    result = push_table(conn, table, gold_key(gold_path), faults or _Faults(), full, marks)
+    result = push_table(conn, table, gold_key(gold_path), faults or _Faults(), full, marks,
+                        fence)
     result = PushResult(**{**result.__dict__, "seconds": time.monotonic() - started})
     if result.pushed:
         log.info("pushed gold version %d (%s push): %d rows upserted, %d deleted, %.2fs",
@@ -130,7 +143,8 @@ def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
              storage_options: dict | None = None,
              on_result: Callable[[PushResult], None] | None = None,
              wake: threading.Event | None = None,
-             marks: Callable[[], dict] | None = None) -> list[PushResult]:
+             marks: Callable[[], dict] | None = None,
+             fence: bool = True) -> list[PushResult]:
     """Push until ``stop`` is set (``once``: a single push). Returns the pushes that wrote.
 
     Pushes every ``interval_s``, and at once whenever ``wake`` is set (the stream sets it
@@ -153,7 +167,7 @@ def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
                 if conn is None:
                     conn = connect(dashboard_dsn, what="dashboard")
                 result = _push(conn, gold_path, storage_options,
-                               marks=marks() if marks is not None else None)
+                               marks=marks() if marks is not None else None, fence=fence)
             except (psycopg.OperationalError, DeltaError, OSError, Unreachable) as exc:
                 if conn is not None:
                     conn.close()
@@ -210,9 +224,11 @@ def gold_position(table: DeltaTable, history_limit: int = 200) -> tuple[int | No
 
 
 def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults,
-               force_full: bool = False, marks: dict | None = None) -> PushResult:
+               force_full: bool = False, marks: dict | None = None,
+               fence: bool = True) -> PushResult:
     """Steps 1-4 of the module docstring on an open connection (autocommit mode); the layer
-    marks are recorded in the same transaction."""
+    marks are recorded in the same transaction. ``fence=False`` (the ``ahead_fence`` guard
+    off) skips step 2b: negative controls only."""
     version, table_id = table.version(), table.metadata().id
     with conn.transaction():
         conn.execute(sql.SQL("INSERT INTO {} (gold_table, gold_version) VALUES (%s, -1) "
@@ -226,6 +242,13 @@ def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults,
         if same_table and prev_version >= version:
             _record_layers(conn, key, marks or {})
             return PushResult(version, prev_version, pushed=False)
+        lsn, ts = gold_position(table)
+        if fence and same_table and not force_full and behind(lsn, prev_lsn):
+            # Step 2b: the dashboard is at or ahead of V already (ahead pushes).
+            conn.execute(sql.SQL("UPDATE {} SET gold_version = %s WHERE gold_table = %s")
+                         .format(sql.Identifier(PROGRESS_TABLE)), [version, key])
+            _record_layers(conn, key, {**(marks or {}), "gold": (lsn, ts)})
+            return PushResult(version, prev_version, pushed=False, source_commit_lsn=prev_lsn)
         rows, deleted, full = None, [], force_full or not same_table
         if not full:
             try:
@@ -236,7 +259,6 @@ def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults,
                 full = True
         if full:
             rows = snapshot_rows(table)
-        lsn, ts = gold_position(table)
         if lsn is None:       # no watermark recorded (old gold): the newest change pushed
             lsn = max([r[4] for r in rows if r[4] is not None] + [prev_lsn or 0]) or None
         _stage(conn, rows, deleted)
@@ -254,6 +276,83 @@ def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults,
     faults.hit("after_push_commit")
     return PushResult(version, prev_version if same_table else None, pushed=True, full=full,
                       upserted=upserted, deleted=removed, source_commit_lsn=lsn)
+
+
+def behind(gold_lsn: int | None, dashboard_lsn: int | None) -> bool:
+    """Whether gold at watermark ``gold_lsn`` is already in a dashboard at
+    ``dashboard_lsn`` (step 2b)."""
+    return gold_lsn is not None and dashboard_lsn is not None and gold_lsn <= dashboard_lsn
+
+
+def push_ahead(conn: psycopg.Connection, key: str, table_id: str, step,
+               marks: dict | None = None, fence: bool = True) -> bool:
+    """Add a batch's planned step of gold (``gold.apply.Planned``) to the dashboard before
+    gold's MERGE commits it (module docstring, "ahead of gold"). Returns whether it was
+    added: False when the dashboard is not at the step's starting watermark of this gold
+    table (behind, being caught up by ``push_table``; or already past it: a replay).
+    ``fence=False`` (the ``ahead_fence`` guard off) adds it anyway: negative controls only."""
+    with conn.transaction():
+        row = conn.execute(sql.SQL(
+            "SELECT gold_version, gold_table_id, source_commit_lsn FROM {} "
+            "WHERE gold_table = %s FOR UPDATE").format(sql.Identifier(PROGRESS_TABLE)),
+            [key]).fetchone()
+        if fence and (row is None or row[0] < 0 or row[1] != table_id
+                          or row[2] != step.after_lsn):
+            return False
+        _stage(conn, [(*k[:4], k[4]) for k in step.key_deltas], [])
+        stats, stage = sql.Identifier(STATS_TABLE), sql.Identifier(_STAGE)
+        dims = sql.SQL(", ").join(map(sql.Identifier, DIMS))
+        conn.execute(sql.SQL(
+            "INSERT INTO {stats} AS t ({dims}, count, source_commit_lsn, source_commit_ts, "
+            "pushed_at) SELECT {dims}, count, %s::bigint, %s::timestamptz, now() FROM {stage} "
+            "ON CONFLICT ({dims}) DO UPDATE SET count = t.count + EXCLUDED.count, "
+            "source_commit_lsn = EXCLUDED.source_commit_lsn, "
+            "source_commit_ts = EXCLUDED.source_commit_ts, pushed_at = EXCLUDED.pushed_at"
+        ).format(stats=stats, dims=dims, stage=stage), [step.commit_lsn, step.commit_ts])
+        conn.execute(sql.SQL(
+            "UPDATE {} SET source_commit_lsn = %s::bigint, source_commit_ts = %s::timestamptz, "
+            "pushed_at = now() WHERE gold_table = %s").format(sql.Identifier(PROGRESS_TABLE)),
+            [step.commit_lsn, step.commit_ts, key])
+        _record_layers(conn, key, {**(marks or {}),
+                                   "dashboard": (step.commit_lsn, step.commit_ts)})
+    return True
+
+
+class AheadPush:
+    """``push_ahead`` for one stream (``pipelines.stream.OnePass``'s ``ahead``): one
+    connection kept between batches, gold's table id read once. Never raises: a dashboard
+    it cannot reach is left to the push loop, which catches it up from gold."""
+
+    def __init__(self, gold_path: str, dashboard_dsn: str,
+                 storage_options: dict | None = None,
+                 marks: Callable[[], dict] | None = None, fence: bool = True) -> None:
+        self.gold_path = gold_path
+        self.fence = fence
+        self.dsn = dashboard_dsn
+        self.storage_options = storage_options
+        self.marks = marks
+        self.key = gold_key(gold_path)
+        self._table_id: str | None = None
+        self._conn: psycopg.Connection | None = None
+
+    def __call__(self, step) -> bool:
+        try:
+            if self._table_id is None:
+                self._table_id = open_gold(self.gold_path, self.storage_options).metadata().id
+            if self._conn is None:
+                self._conn = connect(self.dsn, what="dashboard")
+            return push_ahead(self._conn, self.key, self._table_id, step,
+                              self.marks() if self.marks is not None else None, self.fence)
+        except (psycopg.Error, DeltaError, OSError, Unreachable, UserError) as exc:
+            log.warning("batch %d: not pushed ahead of gold (the push catches up): %s",
+                        step.batch_id, exc)
+            self.close()
+            return False
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 def _record_layers(conn: psycopg.Connection, key: str, marks: dict) -> None:

@@ -29,8 +29,10 @@ _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
 # - gold_txn: gold's MERGE and pending writes carry txnAppId/txnVersion (replays skipped).
 # - backfill_window: the shipper drops snapshot backfill rows changed inside their chunk's
 #   watermark window (bronze/backfill.py); off, silver can receive a stale read.
+# - ahead_fence: a batch's step reaches the dashboard ahead of gold only from the watermark
+#   it starts at, and a push of an older gold version never overwrites it (gold/push.py).
 GUARDS = frozenset({"version_check", "commit_before_advance", "silver_txn", "gold_txn",
-                    "backfill_window"})
+                    "backfill_window", "ahead_fence"})
 
 
 @dataclass(frozen=True)

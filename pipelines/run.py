@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 from bronze.ship import Shipper
 from gold.apply import GoldPaths
-from gold.push import push_once, run_push
+from gold.push import AheadPush, push_once, run_push
 from pipelines.config import Config
 from pipelines.faults import FaultPoints
 from pipelines.stream import (Marks, OnePass, StreamPaths, StreamRun, await_stream, prepare,
@@ -169,7 +169,8 @@ class Pipeline:
     # --- stages, one at a time -----------------------------------------------------------
 
     def start_stream(self, once: bool, accept_errors_upto: int | None = None,
-                     on_pass: list | None = None, max_files_per_trigger: int | None = None):
+                     on_pass: list | None = None, max_files_per_trigger: int | None = None,
+                     ahead: Callable | None = None):
         """Prepare, seed gold if it has no counts yet, and start the one-pass stream
         (``pipelines.stream``); returns (query, writer). Call under ``gold_lock``."""
         from gold.start import gold_writer
@@ -187,7 +188,7 @@ class Pipeline:
         callbacks = [self.marks.on_pass, *self.on_pass, *(on_pass or [])]
         if self.metrics is not None:
             callbacks.append(self.metrics.on_pass)
-        writer = OnePass(silver, gold, self.faults, callbacks)
+        writer = OnePass(silver, gold, self.faults, callbacks, ahead)
         query = start_stream(self.spark, paths, writer, once,
                              trigger_interval=self.trigger_interval,
                              max_files_per_trigger=max_files_per_trigger)
@@ -207,14 +208,18 @@ class Pipeline:
              wake: threading.Event | None = None):
         if once:
             result = push_once(self.where.gold, self.config.dashboard, faults=self.faults,
-                               marks=self.marks.snapshot())
+                               marks=self.marks.snapshot(), fence=self._fence)
             if self.metrics is not None:
                 self.metrics.on_push(result)
             return result
         return run_push(self.where.gold, self.config.dashboard, stop or threading.Event(),
                         interval_s=self.push_interval_s, wake=wake,
-                        marks=self.marks.snapshot,
+                        marks=self.marks.snapshot, fence=self._fence,
                         on_result=self.metrics.on_push if self.metrics is not None else None)
+
+    @property
+    def _fence(self) -> bool:
+        return self.config.guard_on("ahead_fence")
 
     # --- all stages -----------------------------------------------------------------------
 
@@ -256,8 +261,12 @@ class Pipeline:
         wake = threading.Event()
         threads = [guarded("ship", lambda: self._shipper().run(once=False, stop=stop))]
         query = writer = None
+        # Each batch's step reaches the dashboard while gold's MERGE runs (gold.push).
+        ahead = AheadPush(self.where.gold, self.config.dashboard, marks=self.marks.snapshot,
+                          fence=self._fence)
         try:
-            query, writer = self.start_stream(False, on_pass=[lambda _: wake.set()])
+            query, writer = self.start_stream(False, on_pass=[lambda _: wake.set()],
+                                              ahead=ahead)
             self.started.set()
             threads.append(guarded("push", lambda: self.push(once=False, stop=stop,
                                                              wake=wake)))
@@ -276,6 +285,7 @@ class Pipeline:
                 stop_between_batches(query)
             for thread in threads:
                 thread.join(timeout=120)
+            ahead.close()
         if errors:
             raise errors[0]
 

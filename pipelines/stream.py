@@ -9,8 +9,10 @@ One query reads bronze; its ``foreachBatch`` (``OnePass``) does, per micro-batch
    - gold (``gold.apply``): the parsed rows' signed deltas of whole source transactions,
      MERGEd into ``gold/service_stats`` (app transaction ``lakecdc-gold[@epoch]``, version
      ``b``), partial transactions carried in ``gold/_pending``;
-3. ``on_pass`` callbacks: metrics, and the push thread woken so the dashboard follows at once
-   (``pipelines.run``).
+3. ``ahead`` (``lakecdc run``): once silver holds the batch and gold has planned its step,
+   the step goes to the dashboard (``gold.push.push_ahead``) while the MERGE runs;
+4. ``on_pass`` callbacks: metrics, and the push thread woken so the dashboard follows gold
+   at once (``pipelines.run``).
 
 Why one query (docs/benchmarks.md): a change used to wait for a silver micro-batch, then a
 gold one, then the push loop, paying Spark's per-batch cost at each hop, and three queries
@@ -37,7 +39,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from gold.apply import BatchResult, GoldBatchWriter, GoldPaths
+from gold.apply import BatchResult, GoldBatchWriter, GoldPaths, Planned
 from gold.deltas import REBUILD
 from gold.start import applied_batch, prepare_gold
 from pipelines.captured import DIMS
@@ -92,12 +94,15 @@ class OnePass:
     """The ``foreachBatch`` function of the stream (see the module docstring).
 
     ``failure`` keeps a batch's own exception (Spark wraps it), so a ``GoldStopped`` reaches
-    the CLI as its one sentence. ``on_pass`` callbacks never fail a batch."""
+    the CLI as its one sentence. ``on_pass`` callbacks never fail a batch, nor does
+    ``ahead`` (it reports its own problems and returns)."""
 
     def __init__(self, silver: SilverWriter, gold: GoldBatchWriter, faults=None,
-                 on_pass: list[Callable[[PassResult], None]] | None = None) -> None:
+                 on_pass: list[Callable[[PassResult], None]] | None = None,
+                 ahead: Callable[[Planned], object] | None = None) -> None:
         self.silver = silver
         self.gold = gold
+        self.ahead = ahead
         self.faults = faults or Faults()
         self.on_pass = list(on_pass or [])
         self.run = StreamRun()
@@ -135,14 +140,26 @@ class OnePass:
         the driver (Delta log work), so two threads keep both cores busy. Both always run to
         the end; the first error (silver's, else gold's) is raised after. The gold thread
         inherits the batch's Spark job properties (its query's job group: stopping the query
-        cancels its jobs too)."""
+        cancels its jobs too).
+
+        With ``ahead``, once silver's appends are done (``verify`` reads silver up to the
+        dashboard's watermark) and gold has planned its step, the step is pushed ahead
+        while the MERGE goes on."""
         gold: dict = {}
+        planned = threading.Event()
+
+        def plan(step: Planned) -> None:
+            gold["step"] = step
+            planned.set()
 
         def apply() -> None:
             try:
-                gold["result"] = self.gold.apply(parsed.select(*GOLD_COLUMNS), batch_id)
+                gold["result"] = self.gold.apply(parsed.select(*GOLD_COLUMNS), batch_id,
+                                                 plan if self.ahead is not None else None)
             except BaseException as exc:
                 gold["error"] = exc
+            finally:
+                planned.set()
 
         thread = InheritableThread(target=apply, name=f"lakecdc-gold-{batch_id}", daemon=True)
         thread.start()
@@ -150,6 +167,10 @@ class OnePass:
             written = self.silver.append(bronze, parsed, figures, batch_id)
             silver_seconds = time.monotonic() - started
             self.faults.hit("after_silver_append")
+            if self.ahead is not None:
+                planned.wait()
+                if "step" in gold and self.ahead(gold["step"]):
+                    self.faults.hit("after_ahead_push")
         finally:
             thread.join()
         if "error" in gold:

@@ -409,6 +409,35 @@ def test_kill_9_after_silver_appends_while_gold_merges_beside_them_ends_exact(
     assert verdict.notifications > 0
 
 
+@pytest.mark.spark
+def test_kill_9_right_after_a_step_is_pushed_ahead_of_gold_ends_exact(
+        source_db, config, witness, pipeline, traffic, tmp_path):
+    """``lakecdc run`` pushes each batch's step of gold to the dashboard while the MERGE
+    runs (``gold.push.push_ahead``). The driver dies right after such a push, the MERGE
+    anywhere (not started, mid-way, committed); a continuous restart replays the batch under
+    traffic (its step is fenced off: the dashboard is past its starting watermark), and is
+    killed too; then I1-I5 hold."""
+    from bronze.ship import Shipper
+    from soak import Soak
+
+    wait_for(lambda: Shipper(config).run(once=True).changes > 0, timeout=60)
+    soak = Soak(config, tmp_path)
+    crashed = soak.cycle(fault="after_ahead_push:1")
+    assert crashed.exit_code == 137
+
+    def dashboard_lsn() -> int:
+        with source_db.connect() as conn:
+            return conn.execute("SELECT source_commit_lsn FROM lakecdc_push_progress"
+                                ).fetchone()[0]
+
+    ahead_lsn = dashboard_lsn()
+    soak.cycle(until=lambda: dashboard_lsn() > ahead_lsn, then_s=2)
+    assert traffic() > 0
+    pipeline.run_once()
+    verdict = check_invariants(config, witness)
+    assert verdict.notifications > 0
+
+
 # --- F14: poison input mid-stream ---------------------------------------------------------------
 
 def lsn_text(value: int) -> str:

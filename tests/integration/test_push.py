@@ -1,4 +1,5 @@
-"""gold → Postgres service_stats: absolute counts, version guard, atomicity, F13 and F20.
+"""gold → Postgres service_stats: absolute counts, version guard, atomicity, F13 and F20,
+and a batch's step pushed ahead of gold's MERGE (fenced on the dashboard's watermark).
 
 Gold is written by the real batch function (``GoldBatchWriter``, Spark MERGE with change
 data feed) from ``Sim`` silver rows; the dashboard is compared with ``Sim.truth()``, the
@@ -15,7 +16,8 @@ from test_gold_apply import Sim, df   # the source model and its silver rows
 
 from bronze.slot import plugin_options
 from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables
-from gold.push import ensure_dashboard_tables, gold_key, open_gold, push_once
+from gold.push import (ensure_dashboard_tables, gold_key, open_gold, push_ahead,
+                       push_once)
 from pipelines.errors import UserError
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -124,6 +126,99 @@ def test_a_stale_push_of_an_older_gold_version_changes_nothing(spark, gold, dash
     stale = push_once(gold.gold, source_db.dsn, version=old_version)
     assert not stale.pushed
     assert dashboard(dash) == latest and nonzero(counts(dash)) == sim.truth()
+
+
+def planned_step(spark, paths, sim, start, batch_id):
+    """The step batch ``batch_id`` (the sim's transactions from ``start``) plans, taken
+    right before its MERGE, which then does not happen: gold as a running stream's batch
+    leaves it while the dashboard is pushed ahead."""
+    steps = []
+
+    def stop_before_merge(step):
+        steps.append(step)
+        raise Crash("before the MERGE")
+
+    with pytest.raises(Crash):
+        GoldBatchWriter(paths).apply(df(spark, [r for tx in sim.txs[start:] for r in tx]),
+                                     batch_id, planned=stop_before_merge)
+    return steps[0]
+
+
+def ahead(dash, paths, step, fence=True) -> bool:
+    return push_ahead(dash, gold_key(paths.gold), open_gold(paths.gold).metadata().id, step,
+                      fence=fence)
+
+
+def test_a_step_pushed_ahead_of_gold_is_added_once_and_gold_catching_up_changes_nothing(
+        spark, gold, dash, source_db):
+    sim = Sim()
+    ids = sim.create(A, A, B)
+    done = apply(spark, gold, sim, 0, 0)
+    pushed = push_once(gold.gold, source_db.dsn)
+    sim.set_status(ids[:2], "sending")
+    sim.create(B)
+    step = planned_step(spark, gold, sim, done, 1)
+    assert (step.after_lsn, step.commit_lsn) == (sim.txs[done - 1][0]["commit_lsn"], sim.lsn)
+
+    assert ahead(dash, gold, step)
+    assert nonzero(counts(dash)) == sim.truth()
+    assert progress(dash, gold.gold) == (pushed.gold_version, sim.lsn)   # gold not there yet
+    assert not ahead(dash, gold, step)             # the batch replayed: the fence holds
+    assert nonzero(counts(dash)) == sim.truth()
+
+    apply(spark, gold, sim, done, 1)               # the replay's MERGE
+    caught_up = push_once(gold.gold, source_db.dsn)
+    assert not caught_up.pushed                    # step 2b: the version recorded, no rows
+    assert progress(dash, gold.gold) == (caught_up.gold_version, sim.lsn)
+    assert nonzero(counts(dash)) == sim.truth()
+
+
+def test_negative_control_without_the_fence_a_replayed_step_counts_twice(spark, gold, dash,
+                                                                         source_db):
+    sim = Sim()
+    sim.create(A)
+    done = apply(spark, gold, sim, 0, 0)
+    push_once(gold.gold, source_db.dsn)
+    sim.create(A, B)
+    step = planned_step(spark, gold, sim, done, 1)
+    assert ahead(dash, gold, step, fence=False)
+    assert ahead(dash, gold, step, fence=False)
+    assert counts(dash) == {A: 3, B: 2} != sim.truth()
+
+
+def test_a_push_of_a_gold_version_behind_the_dashboard_never_overwrites_it(spark, gold, dash,
+                                                                           source_db):
+    """Two steps ahead, then a push of gold at the first: the dashboard already holds gold
+    further on, and the counts at that version must not take keys back. Without the fence
+    (``fence=False``, the ``ahead_fence`` guard off) they do."""
+    for fence in (True, False):
+        dash.execute("DELETE FROM service_stats")
+        dash.execute("DELETE FROM lakecdc_push_progress")
+        shutil.rmtree(gold.gold, ignore_errors=True)
+        shutil.rmtree(gold.pending, ignore_errors=True)
+        ensure_gold_tables(spark, gold)
+        sim = Sim()
+        ids = sim.create(A, A)
+        done = apply(spark, gold, sim, 0, 0)
+        push_once(gold.gold, source_db.dsn)
+        sim.set_status(ids[:1], "sending")                   # batch 1
+        first = planned_step(spark, gold, sim, done, 1)
+        assert ahead(dash, gold, first)
+        done = apply(spark, gold, sim, done, 1)
+        sim.set_status(ids[1:], "sending")                   # batch 2: A goes 1 -> 0
+        second = planned_step(spark, gold, sim, done, 2)
+        assert ahead(dash, gold, second)
+        assert nonzero(counts(dash)) == sim.truth()
+        stale = push_once(gold.gold, source_db.dsn, fence=fence)   # gold at batch 1
+        if fence:
+            assert not stale.pushed
+            assert nonzero(counts(dash)) == sim.truth()
+            assert progress(dash, gold.gold) == (stale.gold_version, sim.lsn)
+        else:
+            assert counts(dash)[A] == 1 != sim.truth().get(A, 0)   # taken back
+        apply(spark, gold, sim, done, 2)
+        push_once(gold.gold, source_db.dsn, fence=fence)
+        assert nonzero(counts(dash)) == sim.truth()          # either way, gold catches up
 
 
 def test_failure_path_push_dying_before_commit_leaves_nothing_behind(spark, gold, dash,
