@@ -65,6 +65,7 @@ from pipelines.captured import DIMS
 from pipelines.errors import UserError
 from pipelines.lsn import fmt
 from pipelines.snapshots import warm_in_background
+from pipelines.spark import LOW_LATENCY_CONF
 
 log = logging.getLogger("lakecdc.gold")
 
@@ -336,6 +337,8 @@ class GoldBatchWriter:
         session (``pipelines.stream`` appends silver meanwhile)."""
         if self._session is None or self._session.sparkContext is not spark.sparkContext:
             self._session = spark.newSession()
+            for key in LOW_LATENCY_CONF:     # as the batch's query runs (pipelines.stream)
+                self._session.conf.set(key, spark.conf.get(key))
         return self._session
 
     def _merge(self, spark: SparkSession, plan: Plan, batch_id: int) -> int:

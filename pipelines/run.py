@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -24,6 +24,7 @@ from gold.apply import GoldPaths
 from gold.push import AheadPush, push_once, run_push
 from pipelines.config import Config
 from pipelines.faults import FaultPoints
+from pipelines.spark import low_latency
 from pipelines.stream import (Marks, OnePass, StreamPaths, StreamRun, await_stream, prepare,
                               start_stream, stop_between_batches)
 from silver.writer import SilverLocations, SilverWriter
@@ -199,7 +200,7 @@ class Pipeline:
                max_files_per_trigger: int | None = None) -> StreamRun:
         """bronze → silver → gold: with ``once`` until bronze is drained, else until ``stop``
         is set or a batch fails (raised as its own error)."""
-        with self.gold_lock():
+        with self.gold_lock(), low_latency(self.spark, not once):
             query, writer = self.start_stream(once, accept_errors_upto,
                                               max_files_per_trigger=max_files_per_trigger)
             return await_stream(query, writer, stop)
@@ -264,28 +265,31 @@ class Pipeline:
         # Each batch's step reaches the dashboard while gold's MERGE runs (gold.push).
         ahead = AheadPush(self.where.gold, self.config.dashboard, marks=self.marks.snapshot,
                           fence=self._fence)
-        try:
-            query, writer = self.start_stream(False, on_pass=[lambda _: wake.set()],
-                                              ahead=ahead)
-            self.started.set()
-            threads.append(guarded("push", lambda: self.push(once=False, stop=stop,
-                                                             wake=wake)))
-            while not stop.is_set():
-                if not query.isActive:
-                    # A batch's own error (e.g. a TRUNCATE: exit 2 with its sentence) rather
-                    # than Spark's wrapper around it.
-                    errors.append(writer.failure or query.exception()
-                                  or RuntimeError(f"query {query.name} stopped"))
-                    stop.set()
-                stop.wait(0.5)
-        finally:
-            stop.set()
-            wake.set()
-            if query is not None:
-                stop_between_batches(query)
-            for thread in threads:
-                thread.join(timeout=120)
-            ahead.close()
+        with ExitStack() as latency:
+            try:
+                # The Spark session starts here, after the shipper.
+                latency.enter_context(low_latency(self.spark, True))
+                query, writer = self.start_stream(False, on_pass=[lambda _: wake.set()],
+                                                  ahead=ahead)
+                self.started.set()
+                threads.append(guarded("push", lambda: self.push(once=False, stop=stop,
+                                                                 wake=wake)))
+                while not stop.is_set():
+                    if not query.isActive:
+                        # A batch's own error (e.g. a TRUNCATE: exit 2 with its sentence)
+                        # rather than Spark's wrapper around it.
+                        errors.append(writer.failure or query.exception()
+                                      or RuntimeError(f"query {query.name} stopped"))
+                        stop.set()
+                    stop.wait(0.5)
+            finally:
+                stop.set()
+                wake.set()
+                if query is not None:
+                    stop_between_batches(query)
+                for thread in threads:
+                    thread.join(timeout=120)
+                ahead.close()
         if errors:
             raise errors[0]
 

@@ -7,7 +7,7 @@ path. Right after a commit of this process, the table's new snapshot is the one 
 write starts from (nothing else writes these tables), so ``warm_in_background`` computes
 that state in a thread while the rest of the batch runs, and the next write finds it done.
 Measured on one table: an append with an app transaction took 0.59-0.82 s, 0.18 s once
-warmed (docs/benchmarks.md).
+warmed (docs/gold.md).
 
 It changes nothing a write checks: Delta still reads the app transactions from the same
 snapshot, and still refuses a replayed version at commit. Best effort: where Delta's classes
