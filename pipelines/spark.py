@@ -46,7 +46,7 @@ _LOCAL_CONF = {
 # A continuous stream's micro-batches are small and each one plans its queries afresh, so
 # Spark's code generation compiles new classes for them every batch: about a fifth of the
 # JVM's CPU at 200 changes/s. Interpreted expressions skip that; measured on 2 cores, a
-# batch took 3.05 -> 2.39 s and freshness p95 6.2 -> 4.9 s, while a 300k-change catch-up
+# batch took 3.05 -> 2.34 s and freshness p95 6.2 -> 4.8 s, while a 300k-change catch-up
 # (big batches, where generated code pays) went 15.4k -> 14.1k changes/s - so only the
 # continuous stream runs this way (``low_latency``), and only in local mode. Set on the
 # session the process started with, for as long as the stream runs: Delta's own jobs (state
