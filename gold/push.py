@@ -300,15 +300,7 @@ def push_ahead(conn: psycopg.Connection, key: str, table_id: str, step,
                           or row[2] != step.after_lsn):
             return False
         _stage(conn, [(*k[:4], k[4]) for k in step.key_deltas], [])
-        stats, stage = sql.Identifier(STATS_TABLE), sql.Identifier(_STAGE)
-        dims = sql.SQL(", ").join(map(sql.Identifier, DIMS))
-        conn.execute(sql.SQL(
-            "INSERT INTO {stats} AS t ({dims}, count, source_commit_lsn, source_commit_ts, "
-            "pushed_at) SELECT {dims}, count, %s::bigint, %s::timestamptz, now() FROM {stage} "
-            "ON CONFLICT ({dims}) DO UPDATE SET count = t.count + EXCLUDED.count, "
-            "source_commit_lsn = EXCLUDED.source_commit_lsn, "
-            "source_commit_ts = EXCLUDED.source_commit_ts, pushed_at = EXCLUDED.pushed_at"
-        ).format(stats=stats, dims=dims, stage=stage), [step.commit_lsn, step.commit_ts])
+        _upsert(conn, step.commit_lsn, step.commit_ts, add=True)
         conn.execute(sql.SQL(
             "UPDATE {} SET source_commit_lsn = %s::bigint, source_commit_ts = %s::timestamptz, "
             "pushed_at = now() WHERE gold_table = %s").format(sql.Identifier(PROGRESS_TABLE)),
@@ -421,17 +413,9 @@ def _stage(conn: psycopg.Connection, rows: list[tuple], deleted: list[tuple]) ->
 def _apply(conn: psycopg.Connection, full: bool, lsn: int | None,
            ts: datetime | None) -> tuple[int, int]:
     stats, stage = sql.Identifier(STATS_TABLE), sql.Identifier(_STAGE)
-    dims = sql.SQL(", ").join(map(sql.Identifier, DIMS))
     same_key = sql.SQL(" AND ").join(
         sql.SQL("t.{c} = s.{c}").format(c=sql.Identifier(c)) for c in DIMS)
-    upserted = conn.execute(sql.SQL(
-        "INSERT INTO {stats} AS t ({dims}, count, source_commit_lsn, source_commit_ts, "
-        "pushed_at) SELECT {dims}, count, %s::bigint, %s::timestamptz, now() FROM {stage} "
-        "WHERE NOT deleted "
-        "ON CONFLICT ({dims}) DO UPDATE SET count = EXCLUDED.count, "
-        "source_commit_lsn = EXCLUDED.source_commit_lsn, "
-        "source_commit_ts = EXCLUDED.source_commit_ts, pushed_at = EXCLUDED.pushed_at"
-    ).format(stats=stats, dims=dims, stage=stage), [lsn, ts]).rowcount
+    upserted = _upsert(conn, lsn, ts)
     if full:
         # A full push replaces the table: keys gold no longer has go too.
         removed = conn.execute(sql.SQL(
@@ -443,3 +427,21 @@ def _apply(conn: psycopg.Connection, full: bool, lsn: int | None,
             "DELETE FROM {stats} t USING {stage} s WHERE s.deleted AND {same}"
         ).format(stats=stats, stage=stage, same=same_key)).rowcount
     return upserted, removed
+
+
+def _upsert(conn: psycopg.Connection, lsn: int | None, ts: datetime | None,
+            add: bool = False) -> int:
+    """The staged rows not marked deleted into ``service_stats`` at watermark ``lsn``: their
+    counts replace the dashboard's (absolute, ``push_table``) or are added to them
+    (``add``: a step's deltas, ``push_ahead``). Returns the rows written."""
+    dims = sql.SQL(", ").join(map(sql.Identifier, DIMS))
+    count = sql.SQL("t.count + EXCLUDED.count" if add else "EXCLUDED.count")
+    return conn.execute(sql.SQL(
+        "INSERT INTO {stats} AS t ({dims}, count, source_commit_lsn, source_commit_ts, "
+        "pushed_at) SELECT {dims}, count, %s::bigint, %s::timestamptz, now() FROM {stage} "
+        "WHERE NOT deleted "
+        "ON CONFLICT ({dims}) DO UPDATE SET count = {count}, "
+        "source_commit_lsn = EXCLUDED.source_commit_lsn, "
+        "source_commit_ts = EXCLUDED.source_commit_ts, pushed_at = EXCLUDED.pushed_at"
+    ).format(stats=sql.Identifier(STATS_TABLE), dims=dims, stage=sql.Identifier(_STAGE),
+             count=count), [lsn, ts]).rowcount

@@ -346,6 +346,27 @@ def traffic(source_db):
     halt()
 
 
+def killed_at(config, tmp_path, fault: str):
+    """Ship what the source holds, then ``lakecdc run`` in its own process group until the
+    driver dies at ``fault`` and the rest of the group gets SIGKILL; returns the soak, for
+    the cycles that follow."""
+    from bronze.ship import Shipper
+    from soak import Soak
+
+    wait_for(lambda: Shipper(config).run(once=True).changes > 0, timeout=60)
+    soak = Soak(config, tmp_path)
+    crashed = soak.cycle(fault=fault)
+    assert crashed.exit_code == 137
+    return soak
+
+
+def drained_exact(config, witness, pipeline, traffic) -> None:
+    """Stop the traffic, drain every layer (``run --once``) and check I1-I5."""
+    assert traffic() > 0
+    pipeline.run_once()
+    assert check_invariants(config, witness).notifications > 0
+
+
 @pytest.mark.spark
 def test_kill_9_of_the_run_process_group_in_the_gold_batch_and_mid_flight_ends_exact(
         source_db, config, witness, pipeline, traffic, tmp_path):
@@ -355,16 +376,12 @@ def test_kill_9_of_the_run_process_group_in_the_gold_batch_and_mid_flight_ends_e
     restarted, and SIGKILLed as a group once the shipper has committed again and the JVM
     is up. Then a drain, and I1-I5. (The soak, ``tests/soak.py``, runs such cycles a
     hundred times, killing at random moments, inside the streams too.)"""
-    from bronze.ship import Shipper
-    from soak import Positions, Soak
+    from soak import Positions
 
     # The fault point is passed in every batch that merges; a new stream's batch 0 is
     # bronze's snapshot when it starts. With rows in bronze before the run, batch 0 merges
     # them: the 1st pass is right after a MERGE.
-    wait_for(lambda: Shipper(config).run(once=True).changes > 0, timeout=60)
-    soak = Soak(config, tmp_path)
-    crashed = soak.cycle(fault="after_gold_merge:1")
-    assert crashed.exit_code == 137
+    soak = killed_at(config, tmp_path, "after_gold_merge:1")
     gold = DeltaTable(config.table_path("gold", "service_stats"))
     last = gold.history(1)[0]
     assert last["operation"] == "MERGE", last
@@ -380,10 +397,7 @@ def test_kill_9_of_the_run_process_group_in_the_gold_batch_and_mid_flight_ends_e
     busy = soak.cycle(until=lambda: Positions.read(config).bronze > bronze
                       and "java" in soak.current.members())
     assert "java" in busy.killed, busy.killed              # the JVM died with the group
-    assert traffic() > 0
-    pipeline.run_once()
-    verdict = check_invariants(config, witness)
-    assert verdict.notifications > 0
+    drained_exact(config, witness, pipeline, traffic)
 
 
 @pytest.mark.spark
@@ -393,20 +407,12 @@ def test_kill_9_after_silver_appends_while_gold_merges_beside_them_ends_exact(
     driver dies as soon as silver has appended a batch, wherever gold's thread is then
     (planning, mid-MERGE, done), and the rest of the group gets SIGKILL. The restart replays
     the batch: silver skips it, gold applies it or skips it, and I1-I5 hold."""
-    from bronze.ship import Shipper
-    from soak import Soak
-
-    wait_for(lambda: Shipper(config).run(once=True).changes > 0, timeout=60)
-    crashed = Soak(config, tmp_path).cycle(fault="after_silver_append:1")
-    assert crashed.exit_code == 137
+    killed_at(config, tmp_path, "after_silver_append:1")
     silver = DeltaTable(config.table_path("silver", "changes"))
     assert json.loads(silver.history(1)[0]["userMetadata"])["batch_id"] == 0
     checkpoint = Path(config.lakehouse) / "_checkpoints" / "stream"
     assert not (checkpoint / "commits" / "0").exists(), "the kill was meant to land mid-batch"
-    assert traffic() > 0
-    pipeline.run_once()
-    verdict = check_invariants(config, witness)
-    assert verdict.notifications > 0
+    drained_exact(config, witness, pipeline, traffic)
 
 
 @pytest.mark.spark
@@ -417,13 +423,7 @@ def test_kill_9_right_after_a_step_is_pushed_ahead_of_gold_ends_exact(
     anywhere (not started, mid-way, committed); a continuous restart replays the batch under
     traffic (its step is fenced off: the dashboard is past its starting watermark), and is
     killed too; then I1-I5 hold."""
-    from bronze.ship import Shipper
-    from soak import Soak
-
-    wait_for(lambda: Shipper(config).run(once=True).changes > 0, timeout=60)
-    soak = Soak(config, tmp_path)
-    crashed = soak.cycle(fault="after_ahead_push:1")
-    assert crashed.exit_code == 137
+    soak = killed_at(config, tmp_path, "after_ahead_push:1")
 
     def dashboard_lsn() -> int:
         with source_db.connect() as conn:
@@ -432,10 +432,7 @@ def test_kill_9_right_after_a_step_is_pushed_ahead_of_gold_ends_exact(
 
     ahead_lsn = dashboard_lsn()
     soak.cycle(until=lambda: dashboard_lsn() > ahead_lsn, then_s=2)
-    assert traffic() > 0
-    pipeline.run_once()
-    verdict = check_invariants(config, witness)
-    assert verdict.notifications > 0
+    drained_exact(config, witness, pipeline, traffic)
 
 
 # --- F14: poison input mid-stream ---------------------------------------------------------------
