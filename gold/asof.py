@@ -84,6 +84,26 @@ def silver_range(spark: SparkSession, silver_path: str, first: int, last: int) -
             .where(F.col("commit_lsn").between(F.lit(first), F.lit(last))))
 
 
+def silver_holds(spark: SparkSession, silver_path: str, lsn: int) -> bool:
+    """Whether silver holds every row of every source transaction with ``commit_lsn <= lsn``.
+
+    Silver appends bronze in commit order, so a row of a later commit means it does; else
+    the transaction at ``lsn`` must be whole (its rows against its ``tx_changes``). The
+    stream's two halves commit side by side and the dashboard takes gold's step before
+    either (``pipelines.stream``), so gold and the dashboard may briefly hold a batch silver
+    has not appended yet."""
+    at = F.col("commit_lsn") == F.lit(lsn)
+    row = (spark.read.format("delta").load(silver_path)
+           .where(F.col("commit_lsn") >= F.lit(lsn))
+           .agg(F.max("commit_lsn").alias("newest"),
+                F.count(F.when(at, F.lit(1))).alias("rows"),
+                F.max(F.when(at, F.col("tx_changes"))).alias("size"))
+           .first())
+    if row["newest"] is None:
+        return False
+    return row["newest"] > lsn or row["rows"] >= row["size"]
+
+
 def net_deltas(silver: DataFrame, tables: D.CountedTables = D.COUNTED) -> DataFrame:
     """Net count delta per key of ``silver`` rows (dims, delta), zero nets dropped."""
     return D.key_deltas(D.contributions(silver, tables)).select(*DIMS, "delta")

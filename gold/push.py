@@ -25,10 +25,10 @@ are the watermark of the push that wrote it: the count is exact as of that commi
 
 **Ahead of gold** (``push_ahead``, inside ``lakecdc run``): as soon as a stream batch has
 planned its step of gold (``gold.apply.Planned``: from watermark ``A`` to ``W`` by some key
-deltas) and silver holds its rows, the same step is added to the dashboard, before gold's
-MERGE commits it, in one transaction fenced on the progress row: applied only if the
-dashboard is at watermark ``A`` of the same gold table; the row then records ``W`` (its gold
-version stays). A replayed batch plans the same step, and finds the dashboard at ``W``:
+deltas), the same step is added to the dashboard before gold's MERGE (and silver's
+append) of the batch commits, in one transaction fenced on the progress row: applied only
+if the dashboard is at watermark ``A`` of the same gold table; the row then records ``W``
+(its gold version stays). A replayed batch plans the same step, and finds the dashboard at ``W``:
 nothing is added twice. A push of gold version ``V`` whose watermark is at or below the
 dashboard's only records ``V`` (step 2b): the dashboard already holds gold at ``V``, or gold
 at a later watermark, which the counts at ``V`` must not overwrite (gold at a watermark

@@ -9,8 +9,8 @@ One query reads bronze; its ``foreachBatch`` (``OnePass``) does, per micro-batch
    - gold (``gold.apply``): the parsed rows' signed deltas of whole source transactions,
      MERGEd into ``gold/service_stats`` (app transaction ``lakecdc-gold[@epoch]``, version
      ``b``), partial transactions carried in ``gold/_pending``;
-3. ``ahead`` (``lakecdc run``): once silver holds the batch and gold has planned its step,
-   the step goes to the dashboard (``gold.push.push_ahead``) while the MERGE runs;
+3. ``ahead`` (``lakecdc run``): as soon as gold has planned its step, the step goes to the
+   dashboard (``gold.push.push_ahead``), while silver appends and the MERGE runs;
 4. ``on_pass`` callbacks: metrics, and the push thread woken so the dashboard follows gold
    at once (``pipelines.run``).
 
@@ -142,15 +142,14 @@ class OnePass:
         inherits the batch's Spark job properties (its query's job group: stopping the query
         cancels its jobs too).
 
-        With ``ahead``, once silver's appends are done (``verify`` reads silver up to the
-        dashboard's watermark) and gold has planned its step, the step is pushed ahead
-        while the MERGE goes on."""
+        With ``ahead``, the gold thread pushes its step to the dashboard as soon as it is
+        planned, before the MERGE and whether or not silver's appends are done (``verify``
+        waits for silver to hold what the dashboard holds before reading it)."""
         gold: dict = {}
-        planned = threading.Event()
 
         def plan(step: Planned) -> None:
-            gold["step"] = step
-            planned.set()
+            if self._push_ahead(step):
+                self.faults.hit("after_ahead_push")
 
         def apply() -> None:
             try:
@@ -158,8 +157,6 @@ class OnePass:
                                                  plan if self.ahead is not None else None)
             except BaseException as exc:
                 gold["error"] = exc
-            finally:
-                planned.set()
 
         thread = InheritableThread(target=apply, name=f"lakecdc-gold-{batch_id}", daemon=True)
         thread.start()
@@ -167,10 +164,6 @@ class OnePass:
             written = self.silver.append(bronze, parsed, figures, batch_id)
             silver_seconds = time.monotonic() - started
             self.faults.hit("after_silver_append")
-            if self.ahead is not None:
-                planned.wait()
-                if "step" in gold and self._push_ahead(gold["step"]):
-                    self.faults.hit("after_ahead_push")
         finally:
             thread.join()
         if "error" in gold:

@@ -21,7 +21,9 @@ The protocol of one verification (``verify_once``):
 3. **Gold as of P** = gold at version ``V`` (watermark ``W``) minus the net deltas of the
    silver transactions gold applied after ``P`` (``gold.asof``). The **dashboard as of P**
    = ``service_stats`` read with its progress row in one REPEATABLE READ transaction
-   (watermark ``Wd``), minus the silver deltas after ``P`` up to ``Wd``.
+   (watermark ``Wd``), minus the silver deltas after ``P`` up to ``Wd``. Silver is read
+   once it holds every transaction up to ``max(W, Wd)``: a running stream commits gold,
+   and pushes gold's step to the dashboard, beside silver's append of the same batch.
 4. **Truth** = the snapshot's count + the rows purged from ``notification_history`` since
    gold's baseline (floor ``F``) and before ``P``, read from silver: a count includes
    purged notifications (DESIGN §2). A TRUNCATE of history in that range removed rows whose
@@ -123,16 +125,16 @@ def verify_once(pipeline, timeout_s: float = 600.0) -> Verdict:
         raise UserError(f"gold was rebuilt from a baseline at LSN {fmt(state.floor)}, after "
                         f"the verification point {fmt(point.lsn)} (a rebuild ran meanwhile); "
                         "run `lakecdc verify` again.")
+    dash_now, dash_version, dash_lsn = read_dashboard(config.dashboard, gold_key(where.gold))
+    if dash_lsn is None or dash_lsn < marker:
+        raise UserError(_went_back("the dashboard", dash_lsn, marker))
     silver = where.silver.silver_path
+    _silver_holds(spark, silver, max(state.watermark, dash_lsn), timeout_s)
 
     gold_now = spark.read.format("delta").option("versionAsOf", state.version).load(where.gold)
     gold_at = asof.subtract(asof.counts_of(gold_now),
                             asof.net_deltas(_from(spark, silver, point.lsn, state.watermark),
                                             config.counted))
-
-    dash_now, dash_version, dash_lsn = read_dashboard(config.dashboard, gold_key(where.gold))
-    if dash_lsn is None or dash_lsn < marker:
-        raise UserError(_went_back("the dashboard", dash_lsn, marker))
     dash_at = asof.subtract(dash_now, asof.net_deltas(_from(spark, silver, point.lsn,
                                                             dash_lsn), config.counted))
 
@@ -297,6 +299,22 @@ def read_dashboard(dsn: str, key: str) -> tuple[dict, int | None, int | None]:
 
 
 # --- steps 3 and 4: silver ranges ------------------------------------------------------
+
+def _silver_holds(spark, silver_path: str, lsn: int, timeout_s: float) -> None:
+    """Wait until silver holds every transaction up to ``lsn`` (``gold.asof.silver_holds``):
+    a running stream commits gold and the dashboard's step beside silver's append, so for
+    a moment they may hold a batch silver does not yet."""
+    from gold.asof import silver_holds
+
+    deadline = time.monotonic() + timeout_s
+    while not silver_holds(spark, silver_path, lsn):
+        if time.monotonic() >= deadline:
+            raise UserError(f"after waiting {timeout_s:.0f}s, silver does not yet hold the "
+                            f"source commits up to LSN {fmt(lsn)} that gold or the dashboard "
+                            "hold: check that the stream (`lakecdc run` or `lakecdc stream`) "
+                            "is running and healthy (`lakecdc status`, its log).")
+        time.sleep(0.2)
+
 
 def _from(spark, silver_path: str, first: int, last: int):
     """Silver rows with ``first <= commit_lsn <= last`` (not in a snapshot taken at

@@ -418,9 +418,10 @@ def test_kill_9_after_silver_appends_while_gold_merges_beside_them_ends_exact(
 @pytest.mark.spark
 def test_kill_9_right_after_a_step_is_pushed_ahead_of_gold_ends_exact(
         source_db, config, witness, pipeline, traffic, tmp_path):
-    """``lakecdc run`` pushes each batch's step of gold to the dashboard while the MERGE
-    runs (``gold.push.push_ahead``). The driver dies right after such a push, the MERGE
-    anywhere (not started, mid-way, committed); a continuous restart replays the batch under
+    """``lakecdc run`` pushes each batch's step of gold to the dashboard as soon as it is
+    planned, while silver appends and gold merges the batch (``gold.push.push_ahead``). The
+    driver dies right after such a push, silver's appends and the MERGE anywhere (not
+    started, mid-way, committed); a continuous restart replays the batch under
     traffic (its step is fenced off: the dashboard is past its starting watermark), and is
     killed too; then I1-I5 hold."""
     soak = killed_at(config, tmp_path, "after_ahead_push:1")

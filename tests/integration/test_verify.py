@@ -425,3 +425,36 @@ def test_the_report_shows_each_layer_and_the_differing_keys():
     exact = Verdict(1, 2, truth, 0, (LayerCounts("gold", dict(truth)),))
     assert exact.exact and "gold: exact, 2 keys, 7 notifications" in render(exact)
     assert render(exact).count("\n") == 2          # no diff table when exact
+
+
+# --- silver read only once it holds what gold and the dashboard hold -----------------------
+
+@pytest.mark.spark
+def test_silver_holds_a_transaction_only_once_every_row_of_it_is_appended(spark, tmp_path):
+    """The running stream commits gold (and pushes its step) beside silver's append of the
+    same batch, so verify waits on ``silver_holds`` before reading silver's ranges; a split
+    transaction must not count as held until its last row is in."""
+    from gold.asof import silver_holds
+    from silver.schema import SILVER_CHANGES
+    from silver.writer import ensure_table
+
+    path = str(tmp_path / "changes")
+    ensure_table(spark, path, SILVER_CHANGES, "test")
+    names = SILVER_CHANGES.fieldNames()
+
+    def append(*rows):      # (commit_lsn, seq, tx_changes)
+        spark.createDataFrame(
+            [{**dict.fromkeys(names), "commit_lsn": c, "seq": s, "tx_changes": n, "lsn": c}
+             for c, s, n in rows], SILVER_CHANGES).write.format("delta").mode(
+            "append").save(path)
+
+    assert not silver_holds(spark, path, 100)             # nothing yet
+    append((100, 0, 1), (200, 0, 3), (200, 1, 3))          # 200 split across two batches
+    assert silver_holds(spark, path, 100)
+    assert not silver_holds(spark, path, 200)
+    assert not silver_holds(spark, path, 250)
+    append((200, 2, 3))
+    assert silver_holds(spark, path, 200)
+    append((300, 0, 2))                                    # a later commit, itself partial
+    assert silver_holds(spark, path, 250) and silver_holds(spark, path, 200)
+    assert not silver_holds(spark, path, 300)
