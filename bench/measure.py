@@ -179,7 +179,7 @@ class Bench:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(SCHEMA)
         return Config.load(env={}, source_dsn=dsn, lakehouse=str(self.work / name),
-                           slot=name, poll_interval_s=0.2)
+                           slot=name)
 
     def pipeline(self, config: Config, **kw) -> Pipeline:
         pipeline = Pipeline(config, spark_factory=lambda: self.spark, **kw)

@@ -92,6 +92,7 @@ class PassLog:
         with self._lock:
             self.passes.append({"rows": result.silver.rows, "seconds": result.seconds,
                                 "silver_s": result.silver_seconds,
+                                "parse_s": result.parse_seconds,
                                 "gold_s": result.gold.seconds,
                                 "merge_s": result.gold.merge_seconds,
                                 "merged_keys": result.gold.merged_keys, "jobs": jobs})
@@ -108,6 +109,6 @@ class PassLog:
             return {"batches": 0}
         n = len(passes)
         out = {"batches": n}
-        for key in ("rows", "seconds", "silver_s", "gold_s", "merge_s", "jobs"):
+        for key in ("rows", "seconds", "parse_s", "silver_s", "gold_s", "merge_s", "jobs"):
             out[key] = round(sum(p[key] for p in passes) / n, 3)
         return out

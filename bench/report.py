@@ -218,20 +218,25 @@ def _rows_per_batch(run: dict) -> float | None:
 def _run_values(run: dict | None, prefix: str) -> dict:
     """A freshness run's figures for the prose, ``prefix``-named; "n/a" without the run."""
     keys = ("p50", "p95", "pmax", "rate", "probes", "batches", "batch_s", "silver_s",
-            "floor", "rows_per_batch")
+            "plan_s", "floor", "rows_per_batch")
     if run is None:
         return {f"{prefix}_{k}": "n/a" for k in keys}
     lat = run["latency_s"]
     batch = _trigger_s(run)
-    silver = (run.get("per_batch") or {}).get("silver_s")
+    per = run.get("per_batch") or {}
+    silver = per.get("silver_s")
+    # Until the step reaches the dashboard: the parse, then the gold half up to its MERGE.
+    plan = None if per.get("parse_s") is None else round(
+        per["parse_s"] + per["gold_s"] - per["merge_s"], 2)
     return {f"{prefix}_{k}": v for k, v in {
         "p50": _n(lat.get("p50")), "p95": _n(lat.get("p95")), "pmax": _n(lat.get("max")),
         "rate": _n(run["achieved_rate"]), "probes": _n(run["probes"]["seen"]),
         "batches": _n(_stream_progress(run).get("batches")),
         "batch_s": _n(None if batch is None else round(batch, 2)),
         "silver_s": _n(None if silver is None else round(silver, 2)),
-        "floor": _n(None if batch is None or silver is None
-                    else round(round(batch, 2) + round(silver, 2), 2)),
+        "plan_s": _n(plan),
+        "floor": _n(None if batch is None or plan is None
+                    else round(round(batch, 2) + plan, 2)),
         "rows_per_batch": _n(_rows_per_batch(run))}.items()}
 
 
@@ -373,16 +378,16 @@ def pass_table(doc: dict) -> str:
     rows = [("backlog, `stream --once`", doc["backlog"]["layers"]["stream"].get("per_batch"))]
     rows += [(f"freshness at {_n(r['rate'])} changes/s", r.get("per_batch"))
              for r in doc["freshness"]["runs"] if r.get("per_batch")]
-    lines = [("| | batches | rows per batch | s per batch | parse + silver appends s | "
-              "gold half s | of which MERGE s | Spark jobs per batch |"),
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [("| | batches | rows per batch | s per batch | parse s | parse + silver appends s "
+              "| gold half s | of which MERGE s | Spark jobs per batch |"),
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, p in rows:
         if not p or not p.get("batches"):
-            lines.append(f"| {name} | 0 | - | - | - | - | - | - |")
+            lines.append(f"| {name} | 0 | - | - | - | - | - | - | - |")
             continue
         lines.append(f"| {name} | {_n(p['batches'])} | {_n(round(p['rows']))} | "
-                     f"{_n(p['seconds'])} | {_n(p['silver_s'])} | {_n(p['gold_s'])} | "
-                     f"{_n(p['merge_s'])} | {_n(p['jobs'])} |")
+                     f"{_n(p['seconds'])} | {_n(p.get('parse_s'))} | {_n(p['silver_s'])} | "
+                     f"{_n(p['gold_s'])} | {_n(p['merge_s'])} | {_n(p['jobs'])} |")
     return "\n".join(lines)
 
 
@@ -450,33 +455,45 @@ would move it further, not built: parsing only the fields silver keeps (a narrow
 (each costs a snapshot state reconstruction, see freshness), and more cores - the stream
 scales with cores, the shipper does not need them."""),
     "freshness": (
-        "**Freshness at 2,000 changes/s (met, p95 ${fast_p95} s).**",
+        """**Freshness at 2,000 changes/s (met, p95 ${fast_p95} s).**
+A change's path in `lakecdc run`: the shipper's poll (every
+0.25 s, the default) and its bronze commit; then the stream batch under way has to end; in
+the next one the change is parsed and gold plans the batch's step, which goes to the
+dashboard at once (`gold.push.push_ahead`), while silver's appends and gold's MERGE run. So
+a change waits for up to one whole batch, then for the parse and plan of its own: here
+${fast_batch_s} s per batch (Spark's trigger time, ${fast_batches} batches of
+${fast_rows_per_batch} rows on average) plus ${fast_plan_s} s = ${fast_floor} s before the
+shipper and the push; the ${fast_probes} probes saw p50 ${fast_p50} s, max ${fast_pmax} s.""",
         """**Freshness at 2,000 changes/s (p95 ${fast_p95} s at ${fast_rate} changes/s,
 target 5 s).** ${saturation} A change's path in `lakecdc run`: the shipper's poll (every
-0.2 s in the benchmark) and its bronze commit; then the stream batch under way has to end,
-and in the next one the change is parsed, silver's appends and gold's plan run side by
-side, and as soon as both are done the batch's step of gold is pushed to the dashboard
-while gold's MERGE still runs (`gold.push.push_ahead`). So a change waits for up to one
-whole batch, then for the silver half of its own: here ${fast_batch_s} s per batch
-(Spark's trigger time, ${fast_batches} batches of ${fast_rows_per_batch} rows on average)
-plus ${fast_silver_s} s = ${fast_floor} s before the shipper and the push; the
-${fast_probes} probes saw p50 ${fast_p50} s, max ${fast_pmax} s. *Profiled on this machine*
-(Java Flight Recorder, 200 changes/s): the JVM used about 1.4 of the 2 cores for batches
-of a few hundred rows - Catalyst's analysis and optimisation of each batch's queries about
-a quarter of it, caching the parsed batch for both halves ~12%, Parquet writes ~10%,
-Delta's log and snapshot state ~9% (the app-transaction state each write needs is computed
-right after the previous commit, off the write's path, `pipelines/snapshots.py`); the
-MERGE (~1.3 s) ends each batch. What would close it, not built: fewer Spark queries per
-batch (each one is planned afresh), and fewer Delta commits per batch."""),
+0.25 s, the default) and its bronze commit; then the stream batch under way has to end; in
+the next one the change is parsed and gold plans the batch's step, which goes to the
+dashboard at once (`gold.push.push_ahead`), while silver's appends and gold's MERGE run. So
+a change waits for up to one whole batch, then for the parse and plan of its own: here
+${fast_batch_s} s per batch (Spark's trigger time, ${fast_batches} batches of
+${fast_rows_per_batch} rows on average) plus ${fast_plan_s} s = ${fast_floor} s before the
+shipper and the push; the ${fast_probes} probes saw p50 ${fast_p50} s, max ${fast_pmax} s.""",
+    ),
     "freshness_slow": (
         "**Freshness at 200 changes/s (met, p95 ${slow_p95} s).**",
         """**Freshness at 200 changes/s (p95 ${slow_p95} s at ${slow_rate} changes/s, target
 3 s).** At this rate a batch holds few changes (${slow_rows_per_batch} rows on average), yet
-it took ${slow_batch_s} s (Spark's trigger time, ${slow_batches} batches) and its silver
-half ${slow_silver_s} s: the fixed cost of a batch, described at 2,000 changes/s. A change
-waits for up to one batch and then for the silver half of its own (${slow_floor} s here)
-before the shipper's poll and the push; that floor does not fall with the rate. The
-${slow_probes} probes saw p50 ${slow_p50} s, max ${slow_pmax} s."""),
+it took ${slow_batch_s} s (Spark's trigger time, ${slow_batches} batches): the fixed cost of
+a batch. A change waits for up to one batch and then for the parse and plan of its own
+(${slow_batch_s} + ${slow_plan_s} = ${slow_floor} s here) before the shipper's poll and the
+push; that floor does not fall with the rate. The ${slow_probes} probes saw p50
+${slow_p50} s, max ${slow_pmax} s. *The two cores are the limit*, not the order of the
+work: the JVM is busy for most of each batch (Java Flight Recorder, 200 changes/s:
+Catalyst's analysis and optimisation of each batch's queries about a quarter of its CPU,
+caching the parsed batch for both halves ~12%, Parquet writes ~10%, Delta's log and
+snapshot state ~9%), and a 100-key MERGE with the snapshot state computed after it costs
+~1.5 CPU-seconds (`MERGE` alone ~1 CPU-second in 0.9 s). Tried and not kept: running each
+batch's MERGE beside the next batch (batches 2.0 -> 1.7 s, but freshness p50 2.7 -> 3.3 s
+at 200 changes/s: the MERGE took the cores the next batch needed). Kept: the parallel
+collector instead of G1 (`pipelines/spark.py`: G1's concurrent work took CPU from the
+stream; batch 2.2 -> 1.9-2.0 s at 200 changes/s). What would close it, not built: fewer
+Spark queries and Delta commits per batch (each query is planned afresh, each commit with
+an app transaction needs the table's snapshot state)."""),
     "gold_growth": (
         """**Gold half of the pass vs source size (met, ${batch_growth}× over
 ${source_growth}×).** Gold never reads the source: it aggregates the batch's signed deltas

@@ -233,7 +233,7 @@ def setup(ctx, rebaseline, online_not_null):
 @click.option("--peek-timeout", "peek_timeout_s", type=int,
               help="Statement timeout of one peek, seconds [300].")
 @click.option("--poll-interval", "poll_interval_s", type=float,
-              help="Seconds between peeks when idle [1].")
+              help="Seconds between peeks unless the last one was full [0.25].")
 @click.option("--chunk-mb", type=float, help="Peek rows are converted in chunks of this size [2].")
 @click.option("--memory-budget-mb", type=int,
               help="Rows held in memory per batch before spilling to local disk [64].")

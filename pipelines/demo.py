@@ -77,7 +77,7 @@ def run_demo(seconds: float, out_dir: str, stop: threading.Event,
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(SCHEMA.read_text())
         config = Config.load(env={}, source_dsn=dsn, lakehouse=str(out / "lakehouse"),
-                             slot="lakecdc_demo", poll_interval_s=0.2)
+                             slot="lakecdc_demo")
         for line in setup(config).actions:
             _say(f"setup: {line}")
         _say("starting Spark (the first start downloads the Delta jars) and creating the "

@@ -64,6 +64,7 @@ class PassResult:
     gold: BatchResult
     seconds: float
     silver_seconds: float           # parse and the silver appends
+    parse_seconds: float = 0.0      # of which the parse (its figures job included)
 
 
 @dataclass
@@ -112,6 +113,7 @@ class OnePass:
         started = time.monotonic()
         try:
             parsed, figures = self.silver.parse(bronze)
+            parse_seconds = time.monotonic() - started
             try:
                 written, applied, silver_seconds = self._both(bronze, parsed, figures,
                                                               batch_id, started)
@@ -121,7 +123,7 @@ class OnePass:
             self.failure = exc
             raise
         result = PassResult(batch_id, written, applied, time.monotonic() - started,
-                            silver_seconds)
+                            silver_seconds, parse_seconds)
         self.run.add(result)
         log.info("batch %d: %d rows to silver (%d quarantined), %d transactions applied to "
                  "gold (%d keys), %d carried, %.2fs%s", batch_id, written.rows,

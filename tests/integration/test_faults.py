@@ -534,10 +534,10 @@ def test_optimize_and_vacuum_of_bronze_under_a_running_stream(
     (Spark's here) rewrites files with ``dataChange=false``, which a Delta streaming source
     passes over, and VACUUM with the default retention (7 days) deletes only files
     unreferenced for longer than any reader lags here. The running stream keeps going,
-    nothing is read twice or missed, and the shipper keeps appending (its progress lives in
-    txn actions that OPTIMIZE carries over). Then the limit, documented: a VACUUM that does not cover a
-    stopped reader's lag deletes files it still needs, and the reader stops loudly rather
-    than skipping them."""
+    nothing is read twice or missed, and the shipper keeps appending (its progress lives
+    in txn actions that OPTIMIZE carries over). Then the limit, documented: a VACUUM that
+    does not cover a stopped reader's lag deletes files it still needs, and the reader
+    stops loudly rather than skipping them."""
     from bronze.ship import Shipper
 
     bronze = config.bronze_path
