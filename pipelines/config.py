@@ -53,7 +53,8 @@ class Config:
     upto_nchanges: int = 200_000
     peek_timeout_s: int = 300
     # Sleep after a peek that was not full. A change waits half of it on average before it
-    # is peeked; each non-empty peek is one bronze commit (docs/operations.md, "Bronze").
+    # is peeked; each non-empty peek is one bronze commit (docs/operations.md, "Poll
+    # interval and bronze's files").
     poll_interval_s: float = 0.25
     # Progress-only bronze commits (no rows: transactions of uncaptured tables passed over)
     # at most this often, unless a peek is full, a heartbeat was passed, or --once ends.
