@@ -412,6 +412,16 @@ def fresh_progress(doc: dict) -> str:
 
 
 # Per target: (text when met, text when missed), filled with the same values as the page.
+# A change's path through `lakecdc run`, for the freshness text whether its target is met.
+_CHANGE_PATH = """A change's path in `lakecdc run`: the shipper's poll (every
+0.25 s, the default) and its bronze commit; then the stream batch under way has to end; in
+the next one the change is parsed and gold plans the batch's step, which goes to the
+dashboard at once (`gold.push.push_ahead`), while silver's appends and gold's MERGE run. So
+a change waits for up to one whole batch, then for the parse and plan of its own: here
+${fast_batch_s} s per batch (Spark's trigger time, ${fast_batches} batches of
+${fast_rows_per_batch} rows on average) plus ${fast_plan_s} s = ${fast_floor} s before the
+shipper and the push; the ${fast_probes} probes saw p50 ${fast_p50} s, max ${fast_pmax} s."""
+
 ANALYSIS = {
     "ship_ratio": (
         "**Shipper vs raw decode (met, ${ratio}×).**",
@@ -455,24 +465,9 @@ would move it further, not built: parsing only the fields silver keeps (a narrow
 (each costs a snapshot state reconstruction, see freshness), and more cores - the stream
 scales with cores, the shipper does not need them."""),
     "freshness": (
-        """**Freshness at 2,000 changes/s (met, p95 ${fast_p95} s).**
-A change's path in `lakecdc run`: the shipper's poll (every
-0.25 s, the default) and its bronze commit; then the stream batch under way has to end; in
-the next one the change is parsed and gold plans the batch's step, which goes to the
-dashboard at once (`gold.push.push_ahead`), while silver's appends and gold's MERGE run. So
-a change waits for up to one whole batch, then for the parse and plan of its own: here
-${fast_batch_s} s per batch (Spark's trigger time, ${fast_batches} batches of
-${fast_rows_per_batch} rows on average) plus ${fast_plan_s} s = ${fast_floor} s before the
-shipper and the push; the ${fast_probes} probes saw p50 ${fast_p50} s, max ${fast_pmax} s.""",
+        "**Freshness at 2,000 changes/s (met, p95 ${fast_p95} s).** " + _CHANGE_PATH,
         """**Freshness at 2,000 changes/s (p95 ${fast_p95} s at ${fast_rate} changes/s,
-target 5 s).** ${saturation} A change's path in `lakecdc run`: the shipper's poll (every
-0.25 s, the default) and its bronze commit; then the stream batch under way has to end; in
-the next one the change is parsed and gold plans the batch's step, which goes to the
-dashboard at once (`gold.push.push_ahead`), while silver's appends and gold's MERGE run. So
-a change waits for up to one whole batch, then for the parse and plan of its own: here
-${fast_batch_s} s per batch (Spark's trigger time, ${fast_batches} batches of
-${fast_rows_per_batch} rows on average) plus ${fast_plan_s} s = ${fast_floor} s before the
-shipper and the push; the ${fast_probes} probes saw p50 ${fast_p50} s, max ${fast_pmax} s.""",
+target 5 s).** ${saturation} """ + _CHANGE_PATH,
     ),
     "freshness_slow": (
         "**Freshness at 200 changes/s (met, p95 ${slow_p95} s).**",
