@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test unit bench system-deps venv clean
+.PHONY: demo test unit lint bench system-deps venv clean
 
 system-deps:
 	@bash infra/install-system-deps.sh
@@ -23,8 +23,13 @@ venv: $(VENV)/.installed
 # other finishes a long file; Spark is started once first so the Delta jars are resolved
 # before the workers start theirs.
 test: system-deps venv
-	$(PY) -c "from pipelines.spark import get_or_create; get_or_create().stop()"
+	$(PY) -c "from core.spark import get_or_create; get_or_create().stop()"
 	$(PY) -m pytest -n 2 --dist worksteal
+
+# The dependency rule (pyproject.toml, [tool.importlinter]) and pyflakes' checks.
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-logo
 
 unit: venv
 	$(PY) -m pytest tests/unit

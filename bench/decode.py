@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql
 
 from bronze.slot import plugin_options
-from pipelines.config import Config
+from core.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -46,11 +46,11 @@ from bench import decode, poc, workload
 from bench.profile import PassLog, ProgressLog
 from bronze.ship import Shipper
 from infra.localpg import LocalPostgres, bin_dir
-from pipelines.config import Config
+from core.config import Config
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
 from pipelines.traffic import FreshnessProbe
-from pipelines.captured import COUNTED
+from core.captured import COUNTED
 from pipelines.source_truth import source_counts
 
 SCHEMA = (Path(__file__).resolve().parents[1] / "infra" / "postgres" /
@@ -155,7 +155,7 @@ class Bench:
 
     def __enter__(self) -> "Bench":
         self.pg.start()
-        from pipelines.spark import get_or_create
+        from core.spark import get_or_create
         # Finished jobs kept for ``PassLog``'s count of Spark jobs per batch.
         self.spark = get_or_create("lakecdc-bench",
                                    extra_conf={"spark.ui.retainedJobs": "200000"})

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from pipelines.captured import DIMS
+from core.captured import DIMS
 
 TICK_CHANGES = 10_000
 COUNTER_TABLE = "poc_service_stats"

@@ -441,8 +441,8 @@ COPY read of them alone 0.55-0.7 s) - a cost the raw decode, which counts rows i
 server, never pays. Commit and advance take 0.1 s. 0.8× would need the decode to overlap the
 transfer: streaming replication (`START_REPLICATION SLOT … LOGICAL` with the same wal2json
 options, the standby status update sent only after the bronze commit holding the changes),
-which replaces DESIGN §3.1's bounded peek - a decision for the maintainers, asked for and
-not built."""),
+which replaces the design contract's bounded peek - a decision for the maintainers, asked
+for and not built."""),
     "catch_up": (
         "**Catch-up (met, ${catch_up} changes/s).**",
         """**Stream + push catch-up (${catch_up} changes/s, target 30,000).** Almost all of it
@@ -485,7 +485,7 @@ snapshot state ~9%), and a 100-key MERGE with the snapshot state computed after 
 ~1.5 CPU-seconds (`MERGE` alone ~1 CPU-second in 0.9 s). Tried and not kept: running each
 batch's MERGE beside the next batch (batches 2.0 -> 1.7 s, but freshness p50 2.7 -> 3.3 s
 at 200 changes/s: the MERGE took the cores the next batch needed). Kept: the parallel
-collector instead of G1 (`pipelines/spark.py`: G1's concurrent work took CPU from the
+collector instead of G1 (`core/spark.py`: G1's concurrent work took CPU from the
 stream; batch 2.2 -> 1.9-2.0 s at 200 changes/s). What would close it, not built: fewer
 Spark queries and Delta commits per batch (each query is planned afresh, each commit with
 an app transaction needs the table's snapshot state)."""),

@@ -23,7 +23,7 @@ import psycopg
 
 from bench.decode import create_witness, raw_decode, ship_once
 from infra.localpg import LocalPostgres
-from pipelines.config import Config
+from core.config import Config
 from pipelines.setup_source import setup
 
 SCHEMA = Path(__file__).resolve().parents[1] / "infra" / "postgres" / "source_schema.sql"

@@ -12,17 +12,19 @@ that history, each checked before the shipper reads anything:
   point (PITR, a snapshot of the disk); the LSNs bronze holds will be reused by different
   transactions.
 
-A missing slot is checked by the shipper (``bronze.ship``). Recovery commands are in the
-messages; the runbook is ``docs/failover.md``.
+And the slot itself, checked by the shipper (``bronze.ship``) at start and with every batch:
+missing (``slot_missing``), invalidated (``slot_lost``), or ahead of bronze (``slot_ahead``).
+Recovery commands are in the messages; the runbook is ``docs/failover.md``.
 """
 
 from __future__ import annotations
 
 import psycopg
 
-from bronze.table import SourceIdentity
-from pipelines.errors import UserError
-from pipelines.lsn import fmt
+from bronze.slot import SlotState
+from bronze.table import Progress, SourceIdentity
+from core.errors import UserError
+from core.lsn import fmt
 
 REBASELINE = ("run `lakecdc setup --rebaseline`, then `lakecdc backfill rebuild-gold`, then "
               "`lakecdc verify` (runbook: docs/failover.md)")
@@ -50,3 +52,27 @@ def check_same_history(conn: psycopg.Connection, ident: SourceIdentity, bronze_e
                         f"{ident.timeline}: a standby was promoted or the cluster was "
                         f"recovered, and the slot's changes after the switch are lost; "
                         f"{REBASELINE}.")
+
+
+def slot_missing(slot: str, progress: Progress) -> UserError:
+    return UserError(f"replication slot {slot} does not exist (dropped, or lost in a "
+                     f"failover); bronze holds changes up to {fmt(progress.end_lsn)}: "
+                     f"{REBASELINE}.")
+
+
+def slot_lost(slot: str, state: SlotState, progress: Progress) -> UserError:
+    return UserError(f"replication slot {slot} was invalidated (wal_status={state.wal_status}"
+                     f"): it retained more WAL than max_slot_wal_keep_size = "
+                     f"{state.max_slot_wal_keep_size} and the source removed WAL it still "
+                     f"needed, so changes after bronze's {fmt(progress.end_lsn)} are lost to "
+                     f"lakecdc; the slot was left as it is (lakecdc never recreates it "
+                     f"silently): {REBASELINE}.")
+
+
+def slot_ahead(slot: str, state: SlotState, progress: Progress) -> UserError | None:
+    """The slot was advanced past what bronze recorded, or recreated, outside lakecdc."""
+    if state.confirmed_flush_lsn is None or state.confirmed_flush_lsn <= progress.end_lsn:
+        return None
+    return UserError(f"replication slot {slot} is at {fmt(state.confirmed_flush_lsn)}, past "
+                     f"bronze's {fmt(progress.end_lsn)}: it was advanced or recreated outside "
+                     f"lakecdc and changes may be lost; {REBASELINE}.")

@@ -26,7 +26,7 @@ from typing import Callable
 import psycopg
 from psycopg import sql
 
-from pipelines.errors import UserError
+from core.errors import UserError
 
 
 def constraint_name(column: str) -> str:

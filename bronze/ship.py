@@ -1,4 +1,4 @@
-"""slot → bronze, exactly once (DESIGN §3.1).
+"""slot → bronze, exactly once (docs/bronze.md).
 
 Delivery guarantees:
 
@@ -47,28 +47,27 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Callable, Iterator
+from typing import Callable
 
-import numpy as np
 import psycopg
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from bronze import heartbeat as heartbeats
 from bronze import slot as slots
-from bronze.buffer import SpillBuffer
-from bronze.failover import REBASELINE as FAILOVER_STEPS
-from bronze.failover import check_same_history
-from bronze.backfill import BackfillEmitter
-from bronze.records import (ASSEMBLED_SCHEMA, UTC_US, HighMark, TransactionAssembler, finalize,
-                            high_marks)
-from bronze.source import check_replication_role, connect, open_connection, require_identity
-from bronze.table import BronzeTable, DataFiles, Progress
-from pipelines.config import Config
-from pipelines.errors import UserError, redact
-from pipelines.faults import FaultPoints
-from pipelines.locks import acquire, ship_application, ship_lock_name
-from pipelines.lsn import fmt
+from bronze.batch_rows import BatchRows
+from bronze.failover import check_same_history, slot_ahead, slot_lost, slot_missing
+from bronze.backfill_emitter import BackfillEmitter
+from bronze.session_loss import first_line, reconnect_reason, transient
+from bronze.records import (UTC_US, TransactionAssembler)
+from bronze.source import check_replication_role, require_identity
+from bronze.table import BronzeTable, Progress
+from core.config import Config
+from core.errors import UserError, redact
+from core.faults import FaultPoints
+from core.locks import acquire, ship_application, ship_lock_name
+from core.postgres import connect, open_connection
+from core.lsn import fmt
+from core.units import byte_size
 
 log = logging.getLogger("lakecdc.ship")
 
@@ -80,12 +79,10 @@ SESSION_OPTIONS = {"application_name": "lakecdc ship", "keepalives": 1,
                    "tcp_user_timeout": 30_000}
 RETRY_FIRST_S = 0.5            # first reconnect delay; doubles up to reconnect_max_backoff_s
 ALERT_REPEAT_S = 5.0           # wal_status alerts repeat every batch, at most this often
-# SQLSTATEs after which the session is gone or the server is (re)starting: reconnect.
-_TRANSIENT_STATES = {"57P01", "57P02", "57P03", "57P05", "53300"}
 
 
 @dataclass
-class BatchResult:
+class ShipBatch:
     peek_rows: int
     changes: int
     transactions: int
@@ -120,7 +117,7 @@ class ShipTotals:
 class Shipper:
     def __init__(self, config: Config, faults: FaultPoints | None = None,
                  storage_options: dict | None = None,
-                 on_batch: Callable[[BatchResult, Progress], None] | None = None) -> None:
+                 on_batch: Callable[[ShipBatch, Progress], None] | None = None) -> None:
         self.config = config
         # Called after every batch (metrics); must not raise.
         self.on_batch = on_batch
@@ -137,7 +134,7 @@ class Shipper:
         self.reconnects = 0
         self.reconnect_reasons: list[str] = []    # one per reconnect, in order
         self._reported = (0, 0)     # heartbeats, reconnects already passed to on_batch
-        self._unreported: tuple[BatchResult, Progress] | None = None   # see _report
+        self._unreported: tuple[ShipBatch, Progress] | None = None   # see _report
 
     # --- start-up ---------------------------------------------------------------------
 
@@ -214,20 +211,17 @@ class Shipper:
         require_identity(conn, cfg.tables)
         state = slots.slot_state(conn, cfg.slot)
         if state is None:
-            raise _slot_missing(cfg.slot, progress)
+            raise slot_missing(cfg.slot, progress)
         if state.invalidated or state.confirmed_flush_lsn is None:
-            raise _slot_lost(cfg.slot, state, progress)
+            raise slot_lost(cfg.slot, state, progress)
         if state.plugin != slots.PLUGIN or state.database != db:
             raise UserError(f"replication slot {cfg.slot} uses plugin {state.plugin} on "
                             f"database {state.database}; lakecdc needs a wal2json slot on {db}.")
         if state.active_pid is not None:
             raise UserError(f"replication slot {cfg.slot} is in use by PID {state.active_pid}; "
                             "stop that consumer first.")
-        if state.confirmed_flush_lsn > progress.end_lsn:
-            raise UserError(f"replication slot {cfg.slot} is at "
-                            f"{fmt(state.confirmed_flush_lsn)}, past bronze's "
-                            f"{fmt(progress.end_lsn)}: it was advanced or recreated outside "
-                            f"lakecdc and changes may be lost; {FAILOVER_STEPS}.")
+        if (ahead := slot_ahead(cfg.slot, state, progress)) is not None:
+            raise ahead
         self._watch(state, progress)
         return progress
 
@@ -236,14 +230,11 @@ class Shipper:
         else; alert while its WAL is no longer reserved (``wal_status``)."""
         slot = self.config.slot
         if state is None:
-            raise _slot_missing(slot, progress)
+            raise slot_missing(slot, progress)
         if state.invalidated:
-            raise _slot_lost(slot, state, progress)
-        if state.confirmed_flush_lsn > progress.end_lsn:
-            raise UserError(f"replication slot {slot} is at {fmt(state.confirmed_flush_lsn)}, "
-                            f"past bronze's {fmt(progress.end_lsn)}: it was advanced or "
-                            f"recreated outside lakecdc and changes may be lost; "
-                            f"{FAILOVER_STEPS}.")
+            raise slot_lost(slot, state, progress)
+        if (ahead := slot_ahead(slot, state, progress)) is not None:
+            raise ahead
         status, now = state.wal_status, time.monotonic()
         if status == "unreserved":
             if self._wal_status != status or now - self._alerted_at >= ALERT_REPEAT_S:
@@ -253,31 +244,31 @@ class Shipper:
                     "than max_slot_wal_keep_size = %s; the next checkpoint invalidates it and "
                     "then only a re-baseline recovers; let the shipper catch up, or raise "
                     "max_slot_wal_keep_size now (docs/operations.md)", slot,
-                    _size(state.lag_bytes), _size(state.retained_bytes),
+                    byte_size(state.lag_bytes), byte_size(state.retained_bytes),
                     state.max_slot_wal_keep_size)
         elif status == "extended" and self._wal_status != status:
             log.warning("slot %s wal_status=extended: it retains %s of WAL, more than "
                         "max_wal_size (lag %s; %s more before max_slot_wal_keep_size = %s)",
-                        slot, _size(state.retained_bytes), _size(state.lag_bytes),
-                        _size(state.safe_wal_size), state.max_slot_wal_keep_size)
+                        slot, byte_size(state.retained_bytes), byte_size(state.lag_bytes),
+                        byte_size(state.safe_wal_size), state.max_slot_wal_keep_size)
         elif status == "reserved" and self._wal_status in ("extended", "unreserved"):
-            log.info("slot %s wal_status=reserved again (lag %s)", slot, _size(state.lag_bytes))
+            log.info("slot %s wal_status=reserved again (lag %s)", slot, byte_size(state.lag_bytes))
         self._wal_status = status
 
     # --- the delivery rule ----------------------------------------------------------------
 
     def ship_batch(self, conn: psycopg.Connection, progress: Progress,
-                   force_progress: bool = False) -> tuple[BatchResult, Progress]:
+                   force_progress: bool = False) -> tuple[ShipBatch, Progress]:
         """One bounded peek → at most one bronze commit → advance. Returns the new progress.
 
         Rows are written to the commit's data files while the peek streams, as their
-        transactions close (``_Rows``); none of them is visible before the commit."""
+        transactions close (``BatchRows``); none of them is visible before the commit."""
         cfg = self.config
         started = time.monotonic()
         after = progress.commit_lsn if cfg.guard_on("version_check") else -1
         assembler = TransactionAssembler(after)
         shipped_at = pa.scalar(int(time.time() * 1e6), pa.int64()).cast(UTC_US)
-        with self.table.data_files() as files, _Rows(
+        with self.table.data_files() as files, BatchRows(
                 files, assembler, cfg, shipped_at, self._with_fault) as rows:
             for cols in slots.peek(conn, cfg.slot, cfg.tables, cfg.upto_nchanges,
                                    int(cfg.chunk_mb * (1 << 20))):
@@ -286,7 +277,7 @@ class Shipper:
             self.faults.hit("after_peek")
             full = summary.rows >= cfg.upto_nchanges
             if summary.last_lsn is None:
-                return self._done(BatchResult(0, 0, 0, False, False,
+                return self._done(ShipBatch(0, 0, 0, False, False,
                                               time.monotonic() - started), progress)
 
             new = Progress(max(progress.commit_lsn, summary.max_commit_lsn or 0),
@@ -337,19 +328,19 @@ class Shipper:
                 if self.heartbeat.passed(summary.last_lsn):
                     self.heartbeat.recorded()
                 # In bronze now: reported even if the advance fails (a reconnect completes it).
-                self._done(BatchResult(summary.rows, summary.kept, summary.transactions, full,
+                self._done(ShipBatch(summary.rows, summary.kept, summary.transactions, full,
                                        committed, time.monotonic() - started, read_rows,
                                        skipped_messages=skipped,
                                        **_newest(summary, committed)), new)
                 self.faults.hit("after_bronze_commit")
             slots.advance(conn, cfg.slot, new.end_lsn)
             self.faults.hit("after_advance")
-        return self._done(BatchResult(summary.rows, summary.kept, summary.transactions, full,
+        return self._done(ShipBatch(summary.rows, summary.kept, summary.transactions, full,
                                       committed, time.monotonic() - started, read_rows,
                                       skipped_messages=skipped,
                                       **_newest(summary, committed)), new)
 
-    def _done(self, result: BatchResult, progress: Progress) -> tuple[BatchResult, Progress]:
+    def _done(self, result: ShipBatch, progress: Progress) -> tuple[ShipBatch, Progress]:
         """The batch ``run`` reports next (``on_batch``, totals)."""
         self._unreported = (result, progress)
         return result, progress
@@ -409,7 +400,7 @@ class Shipper:
                     if once:
                         raise UserError(
                             f"lost the source {redact(self.config.require_source())} during "
-                            f"a --once run ({_first_line(exc)}); nothing was advanced past "
+                            f"a --once run ({first_line(exc)}); nothing was advanced past "
                             f"bronze's last commit: rerun it, or run `lakecdc ship`, which "
                             f"reconnects by itself.") from None
                     reconnected = self._reconnect(stop, exc)
@@ -428,7 +419,7 @@ class Shipper:
             totals.heartbeats, totals.reconnects = self.heartbeat.sent, self.reconnects
         return totals
 
-    def _with_events(self, result: BatchResult) -> BatchResult:
+    def _with_events(self, result: ShipBatch) -> ShipBatch:
         """``result`` with the heartbeats and reconnects not yet reported to ``on_batch``."""
         heartbeats, reconnects = self._reported
         self._reported = (self.heartbeat.sent, len(self.reconnect_reasons))
@@ -436,7 +427,7 @@ class Shipper:
                        reconnects=tuple(self.reconnect_reasons[reconnects:]))
 
     def _step(self, conn: psycopg.Connection, progress: Progress, once: bool
-              ) -> tuple[BatchResult, Progress]:
+              ) -> tuple[ShipBatch, Progress]:
         """Watch the slot, send a heartbeat if one is due, ship one batch."""
         state = slots.slot_state(conn, self.config.slot)
         self._watch(state, progress)
@@ -456,7 +447,7 @@ class Shipper:
                             "docs/operations.md).") from None
         self.heartbeat.sent_one(lsn)
         log.debug("heartbeat at %s (slot %s lag %s)", fmt(lsn), self.config.slot,
-                  _size(state.lag_bytes))
+                  byte_size(state.lag_bytes))
 
     def _heartbeat_after_drain(self, conn: psycopg.Connection) -> bool:
         """``--once``: after draining, one heartbeat if the WAL is still far ahead of the
@@ -478,7 +469,7 @@ class Shipper:
                             f"--peek-timeout {self.config.peek_timeout_s}s; nothing was "
                             "stored or advanced: raise --peek-timeout (one transaction is "
                             "always decoded whole), or lower --max-changes.") from None
-        if _transient(exc, conn):
+        if transient(exc, conn):
             return
         if isinstance(exc, psycopg.Error):
             # The slot may have been dropped, invalidated or taken between two statements.
@@ -489,9 +480,9 @@ class Shipper:
                 raise exc from None
             if progress is not None:
                 if state is None:
-                    raise _slot_missing(slot, progress) from None
+                    raise slot_missing(slot, progress) from None
                 if state.invalidated:
-                    raise _slot_lost(slot, state, progress) from None
+                    raise slot_lost(slot, state, progress) from None
             ours = self._session[0] if self._session else None
             if state is not None and state.active_pid not in (None, ours):
                 raise UserError(f"replication slot {slot} is in use by PID "
@@ -511,13 +502,13 @@ class Shipper:
         while True:
             attempt += 1
             log.warning("source %s unreachable (%s); reconnect attempt %d in %.1fs", dsn,
-                        _first_line(last), attempt, delay)
+                        first_line(last), attempt, delay)
             if stop.wait(delay):
                 return None
             try:
                 conn, progress = self.open(reconnecting=True)
             except Exception as err:
-                if not _transient(err, None):
+                if not transient(err, None):
                     raise
                 last = err
                 delay = min(delay * 2, self.config.reconnect_max_backoff_s)
@@ -530,146 +521,8 @@ class Shipper:
             return conn, progress
 
 
-class _Rows:
-    """Routes one peek's assembled rows into the commit's data files as their transactions
-    close, so the Parquet is written while the peek streams, not after it.
-
-    Held back until their count is known: the transaction still open at the end of a chunk
-    (``open_rows``, spilled to disk past the memory budget: one transaction of millions of
-    rows), and transactions carrying a backfill HIGH watermark (``marked``: the backfill
-    plan grows their ``tx_changes``; written by ``finish``)."""
-
-    def __init__(self, files: DataFiles, assembler: TransactionAssembler, config: Config,
-                 shipped_at: pa.TimestampScalar,
-                 hook: Callable[[pa.RecordBatch], pa.RecordBatch]) -> None:
-        self.files = files
-        self.assembler = assembler
-        self.config = config
-        self.shipped_at = shipped_at
-        self.hook = hook
-        self.marks: list[HighMark] = []
-        self.rejected_marks = 0             # malformed or forged, under lakecdc's prefix
-        self._marked_gids: set[int] = set()
-        self.marked = self._buffer()
-        self.open_rows = self._buffer()
-        self._open_gid: int | None = None
-
-    def _buffer(self) -> SpillBuffer:
-        return SpillBuffer(ASSEMBLED_SCHEMA, self.config.memory_budget_mb << 20,
-                           self.config.spill_dir)
-
-    def add(self, batch: pa.RecordBatch) -> None:
-        """The rows ``TransactionAssembler.add`` returned for the latest chunk."""
-        found, rejected = high_marks(batch)
-        self.marks += found
-        self.rejected_marks += rejected
-        self._marked_gids.update(m.gid for m in found)
-        open_gid = self.assembler.open_gid
-        if self.open_rows.rows and open_gid != self._open_gid:      # it closed: write it
-            for held in self.open_rows.batches():
-                self._write(held)
-            self.open_rows.close()
-            self.open_rows = self._buffer()
-        closed = batch.num_rows if open_gid is None else int(
-            np.searchsorted(batch.column("gid").to_numpy(), open_gid))
-        self._write(batch.slice(0, closed))
-        self.open_rows.append(batch.slice(closed))
-        self._open_gid = open_gid
-
-    def _write(self, batch: pa.RecordBatch) -> None:
-        if batch.num_rows and self._marked_gids:
-            marked = pc.is_in(batch.column("gid"), pa.array(sorted(self._marked_gids)))
-            self.marked.append(batch.filter(marked))
-            batch = batch.filter(pc.invert(marked))
-        if batch.num_rows:
-            self.files.write(self.hook(finalize(batch, self.assembler.tx_changes,
-                                                self.config.slot, self.shipped_at)))
-
-    def written(self) -> Iterator[pa.RecordBatch]:
-        """Every kept row of the peek, once it is complete (the backfill plan's windows)."""
-        yield from self.files.read(["commit_lsn", "xid", "action", "data"])
-        yield from self.marked.batches()
-
-    def finish(self, tx_changes: np.ndarray) -> None:
-        """Write the marked transactions' rows with their final ``tx_changes``."""
-        for batch in self.marked.batches():
-            self.files.write(self.hook(finalize(batch, tx_changes, self.config.slot,
-                                                self.shipped_at)))
-
-    def __enter__(self) -> "_Rows":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.open_rows.close()
-        self.marked.close()
-
-
-def _transient(exc: BaseException, conn: psycopg.Connection | None) -> bool:
-    """The source session is gone or the server is not accepting it right now."""
-    if not isinstance(exc, psycopg.Error) or isinstance(exc, psycopg.errors.QueryCanceled):
-        return False
-    if conn is not None and (conn.broken or conn.closed):
-        return True
-    state = getattr(exc, "sqlstate", None)
-    if state is None:          # raised by the client: refused, reset, closed, timed out
-        return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
-    return state.startswith("08") or state in _TRANSIENT_STATES
-
-
-# Why a source session was lost, by SQLSTATE (PostgreSQL's condition names); the label of
-# ``lakecdc_ship_reconnects_total`` (pipelines.metrics.RECONNECT_REASONS).
-_REASONS = {"57P01": "admin_shutdown",        # pg_terminate_backend, a fast/smart shutdown
-            "57P02": "crash_shutdown",        # another backend crashed: the server restarts
-            "57P03": "cannot_connect_now",    # starting up, shutting down, in recovery
-            "57P05": "idle_session_timeout",
-            "53300": "too_many_connections"}
-
-
-def reconnect_reason(exc: BaseException) -> str:
-    """One of a fixed set of words for why ``exc`` ended the source session: the server's
-    reason when it sent one, ``connection_failure`` for SQLSTATE class 08, otherwise
-    ``connection_lost`` (reset, refused, timed out, keepalives; the client's own report)."""
-    state = getattr(exc, "sqlstate", None) or ""
-    if state in _REASONS:
-        return _REASONS[state]
-    if state.startswith("08"):
-        return "connection_failure"
-    return "connection_lost"
-
-
-def _slot_missing(slot: str, progress: Progress) -> UserError:
-    return UserError(f"replication slot {slot} does not exist (dropped, or lost in a "
-                     f"failover); bronze holds changes up to {fmt(progress.end_lsn)}: "
-                     f"{FAILOVER_STEPS}.")
-
-
-def _slot_lost(slot: str, state: slots.SlotState, progress: Progress) -> UserError:
-    return UserError(f"replication slot {slot} was invalidated (wal_status={state.wal_status}"
-                     f"): it retained more WAL than max_slot_wal_keep_size = "
-                     f"{state.max_slot_wal_keep_size} and the source removed WAL it still "
-                     f"needed, so changes after bronze's {fmt(progress.end_lsn)} are lost to "
-                     f"lakecdc; the slot was left as it is (lakecdc never recreates it "
-                     f"silently): {FAILOVER_STEPS}.")
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in redact(str(exc)).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(value) < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TB"
-
-
 def _newest(summary, committed: bool) -> dict:
-    """``BatchResult``'s newest stored source commit, from a peek's summary."""
+    """``ShipBatch``'s newest stored source commit, from a peek's summary."""
     if not committed or summary.max_commit_lsn is None:
         return {}
     ts = summary.max_commit_ts_us

@@ -24,9 +24,10 @@ from psycopg import sql
 from bronze.heartbeat import PREFIX as HEARTBEAT_PREFIX
 from bronze.records import (BACKFILL_PREFIX, COPY_HEADER_LEN, COPY_SIGNATURE, PeekColumns,
                             decode_copy_rows)
-from bronze.source import open_connection, raise_if_plugin_missing
-from pipelines.captured import MARKER_PREFIX
-from pipelines.lsn import Lsn
+from bronze.source import raise_if_plugin_missing
+from core.captured import MARKER_PREFIX
+from core.lsn import Lsn
+from core.postgres import open_connection
 
 # The logical messages lakecdc reads: the snapshot backfill's watermarks and verify's
 # markers. wal2json delivers no others (add-msg-prefixes): another application's messages

@@ -1,9 +1,6 @@
 """Checks and preparation of the source database: each problem a person can fix becomes one
 ``UserError`` sentence saying what to do.
 
-- ``open_connection``: every connection lakecdc makes (``connect`` adds the sentence for an
-  unreachable server): a malformed DSN is one fixed sentence - libpq's own parse errors
-  echo the password - and a session's ``search_path`` is pinned to ``public``.
 - ``check_source``: ``wal_level``, REPLICATION privilege, captured tables present;
   ``check_plugin``: wal2json loads (setup checks it before changing anything).
 - ``identity_problem`` / ``ensure_replica_identity``: the replica identity must supply the
@@ -18,46 +15,8 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from pipelines.captured import IDENTITY_COLUMNS, identity_index_name
-from pipelines.errors import UserError, redact
-
-
-class Unreachable(UserError):
-    """The server did not answer (down, restarting, network): a loop that has worked
-    before may retry; at start-up it is a configuration problem like any other."""
-
-
-def open_connection(dsn: str, what: str = "source", **kwargs) -> psycopg.Connection:
-    """An autocommit connection. A DSN libpq cannot parse is refused with a fixed sentence:
-    libpq's message quotes the text around the fault, which may be the password. Outside
-    the replication protocol the session's ``search_path`` is ``public`` (``pg_catalog``
-    is always searched first): a schema named after the role cannot shadow the tables
-    lakecdc names unqualified. Connection failures are raised as psycopg's."""
-    try:
-        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10, **kwargs)
-    except psycopg.ProgrammingError:
-        raise UserError(f"the {what} DSN is not a valid connection string (libpq could not "
-                        "parse it; its message is not shown, as it may quote the password); "
-                        "use postgresql://user@host:port/dbname, with special characters "
-                        "in the password percent-encoded.") from None
-    if "replication" not in kwargs:
-        conn.execute("SET search_path = public")
-    return conn
-
-
-def connect(dsn: str, what: str = "source", **kwargs) -> psycopg.Connection:
-    """``open_connection``, with a server that cannot be reached as ``Unreachable``."""
-    try:
-        return open_connection(dsn, what, **kwargs)
-    except psycopg.OperationalError as exc:
-        raise Unreachable(f"cannot connect to the {what} database {redact(dsn)}: "
-                        f"{_first_line(exc)}; check the DSN, that the server is up and "
-                        "that pg_hba.conf admits this client.") from None
-
-
-def _first_line(exc: Exception) -> str:
-    lines = [ln.strip() for ln in redact(str(exc)).splitlines() if ln.strip()]
-    return lines[-1] if lines else type(exc).__name__
+from core.captured import IDENTITY_COLUMNS, identity_index_name
+from core.errors import UserError
 
 
 def check_source(conn: psycopg.Connection, tables: tuple[str, ...]) -> None:

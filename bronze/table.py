@@ -3,7 +3,7 @@
 Progress lives in the same Delta commit as the data it describes, as two Delta app
 transactions (``txn`` actions):
 
-- app id ``<slot>``: the highest ``commit_lsn`` stored (DESIGN §3.1). The shipper drops
+- app id ``<slot>``: the highest ``commit_lsn`` stored (docs/bronze.md). The shipper drops
   re-delivered transactions with ``commit_lsn <=`` this version.
 - app id ``<slot>:end_lsn``: the LSN the slot may be advanced to - the end of the last
   transaction stored or passed over (transactions that touched only uncaptured tables). The
@@ -46,7 +46,7 @@ from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction
 
 from bronze.records import BRONZE_SCHEMA
-from pipelines.errors import UserError
+from core.errors import UserError
 
 END_SUFFIX = ":end_lsn"
 REBASELINE_SUFFIX = ":rebaseline"

@@ -55,17 +55,17 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
-from pipelines.commits import commit_metadata as metadata
+from core.commits import commit_metadata as metadata
 from gold import deltas as D
 from gold.asof import gold_state
 from gold.plan import Plan, first_problem
 from gold.plan import plan as plan_batch
-from pipelines.commits import last_metadata, parse_commit_metadata as parse_metadata
-from pipelines.captured import DIMS
-from pipelines.errors import UserError
-from pipelines.lsn import fmt
-from pipelines.snapshots import warm_in_background
-from pipelines.spark import LOW_LATENCY_CONF
+from core.commits import last_metadata, parse_commit_metadata as parse_metadata
+from core.captured import DIMS
+from core.errors import UserError
+from core.lsn import fmt
+from core.snapshots import warm_in_background
+from core.spark import LOW_LATENCY_CONF
 
 log = logging.getLogger("lakecdc.gold")
 
@@ -75,7 +75,7 @@ SEED_APP_ID = "lakecdc-gold-seed"
 
 def txn_app_id(epoch: int | None) -> str:
     """The Delta app id of the stream's writes. A rebuild starts the stream's checkpoint
-    afresh (``gold.rebuild``), so batch ids restart at 0: each such *epoch* (the rebuild's
+    afresh (``pipelines.rebuild``), so batch ids restart at 0: each such *epoch* (the rebuild's
     floor) gets an app id of its own, whose versions Delta has not seen yet."""
     return APP_ID if epoch is None else f"{APP_ID}@{epoch}"
 
@@ -106,7 +106,7 @@ MERGE_SOURCE = StructType([*D.KEY_DELTAS.fields, StructField("updated_at", Times
 
 
 class Faults(Protocol):
-    """Fault points (``pipelines.faults.FaultPoints``): ``after_gold_merge``,
+    """Fault points (``core.faults.FaultPoints``): ``after_gold_merge``,
     ``after_gold_pending``."""
 
     def hit(self, name: str) -> None: ...
@@ -143,7 +143,7 @@ class Planned:
 
 
 @dataclass(frozen=True)
-class BatchResult:
+class GoldBatch:
     batch_id: int
     silver_rows: int = 0
     applied_transactions: int = 0
@@ -271,7 +271,7 @@ class GoldBatchWriter:
         self._watermark: int | None = None
 
     def apply(self, batch: DataFrame, batch_id: int,
-              planned: Callable[[Planned], None] | None = None) -> BatchResult:
+              planned: Callable[[Planned], None] | None = None) -> GoldBatch:
         """Steps 1-7 of the module docstring. ``planned`` is called with the batch's step
         right before the MERGE (not when nothing is applied, nor on a replay that returns
         at step 1)."""
@@ -285,7 +285,7 @@ class GoldBatchWriter:
         known_empty, self._pending_known_empty = self._pending_known_empty, None
         version, last_batch = known_empty or self._pending_head(spark)
         if self.guard and last_batch is not None and last_batch >= batch_id:
-            return BatchResult(batch_id, replayed=True, seconds=time.monotonic() - started)
+            return GoldBatch(batch_id, replayed=True, seconds=time.monotonic() - started)
         stored: list[tuple] = []
         if not known_empty:
             stored = [tuple(r.values()) for r in (
@@ -329,7 +329,7 @@ class GoldBatchWriter:
         else:
             self._pending_known_empty = (version, last_batch)    # _pending was not written
         self._watermark = plan.commit_lsn if plan.applied else watermark
-        return BatchResult(**result, seconds=time.monotonic() - started)
+        return GoldBatch(**result, seconds=time.monotonic() - started)
 
     def _merge_session(self, spark: SparkSession) -> SparkSession:
         """A session of this writer's own for the MERGE: the txn and metadata confs it sets

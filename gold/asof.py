@@ -22,8 +22,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from gold import deltas as D
-from pipelines.commits import parse_commit_metadata
-from pipelines.captured import DIMS
+from core.commits import parse_commit_metadata
+from core.captured import DIMS
 
 
 @dataclass(frozen=True)

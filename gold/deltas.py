@@ -1,4 +1,4 @@
-"""silver → signed count deltas: pure DataFrame transforms, no I/O (DESIGN §2).
+"""silver → signed count deltas: pure DataFrame transforms, no I/O (docs/gold.md).
 
 Per silver row, with dims = (service_id, template_id, notification_type, notification_status):
 
@@ -20,7 +20,7 @@ No clamps: counts may go negative, which shows drift instead of hiding it.
 Why error rows stop gold rather than count 0: silver nulls every parsed column of a failed
 row, table included, so gold cannot tell a harmless failure from a change of a counted
 table - and silver deliberately turns changes it cannot attribute (an identity without the
-old dims, an I/U without its dims) into error rows so that gold stops on them (DESIGN §2:
+old dims, an I/U without its dims) into error rows so that gold stops on them (docs/gold.md:
 never skip such a change silently). The operator inspects ``silver/quarantine`` and either
 accepts the rows as count-neutral up to a commit LSN (``accept_errors_upto``) or rebuilds.
 
@@ -39,9 +39,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import (IntegerType, LongType, StringType, StructField, StructType,
                                TimestampType)
 
-from pipelines.captured import COUNTED, DIMS, CountedTables  # noqa: F401 (re-exported)
-from pipelines.errors import UserError
-from pipelines.lsn import fmt
+from core.captured import COUNTED, DIMS, CountedTables  # noqa: F401 (re-exported)
+from core.errors import UserError
+from core.lsn import fmt
 
 REBUILD = "rebuild gold from the source with `lakecdc backfill rebuild-gold`"
 

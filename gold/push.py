@@ -1,4 +1,4 @@
-"""``lakecdc push [--once]``: gold → the dashboard's Postgres ``service_stats`` (DESIGN §3.4).
+"""``lakecdc push [--once]``: gold → the dashboard's Postgres ``service_stats`` (docs/gold.md).
 
 JVM-free: gold is read with delta-rs, Postgres written with psycopg 3.
 
@@ -42,7 +42,6 @@ replication slot because the shipper asks wal2json for the captured tables only
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -56,12 +55,11 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from psycopg import sql
 
-from bronze.source import Unreachable, connect
-from pipelines.commits import parse_commit_metadata
-from pipelines.captured import DIMS
-from pipelines.errors import UserError
-from pipelines.lakehouse import is_remote
-from pipelines.storage import canonical
+from core.commits import parse_commit_metadata
+from core.captured import DIMS
+from core.errors import UserError
+from core.lakehouse import gold_key, is_remote
+from core.postgres import Unreachable, connect
 
 log = logging.getLogger("lakecdc.push")
 
@@ -191,13 +189,6 @@ def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
             conn.close()
 
 
-def gold_key(gold_path: str) -> str:
-    """How the progress table names a gold table: its absolute path, or its URI."""
-    if is_remote(gold_path):
-        return canonical(gold_path.rstrip("/"))
-    return os.path.abspath(gold_path.removeprefix("file://").removeprefix("file:"))
-
-
 def open_gold(gold_path: str, storage_options: dict | None = None,
               version: int | None = None) -> DeltaTable:
     uri = gold_path if is_remote(gold_path) else gold_key(gold_path)
@@ -252,7 +243,7 @@ def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults,
         rows, deleted, full = None, [], force_full or not same_table
         if not full:
             try:
-                rows, deleted = changed_keys(table, prev_version + 1, version)
+                rows, deleted = feed_changes(table, prev_version + 1, version)
             except DeltaError as exc:
                 log.warning("gold's change data feed from version %d is not readable (%s); "
                             "pushing every row", prev_version + 1, exc)
@@ -365,7 +356,7 @@ def _record_layers(conn: psycopg.Connection, key: str, marks: dict) -> None:
         ).format(t=sql.Identifier(LAYER_TABLE)), rows)
 
 
-def changed_keys(table: DeltaTable, start: int, end: int) -> tuple[list[tuple], list[tuple]]:
+def feed_changes(table: DeltaTable, start: int, end: int) -> tuple[list[tuple], list[tuple]]:
     """Keys changed in gold versions [start, end]: (their rows at ``end``, deleted keys).
 
     Gold rows are only inserted and updated, so the newest post-image (or insert) of a key is

@@ -1,7 +1,7 @@
 """Gold's part of the stream's start (``pipelines.stream``): its tables, what it has applied,
 and its ``foreachBatch`` writer, floored at gold's baseline.
 
-- gold seeded at a source LSN (``seed_gold``) or rebuilt at one (``gold.rebuild``): silver
+- gold seeded at a source LSN (``seed_gold``) or rebuilt at one (``pipelines.rebuild``): silver
   rows below it are already counted, so the writer skips them (``floor_lsn``). This is what
   lets a rebuilt gold go on from the stream's checkpoint: the rows of every batch the
   stream replays or plays next that are older than the rebuild's baseline are inside it.
@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables
 from gold.asof import gold_state
 from gold.deltas import COUNTED, CountedTables
-from pipelines.commits import last_metadata
+from core.commits import last_metadata
 
 log = logging.getLogger("lakecdc.gold")
 

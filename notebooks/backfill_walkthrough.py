@@ -60,11 +60,11 @@ from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
 from gold.asof import gold_state
-from pipelines.config import Config
-from pipelines.lsn import fmt
+from core.config import Config
+from core.lsn import fmt
 from pipelines.run import Pipeline
-from pipelines.spark import get_or_create
-from pipelines.storage import Lakehouse
+from core.spark import get_or_create
+from core.storage import Lakehouse
 
 config = Config.load(lakehouse=param("lakehouse") or None, source_dsn=secret_dsn())
 pipeline = Pipeline(config, spark_factory=lambda: get_or_create(
@@ -128,7 +128,7 @@ assert all(r.success for r in silver_gate), "the silver gate failed: do not rebu
 rebuilt = None
 gold_gate = []
 if param("rebuild", "no") == "yes":
-    from gold.rebuild import rebuild_and_push
+    from pipelines.rebuild import rebuild_and_push
 
     rebuilt = rebuild_and_push(pipeline)
     print(rebuilt.summary())

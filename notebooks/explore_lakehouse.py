@@ -45,11 +45,11 @@ except NameError:
 
 from pyspark.sql import functions as F
 
-from pipelines.config import Config
-from pipelines.lsn import fmt
+from core.config import Config
+from core.lsn import fmt
 from pipelines.query import register_tables, table_paths
-from pipelines.spark import get_or_create
-from pipelines.storage import Lakehouse
+from core.spark import get_or_create
+from core.storage import Lakehouse
 
 config = Config.load(lakehouse=param("lakehouse") or None)
 spark = get_or_create(lakehouse=Lakehouse.from_config(config))

@@ -44,11 +44,11 @@ from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
 from gold.asof import gold_state
-from pipelines.config import Config
-from pipelines.lsn import fmt
+from core.config import Config
+from core.lsn import fmt
 from pipelines.query import table_paths
-from pipelines.spark import get_or_create
-from pipelines.storage import Lakehouse
+from core.spark import get_or_create
+from core.storage import Lakehouse
 
 config = Config.load(lakehouse=param("lakehouse") or None)
 spark = get_or_create(lakehouse=Lakehouse.from_config(config))

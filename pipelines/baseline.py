@@ -17,7 +17,7 @@ from __future__ import annotations
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from pipelines.captured import DIMS, CountedTables
+from core.captured import DIMS, CountedTables
 
 APP_ID = "lakecdc-baseline"
 SCHEMA = pa.schema([*[pa.field(c, pa.string(), nullable=False) for c in DIMS],

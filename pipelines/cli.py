@@ -7,10 +7,7 @@ sentence on stderr, no traceback), 3 an unexpected failure (traceback, passwords
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
-import json
-import logging
 import os
 import signal
 import sys
@@ -20,84 +17,9 @@ from contextlib import contextmanager
 
 import click
 
-from pipelines.config import Config
-from pipelines.errors import DriftFound, UserError, redact
-
-
-class _RedactingText(logging.Formatter):
-    """The text format, redacted as a whole line: the message, its arguments (strings or
-    not, e.g. an exception), ``extra`` fields and tracebacks alike."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return redact(super().format(record))
-
-
-# LogRecord's own attributes; everything else on a record came from ``extra=``.
-_RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
-
-
-class _RedactingJson(logging.Formatter):
-    """One JSON object per line: ``ts`` (UTC, ISO 8601), ``level``, ``logger``, ``message``,
-    ``thread`` outside the main thread, ``extra=`` fields, ``exception`` (the traceback).
-    Every string value is redacted before it is serialised."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict = {k: v for k, v in vars(record).items()
-                     if k not in _RECORD_FIELDS and not k.startswith("_")}
-        out.update(ts=dt.datetime.fromtimestamp(record.created, dt.timezone.utc)
-                   .isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-                   level=record.levelname, logger=record.name, message=record.getMessage())
-        if record.threadName != "MainThread":
-            out["thread"] = record.threadName
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
-        elif record.exc_text:
-            out["exception"] = record.exc_text
-        if record.stack_info:
-            out["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(_redacted(out), ensure_ascii=False)
-
-
-def _redacted(value):
-    if isinstance(value, str):
-        return redact(value)
-    if value is None or isinstance(value, (bool, int, float)):
-        return value
-    if isinstance(value, dict):
-        return {str(k): _redacted(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        return [_redacted(v) for v in value]
-    return redact(str(value))
-
-
-def _configure_logging(verbose: bool, log_format: str = "text") -> None:
-    """lakecdc's loggers at INFO (DEBUG with ``verbose``), other libraries' at WARNING, all
-    to stderr through one redacting formatter: ``text`` or ``json`` (one object per line,
-    Python warnings included)."""
-    json_lines = log_format.lower() == "json"
-    formatter = _RedactingJson() if json_lines else _RedactingText(
-        "%(asctime)s %(name)s %(levelname)s %(message)s")
-
-    def handler(level: int) -> logging.Handler:
-        h = logging.StreamHandler(sys.stderr)
-        h.setLevel(level)
-        h.setFormatter(formatter)
-        h._lakecdc = True            # ours: replaced, not stacked, when configured again
-        return h
-
-    own = logging.getLogger("lakecdc")
-    own.handlers[:] = [handler(logging.NOTSET)]
-    own.setLevel(logging.DEBUG if verbose else logging.INFO)
-    own.propagate = False
-    # Other libraries' warnings would otherwise reach stderr unformatted and unredacted
-    # (Python's last-resort handler).
-    root = logging.getLogger()
-    root.handlers[:] = [h for h in root.handlers if not getattr(h, "_lakecdc", False)]
-    root.addHandler(handler(logging.WARNING))
-    logging.captureWarnings(json_lines)
-    # py4j reports Python exceptions raised inside Spark callbacks itself; lakecdc reports
-    # them once, as its own errors.
-    logging.getLogger("py4j").setLevel(logging.DEBUG if verbose else logging.CRITICAL)
+from core.config import Config
+from core.errors import DriftFound, UserError, redact
+from pipelines.logs import configure_logging
 
 
 def _stop_on_signals() -> threading.Event:
@@ -126,7 +48,7 @@ def _stop_on_signals() -> threading.Event:
 @click.pass_context
 def cli(ctx, source_dsn, dashboard_dsn, lakehouse, slot, verbose, log_format):
     """Exact CDC from Postgres into a Delta lakehouse, pushed back to Postgres dashboards."""
-    _configure_logging(verbose, log_format)
+    configure_logging(verbose, log_format)
     ctx.obj = {"flags": {"source_dsn": source_dsn, "dashboard_dsn": dashboard_dsn,
                          "lakehouse": lakehouse, "slot": slot},
                "verbose": verbose}
@@ -197,9 +119,9 @@ def _needs_spark(command):
 
 def _pipeline(ctx, **flags):
     from pipelines.run import Pipeline
-    from pipelines.spark import get_or_create
+    from core.spark import get_or_create
 
-    from pipelines.storage import Lakehouse
+    from core.storage import Lakehouse
 
     level = "WARN" if ctx.obj["verbose"] else "FATAL"
     config = _config(ctx, **flags)
@@ -271,7 +193,7 @@ def _wait_option(command):
 def _await_input(ctx, stage: str, wait_s: float, stop: threading.Event) -> None:
     if wait_s > 0:
         from pipelines.inputs import wait_for_input
-        from pipelines.storage import Lakehouse
+        from core.storage import Lakehouse
 
         config = _config(ctx)
         wait_for_input(config, stage, wait_s, stop=stop,
@@ -290,7 +212,7 @@ def _await_input(ctx, stage: str, wait_s: float, stop: threading.Event) -> None:
 def stream(ctx, once, accept_errors_upto, wait_s, metrics_port):
     """bronze → silver → gold service_stats: one Spark Structured Streaming query, idempotent
     appends and MERGE of whole transactions."""
-    from pipelines.lsn import Lsn
+    from core.lsn import Lsn
 
     try:
         accept = int(Lsn.parse(accept_errors_upto)) if accept_errors_upto else None
@@ -312,7 +234,7 @@ def stream(ctx, once, accept_errors_upto, wait_s, metrics_port):
 def push(ctx, once, wait_s, metrics_port):
     """gold → dashboard Postgres service_stats (JVM-free: delta-rs and psycopg)."""
     from gold.push import push_once, run_push
-    from pipelines.faults import FaultPoints
+    from core.faults import FaultPoints
     from pipelines.metrics import pipeline_exporter
 
     config = _config(ctx)
@@ -416,7 +338,7 @@ def backfill_snapshot(ctx, tables, chunk_rows, new_run, timeout_s):
 def backfill_rebuild_gold(ctx):
     """Recompute gold from a fresh consistent baseline plus the silver changes after it,
     replace it atomically, push everything."""
-    from gold.rebuild import rebuild_and_push
+    from pipelines.rebuild import rebuild_and_push
 
     report = rebuild_and_push(_pipeline(ctx))
     click.echo(report.summary())
@@ -432,7 +354,7 @@ def backfill_rebuild_gold(ctx):
 def backfill_reprocess_silver(ctx, from_lsn, to_lsn, since, until):
     """Re-parse bronze rows of an LSN or time range into silver (after a parser fix), then
     rebuild gold so it stays exact."""
-    from silver.reprocess import reprocess_and_rebuild
+    from pipelines.rebuild import reprocess_and_rebuild
 
     report = reprocess_and_rebuild(_pipeline(ctx), from_lsn=from_lsn, to_lsn=to_lsn,
                                    since=since, until=until)
@@ -450,7 +372,7 @@ def demo(ctx, seconds, out):
     """Own local Postgres + wal2json, Notify-like traffic, the whole pipeline, a summary
     and a picture."""
     from pipelines.demo import run_demo
-    from pipelines.spark import get_or_create
+    from core.spark import get_or_create
 
     level = "WARN" if ctx.obj["verbose"] else "FATAL"
     run_demo(seconds=seconds, out_dir=out, stop=_stop_on_signals(),
@@ -471,7 +393,7 @@ def quality(ctx, suites, all_silver, as_json):
 
     Exit 0 when every suite passes, 1 when one fails (the job task fails: stop policy)."""
     from pipelines.quality import SUITES, render, run_gates, summary, to_json
-    from pipelines.storage import Lakehouse
+    from core.storage import Lakehouse
 
     pipeline = _pipeline(ctx)
     config = pipeline.config
@@ -551,7 +473,7 @@ def entry() -> None:
 
     Everything the process creates - local lakehouse tables, checkpoints, spill files, the
     demo's output - is its owner's alone (umask 077: directories 0700, files 0600), and so
-    is what its local Spark JVM writes (Hadoop's own umask setting, ``pipelines.spark``):
+    is what its local Spark JVM writes (Hadoop's own umask setting, ``core.spark``):
     bronze holds personal data (``to``, ``personalisation``)."""
     os.umask(0o077)
     code = main()

@@ -26,9 +26,9 @@ import psycopg
 from psycopg import sql
 
 from bronze import slot as slots
-from bronze.source import connect
-from pipelines.progress import Progress
-from pipelines.captured import MARKER_PREFIX, CountedTables
+from core.postgres import connect
+from core.progress import ProgressBar
+from core.captured import MARKER_PREFIX, CountedTables
 from pipelines.source_truth import count_truth, estimated_rows
 
 
@@ -63,7 +63,7 @@ def count_at(dsn: str, point: ConsistentPoint, tables: CountedTables,
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
             sql.Literal(point.snapshot_name)))
-        with Progress(label, estimated_rows(conn, tables)) as progress:
+        with ProgressBar(label, estimated_rows(conn, tables)) as progress:
             counts = count_truth(conn, tables, progress)
         conn.rollback()
     return counts

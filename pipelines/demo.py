@@ -23,8 +23,8 @@ import psycopg
 from deltalake import DeltaTable
 
 from infra.localpg import LocalPostgres
-from pipelines.config import Config
-from pipelines.errors import DriftFound
+from core.config import Config
+from core.errors import DriftFound
 from pipelines.demo_plot import plot
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup

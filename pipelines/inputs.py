@@ -16,7 +16,7 @@ import time
 
 from deltalake import DeltaTable
 
-from pipelines.config import Config
+from core.config import Config
 
 log = logging.getLogger("lakecdc.inputs")
 

@@ -4,10 +4,10 @@ Two sources, on one registry per process (docs/observability.md lists every metr
 
 - **Events** (``PipelineMetrics``), recorded where the work happens, so only in the process
   that runs the stage: the shipper's ``on_batch`` (bronze), Spark's streaming progress of
-  the silver query (a ``StreamingQueryListener``), the gold writer's ``BatchResult`` and the
+  the silver query (a ``StreamingQueryListener``), the gold writer's ``GoldBatch`` and the
   push's ``PushResult`` (dashboard). Counters and histograms by ``layer``; rows per second
   is ``rate(lakecdc_rows_total[5m])`` in PromQL, not a gauge computed here.
-- **State** (``StateCollector``), read from the source and the tables exactly as
+- **State** (``pipelines.metrics_state``'s ``StateCollector``), read from the source and the tables exactly as
   ``lakecdc status`` reads them (``pipelines.status``): slot lag and ``wal_status``, each
   layer's version, newest source commit LSN and its age, the quarantine's row count. Read on
   scrape, so it is right wherever the stages run (the shipper beside the database, Spark on
@@ -25,38 +25,28 @@ the other parts are still served; no metric carries a DSN or any other secret.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from pipelines.config import Config
-from pipelines.errors import UserError, redact
+from bronze.session_loss import RECONNECT_REASONS
+from core.config import Config
+from gold.push import LAYERS
+from pipelines.metrics_state import STATE_PARTS, StateCollector, read_state
+from core.errors import UserError
 
 log = logging.getLogger("lakecdc.metrics")
 
-LAYERS = ("bronze", "silver", "gold", "dashboard")
-STATE_PARTS = ("source", *LAYERS[:3], "quarantine", "dashboard")
-# pg_replication_slots.wal_status values (PostgreSQL 13+); one series each, 1 for the current.
-WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 DEFAULT_HOST = "127.0.0.1"      # local only; [HOST:]PORT opens it wider on purpose
-# Why the shipper lost its source session (``bronze.ship.reconnect_reason``): PostgreSQL's
-# condition names for the server's own reasons, ``connection_lost`` for the client's
-# (reset, refused, timed out, keepalives). A fixed set, so every series exists from 0.
-RECONNECT_REASONS = ("admin_shutdown", "crash_shutdown", "cannot_connect_now",
-                     "idle_session_timeout", "too_many_connections", "connection_failure",
-                     "connection_lost")
-
 
 @dataclass(frozen=True)
 class Stage:
@@ -237,201 +227,6 @@ def _safely(record: Callable[[], None]) -> None:
         log.debug("recording a metric failed: %s", exc)
 
 
-# --- state, read on scrape ------------------------------------------------------------------
-
-
-@dataclass
-class StateSnapshot:
-    """One read of every state part; ``up[part]`` is False when that part failed."""
-
-    taken_at: float
-    slot_name: str = ""
-    slot: object | None = None                      # pipelines.status.SlotStatus
-    layers: dict = field(default_factory=dict)      # layer -> pipelines.status.LayerStatus
-    quarantine_rows: int | None = None
-    up: dict[str, bool] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)     # part -> why it failed
-    seconds: float = 0.0
-
-
-def read_state(config: Config, storage_options: dict | None = None,
-               parts: tuple[str, ...] = STATE_PARTS) -> StateSnapshot:
-    """Read ``parts`` (every part unless given) as ``lakecdc status`` does; a failing part
-    is marked down with its error (redacted), not raised."""
-    from pipelines import status
-
-    started = time.monotonic()
-    snap = StateSnapshot(taken_at=time.time(), slot_name=config.slot)
-    reads: list[tuple[str, Callable[[], None]]] = [
-        ("source", lambda: setattr(snap, "slot", status.slot_status(config))),
-        *[(layer, lambda layer=layer: snap.layers.__setitem__(
-            layer, status.layer_status(config, layer, storage_options))) for layer in LAYERS],
-        ("quarantine", lambda: setattr(snap, "quarantine_rows", status.quarantine_rows(
-            status.quarantine_path(config), storage_options))),
-    ]
-    for part, read in reads:
-        if part not in parts:
-            continue
-        try:
-            read()
-            snap.up[part] = True
-        except Exception as exc:
-            snap.up[part] = False
-            snap.errors[part] = redact(_one_line(exc))
-    snap.seconds = time.monotonic() - started
-    return snap
-
-
-class StateCollector:
-    """A Prometheus collector serving ``read_state`` (see the module docstring).
-
-    A scrape reads the state again when the last read is older than ``max_age_s`` (several
-    scrapers or a fast scrape interval do not multiply the queries). It waits at most
-    ``wait_s`` for the read: a source that does not answer makes the scrape serve the
-    previous read (its time is ``lakecdc_state_timestamp_seconds``) instead of timing out.
-    """
-
-    def __init__(self, read: Callable[[], StateSnapshot], max_age_s: float = 5.0,
-                 wait_s: float = 8.0) -> None:
-        self._read = read
-        self.max_age_s = max_age_s
-        self.wait_s = wait_s
-        self._lock = threading.Lock()
-        self._snap: StateSnapshot | None = None
-        self._read_at = float("-inf")
-        self._worker: threading.Thread | None = None
-
-    def snapshot(self) -> StateSnapshot | None:
-        with self._lock:
-            stale = time.monotonic() - self._read_at >= self.max_age_s
-            if stale and (self._worker is None or not self._worker.is_alive()):
-                self._worker = threading.Thread(target=self._refresh, daemon=True,
-                                                name="lakecdc-metrics-state")
-                self._worker.start()
-            worker = self._worker
-        if stale and worker is not None:
-            worker.join(self.wait_s)
-        return self._snap
-
-    def _refresh(self) -> None:
-        try:
-            snap = self._read()
-        except Exception as exc:
-            log.warning("metrics: reading the pipeline state failed: %s",
-                        redact(_one_line(exc)))
-            return
-        with self._lock:
-            previous, self._snap, self._read_at = self._snap, snap, time.monotonic()
-        # A part going down is a warning once, not at every scrape.
-        for part, error in snap.errors.items():
-            was_up = previous is None or previous.up.get(part, True)
-            log.log(logging.WARNING if was_up else logging.DEBUG,
-                    "metrics: cannot read %s: %s", part, error)
-        if previous is not None:
-            for part in previous.errors.keys() - snap.errors.keys():
-                log.info("metrics: %s can be read again", part)
-
-    def describe(self):
-        return []          # no up-front collect() at registration: it would query Postgres
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        snap = self.snapshot()
-        if snap is None:
-            return
-        yield from state_families(snap, dt.datetime.now(dt.timezone.utc))
-
-
-def state_families(snap: StateSnapshot, now: dt.datetime) -> Iterator[GaugeMetricFamily]:
-    def family(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, doc, labels=labels)
-
-    up = family("lakecdc_state_up", "1 when the part could be read at the last state read.",
-                ["part"])
-    for part in STATE_PARTS:
-        if part in snap.up:               # the parts this exporter reads
-            up.add_metric([part], 1.0 if snap.up[part] else 0.0)
-    yield up
-    yield GaugeMetricFamily("lakecdc_state_timestamp_seconds",
-                            "Unix time of the last state read.", value=snap.taken_at)
-    yield GaugeMetricFamily("lakecdc_state_read_duration_seconds",
-                            "How long the last state read took.", value=snap.seconds)
-
-    if snap.up.get("source"):
-        slot = snap.slot
-        exists = family("lakecdc_slot_exists", "1 if the replication slot exists.", ["slot"])
-        if slot is None:
-            exists.add_metric([snap.slot_name], 0.0)
-            yield exists
-        else:
-            exists.add_metric([slot.name], 1.0)
-            yield exists
-            status = family("lakecdc_slot_wal_status",
-                            "1 for the slot's current wal_status (reserved, extended, "
-                            "unreserved, lost), 0 for the others.", ["slot", "wal_status"])
-            for value in sorted({*WAL_STATUSES, slot.wal_status or "unknown"}):
-                status.add_metric([slot.name, value], 1.0 if value == slot.wal_status else 0.0)
-            yield status
-            for name, doc, value in (
-                    ("lakecdc_slot_lag_bytes",
-                     "WAL bytes between the source's current position and the slot's "
-                     "confirmed_flush_lsn (what the shipper has not acknowledged).",
-                     slot.lag_bytes),
-                    ("lakecdc_slot_safe_wal_size_bytes",
-                     "WAL bytes that can still be written before the slot is invalidated "
-                     "(absent when max_slot_wal_keep_size is unlimited).", slot.safe_wal_size),
-                    ("lakecdc_source_max_slot_wal_keep_size_bytes",
-                     "The source's max_slot_wal_keep_size (absent when unlimited).",
-                     slot.max_slot_wal_keep_size),
-                    ("lakecdc_slot_confirmed_flush_lsn_bytes",
-                     "The slot's confirmed_flush_lsn as a byte position.",
-                     slot.confirmed_flush_lsn),
-                    ("lakecdc_source_wal_lsn_bytes",
-                     "The source's current WAL position (pg_current_wal_lsn) as a byte "
-                     "position; its rate is the WAL generation rate.", slot.current_wal_lsn)):
-                if value is not None:
-                    g = family(name, doc, ["slot"])
-                    g.add_metric([slot.name], float(value))
-                    yield g
-
-    version = family("lakecdc_layer_version",
-                     "Delta table version of the layer (dashboard: the gold version pushed).",
-                     ["layer"])
-    lsn = family("lakecdc_layer_commit_lsn_bytes",
-                 "Newest source commit LSN the layer holds (gold, dashboard: exact up to it), "
-                 "as a byte position.", ["layer"])
-    ts = family("lakecdc_layer_source_commit_timestamp_seconds",
-                "Source commit time (Unix) of the newest change the layer holds.", ["layer"])
-    fresh = family("lakecdc_layer_freshness_seconds",
-                   "Now minus the source commit time of the newest change the layer holds "
-                   "(as in lakecdc status; grows while the source is idle).", ["layer"])
-    for layer in LAYERS:
-        status = snap.layers.get(layer)
-        if status is None:
-            continue
-        if status.version is not None:
-            version.add_metric([layer], float(status.version))
-        if status.commit_lsn is not None:
-            lsn.add_metric([layer], float(status.commit_lsn))
-        if status.commit_ts is not None:
-            commit_ts = status.commit_ts
-            if commit_ts.tzinfo is None:
-                commit_ts = commit_ts.replace(tzinfo=dt.timezone.utc)
-            ts.add_metric([layer], commit_ts.timestamp())
-            fresh.add_metric([layer], max((now - commit_ts).total_seconds(), 0.0))
-    yield from (version, lsn, ts, fresh)
-
-    if snap.up.get("quarantine") and snap.quarantine_rows is not None:
-        yield GaugeMetricFamily("lakecdc_quarantine_rows",
-                                "Rows in silver/quarantine (bronze rows silver could not "
-                                "parse), from the Delta log's per-file row counts.",
-                                value=float(snap.quarantine_rows))
-
-
-def _one_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__
-
-
 # --- registries and the HTTP exporter --------------------------------------------------------
 
 
@@ -487,7 +282,7 @@ def serve(registry: CollectorRegistry, listen: str | int) -> Iterator[int]:
 
 
 def _storage_options(config: Config) -> dict | None:
-    from pipelines.storage import Lakehouse
+    from core.storage import Lakehouse
 
     return Lakehouse.from_config(config).delta_rs_options()
 

@@ -22,7 +22,7 @@ drift) with the failing expectations and sample values, so the job task fails, t
 that depend on it (a rebuild, a verification) do not run, and the job's failure
 notifications fire. Nothing is quarantined or corrected automatically: rows that silver
 cannot parse are already quarantined by silver itself, and moving parsed-but-wrong rows
-aside, or patching counts, would change gold without anyone deciding it (DESIGN §2: no
+aside, or patching counts, would change gold without anyone deciding it (docs/gold.md: no
 self-healing that hides drift). The remedies are human: fix the cause, then ``lakecdc
 backfill reprocess-silver`` or ``backfill rebuild-gold``. See docs/quality.md.
 """
@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.captured import DIMS, CountedTables
-from pipelines.errors import UserError
+from core.captured import DIMS, CountedTables
+from core.errors import UserError
 
 log = logging.getLogger("lakecdc.quality")
 
@@ -142,7 +142,7 @@ def gold_frame(spark: SparkSession, gold_path: str, silver_path: str, tables: Co
                ) -> tuple[DataFrame, str]:
     """Gold at its latest version reconciled with its baseline and silver; and a scope."""
     from gold.asof import gold_state, silver_range
-    from pipelines.lsn import fmt
+    from core.lsn import fmt
 
     state = gold_state(spark, gold_path)
     if state is None:
@@ -162,7 +162,7 @@ def _baseline(spark: SparkSession, gold_path: str, floor: int, baseline_path: st
     seed or a rebuild), else setup's ``gold/_baseline`` if it is at ``floor``."""
     from delta.tables import DeltaTable
 
-    from pipelines.commits import parse_commit_metadata
+    from core.commits import parse_commit_metadata
     from gold.asof import metadata_floor
 
     empty = spark.createDataFrame([], ", ".join([f"{c} string" for c in DIMS] + ["count long"]))
@@ -251,7 +251,7 @@ def run_gates(spark: SparkSession, silver_path: str, gold_path: str, tables: Cou
               ) -> list[GateResult]:
     """Run the named suites; each result says whether it passed."""
     from gold.asof import gold_state
-    from pipelines.lsn import fmt
+    from core.lsn import fmt
 
     results = []
     if "silver" in suites:

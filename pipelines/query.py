@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from pipelines.errors import UserError
+from core.errors import UserError
 
 TABLES = {
     "bronze_wal2json_changes": ("bronze", "wal2json_changes"),
@@ -36,7 +36,7 @@ TABLES = {
 
 def table_paths(config) -> dict[str, str]:
     """View name → the table's path as Spark sees it (``s3a://`` for S3 off Databricks)."""
-    from pipelines.storage import on_databricks, spark_path
+    from core.storage import on_databricks, spark_path
 
     return {name: spark_path(config.table_path(*where), on_databricks())
             for name, where in TABLES.items()}

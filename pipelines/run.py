@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Callable
 from bronze.ship import Shipper
 from gold.apply import GoldPaths
 from gold.push import AheadPush, push_once, run_push
-from pipelines.config import Config
-from pipelines.faults import FaultPoints
-from pipelines.spark import low_latency
+from core.config import Config
+from core.faults import FaultPoints
+from core.spark import low_latency
 from pipelines.stream import (Marks, OnePass, StreamPaths, StreamRun, await_stream, prepare,
                               start_stream, stop_between_batches)
 from silver.writer import SilverLocations, SilverWriter
@@ -50,9 +50,9 @@ class Locations:
     def from_config(cls, config: Config) -> "Locations":
         """The Spark paths of every table, and the lakehouse declared for the session this
         process will start (``s3://`` roots become ``s3a://`` outside Databricks; see
-        ``pipelines.storage`` and ``pipelines.spark``)."""
-        from pipelines.spark import use_lakehouse
-        from pipelines.storage import Lakehouse, on_databricks, spark_path
+        ``core.storage`` and ``core.spark``)."""
+        from core.spark import use_lakehouse
+        from core.storage import Lakehouse, on_databricks, spark_path
 
         use_lakehouse(Lakehouse.from_config(config))
 
@@ -107,7 +107,7 @@ class Pipeline:
     def spark(self):
         if self._spark is None:
             if self._spark_factory is None:
-                from pipelines.spark import get_or_create
+                from core.spark import get_or_create
                 self._spark_factory = get_or_create
             self._spark = self._spark_factory()
         return self._spark
@@ -139,7 +139,7 @@ class Pipeline:
         from bronze.table import BronzeTable
         from gold.apply import seed_floor
         from gold.deltas import REBUILD, GoldStopped
-        from pipelines.lsn import fmt
+        from core.lsn import fmt
 
         bronze = BronzeTable(self.config.bronze_path)
         at = bronze.rebaselined_at(self.config.slot) if bronze.exists() else None
@@ -153,9 +153,9 @@ class Pipeline:
 
     @contextmanager
     def gold_lock(self):
-        """Held by every gold writer (``pipelines.locks``): one at a time. Re-entrant
+        """Held by every gold writer (``core.locks``): one at a time. Re-entrant
         within this pipeline (verify's repair holds it around a rebuild)."""
-        from pipelines.locks import gold_writer_lock
+        from core.locks import gold_writer_lock
 
         if self._gold_locked:
             yield

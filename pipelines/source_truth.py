@@ -1,4 +1,4 @@
-"""Ground truth of ``service_stats`` read straight from the source (DESIGN §2).
+"""Ground truth of ``service_stats`` read straight from the source (docs/gold.md).
 
 ``count`` = notifications ever created, in their latest status, across the two counted
 tables (``Config.counted``, schema-qualified): a ``GROUP BY`` of the dims over both. Rows purged from
@@ -19,7 +19,7 @@ from typing import Callable
 import psycopg
 from psycopg import sql
 
-from pipelines.captured import DIMS, CountedTables
+from core.captured import DIMS, CountedTables
 
 Key = tuple[str, str, str, str]
 

@@ -23,9 +23,11 @@ from deltalake import DeltaTable
 from psycopg import sql
 
 from bronze import slot as slots
-from bronze.source import connect
-from pipelines.config import Config
-from pipelines.lsn import fmt
+from core.postgres import connect
+from core.config import Config
+from core.lsn import fmt
+from core.units import byte_size
+from gold.push import LAYERS
 
 
 @dataclass
@@ -155,7 +157,6 @@ def layer_status(config: Config, layer: str,
     raise ValueError(f"unknown layer {layer}")
 
 
-LAYERS = ("bronze", "silver", "gold", "dashboard")
 
 
 def quarantine_path(config: Config) -> str:
@@ -188,7 +189,7 @@ def render(report: dict) -> str:
         lines.append("slot: MISSING (run `lakecdc setup`, or `lakecdc setup --rebaseline`)")
     else:
         lines.append(f"slot {slot['name']}: wal_status={slot['wal_status']}  "
-                     f"lag={_bytes(slot['lag_bytes'])}  confirmed={slot['confirmed_flush_lsn']}"
+                     f"lag={byte_size(slot['lag_bytes'])}  confirmed={slot['confirmed_flush_lsn']}"
                      f"  restart={slot['restart_lsn']}")
     lines.append(f"{'layer':<10} {'version':>8} {'commit_lsn':>14}  {'source commit (UTC)':<26}"
                  f" {'freshness':>10}")
@@ -204,16 +205,6 @@ def render(report: dict) -> str:
     lines.append("quarantine: " + ("not created yet" if quarantined is None
                                    else f"{quarantined:,} rows in silver/quarantine"))
     return "\n".join(lines)
-
-
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
 
 
 def to_json(report: dict) -> str:

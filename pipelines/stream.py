@@ -39,12 +39,12 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from gold.apply import BatchResult, GoldBatchWriter, GoldPaths, Planned
+from gold.apply import GoldBatch, GoldBatchWriter, GoldPaths, Planned
 from gold.deltas import REBUILD
 from gold.start import applied_batch, prepare_gold
-from pipelines.captured import DIMS
-from pipelines.checkpoints import has_metadata, latest_planned_batch, remove_incomplete_writes
-from pipelines.errors import UserError
+from core.captured import DIMS
+from core.checkpoints import has_metadata, latest_planned_batch, remove_incomplete_writes
+from core.errors import UserError
 from silver.writer import SilverBatch, SilverWriter, last_batch
 
 log = logging.getLogger("lakecdc.stream")
@@ -61,7 +61,7 @@ class PassResult:
 
     batch_id: int
     silver: SilverBatch
-    gold: BatchResult
+    gold: GoldBatch
     seconds: float
     silver_seconds: float           # parse and the silver appends
     parse_seconds: float = 0.0      # of which the parse (its figures job included)

@@ -26,7 +26,7 @@ The protocol of one verification (``verify_once``):
    and pushes gold's step to the dashboard, beside silver's append of the same batch.
 4. **Truth** = the snapshot's count + the rows purged from ``notification_history`` since
    gold's baseline (floor ``F``) and before ``P``, read from silver: a count includes
-   purged notifications (DESIGN §2). A TRUNCATE of history in that range removed rows whose
+   purged notifications (docs/gold.md). A TRUNCATE of history in that range removed rows whose
    dims are unknown: only a rebuild (which re-baselines) makes gold verifiable again.
 5. Compare nonzero counts per key (missing = 0): the text report or ``--json``, then
    ``DriftFound`` (exit 1) on any difference.
@@ -36,7 +36,7 @@ record starts before ``P``; a commit starting exactly at ``P`` is decoded by the
 in the snapshot. wal2json's commit LSN is that start, so "after the point" means
 ``commit_lsn >= P`` here (``_from``), and the purges counted are those in ``[F, P)``.
 
-``--repair``: on drift, ``gold.rebuild.rebuild_and_push`` (fresh baseline, gold replaced
+``--repair``: on drift, ``pipelines.rebuild.rebuild_and_push`` (fresh baseline, gold replaced
 in one commit, full push; it holds the gold lock, so it refuses with one sentence while a
 pipeline runs rather than fight the running writer), then a whole new verification.
 """
@@ -53,13 +53,15 @@ import psycopg
 from psycopg import sql
 
 from bronze import slot as slots
-from bronze.source import check_source, connect
-from gold.push import PROGRESS_TABLE, STATS_TABLE, gold_key
-from pipelines.captured import DIMS
+from bronze.source import check_source
+from core.lakehouse import gold_key
+from gold.push import PROGRESS_TABLE, STATS_TABLE
+from core.captured import DIMS
 from pipelines.consistent import consistent_point, count_at, emit_marker
-from pipelines.errors import DriftFound, UserError
-from pipelines.locks import gold_lock_name, is_held, ship_lock_name
-from pipelines.lsn import fmt
+from core.errors import DriftFound, UserError
+from core.locks import gold_lock_name, is_held, ship_lock_name
+from core.lsn import fmt
+from core.postgres import connect
 from pipelines.verify_report import LayerCounts, Verdict, document, drift_sentence, nonzero
 from pipelines.verify_report import render
 
@@ -82,7 +84,7 @@ def run_verify(pipeline, as_json: bool = False, repair: bool = False,
         click.echo(render(first))
         click.echo("\nrepair: rebuilding gold from a fresh baseline and replacing the "
                    "dashboard")
-    from gold import rebuild        # looked up at call time (tests may stand in for it)
+    from pipelines import rebuild        # looked up at call time (tests may stand in for it)
 
     report = rebuild.rebuild_and_push(pipeline)
     if not as_json:
@@ -218,7 +220,7 @@ def _positions(pipeline, dashboard: psycopg.Connection,
     from deltalake.exceptions import TableNotFoundError
 
     from pipelines.status import delta_layer, gold_layer
-    from pipelines.storage import Lakehouse
+    from core.storage import Lakehouse
 
     # delta-rs takes the configured URIs (s3://, not Spark's s3a://) and storage options.
     config, options = pipeline.config, Lakehouse.from_config(pipeline.config).delta_rs_options()

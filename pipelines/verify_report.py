@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipelines.captured import DIMS
-from pipelines.lsn import fmt
+from core.captured import DIMS
+from core.lsn import fmt
 
 Key = tuple[str, str, str, str]
 

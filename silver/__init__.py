@@ -1,3 +1,8 @@
-"""Silver layer: bronze's raw wal2json rows as typed change rows (``silver.parse``, pure
-transforms) written to Delta one micro-batch at a time by ``silver.writer`` (driven by
-``pipelines.stream``); schemas in ``silver.schema``."""
+"""Silver: bronze's raw wal2json rows as typed change rows. Imports only ``core``.
+
+- ``schema``: the wal2json change and the silver tables;
+- ``parse``: bronze → silver rows, pure DataFrame transforms;
+- ``writer``: one micro-batch appended exactly once (driven by ``pipelines.stream``);
+- ``reprocess``: a range of bronze parsed again into silver (``pipelines.rebuild`` runs it
+  with the gold rebuild after it).
+"""

@@ -20,7 +20,7 @@ Errors, first match wins: ``malformed JSON`` (not JSON, or a field of the wrong 
 column in columns/identity``; ``X without id, ... in columns`` (the new id and dims must all
 be present and non-NULL for I/U/R); ``X identity lacks ...`` (the replica identity of a D, or
 of a U that has one, must carry the old id and dims). The last two protect gold: a change it
-cannot attribute must stop it loudly, never be counted as NULL dims or skipped (DESIGN §2).
+cannot attribute must stop it loudly, never be counted as NULL dims or skipped (docs/gold.md).
 
 Carried through, not errors: logical messages (op ``M``, ``message_prefix`` /
 ``message_content``, no table); truncates (op ``T``: gold decides); columns added mid-stream
@@ -48,7 +48,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from pipelines.captured import IDENTITY_COLUMNS
+from core.captured import IDENTITY_COLUMNS
 from silver.schema import SILVER_CHANGES, SILVER_QUARANTINE, WAL2JSON_CHANGE
 
 CHANGE_ACTIONS = ("I", "U", "D", "T", "R")    # R: a snapshot backfill read

@@ -13,9 +13,10 @@ committed in it), under the gold writer lock:
    ``commit_lsn``: one commit per table, so each table holds the range exactly once; no
    duplicates, and a rerun replaces the range again). Both tables are append-only for
    their readers' sake; the flag is lifted for this one commit and set back.
-3. Gold is rebuilt (``gold.rebuild``): its counts come from a fresh consistent baseline,
-   so whatever the old parse got wrong is not carried on; the stream goes on past it. The
-   stream reads bronze, never silver, so the replacing commits are not seen as changes.
+3. Gold is rebuilt (``pipelines.rebuild.reprocess_and_rebuild`` runs all three steps): its
+   counts come from a fresh consistent baseline, so whatever the old parse got wrong is not
+   carried on; the stream goes on past it. The stream reads bronze, never silver, so the
+   replacing commits are not seen as changes.
 
 Why rebuild gold rather than re-derive it from the reprocessed silver: silver does not hold
 the baseline (rows older than the slot never had a WAL change), so only the source can say
@@ -37,8 +38,8 @@ from datetime import datetime, timezone
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.errors import UserError
-from pipelines.lsn import Lsn, fmt
+from core.errors import UserError
+from core.lsn import Lsn, fmt
 from silver.parse import parse_changes, quarantine_rows
 
 log = logging.getLogger("lakecdc.silver")
@@ -50,7 +51,7 @@ class ReprocessReport:
     last_lsn: int | None
     changes_rows: int
     quarantined_rows: int
-    rebuild: object | None = None        # gold.rebuild.RebuildReport
+    rebuild: object | None = None        # pipelines.rebuild.RebuildReport
     seconds: float = 0.0
 
     def summary(self) -> str:
@@ -98,16 +99,18 @@ def whole_prefix_end(spark: SparkSession, silver_path: str) -> int | None:
     return below
 
 
-def reprocess_silver(pipeline, from_lsn: str | None = None, to_lsn: str | None = None,
+def reprocess_silver(spark: SparkSession, where, tables: tuple[str, ...],
+                     from_lsn: str | None = None, to_lsn: str | None = None,
                      since: str | None = None, until: str | None = None) -> ReprocessReport:
-    """Steps 1-2 of the module docstring (the caller rebuilds gold)."""
+    """Steps 1-2 of the module docstring, for silver at ``where`` (``SilverLocations``) and
+    the captured ``tables``; the caller holds the gold writer lock and rebuilds gold after
+    (``pipelines.rebuild.reprocess_and_rebuild``)."""
     started = time.monotonic()
     if (from_lsn or to_lsn) and (since or until):
         raise UserError("give an LSN range (--from-lsn/--to-lsn) or a time range "
                         "(--since/--until), not both.")
     lo, hi = _lsn(from_lsn, "--from-lsn"), _lsn(to_lsn, "--to-lsn")
     t_lo, t_hi = _time(since, "--since"), _time(until, "--until")
-    spark, where = pipeline.spark, pipeline.where.silver
     bronze = spark.read.format("delta").load(where.bronze_path)
     if t_lo is not None or t_hi is not None:
         window = bronze
@@ -124,7 +127,7 @@ def reprocess_silver(pipeline, from_lsn: str | None = None, to_lsn: str | None =
     if hi is None or lo > hi:
         return ReprocessReport(None, None, 0, 0, seconds=time.monotonic() - started)
     rows = bronze.where(F.col("commit_lsn").between(lo, hi))
-    known = pipeline.config.tables
+    known = tables
     predicate = f"commit_lsn >= {int(lo)} AND commit_lsn <= {int(hi)}"
     counts = {}
     for path, frame in ((where.silver_path, parse_changes(rows, known)),
@@ -151,15 +154,3 @@ def _replace(spark: SparkSession, path: str, frame, predicate: str) -> None:
          .save(path))
     finally:
         spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ('delta.appendOnly' = 'true')")
-
-
-def reprocess_and_rebuild(pipeline, **range_) -> ReprocessReport:
-    """``lakecdc backfill reprocess-silver``: steps 1-3, under the gold writer lock."""
-    from gold.rebuild import rebuild_and_push
-
-    started = time.monotonic()
-    with pipeline.gold_lock():
-        report = reprocess_silver(pipeline, **range_)
-        rebuilt = rebuild_and_push(pipeline)
-    return ReprocessReport(**{**report.__dict__, "rebuild": rebuilt,
-                              "seconds": time.monotonic() - started})

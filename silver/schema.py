@@ -13,8 +13,10 @@ wal2json 2.5 writes numbers (bigint, numeric) as bare JSON numbers; every column
 read as a string so no precision is lost, then typed where a column is used.
 """
 
-from pyspark.sql.types import (ArrayType, IntegerType, LongType, MapType, StringType,
-                               StructField, StructType, TimestampType, BooleanType)
+from pyspark.sql.types import (ArrayType, BooleanType, IntegerType, LongType, MapType,
+                               StringType, StructField, StructType, TimestampType)
+
+from core.captured import DIMS
 
 WAL2JSON_COLUMN = StructType([
     StructField("name", StringType()),
@@ -34,7 +36,6 @@ WAL2JSON_CHANGE = StructType([
     StructField("content", StringType()),
 ])
 
-DIM_COLUMNS = ("service_id", "template_id", "notification_type", "notification_status")
 
 SILVER_CHANGES = StructType([
     # Key and transaction framing, copied from bronze.
@@ -51,10 +52,10 @@ SILVER_CHANGES = StructType([
     StructField("table_name", StringType()),
     # New row values (I, U, R): the id and the four dims, typed as text (uuid / enum / text).
     StructField("id", StringType()),
-    *[StructField(c, StringType()) for c in DIM_COLUMNS],
+    *[StructField(c, StringType()) for c in DIMS],
     # Old values from the replica identity (U with a key change, D); NULL otherwise.
     StructField("old_id", StringType()),
-    *[StructField(f"old_{c}", StringType()) for c in DIM_COLUMNS],
+    *[StructField(f"old_{c}", StringType()) for c in DIMS],
     # Every new column value as text, for analysts and for columns added mid-stream.
     StructField("columns", MapType(StringType(), StringType())),
     # Logical messages (op M).

@@ -32,9 +32,9 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from pipelines.commits import commit_metadata, last_metadata
-from pipelines.errors import UserError
-from pipelines.snapshots import warm_in_background
+from core.commits import commit_metadata, last_metadata
+from core.errors import UserError
+from core.snapshots import warm_in_background
 from silver.parse import parse_changes, quarantine_rows
 from silver.schema import SILVER_CHANGES, SILVER_QUARANTINE
 
@@ -61,7 +61,7 @@ class SilverLocations:
 
     @classmethod
     def from_config(cls, config) -> "SilverLocations":
-        from pipelines.storage import on_databricks, spark_path
+        from core.storage import on_databricks, spark_path
 
         def path(layer: str, name: str) -> str:
             return spark_path(config.table_path(layer, name), on_databricks())

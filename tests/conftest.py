@@ -7,6 +7,7 @@ Every slot a test creates is dropped in teardown (a forgotten slot pins WAL). Se
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import uuid
@@ -17,7 +18,7 @@ import psycopg
 import pytest
 
 from infra.localpg import LocalPostgres
-from pipelines.config import Config
+from core.config import Config
 
 SCHEMA_SQL = Path(__file__).resolve().parents[1] / "infra" / "postgres" / "source_schema.sql"
 
@@ -77,8 +78,49 @@ def config(source_db, tmp_path) -> Config:
 
 @pytest.fixture(scope="session")
 def spark():
-    from pipelines.spark import get_or_create
+    from core.spark import get_or_create
 
     session = get_or_create("lakecdc-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def witness(source_db, config):
+    """A second slot on the source, created after ``setup``: the independent truth of what
+    the WAL held (``truth.Witness``)."""
+    from pipelines.setup_source import setup
+    from truth import Witness
+
+    setup(config)
+    w = Witness(source_db.dsn, source_db.slot + "_w")
+    yield w
+    w.drop()
+
+
+@pytest.fixture
+def lakecdc(monkeypatch, capsys):
+    """``lakecdc ARGS`` through the real CLI entry point in this process: its exit code and
+    stderr, with the test's Spark session instead of a new JVM. ``env`` sets LAKECDC_*
+    variables for the one call (fault points, guards)."""
+    from pipelines import cli
+
+    for name in [n for n in os.environ if n.startswith("LAKECDC_")]:
+        monkeypatch.delenv(name)
+    logger = logging.getLogger("lakecdc")
+
+    def run(config, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        flags = ["--source-dsn", config.source_dsn, "--lakehouse", config.lakehouse,
+                 "--slot", config.slot]
+        capsys.readouterr()
+        saved = logger.handlers[:], logger.level, logger.propagate
+        with monkeypatch.context() as m:
+            for key, value in (env or {}).items():
+                m.setenv(key, value)
+            try:
+                code = cli.main([*flags, *args])
+            finally:   # the CLI points lakecdc's log at captured stderr: undo that
+                logger.handlers[:], logger.level, logger.propagate = saved
+        out = capsys.readouterr()
+        return code, out.out, out.err
+    return run

@@ -186,7 +186,7 @@ def check_invariants(config, witness: Witness, purged: Counter | None = None,
     """I1-I5 for the pipeline of ``config`` (local lakehouse) after it has drained.
 
     ``purged``: dims of history rows the test deleted itself (the truth still counts them,
-    DESIGN §2). ``planted``: ``{commit_lsn: [json, ...]}`` rows the test wrote into bronze
+    docs/gold.md). ``planted``: ``{commit_lsn: [json, ...]}`` rows the test wrote into bronze
     directly (poison input). Raises ``AssertionError`` naming the first invariant broken.
     """
     verdict = Verdict()

@@ -51,7 +51,7 @@ for _path in (str(ROOT), str(TESTS)):
 
 from deltalake import DeltaTable  # noqa: E402
 
-from pipelines.config import Config  # noqa: E402
+from core.config import Config  # noqa: E402
 
 SCHEMA_SQL = ROOT / "infra" / "postgres" / "source_schema.sql"
 

@@ -44,7 +44,7 @@ def one_cycle(pg, number: int, rng: random.Random, max_kill_s: float, logs: Path
               work: Path) -> tuple[float, str]:
     """One fresh start killed at random, then the restart; returns (kill time, verdict)."""
     from invariants import check_invariants
-    from pipelines.config import Config
+    from core.config import Config
     from pipelines.setup_source import setup
     from pipelines.traffic import Traffic
     from truth import Witness

@@ -9,7 +9,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipelines.config import Config
+from core.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,6 +26,21 @@ def cli_env(config: Config) -> dict[str, str]:
 def run_cli(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipelines", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def one_sentence(code: int, err: str, *phrases: str) -> str:
+    """Bad input's contract: exit 2 with exactly one ``lakecdc: error:`` line and no
+    traceback, each of ``phrases`` in that line; returns the line."""
+    lines = [ln for ln in err.splitlines() if ln.startswith("lakecdc: error:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    for phrase in phrases:
+        assert phrase in lines[0], lines[0]
+    return lines[0]
+
+
+def error_line(result: subprocess.CompletedProcess, *phrases: str) -> str:
+    """``one_sentence`` for a finished ``run_cli``."""
+    return one_sentence(result.returncode, result.stderr, *phrases)
 
 
 def wait_for(condition, timeout: float, interval: float = 0.05) -> None:
@@ -94,7 +109,7 @@ def run_gold_over_silver(spark, silver: str, gold: str, checkpoint: str, *,
                          max_files_per_trigger: int | None = None, **writer) -> list:
     """The gold half of the stream's batches, fed by a stream over a silver table that a
     test wrote directly (``availableNow``): ``gold.apply`` across real micro-batches, with
-    transactions split between them. Returns the batches' ``BatchResult``s; a batch's own
+    transactions split between them. Returns the batches' ``GoldBatch``es; a batch's own
     error is raised as itself."""
     from pyspark.errors import StreamingQueryException
 

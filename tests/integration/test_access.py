@@ -9,10 +9,10 @@ import subprocess
 
 import pytest
 
-from pipelines.config import Config
-from pipelines.errors import UserError
+from core.config import Config
+from core.errors import UserError
 from pipelines.metrics import parse_listen
-from tests_support import cli_env, run_cli
+from tests_support import cli_env, error_line, run_cli
 
 pytestmark = [pytest.mark.integration]
 
@@ -25,11 +25,9 @@ def test_a_malformed_dsn_is_one_sentence_without_its_password(config, dsn, secre
     for command in (["status"], ["ship", "--once"], ["setup"]):
         env = {**cli_env(config), "LAKECDC_SOURCE_DSN": dsn}
         result = run_cli(command, env)
-        lines = [ln for ln in result.stderr.splitlines() if ln.startswith("lakecdc: error:")]
-        assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
-        assert "not a valid connection string" in lines[0]
+        error_line(result, "not a valid connection string")
         assert secret not in result.stderr + result.stdout
-        assert "!cd" not in result.stderr and "Traceback" not in result.stderr
+        assert "!cd" not in result.stderr
 
 
 def test_the_metrics_endpoint_binds_loopback_unless_a_host_is_given():
@@ -93,7 +91,7 @@ def test_a_lock_squatted_by_another_role_does_not_stop_the_shipper_but_a_shipper
     own role holding it - another shipper - still refuses the start, naming it."""
     import psycopg
 
-    from pipelines.locks import acquire, ship_application, ship_lock_name, shipper_running
+    from core.locks import acquire, ship_application, ship_lock_name, shipper_running
     from pipelines.setup_source import setup
 
     setup(config)

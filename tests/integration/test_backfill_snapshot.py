@@ -28,7 +28,9 @@ import psycopg
 import pytest
 from deltalake import DeltaTable
 
-from bronze.backfill import _reader, read_chunk, run_snapshot_backfill, staging_path
+from bronze.backfill import run_snapshot_backfill
+from bronze.backfill_source import _reader, read_chunk
+from bronze.backfill_staging import staging_path
 from bronze.records import BACKFILL_PREFIX
 from bronze.ship import Shipper
 from pipelines.run import Pipeline
@@ -153,7 +155,7 @@ def stop_shipper(proc: subprocess.Popen) -> None:
 
 def shipper_running(source_db) -> bool:
     with source_db.connect() as conn:
-        from pipelines.locks import is_held, ship_lock_name
+        from core.locks import is_held, ship_lock_name
         return is_held(conn, ship_lock_name(source_db.slot))
 
 

@@ -25,14 +25,14 @@ from pathlib import Path
 import psycopg
 import pytest
 from deltalake import DeltaTable
-from test_faults import lakecdc, one_sentence, plant, slot_confirmed  # noqa: F401 (fixture)
+from test_faults import plant, slot_confirmed
 from test_faults import lsn_text as lsn
 
 from infra.localpg import LocalPostgres
 from invariants import check_i1, check_i2, check_invariants
-from pipelines.config import Config
+from core.config import Config
 from pipelines.setup_source import setup
-from tests_support import cli_env, run_cli, tmpfs
+from tests_support import cli_env, error_line, one_sentence, run_cli, tmpfs
 from truth import Witness, dashboard_counts
 from workload import insert, mixed
 
@@ -60,10 +60,6 @@ def what_was_written(dsn: str, config: Config) -> list[str]:
     if lakehouse.exists():
         found += [f"Delta table {p.parent}" for p in lakehouse.rglob("_delta_log")]
     return found
-
-
-def error_line(result: subprocess.CompletedProcess, *phrases: str) -> str:
-    return one_sentence(result.returncode, result.stderr, *phrases)
 
 
 # --- clusters that are wrong on purpose, one of each per module -----------------------------

@@ -1,4 +1,4 @@
-"""Transactional consistency (DESIGN §3): the dashboard never shows part of a source
+"""Transactional consistency (docs/gold.md): the dashboard never shows part of a source
 transaction. During count-neutral traffic (status changes and archival moves, each moving
 counts between keys or tables inside one transaction) a reader polling the dashboard's
 ``sum(count)`` must see one value throughout, while the per-key counts keep changing."""

@@ -8,7 +8,7 @@ import threading
 import pytest
 from psycopg import sql
 
-from pipelines.captured import COUNTED
+from core.captured import COUNTED
 from pipelines.consistent import consistent_point, count_at, emit_marker
 from pipelines.source_truth import count_truth, source_counts
 from workload import archive, insert, transition

@@ -13,12 +13,12 @@ import pytest
 
 from bronze.ship import Shipper
 from gold.deltas import GoldStopped
-from gold.rebuild import rebuild_and_push
+from pipelines.rebuild import rebuild_and_push
 from infra.localpg import LocalPostgres
-from pipelines.config import Config
+from core.config import Config
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from tests_support import cli_env, run_cli, wait_for
+from tests_support import cli_env, error_line, run_cli, wait_for
 from truth import check_gold
 from workload import archive, insert, mixed, transition
 
@@ -66,15 +66,6 @@ def _lsn(dsn: str, query: str) -> int:
         return conn.execute(f"SELECT ({query} - '0/0'::pg_lsn)::bigint").fetchone()[0]
 
 
-def _one_sentence_exit_2(result, *phrases: str) -> str:
-    assert result.returncode == 2, result.stderr[-2000:]
-    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("lakecdc: error:")]
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    for phrase in phrases:
-        assert phrase in lines[0], lines[0]
-    return lines[0]
-
-
 def test_a_promoted_standby_is_detected_and_the_runbook_restores_exactness(clusters, spark,
                                                                            tmp_path):
     primary, config = _primary(clusters, tmp_path)
@@ -93,7 +84,7 @@ def test_a_promoted_standby_is_detected_and_the_runbook_restores_exactness(clust
 
     moved = config.with_(source_dsn=standby.dsn("notify"))
     env = cli_env(moved)
-    _one_sentence_exit_2(run_cli(["ship", "--once"], env), "timeline 2",
+    error_line(run_cli(["ship", "--once"], env), "timeline 2",
                          "setup --rebaseline", "backfill rebuild-gold")
     assert run_cli(["setup", "--rebaseline"], env).returncode == 0
 
@@ -123,9 +114,9 @@ def test_a_restored_earlier_copy_is_detected_and_a_new_lakehouse_is_exact(cluste
     try:
         restored = config.with_(source_dsn=copy.dsn("notify"))
         env = cli_env(restored)
-        _one_sentence_exit_2(run_cli(["ship", "--once"], env), "behind what bronze already "
+        error_line(run_cli(["ship", "--once"], env), "behind what bronze already "
                              "holds", "LAKECDC_LAKEHOUSE")
-        _one_sentence_exit_2(run_cli(["setup", "--rebaseline"], env), "earlier point",
+        error_line(run_cli(["setup", "--rebaseline"], env), "earlier point",
                              "LAKECDC_LAKEHOUSE")
 
         fresh = restored.with_(lakehouse=str(tmp_path / "lakehouse-after-restore"))

@@ -13,8 +13,6 @@ shared test session where no kill is involved (a JVM start costs ~20-40 s here).
 from __future__ import annotations
 
 import json
-import logging
-import os
 import random
 import shutil
 import signal
@@ -32,7 +30,7 @@ from deltalake import DeltaTable, write_deltalake
 from invariants import check_i1, check_i2, check_i3_i4, check_i5, check_invariants
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from tests_support import ROOT, cli_env, run_cli, tmpfs, wait_for
+from tests_support import ROOT, cli_env, one_sentence, run_cli, tmpfs, wait_for
 from truth import Witness
 from workload import insert, mixed, transition
 
@@ -42,53 +40,8 @@ pytestmark = [pytest.mark.integration]
 # --- shared fixtures and helpers -------------------------------------------------------------
 
 @pytest.fixture
-def witness(source_db, config):
-    setup(config)
-    w = Witness(source_db.dsn, source_db.slot + "_w")
-    yield w
-    w.drop()
-
-
-@pytest.fixture
 def pipeline(config, spark):
     return Pipeline(config, spark_factory=lambda: spark)
-
-
-@pytest.fixture
-def lakecdc(monkeypatch, capsys):
-    """``lakecdc ARGS`` through the real CLI entry point in this process: its exit code and
-    stderr, with the test's Spark session instead of a new JVM. ``env`` sets LAKECDC_*
-    variables for the one call (fault points, guards)."""
-    from pipelines import cli
-
-    for name in [n for n in os.environ if n.startswith("LAKECDC_")]:
-        monkeypatch.delenv(name)
-    logger = logging.getLogger("lakecdc")
-
-    def run(config, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-        flags = ["--source-dsn", config.source_dsn, "--lakehouse", config.lakehouse,
-                 "--slot", config.slot]
-        capsys.readouterr()
-        saved = logger.handlers[:], logger.level, logger.propagate
-        with monkeypatch.context() as m:
-            for key, value in (env or {}).items():
-                m.setenv(key, value)
-            try:
-                code = cli.main([*flags, *args])
-            finally:   # the CLI points lakecdc's log at captured stderr: undo that
-                logger.handlers[:], logger.level, logger.propagate = saved
-        out = capsys.readouterr()
-        return code, out.out, out.err
-    return run
-
-
-def one_sentence(code: int, err: str, *phrases: str) -> str:
-    """Exit 2 with exactly one ``lakecdc: error:`` line, no traceback; returns the line."""
-    lines = [ln for ln in err.splitlines() if ln.startswith("lakecdc: error:")]
-    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
-    for phrase in phrases:
-        assert phrase in lines[0], lines[0]
-    return lines[0]
 
 
 def slot_confirmed(config) -> int:

@@ -327,8 +327,8 @@ def test_stream_truncate_stops_loudly_then_a_seeded_rebuild_resumes_exactly(spar
 
 CRASHING_GOLD = textwrap.dedent("""
     import sys
-    from pipelines.faults import FaultPoints
-    from pipelines.spark import get_or_create
+    from core.faults import FaultPoints
+    from core.spark import get_or_create
     from tests.tests_support import run_gold_over_silver
     silver, gold, ckpt, guard, fault = sys.argv[1:]
     run_gold_over_silver(get_or_create("lakecdc-gold-crash"), silver, gold, ckpt,

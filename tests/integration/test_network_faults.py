@@ -28,7 +28,7 @@ from deltalake import DeltaTable
 
 from infra.localpg import LocalPostgres
 from invariants import check_i5
-from pipelines.config import Config
+from core.config import Config
 from pipelines.setup_source import setup
 from proxy import TcpProxy
 from tests_support import ROOT, cli_env, run_cli, wait_for
@@ -38,14 +38,6 @@ from workload import insert, mixed, transition
 pytestmark = pytest.mark.integration
 
 SCHEMA_SQL = ROOT / "infra" / "postgres" / "source_schema.sql"
-
-
-@pytest.fixture
-def witness(source_db, config):
-    setup(config)
-    w = Witness(source_db.dsn, source_db.slot + "_w")
-    yield w
-    w.drop()
 
 
 @pytest.fixture

@@ -300,7 +300,7 @@ def test_run_metrics_port_in_use_is_one_sentence_exit_2(config):
 def test_state_reads_are_shared_and_a_hung_read_does_not_block_scrapes(caplog):
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from pipelines.metrics import StateCollector, StateSnapshot
+    from pipelines.metrics_state import StateCollector, StateSnapshot
 
     reads, release = [], threading.Event()
 

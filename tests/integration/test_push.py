@@ -16,9 +16,9 @@ from test_gold_apply import Sim, df   # the source model and its silver rows
 
 from bronze.slot import plugin_options
 from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables
-from gold.push import (ensure_dashboard_tables, gold_key, open_gold, push_ahead,
-                       push_once)
-from pipelines.errors import UserError
+from core.errors import UserError
+from core.lakehouse import gold_key
+from gold.push import ensure_dashboard_tables, open_gold, push_ahead, push_once
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

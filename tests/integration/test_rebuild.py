@@ -9,8 +9,8 @@ import pytest
 from deltalake import DeltaTable
 
 from gold.deltas import GoldStopped
-from gold.rebuild import rebuild_and_push
-from pipelines.locks import gold_writer_lock
+from pipelines.rebuild import rebuild_and_push
+from core.locks import gold_writer_lock
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
 from tests_support import cli_env, run_cli

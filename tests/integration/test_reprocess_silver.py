@@ -10,7 +10,7 @@ from deltalake import DeltaTable
 
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from silver.reprocess import reprocess_and_rebuild
+from pipelines.rebuild import reprocess_and_rebuild
 from tests_support import cli_env, run_cli
 from truth import check_gold
 from workload import archive, insert, mixed, transition

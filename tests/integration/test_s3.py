@@ -18,8 +18,8 @@ import boto3
 import pytest
 from deltalake import DeltaTable
 
-from pipelines.storage import HADOOP_VERSION, Lakehouse, canonical, spark_path
-from tests_support import cli_env, run_cli
+from core.storage import HADOOP_VERSION, Lakehouse, canonical, spark_path
+from tests_support import cli_env, error_line, run_cli
 from truth import dashboard_counts, source_truth
 from workload import mixed
 
@@ -99,20 +99,12 @@ def test_the_whole_pipeline_on_s3_is_exact(source_db, config, s3_endpoint, bucke
     assert Counter({k: v for k, v in dashboard_counts(source_db.dsn).items() if v}) == gold
 
 
-def _one_error_line(result) -> str:
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("lakecdc: error:")]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
-
-
 @pytest.mark.integration
 def test_setup_without_credentials_is_one_sentence_and_exit_2(config, s3_endpoint, bucket):
     _, name = bucket
     result = run_cli(["setup"], _env(config, f"s3://{name}/lakehouse", s3_endpoint,
                                      credentials=False))
-    assert "no AWS credentials" in _one_error_line(result)
+    assert "no AWS credentials" in error_line(result)
 
 
 @pytest.mark.integration
@@ -120,7 +112,7 @@ def test_setup_with_a_missing_bucket_is_one_sentence_and_exit_2(config, s3_endpo
     s3, _ = bucket
     missing = f"lakecdc-missing-{uuid.uuid4().hex[:8]}"
     result = run_cli(["setup"], _env(config, f"s3://{missing}/lakehouse", s3_endpoint))
-    line = _one_error_line(result)
+    line = error_line(result)
     assert f"bucket {missing}" in line and "does not exist" in line
     assert missing not in [b["Name"] for b in s3.list_buckets()["Buckets"]]
 

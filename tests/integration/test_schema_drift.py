@@ -159,7 +159,7 @@ def test_replica_identity_dropped_and_restored_while_shipping_stops_gold_loudly(
     unseen by it. The UPDATEs and DELETEs in between reach bronze with the primary key as
     their only old value; silver marks them failed (quarantined), and gold stops with one
     sentence before applying anything of the batch - the changes are never counted as
-    nothing (DESIGN §2)."""
+    nothing (docs/gold.md)."""
     from gold.deltas import GoldStopped
     from invariants import check_i1, check_i2
 

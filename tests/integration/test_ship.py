@@ -24,20 +24,11 @@ from deltalake import DeltaTable, write_deltalake
 from bronze.records import BRONZE_SCHEMA, UTC_US
 from bronze.ship import Shipper
 from bronze.table import BronzeTable, Progress, SourceIdentity
-from pipelines.setup_source import setup
 from tests_support import cli_env, run_cli, wait_for
-from truth import Witness, bronze_rows, check_bronze
+from truth import bronze_rows, check_bronze
 from workload import archive, copy_rows, insert, mixed, multi_row_insert, transition
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def witness(source_db, config):
-    setup(config)
-    w = Witness(source_db.dsn, source_db.slot + "_w")
-    yield w
-    w.drop()
 
 
 def slot_confirmed(source_db) -> int:

@@ -10,18 +10,11 @@ import time
 import psycopg
 import pytest
 
-from tests_support import cli_env, run_cli, wait_for
+from tests_support import cli_env, error_line, run_cli, wait_for
 
 pytestmark = [pytest.mark.integration]
 
 COUNTED = "public.notifications,public.notification_history"
-
-
-def one_error_line(result) -> str:
-    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("lakecdc: error:")]
-    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, \
-        result.stderr[-3000:]
-    return lines[0]
 
 
 def source_state(conn) -> tuple:
@@ -44,7 +37,7 @@ def test_a_captured_table_without_the_dims_is_refused_and_nothing_changes(source
         conn.execute("CREATE TABLE services (id uuid PRIMARY KEY, name text NOT NULL)")
         before = source_state(conn)
     env = {**cli_env(config), "LAKECDC_TABLES": COUNTED + ",public.services"}
-    line = one_error_line(run_cli(["setup"], env))
+    line = error_line(run_cli(["setup"], env))
     assert "public.services" in line and "service_id" in line, line
     with source_db.connect() as conn:
         assert source_state(conn) == before
@@ -101,7 +94,7 @@ def notify_shaped(source_db):
 def test_nullable_identity_columns_are_made_not_null_online_while_writers_keep_going(
         notify_shaped, config):
     db = notify_shaped
-    refused = one_error_line(run_cli(["setup"], cli_env(config)))
+    refused = error_line(run_cli(["setup"], cli_env(config)))
     assert "--online-not-null" in refused and "REPLICA IDENTITY FULL" in refused, refused
 
     writer = Writer(db.dsn)

@@ -35,8 +35,9 @@ from test_observability import free_port, password_dsn, rows, scrape, secrets_of
 from bronze.heartbeat import MIN_LAG_BYTES
 from bronze.heartbeat import PREFIX as HEARTBEAT_PREFIX
 from bronze.ship import Shipper
-from gold.push import gold_key
-from pipelines.metrics import RECONNECT_REASONS, pipeline_exporter
+from core.lakehouse import gold_key
+from bronze.session_loss import RECONNECT_REASONS
+from pipelines.metrics import pipeline_exporter
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
 from tests_support import ROOT, cli_env, run_cli, wait_for

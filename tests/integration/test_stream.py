@@ -20,7 +20,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from bronze.records import BRONZE_SCHEMA
 from bronze.table import BronzeTable, Progress, SourceIdentity
-from pipelines.errors import UserError
+from core.errors import UserError
 from gold.deltas import GoldStopped
 from pipelines.stream import StreamPaths
 from tests_support import run_bare_stream, start_bare_stream, stream_paths

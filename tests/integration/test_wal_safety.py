@@ -22,10 +22,11 @@ from deltalake import DeltaTable
 
 from bronze.heartbeat import MIN_LAG_BYTES, Heartbeat
 from bronze.heartbeat import PREFIX as HEARTBEAT_PREFIX
-from bronze.ship import Shipper, _transient
+from bronze.session_loss import transient
+from bronze.ship import Shipper
 from infra.localpg import LocalPostgres
-from pipelines.config import Config
-from pipelines.errors import UserError
+from core.config import Config
+from core.errors import UserError
 from pipelines.setup_source import setup
 from tests_support import ROOT, cli_env, run_cli, wait_for
 from truth import Witness, check_bronze
@@ -126,15 +127,15 @@ def test_heartbeat_is_due_only_when_the_slot_stood_still_and_the_wal_ran_ahead()
 
 
 def test_only_a_vanished_session_is_retried():
-    assert _transient(psycopg.OperationalError("server closed the connection"), None)
-    assert _transient(psycopg.errors.AdminShutdown("terminating connection"), None)
-    assert _transient(psycopg.errors.CannotConnectNow("the database system is starting up"),
+    assert transient(psycopg.OperationalError("server closed the connection"), None)
+    assert transient(psycopg.errors.AdminShutdown("terminating connection"), None)
+    assert transient(psycopg.errors.CannotConnectNow("the database system is starting up"),
                       None)
-    assert not _transient(psycopg.errors.QueryCanceled("statement timeout"), None)
-    assert not _transient(psycopg.errors.ObjectNotInPrerequisiteState("slot invalidated"),
+    assert not transient(psycopg.errors.QueryCanceled("statement timeout"), None)
+    assert not transient(psycopg.errors.ObjectNotInPrerequisiteState("slot invalidated"),
                           None)
-    assert not _transient(psycopg.errors.UndefinedObject("slot does not exist"), None)
-    assert not _transient(OSError("disk full"), None)
+    assert not transient(psycopg.errors.UndefinedObject("slot does not exist"), None)
+    assert not transient(OSError("disk full"), None)
 
 
 @pytest.mark.parametrize("value,ok", [("0", 0.0), ("2.5", 2.5), ("abc", None), ("-1", None)])

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.run import Pipeline
-from tests_support import ROOT, cli_env
+from tests_support import ROOT, cli_env, error_line
 from truth import check_gold
 from workload import mixed
 
@@ -61,9 +61,7 @@ def test_jvm_free_commands_work_and_spark_commands_name_the_extra(
                     ["quality"], ["sql", "SELECT 1"], ["backfill", "rebuild-gold"],
                     ["demo", "--seconds", "1"]):
         result = lakecdc(no_spark_python, command, env)
-        lines = [ln for ln in result.stderr.splitlines() if ln.startswith("lakecdc: error:")]
-        assert result.returncode == 2 and len(lines) == 1, (command, result.stderr[-2000:])
-        assert "pip install 'lakecdc[spark]'" in lines[0] and "Traceback" not in result.stderr
+        error_line(result, "pip install 'lakecdc[spark]'")
 
     # Silver and gold by Spark (here, in the test's own environment), then the push and
     # status without it.

@@ -66,7 +66,7 @@ def hard_delete(conn: psycopg.Connection, fraction: float) -> None:
 
 def purge_history(conn: psycopg.Connection, fraction: float) -> Counter:
     """Retention purge of history; returns the purged rows' dims (the truth still counts
-    them: DESIGN §2)."""
+    them: docs/gold.md)."""
     rows = conn.execute("DELETE FROM notification_history WHERE random() < %s RETURNING "
                         "service_id::text, template_id::text, notification_type::text, "
                         "notification_status", [fraction]).fetchall()

@@ -1,6 +1,6 @@
 """gold.deltas on literal silver rows, against whole expected DataFrames written by hand.
 
-Every expected value below is worked out from the rules of DESIGN §2 for the literal input
+Every expected value below is worked out from the rules of docs/gold.md for the literal input
 rows, not taken from pipeline output.
 """
 
@@ -12,7 +12,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from gold import deltas as D
 from gold.plan import first_problem, plan
-from pipelines.errors import UserError
+from core.errors import UserError
 from silver.schema import SILVER_CHANGES
 
 pytestmark = pytest.mark.spark

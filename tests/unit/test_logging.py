@@ -17,7 +17,8 @@ import click
 import pytest
 
 from pipelines import cli as cli_module
-from pipelines.cli import _configure_logging, main
+from pipelines.cli import main
+from pipelines.logs import configure_logging
 
 SECRET = "s3cr3t-Pa55"
 URI_DSN = f"postgresql://lakecdc:{SECRET}@127.0.0.1:{{port}}/notify"
@@ -58,7 +59,7 @@ def _log_everything(dsn: str) -> None:
 
 @pytest.mark.parametrize("dsn", [URI_DSN.format(port=5), KV_DSN])
 def test_text_logs_redact_passwords_everywhere(capsys, dsn):
-    _configure_logging(verbose=True, log_format="text")
+    configure_logging(verbose=True, log_format="text")
     _log_everything(dsn)
     err = capsys.readouterr().err
     assert SECRET not in err
@@ -70,7 +71,7 @@ def test_text_logs_redact_passwords_everywhere(capsys, dsn):
 
 @pytest.mark.parametrize("dsn", [URI_DSN.format(port=5), KV_DSN])
 def test_json_logs_are_one_object_per_line_and_redacted(capsys, dsn):
-    _configure_logging(verbose=False, log_format="json")
+    configure_logging(verbose=False, log_format="json")
     _log_everything(dsn)
     warnings.warn(f"a Python warning mentioning {dsn}", UserWarning, stacklevel=1)
     err = capsys.readouterr().err

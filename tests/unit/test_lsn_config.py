@@ -1,9 +1,9 @@
 import pytest
 
-from pipelines.config import Config
-from pipelines.errors import UserError, redact
-from pipelines.faults import FaultPoints
-from pipelines.lsn import Lsn, fmt
+from core.config import Config
+from core.errors import UserError, redact
+from core.faults import FaultPoints
+from core.lsn import Lsn, fmt
 
 
 @pytest.mark.parametrize("text,value", [

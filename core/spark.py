@@ -1,11 +1,12 @@
 """The one Spark session factory, for jobs, notebooks and tests.
 
 Delta is configured here (extensions, catalog, the delta-spark jars resolved from Maven
-Central through Ivy on the first start and cached under ~/.ivy2 afterwards). ``local=True``
-tunes a small single-machine session: few shuffle partitions, no UI, modest memory.
+Central through Ivy on the first start and cached under ~/.ivy2 afterwards). Outside
+Databricks the session is ``local[2]``, tuned as a small single-machine session: few
+shuffle partitions, no UI, modest memory.
 On Databricks the runtime's session already exists; ``get_or_create`` returns it unchanged.
 
-An S3 lakehouse also needs Hadoop's s3a connector in the session (``pipelines.storage``),
+An S3 lakehouse also needs Hadoop's s3a connector in the session (``core.storage``),
 and jars can only be added when the JVM starts. So the lakehouse a process works on is
 declared before its session starts: passed as ``lakehouse=``, or declared once with
 ``use_lakehouse`` - which ``pipelines.run.Locations.from_config`` does, so every command
@@ -21,8 +22,8 @@ from contextlib import contextmanager
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-from pipelines.errors import UserError
-from pipelines.storage import S3A_FILESYSTEM, SPARK_PACKAGES, Lakehouse, on_databricks
+from core.errors import UserError
+from core.storage import S3A_FILESYSTEM, SPARK_PACKAGES, Lakehouse, on_databricks
 
 _LOCAL_CONF = {
     "spark.sql.shuffle.partitions": "2",
@@ -97,8 +98,7 @@ def _on_databricks() -> bool:
     return on_databricks()
 
 
-def get_or_create(app_name: str = "lakecdc", local: bool = True,
-                  extra_conf: dict[str, str] | None = None,
+def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None = None,
                   log_level: str = "WARN", lakehouse: Lakehouse | None = None) -> SparkSession:
     """A Spark session with Delta. Outside Databricks, starts ``local[2]`` with Delta jars,
     plus hadoop-aws and its s3a settings when the lakehouse (given or declared) is on S3.
@@ -118,7 +118,7 @@ def get_or_create(app_name: str = "lakecdc", local: bool = True,
                .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
                .config("spark.sql.catalog.spark_catalog",
                        "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
-    conf = {**(_LOCAL_CONF if local else {}), **(lakehouse.spark_conf() if s3 else {}),
+    conf = {**_LOCAL_CONF, **(lakehouse.spark_conf() if s3 else {}),
             **(extra_conf or {})}
     for key, value in conf.items():
         builder = builder.config(key, value)
@@ -137,7 +137,7 @@ def _require_s3a(spark: SparkSession, lakehouse: Lakehouse, started_here: bool) 
             S3A_FILESYSTEM):
         raise UserError(f"this Spark session was started without S3 support, so it cannot "
                         f"reach the lakehouse {lakehouse.root}: start a new process (or "
-                        "call pipelines.spark.get_or_create(lakehouse=...) before any other "
+                        "call core.spark.get_or_create(lakehouse=...) before any other "
                         "Spark use).") from None
     if not started_here:
         hadoop = spark.sparkContext._jsc.hadoopConfiguration()

@@ -20,17 +20,16 @@ from typing import Iterator
 
 import psycopg
 
-from bronze.source import connect
-from pipelines.errors import UserError
+from core.errors import UserError
+from core.lakehouse import gold_key
+from core.postgres import connect
 
 log = logging.getLogger("lakecdc.locks")
 
 
 def gold_lock_name(gold_path: str) -> str:
-    """One name per gold table, however an engine spells its path (``gold.push.gold_key``:
+    """One name per gold table, however an engine spells its path (``core.lakehouse.gold_key``:
     ``s3a://`` locally and ``s3://`` on Databricks are the same table)."""
-    from gold.push import gold_key
-
     return f"lakecdc.gold:{gold_key(gold_path)}"
 
 

@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from pipelines.errors import UserError
+from core.errors import UserError
 
 # The Hadoop inside pyspark 4.1.1 (pyspark/jars/hadoop-client-api-3.4.2.jar) and the AWS SDK
 # v2 version hadoop-project 3.4.2 builds against. tests/bundle checks the first against the

@@ -13,7 +13,7 @@ would wedge it for good.
 they are provably incomplete (a finished write has been renamed away from that name).
 Committed files - the query id in ``metadata``, planned offsets, commit markers - are never
 touched: they are the idempotency record of every sink. Call it only while no other process
-runs the same query (lakecdc's writers hold the gold writer lock; see ``pipelines.locks``).
+runs the same query (lakecdc's writers hold the gold writer lock; see ``core.locks``).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ import click
 log = logging.getLogger("lakecdc.progress")
 
 
-class Progress:
-    """``with Progress("counting", total) as p: p(n)`` - ``total`` may be an estimate."""
+class ProgressBar:
+    """``with ProgressBar("counting", total) as p: p(n)`` - ``total`` may be an estimate."""
 
     def __init__(self, label: str, total: int | None, unit: str = "rows",
                  log_every_s: float = 10.0) -> None:
@@ -22,7 +22,7 @@ class Progress:
         self._bar = None
         self._last_log = time.monotonic()
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> "ProgressBar":
         if sys.stderr.isatty():
             self._bar = click.progressbar(length=max(self.total or 0, 1), label=self.label,
                                           file=sys.stderr, show_pos=True)

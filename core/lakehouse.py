@@ -6,12 +6,19 @@ import os
 import uuid
 from pathlib import Path
 
-from pipelines.errors import UserError
-from pipelines.storage import Lakehouse, is_s3
+from core.errors import UserError
+from core.storage import Lakehouse, canonical, is_s3
 
 
 def is_remote(uri: str) -> bool:
     return "://" in uri and not uri.startswith("file://")
+
+
+def gold_key(gold_path: str) -> str:
+    """How the progress table names a gold table: its absolute path, or its URI."""
+    if is_remote(gold_path):
+        return canonical(gold_path.rstrip("/"))
+    return os.path.abspath(gold_path.removeprefix("file://").removeprefix("file:"))
 
 
 def check_writable(uri: str, lakehouse: Lakehouse | None = None) -> None:

@@ -2,7 +2,7 @@
 
 Used after a TRUNCATE of ``notifications`` (gold stops on it), a failover or restore
 (``setup --rebaseline``), or drift found by ``verify``. Under the gold writer lock
-(``pipelines.locks``: the stream is not running meanwhile, so gold's watermark ``W`` is a
+(``core.locks``: the stream is not running meanwhile, so gold's watermark ``W`` is a
 commit from before anything this command does):
 
 1. A consistent point ``L`` of the source (temporary slot + exported snapshot) and the
@@ -37,14 +37,15 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from pipelines.commits import commit_metadata as metadata
+from core.commits import commit_metadata as metadata
+from core.lsn import fmt
 from gold.apply import GOLD_SCHEMA, GoldPaths, ensure_gold_tables
 from gold.asof import gold_state
 from gold.deltas import CONTRIBUTIONS
 from gold.push import push_once
 from pipelines.baseline import to_table, write_baseline
 from pipelines.consistent import consistent_point, count_at
-from pipelines.lsn import fmt
+from silver.reprocess import ReprocessReport, reprocess_silver
 
 log = logging.getLogger("lakecdc.rebuild")
 
@@ -116,3 +117,15 @@ def rebuild_and_push(pipeline) -> RebuildReport:
         pushed = push_once(pipeline.where.gold, pipeline.config.dashboard, full=True)
     return RebuildReport(**{**report.__dict__, "pushed_version": pushed.gold_version,
                             "seconds": time.monotonic() - started})
+
+
+def reprocess_and_rebuild(pipeline, **range_) -> ReprocessReport:
+    """``lakecdc backfill reprocess-silver`` (``silver.reprocess``): the range re-parsed into
+    silver, then gold rebuilt and pushed, all under the gold writer lock."""
+    started = time.monotonic()
+    with pipeline.gold_lock():
+        report = reprocess_silver(pipeline.spark, pipeline.where.silver,
+                                  pipeline.config.tables, **range_)
+        rebuilt = rebuild_and_push(pipeline)
+    return ReprocessReport(**{**report.__dict__, "rebuild": rebuilt,
+                              "seconds": time.monotonic() - started})

@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from pipelines.captured import CountedTables
-from pipelines.errors import UserError
+from core.captured import CountedTables
+from core.errors import UserError
 
 DEFAULT_NOTIFICATIONS = "public.notifications"
 DEFAULT_HISTORY = "public.notification_history"
@@ -42,7 +42,7 @@ class Config:
     lakehouse: str = "./lakehouse"
     slot: str = "lakecdc"
     tables: tuple[str, ...] = DEFAULT_TABLES
-    # The two counted tables (DESIGN §2): DELETE from the first is -1, from the second a
+    # The two counted tables (docs/gold.md): DELETE from the first is -1, from the second a
     # retention purge (0). Both must be among ``tables``.
     notifications_table: str = DEFAULT_NOTIFICATIONS
     history_table: str = DEFAULT_HISTORY
@@ -71,7 +71,7 @@ class Config:
     # low at no cost in speed.
     chunk_mb: float = 2.0
     spill_dir: str | None = None
-    # S3 lakehouse (pipelines.storage): a non-AWS endpoint (MinIO, moto) and the region.
+    # S3 lakehouse (core.storage): a non-AWS endpoint (MinIO, moto) and the region.
     # Credentials are not configuration: each engine reads the standard AWS chain.
     s3_endpoint_url: str | None = None
     s3_region: str | None = None

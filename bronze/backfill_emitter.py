@@ -1,0 +1,176 @@
+"""The shipper's side of the snapshot backfill: a HIGH watermark of a staged chunk becomes
+the chunk's read rows, in the HIGH's own transaction, minus the rows its window drops
+(``bronze.backfill`` documents the protocol)."""
+
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import reduce
+from typing import Callable, Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pds
+
+from bronze.records import (HighMark, Window, changed_keys,
+                            read_records)
+from bronze.table import BronzeTable
+from core.config import Config
+from core.lsn import fmt
+from bronze.backfill_staging import ChunkInfo, StagingTable, app_id, staging_path
+
+log = logging.getLogger("lakecdc.backfill")
+
+
+GUARD = "backfill_window"          # LAKECDC_UNSAFE_DISABLE_GUARDS: negative control only
+
+
+@dataclass
+class Emission:
+    """Read rows the shipper appends to one bronze commit, and what to record with them."""
+
+    batches: list[pa.RecordBatch]
+    app_versions: dict[str, int]
+    chunks: list[str]                 # "run:chunk" emitted
+    rows: int                         # read rows appended
+    dropped: int                      # chunk rows dropped by the window rule
+
+
+class BackfillEmitter:
+    """Turns the HIGH watermarks of one shipper batch into read rows (see module doc)."""
+
+    def __init__(self, config: Config, bronze: BronzeTable,
+                 storage_options: dict | None = None) -> None:
+        self.staging = StagingTable(staging_path(config), storage_options)
+        self.bronze = bronze
+        self.window_rule = config.guard_on(GUARD)
+
+    def staged_marks(self, marks: list[HighMark]) -> tuple[list[HighMark], int]:
+        """The marks of runs staging holds, and how many others were dropped.
+
+        Anyone allowed to emit logical messages can forge marks: those of runs that were
+        never staged are dropped before any other read, at the cost of one read of
+        staging's run markers per batch."""
+        if not marks:
+            return [], 0
+        known = self.staging.run_ids()
+        staged = [m for m in marks if m.run in known]
+        forged = len(marks) - len(staged)
+        if forged:
+            log.warning("backfill: %d HIGH marks of runs that were never staged ignored "
+                        "(forged, or of another lakehouse)", forged)
+        return staged, forged
+
+    def plan(self, marks: list[HighMark], bronze_commit_lsn: int,
+             assembled: Callable[[], Iterable[pa.RecordBatch]], tx_changes: np.ndarray,
+             slot: str, shipped_at: pa.TimestampScalar) -> Emission | None:
+        """The read rows for ``marks`` (``staged_marks`` of the HIGHs in this batch), or None.
+
+        ``assembled`` re-reads this batch's rows (for changes inside the windows);
+        ``bronze_commit_lsn`` is what bronze held before it (earlier parts of a window are
+        looked up there). ``tx_changes`` is updated in place: each HIGH's transaction grows
+        by its read rows, so ``finalize`` writes the grown count on the message row too.
+        """
+        accepted: list[tuple[HighMark, ChunkInfo]] = []
+        # Every read below is made at most once per run and chunk: with the forged marks
+        # dropped first (``staged_marks``), a flood of marks costs no I/O per mark.
+        versions: dict[str, int] = {}
+        looked_up: dict[tuple[str, int], ChunkInfo | None] = {}
+        for mark in sorted(marks, key=lambda m: (m.commit_lsn, m.seq)):
+            if mark.run not in versions:
+                versions[mark.run] = self.bronze.app_version(app_id(mark.run)) or 0
+            have = versions[mark.run]
+            if mark.chunk <= have:
+                log.debug("backfill %s chunk %d is already in bronze: repeated HIGH ignored",
+                          mark.run, mark.chunk)
+                continue
+            if mark.chunk != have + 1:
+                log.warning("backfill %s: HIGH watermark of chunk %d while chunk %d is the "
+                            "next to emit; ignored (a resumed backfill announces it again)",
+                            mark.run, mark.chunk, have + 1)
+                continue
+            if (mark.run, mark.chunk) not in looked_up:
+                looked_up[(mark.run, mark.chunk)] = self.staging.chunk(mark.run, mark.chunk)
+            info = looked_up[(mark.run, mark.chunk)]
+            if info is None:
+                log.warning("backfill %s: HIGH watermark of chunk %d, which is not staged "
+                            "in %s; ignored", mark.run, mark.chunk, self.staging.uri)
+                continue
+            accepted.append((mark, info))
+            versions[mark.run] = mark.chunk
+        if not accepted:
+            return None
+
+        windows = [Window(info.run, info.chunk, info.table, info.key_column, info.low_lsn,
+                          mark.commit_lsn, frozenset(info.in_progress))
+                   for mark, info in accepted]
+        drops = (self._changed(windows, bronze_commit_lsn, assembled) if self.window_rule
+                 else {(w.run, w.chunk): set() for w in windows})
+        next_seq: dict[int, int] = {}
+        pending: list[tuple[HighMark, int, pa.Array]] = []
+        dropped = 0
+        for (mark, info), window in zip(accepted, windows):
+            rows = self.staging.chunk_rows(mark.run, mark.chunk)
+            gone = drops[(window.run, window.chunk)]
+            if gone:
+                keep = pc.invert(pc.is_in(rows.column("key"), pa.array(sorted(gone))))
+                kept = rows.filter(keep)
+            else:
+                kept = rows
+            dropped += rows.num_rows - kept.num_rows
+            first = next_seq.get(mark.gid, int(tx_changes[mark.gid]))
+            next_seq[mark.gid] = first + kept.num_rows
+            pending.append((mark, first, kept.column("data").combine_chunks()))
+            log.debug("backfill %s chunk %d (%s): %d rows, %d dropped (changed in window "
+                      "%s..%s)", mark.run, mark.chunk, info.table, kept.num_rows,
+                      rows.num_rows - kept.num_rows, fmt(info.low_lsn), fmt(mark.commit_lsn))
+        for gid, n in next_seq.items():
+            tx_changes[gid] = n
+        batches = [read_records(data, mark, first, int(tx_changes[mark.gid]), slot, shipped_at)
+                   for mark, first, data in pending if len(data)]
+        app_versions: dict[str, int] = {}
+        for mark, _ in accepted:
+            app_versions[app_id(mark.run)] = max(app_versions.get(app_id(mark.run), 0),
+                                                 mark.chunk)
+        return Emission(batches, app_versions, [f"{m.run}:{m.chunk}" for m, _ in accepted],
+                        sum(b.num_rows for b in batches), dropped)
+
+    def _changed(self, windows: list[Window], bronze_commit_lsn: int,
+                 assembled: Callable[[], Iterable[pa.RecordBatch]]
+                 ) -> dict[tuple[str, int], set[str]]:
+        result: dict[tuple[str, int], set[str]] = {(w.run, w.chunk): set() for w in windows}
+
+        def merge(found: dict[tuple[str, int], set[str]]) -> None:
+            for k, keys in found.items():
+                result[k] |= keys
+
+        # Earlier parts of the windows, already in bronze: a few rows, found through the
+        # files' commit_lsn / xid statistics.
+        text, exprs = [], []
+        for w in windows:
+            if w.low_lsn < bronze_commit_lsn:
+                text.append(f"(commit_lsn > {int(w.low_lsn)} AND "
+                            f"commit_lsn <= {int(bronze_commit_lsn)})")
+                exprs.append((pds.field("commit_lsn") > w.low_lsn)
+                             & (pds.field("commit_lsn") <= bronze_commit_lsn))
+            if w.in_progress:
+                xids = sorted(int(x) for x in w.in_progress)
+                text.append(f"(commit_lsn <= {int(w.low_lsn)} AND "
+                            f"xid IN ({', '.join(map(str, xids))}))")
+                exprs.append((pds.field("commit_lsn") <= w.low_lsn)
+                             & pds.field("xid").isin(xids))
+        if text:
+            found = self.bronze.changes_dataset(" OR ".join(text)).to_table(
+                columns=["commit_lsn", "xid", "action", "data"],
+                filter=reduce(lambda a, b: a | b, exprs)
+                & pds.field("action").isin(["I", "U", "D"]))
+            merge(changed_keys(*(found.column(c).combine_chunks()
+                                 for c in ("commit_lsn", "xid", "action", "data")), windows))
+        # The rest of the windows: this batch.
+        for batch in assembled():
+            merge(changed_keys(batch.column("commit_lsn"), batch.column("xid"),
+                               batch.column("action"), batch.column("data"), windows))
+        return result

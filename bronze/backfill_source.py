@@ -1,0 +1,148 @@
+"""The snapshot backfill's reads of the source: a table's keyset chunks as wal2json-v2-shaped
+JSON built by Postgres, and the LOW/HIGH watermark messages (``bronze.backfill``)."""
+
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from bronze.records import (BACKFILL_PREFIX)
+from core.postgres import connect
+from core.errors import UserError
+
+log = logging.getLogger("lakecdc.backfill")
+
+
+READ_TIMEOUT_S = 300               # statement timeout of one chunk's SELECT
+
+# wal2json 2.5 prints these types as bare JSON numbers (NaN / ±Infinity as null), booleans
+# as true/false, bytea as its hex digits, and every other type as a JSON string of the
+# type's text output (wal2json.c, format-version 2).
+_NUMBER_TYPES = (20, 21, 23, 26, 700, 701, 1700)    # int8 int2 int4 oid float4 float8 numeric
+_BOOL, _BYTEA = 16, 17
+
+
+@dataclass(frozen=True)
+class SourceTable:
+    name: str                                   # schema.table, as configured
+    schema: str
+    table: str
+    key_column: str
+    head: str                                   # JSON text before the first column
+    columns: tuple[tuple[str, int, str], ...]   # (name, type oid, JSON text before the value)
+    estimated_rows: int
+
+
+def describe_table(conn: psycopg.Connection, name: str) -> SourceTable:
+    """What ``chunk_query`` needs, from the catalog: the key, the columns (as wal2json
+    would list them: every non-dropped column in attribute order, types by ``format_type``)
+    and the JSON text around them, escaped by Postgres the way wal2json escapes it."""
+    schema, table = name.split(".", 1)
+    row = conn.execute("""
+        SELECT c.oid::int8, greatest(c.reltuples, 0)::bigint,
+               '{"action":"R","schema":' || to_json(n.nspname::text)::text
+               || ',"table":' || to_json(c.relname::text)::text || ',"columns":['
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')""",
+                       [schema, table]).fetchone()
+    if row is None:
+        raise UserError(f"captured table {name} does not exist in the source database; "
+                        "create it or fix LAKECDC_TABLES.")
+    oid, estimate, head = row
+    keys = [r[0] for r in conn.execute("""
+        SELECT a.attname FROM pg_index i
+        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+        WHERE i.indrelid = %s::int8::oid AND i.indisprimary""", [oid])]
+    if len(keys) != 1:
+        raise UserError(f"{name} has {'no' if not keys else 'a composite'} primary key; a "
+                        "keyset backfill needs a single-column primary key.")
+    columns = tuple(conn.execute("""
+        SELECT a.attname, a.atttypid::int8,
+               '{"name":' || to_json(a.attname::text)::text || ',"type":'
+               || to_json(format_type(a.atttypid, a.atttypmod))::text || ',"value":'
+        FROM pg_attribute a
+        WHERE a.attrelid = %s::int8::oid AND a.attnum > 0 AND NOT a.attisdropped
+        ORDER BY a.attnum""", [oid]).fetchall())
+    return SourceTable(name, schema, table, keys[0], head, columns, int(estimate))
+
+
+def _value_json(column: str, type_oid: int) -> sql.Composable:
+    c = sql.SQL("t.{}").format(sql.Identifier(column))
+    if type_oid in _NUMBER_TYPES:
+        return sql.SQL("CASE WHEN {c} IS NULL OR {c}::text IN ('NaN', 'Infinity', '-Infinity') "
+                       "THEN 'null' ELSE {c}::text END").format(c=c)
+    if type_oid == _BOOL:
+        return sql.SQL("CASE WHEN {c} IS NULL THEN 'null' WHEN {c} THEN 'true' "
+                       "ELSE 'false' END").format(c=c)
+    if type_oid == _BYTEA:
+        return sql.SQL("""CASE WHEN {c} IS NULL THEN 'null' ELSE '"' || encode({c}, 'hex') """
+                       """|| '"' END""").format(c=c)
+    # format('%s') calls the type's output function, as wal2json does (a cast to text would
+    # trim char(n)); num_nulls is NULL-ness of the value itself (IS NULL is true for a
+    # composite whose fields are all NULL).
+    return sql.SQL("CASE WHEN num_nulls({c}) = 1 THEN 'null' "
+                   "ELSE to_json(format('%%s', {c}))::text END").format(c=c)
+
+
+def chunk_query(source: SourceTable, after: bool) -> sql.Composed:
+    """The key as text and the row as wal2json v2 JSON (action ``R``), in key order, from
+    ``%(after)s`` (exclusive, when ``after``) at most ``%(limit)s`` rows."""
+    columns = sql.SQL(" || ',' || ").join(
+        sql.SQL("{} || {} || '}}'").format(sql.Literal(prefix), _value_json(name, oid))
+        for name, oid, prefix in source.columns)
+    key = sql.SQL("t.{}").format(sql.Identifier(source.key_column))
+    return sql.SQL("SELECT format('%%s', {key}), {head} || {columns} || ']}}' FROM {table} AS t "
+                   "{where} ORDER BY {key} LIMIT %(limit)s").format(
+        key=key, head=sql.Literal(source.head), columns=columns,
+        table=sql.Identifier(source.schema, source.table),
+        where=sql.SQL("WHERE {} > %(after)s").format(key) if after else sql.SQL(""))
+
+
+@dataclass
+class Chunk:
+    keys: list[str]
+    data: list[str]
+    in_progress: tuple[int, ...]
+    source: SourceTable
+
+
+def read_chunk(conn: psycopg.Connection, table: str, after: str | None, limit: int) -> Chunk:
+    """One short REPEATABLE READ READ ONLY transaction (``conn`` from ``_reader``):
+
+    the table locked against DDL (ACCESS SHARE: writers are not blocked) so the columns
+    read from the catalog are the columns selected - a column added or dropped between
+    chunks is followed; then, in the transaction's snapshot, the transactions in progress
+    (32-bit xids, like wal2json's) and the chunk."""
+    schema, name = table.split(".", 1)
+    with conn.transaction():
+        conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(
+            sql.Identifier(schema, name)))
+        source = describe_table(conn, table)
+        in_progress = conn.execute(
+            "SELECT array(SELECT (x::text::numeric % 4294967296)::bigint "
+            "FROM pg_snapshot_xip(pg_current_snapshot()) AS x ORDER BY 1)").fetchone()[0]
+        rows = conn.execute(chunk_query(source, after is not None),
+                            {"after": after, "limit": limit}).fetchall()
+    return Chunk([r[0] for r in rows], [r[1] for r in rows], tuple(in_progress), source)
+
+
+def _reader(dsn: str) -> psycopg.Connection:
+    conn = connect(dsn)
+    conn.execute("SELECT set_config('statement_timeout', %s, false)", [f"{READ_TIMEOUT_S}s"])
+    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    conn.read_only = True
+    return conn
+
+
+def emit_mark(conn: psycopg.Connection, run: str, table: str, chunk: int, mark: str) -> int:
+    """Commit a LOW or HIGH watermark message; returns the message's LSN."""
+    content = json.dumps({"run": run, "table": table, "chunk": chunk, "mark": mark},
+                         separators=(",", ":"))
+    row = conn.execute("SELECT (pg_logical_emit_message(true, %s, %s) - '0/0'::pg_lsn)::bigint",
+                       [BACKFILL_PREFIX, content]).fetchone()
+    return int(row[0])

@@ -1,0 +1,207 @@
+"""The snapshot backfill's staging table, ``<lakehouse>/bronze/_backfill_chunks``: chunks
+read from the source wait there, with their windows and the run's markers, until the
+shipper appends them to bronze (``bronze.backfill`` documents the protocol)."""
+
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.dataset as pds
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+from bronze.records import (UTC_US)
+from core.config import Config
+
+log = logging.getLogger("lakecdc.backfill")
+
+
+STAGING_NAME = "_backfill_chunks"
+APP_PREFIX = "lakecdc-backfill:"
+
+# Staging rows by kind (the table is partitioned by it, so markers are read without data).
+ROW, CHUNK, TABLE_DONE, RUN_DONE = "row", "chunk", "table_done", "run_done"
+
+STAGING_SCHEMA = pa.schema([
+    pa.field("kind", pa.string(), nullable=False),
+    pa.field("run", pa.string(), nullable=False),
+    pa.field("tables", pa.string(), nullable=False),     # the run's tables, comma-joined
+    pa.field("table_name", pa.string()),                 # schema.table
+    pa.field("chunk", pa.int64()),                       # 1, 2, ... across the run
+    pa.field("seq", pa.int32()),                         # row: position in the chunk
+    pa.field("key", pa.string()),                        # row: the key as text
+    pa.field("key_column", pa.string()),                 # chunk: the keyset column
+    pa.field("first_key", pa.string()),                  # chunk: key range = the cursor
+    pa.field("last_key", pa.string()),
+    pa.field("low_lsn", pa.int64()),                     # chunk: LSN of the LOW watermark
+    pa.field("in_progress", pa.list_(pa.int64())),       # chunk: xids running at its snapshot
+    pa.field("rows", pa.int64()),                        # chunk: rows; run_done: all rows
+    pa.field("staged_at", UTC_US, nullable=False),
+    pa.field("data", pa.string()),                       # row: wal2json-v2-shaped JSON
+])
+_STAGING_CONFIG = {
+    "delta.checkpointInterval": "20",
+    "delta.dataSkippingNumIndexedCols": str(len(STAGING_SCHEMA) - 1),   # no stats on data
+    "delta.logRetentionDuration": "interval 30 days",
+}
+
+
+def staging_path(config: Config) -> str:
+    return config.table_path("bronze", STAGING_NAME)
+
+
+def app_id(run: str) -> str:
+    """The bronze app transaction recording the highest chunk of ``run`` in bronze."""
+    return APP_PREFIX + run
+
+
+@dataclass(frozen=True)
+class ChunkInfo:
+    run: str
+    chunk: int
+    table: str
+    key_column: str
+    first_key: str
+    last_key: str
+    low_lsn: int
+    in_progress: tuple[int, ...]
+    rows: int
+
+
+@dataclass
+class RunState:
+    run: str
+    tables: tuple[str, ...]
+    started_at: int                                   # microseconds, first staged row
+    chunks: dict[int, ChunkInfo] = field(default_factory=dict)
+    done_tables: set[str] = field(default_factory=set)
+    complete: bool = False
+    total_rows: int = 0                               # from the run_done marker
+
+    def table_chunks(self, table: str) -> list[ChunkInfo]:
+        return [c for _, c in sorted(self.chunks.items()) if c.table == table]
+
+
+class StagingTable:
+    """``bronze/_backfill_chunks``: staged chunk rows and the markers that make a run
+    resumable. Written by the backfill only, read by the shipper for HIGH watermarks."""
+
+    def __init__(self, uri: str, storage_options: dict | None = None) -> None:
+        self.uri = uri
+        self.storage_options = storage_options
+
+    def exists(self) -> bool:
+        return DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options)
+
+    def ensure(self) -> None:
+        if not self.exists():
+            DeltaTable.create(self.uri, STAGING_SCHEMA, mode="ignore", partition_by=["kind"],
+                              name="backfill_chunks", configuration=_STAGING_CONFIG,
+                              description="lakecdc snapshot backfill: staged chunks, emitted "
+                                          "into bronze by the shipper at their HIGH watermark",
+                              storage_options=self.storage_options)
+
+    def _table(self) -> DeltaTable:
+        return DeltaTable(self.uri, storage_options=self.storage_options)
+
+    def runs(self) -> dict[str, RunState]:
+        dt = self._table()
+        markers = dt.to_pyarrow_dataset(file_pruning_predicate=f"kind <> '{ROW}'").to_table(
+            filter=pds.field("kind") != ROW,
+            columns=[f.name for f in STAGING_SCHEMA if f.name not in ("data", "key", "seq")])
+        runs: dict[str, RunState] = {}
+        for m in markers.to_pylist():
+            stamp = int(m["staged_at"].timestamp() * 1e6)
+            state = runs.setdefault(m["run"], RunState(m["run"], tuple(m["tables"].split(",")),
+                                                       stamp))
+            state.started_at = min(state.started_at, stamp)
+            if m["kind"] == CHUNK:
+                state.chunks[m["chunk"]] = _chunk_info(m)
+            elif m["kind"] == TABLE_DONE:
+                state.done_tables.add(m["table_name"])
+            elif m["kind"] == RUN_DONE:
+                state.complete = True
+                state.total_rows = m["rows"] or 0
+        return runs
+
+    def run_ids(self) -> set[str]:
+        """The runs staging holds (none if there is no staging table)."""
+        return set(self.runs()) if self.exists() else set()
+
+    def chunk(self, run: str, chunk: int) -> ChunkInfo | None:
+        if not self.exists():
+            return None
+        rows = self._table().to_pyarrow_dataset(
+            file_pruning_predicate=f"kind = '{CHUNK}' AND chunk = {int(chunk)}").to_table(
+            filter=(pds.field("kind") == CHUNK) & (pds.field("run") == run)
+            & (pds.field("chunk") == chunk)).to_pylist()
+        return _chunk_info(rows[0]) if rows else None
+
+    def chunk_rows(self, run: str, chunk: int) -> pa.Table:
+        """``seq``, ``key``, ``data`` of a staged chunk, in key order."""
+        table = self._table().to_pyarrow_dataset(
+            file_pruning_predicate=f"kind = '{ROW}' AND chunk = {int(chunk)}").to_table(
+            columns=["seq", "key", "data"],
+            filter=(pds.field("kind") == ROW) & (pds.field("run") == run)
+            & (pds.field("chunk") == chunk))
+        return table.sort_by("seq")
+
+    def stage_chunk(self, info: ChunkInfo, tables: str, keys: list[str],
+                    data: list[str]) -> None:
+        """The chunk's rows and its marker, in one commit."""
+        n = len(keys)
+        now = _now_us()
+        row = {"kind": [ROW] * n, "run": [info.run] * n, "tables": [tables] * n,
+               "table_name": [info.table] * n, "chunk": [info.chunk] * n,
+               "seq": list(range(n)), "key": keys, "staged_at": [now] * n, "data": data}
+        marker = {"kind": [CHUNK], "run": [info.run], "tables": [tables],
+                  "table_name": [info.table], "chunk": [info.chunk],
+                  "key_column": [info.key_column], "first_key": [info.first_key],
+                  "last_key": [info.last_key], "low_lsn": [info.low_lsn],
+                  "in_progress": [list(info.in_progress)], "rows": [info.rows],
+                  "staged_at": [now]}
+        self._append([row, marker], {"lakecdc.operation": "backfill-chunk",
+                                     "lakecdc.run": info.run, "lakecdc.chunk": info.chunk,
+                                     "lakecdc.rows": n})
+
+    def mark(self, kind: str, run: str, tables: str, table: str | None = None,
+             rows: int | None = None, chunk: int | None = None) -> None:
+        self._append([{"kind": [kind], "run": [run], "tables": [tables], "table_name": [table],
+                       "rows": [rows], "chunk": [chunk], "staged_at": [_now_us()]}],
+                     {"lakecdc.operation": f"backfill-{kind}", "lakecdc.run": run})
+
+    def drop_rows(self, run: str) -> None:
+        """Delete a completed run's staged rows (bronze holds them now); markers stay. The
+        files go with VACUUM."""
+        _check_run_id(run)
+        self._table().delete(f"kind = '{ROW}' AND run = '{run}'")
+
+    def _append(self, parts: list[dict], metadata: dict) -> None:
+        tables = []
+        for part in parts:
+            n = len(part["kind"])
+            cols = {f.name: part.get(f.name, [None] * n) for f in STAGING_SCHEMA}
+            cols["staged_at"] = pa.array(cols["staged_at"], pa.int64()).cast(UTC_US)
+            tables.append(pa.table(cols, schema=STAGING_SCHEMA))
+        write_deltalake(self.uri, pa.concat_tables(tables), mode="append",
+                        partition_by=["kind"], storage_options=self.storage_options,
+                        commit_properties=CommitProperties(
+                            custom_metadata={k: str(v) for k, v in metadata.items()}))
+
+
+def _chunk_info(m: dict) -> ChunkInfo:
+    return ChunkInfo(m["run"], int(m["chunk"]), m["table_name"], m["key_column"],
+                     m["first_key"], m["last_key"], int(m["low_lsn"]),
+                     tuple(m["in_progress"] or ()), int(m["rows"]))
+
+
+def _now_us() -> int:
+    return int(time.time() * 1e6)
+
+
+def _check_run_id(run: str) -> None:
+    if not run.replace("-", "").isalnum():
+        raise ValueError(f"bad backfill run id {run!r}")

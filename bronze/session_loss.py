@@ -1,0 +1,54 @@
+"""When the shipper's source session is lost: which errors mean "gone, reconnect" and the
+word for why (``lakecdc_ship_reconnects_total``'s ``reason``)."""
+
+from __future__ import annotations
+
+import psycopg
+
+from core.errors import redact
+
+# SQLSTATEs after which the session is gone or the server is (re)starting: reconnect.
+TRANSIENT_STATES = {"57P01", "57P02", "57P03", "57P05", "53300"}
+
+
+def transient(exc: BaseException, conn: psycopg.Connection | None) -> bool:
+    """The source session is gone or the server is not accepting it right now."""
+    if not isinstance(exc, psycopg.Error) or isinstance(exc, psycopg.errors.QueryCanceled):
+        return False
+    if conn is not None and (conn.broken or conn.closed):
+        return True
+    state = getattr(exc, "sqlstate", None)
+    if state is None:          # raised by the client: refused, reset, closed, timed out
+        return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
+    return state.startswith("08") or state in TRANSIENT_STATES
+
+
+# Why a source session was lost, by SQLSTATE (PostgreSQL's condition names): the label of
+# ``lakecdc_ship_reconnects_total``.
+_REASONS = {"57P01": "admin_shutdown",        # pg_terminate_backend, a fast/smart shutdown
+            "57P02": "crash_shutdown",        # another backend crashed: the server restarts
+            "57P03": "cannot_connect_now",    # starting up, shutting down, in recovery
+            "57P05": "idle_session_timeout",
+            "53300": "too_many_connections"}
+
+
+# Every label ``reconnect_reason`` returns: a fixed set, so every metric series exists from 0.
+RECONNECT_REASONS = (*_REASONS.values(), "connection_failure", "connection_lost")
+
+
+def reconnect_reason(exc: BaseException) -> str:
+    """One of a fixed set of words for why ``exc`` ended the source session: the server's
+    reason when it sent one, ``connection_failure`` for SQLSTATE class 08, otherwise
+    ``connection_lost`` (reset, refused, timed out, keepalives; the client's own report)."""
+    state = getattr(exc, "sqlstate", None) or ""
+    if state in _REASONS:
+        return _REASONS[state]
+    if state.startswith("08"):
+        return "connection_failure"
+    return "connection_lost"
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s text, passwords redacted."""
+    lines = [ln.strip() for ln in redact(str(exc)).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__

@@ -1,0 +1,21 @@
+"""The core every layer builds on; it imports no layer and no wiring.
+
+- ``errors``: ``UserError`` (one sentence, exit 2), ``redact`` for DSNs;
+- ``lsn``: LSN parsing and formatting;
+- ``config``: ``Config``, the environment and flags every command reads;
+- ``captured``: the captured tables, the dims, the identity columns, message prefixes;
+- ``postgres``: every connection to Postgres (``connect``, ``Unreachable``);
+- ``locks``: advisory locks (the gold writer, the shipper) and who holds them;
+- ``storage`` / ``lakehouse``: where the lakehouse is (local or S3), its writability check,
+  how a gold table is named across engines (``gold_key``);
+- ``spark``: the one Spark session factory;
+- ``commits``: lakecdc's metadata in Delta commits;
+- ``snapshots``: Delta snapshot prewarm after a write;
+- ``checkpoints``: reading a streaming checkpoint's offsets and commits;
+- ``faults``: named fault points for the kill tests;
+- ``progress``: a progress bar or log line for long counts and copies.
+
+The dependency rule (checked by ``make test``, ``[tool.importlinter]`` in pyproject.toml):
+``pipelines`` (wiring) → ``gold`` → ``silver`` → ``bronze`` → ``core``, each importing only
+what is below it, and ``gold`` never importing ``bronze``.
+"""
