@@ -45,13 +45,14 @@ from deltalake import DeltaTable
 from bench import decode, poc, workload
 from bench.profile import PassLog, ProgressLog
 from bronze.ship import Shipper
-from infra.localpg import LocalPostgres, bin_dir
+from core.captured import COUNTED
 from core.config import Config
+from core.layout import GOLD
+from infra.localpg import LocalPostgres, bin_dir
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from pipelines.traffic import FreshnessProbe
-from core.captured import COUNTED
 from pipelines.source_truth import source_counts
+from pipelines.traffic import FreshnessProbe
 
 SCHEMA = (Path(__file__).resolve().parents[1] / "infra" / "postgres" /
           "source_schema.sql").read_text()
@@ -85,8 +86,8 @@ def machine() -> dict:
                           .splitlines() if ln.startswith("MemTotal")))
     except (OSError, StopIteration, ValueError):
         mem_kb = 0
-    import pyspark
     import deltalake
+    import pyspark
     pg = subprocess.run([str(bin_dir() / "postgres"), "--version"],
                         capture_output=True, text=True).stdout.strip()
     return {"cpus": os.cpu_count(), "cpu": cpu, "memory_gb": round(mem_kb / 1024 ** 2, 1),
@@ -114,7 +115,7 @@ def compare(got: dict, truth: dict) -> dict:
 
 
 def gold_counts(config: Config) -> dict:
-    rows = DeltaTable(config.table_path("gold", "service_stats")).to_pyarrow_table(
+    rows = DeltaTable(config.table_path(GOLD)).to_pyarrow_table(
         columns=["service_id", "template_id", "notification_type", "notification_status",
                  "count"]).to_pylist()
     return {(r["service_id"], r["template_id"], r["notification_type"],

@@ -22,8 +22,8 @@ from pathlib import Path
 import psycopg
 
 from bench.decode import create_witness, raw_decode, ship_once
-from infra.localpg import LocalPostgres
 from core.config import Config
+from infra.localpg import LocalPostgres
 from pipelines.setup_source import setup
 
 SCHEMA = Path(__file__).resolve().parents[1] / "infra" / "postgres" / "source_schema.sql"

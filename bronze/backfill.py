@@ -53,17 +53,24 @@ from typing import Iterable
 import psycopg
 from deltalake import DeltaTable
 
-from core.postgres import connect
+from bronze.backfill_source import SourceTable, _reader, describe_table, emit_mark, read_chunk
+from bronze.backfill_staging import (
+    RUN_DONE,
+    TABLE_DONE,
+    ChunkInfo,
+    RunState,
+    StagingTable,
+    _now_us,
+    app_id,
+    staging_path,
+)
 from bronze.table import BronzeTable
 from core.config import Config
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.locks import acquire, shipper_running
+from core.postgres import connect
 from core.progress import ProgressBar
-from bronze.backfill_source import (SourceTable, _reader, describe_table, emit_mark,
-                                    read_chunk)
-from bronze.backfill_staging import (RUN_DONE, TABLE_DONE, ChunkInfo, RunState, StagingTable,
-                                     _now_us, app_id, staging_path)
 
 log = logging.getLogger("lakecdc.backfill")
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from bronze.records import (BACKFILL_PREFIX)
-from core.postgres import connect
+from bronze.records import BACKFILL_PREFIX
 from core.errors import UserError
+from core.postgres import connect, emit_message
 
 log = logging.getLogger("lakecdc.backfill")
 
@@ -143,6 +143,4 @@ def emit_mark(conn: psycopg.Connection, run: str, table: str, chunk: int, mark: 
     """Commit a LOW or HIGH watermark message; returns the message's LSN."""
     content = json.dumps({"run": run, "table": table, "chunk": chunk, "mark": mark},
                          separators=(",", ":"))
-    row = conn.execute("SELECT (pg_logical_emit_message(true, %s, %s) - '0/0'::pg_lsn)::bigint",
-                       [BACKFILL_PREFIX, content]).fetchone()
-    return int(row[0])
+    return emit_message(conn, BACKFILL_PREFIX, content)

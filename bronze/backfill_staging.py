@@ -13,13 +13,13 @@ import pyarrow as pa
 import pyarrow.dataset as pds
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-from bronze.records import (UTC_US)
+from bronze.records import UTC_US
 from core.config import Config
+from core.layout import BACKFILL_STAGING
 
 log = logging.getLogger("lakecdc.backfill")
 
 
-STAGING_NAME = "_backfill_chunks"
 APP_PREFIX = "lakecdc-backfill:"
 
 # Staging rows by kind (the table is partitioned by it, so markers are read without data).
@@ -50,7 +50,7 @@ _STAGING_CONFIG = {
 
 
 def staging_path(config: Config) -> str:
-    return config.table_path("bronze", STAGING_NAME)
+    return config.table_path(BACKFILL_STAGING)
 
 
 def app_id(run: str) -> str:

@@ -9,8 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bronze.buffer import SpillBuffer
-from bronze.records import (ASSEMBLED_SCHEMA, HighMark, TransactionAssembler, finalize,
-                            high_marks)
+from bronze.records import ASSEMBLED_SCHEMA, HighMark, TransactionAssembler, finalize, high_marks
 from bronze.table import DataFiles
 from core.config import Config
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import psycopg
 
+from core.postgres import emit_message
+
 PREFIX = "lakecdc.heartbeat"
 MIN_LAG_BYTES = 1 << 20
 
@@ -39,9 +41,7 @@ MIN_LAG_BYTES = 1 << 20
 def emit(conn: psycopg.Connection, slot: str) -> int:
     """Commit one heartbeat (``conn`` is in autocommit); returns its message's LSN. The
     transaction's end, where the slot may then be advanced to, is just past it."""
-    row = conn.execute("SELECT (pg_logical_emit_message(true, %s, %s) - '0/0'::pg_lsn)::bigint",
-                       [PREFIX, slot]).fetchone()
-    return int(row[0])
+    return emit_message(conn, PREFIX, slot)
 
 
 @dataclass

@@ -54,19 +54,19 @@ import pyarrow as pa
 
 from bronze import heartbeat as heartbeats
 from bronze import slot as slots
+from bronze.backfill_emitter import BackfillEmitter
 from bronze.batch_rows import BatchRows
 from bronze.failover import check_same_history, slot_ahead, slot_lost, slot_missing
-from bronze.backfill_emitter import BackfillEmitter
+from bronze.records import UTC_US, TransactionAssembler
 from bronze.session_loss import first_line, reconnect_reason, transient
-from bronze.records import (UTC_US, TransactionAssembler)
 from bronze.source import check_replication_role, require_identity
 from bronze.table import BronzeTable, Progress
 from core.config import Config
 from core.errors import UserError, redact
 from core.faults import FaultPoints
 from core.locks import acquire, ship_application, ship_lock_name
-from core.postgres import connect, open_connection
 from core.lsn import fmt
+from core.postgres import connect, open_connection
 from core.units import byte_size
 
 log = logging.getLogger("lakecdc.ship")

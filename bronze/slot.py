@@ -22,8 +22,13 @@ import psycopg
 from psycopg import sql
 
 from bronze.heartbeat import PREFIX as HEARTBEAT_PREFIX
-from bronze.records import (BACKFILL_PREFIX, COPY_HEADER_LEN, COPY_SIGNATURE, PeekColumns,
-                            decode_copy_rows)
+from bronze.records import (
+    BACKFILL_PREFIX,
+    COPY_HEADER_LEN,
+    COPY_SIGNATURE,
+    PeekColumns,
+    decode_copy_rows,
+)
 from bronze.source import raise_if_plugin_missing
 from core.captured import MARKER_PREFIX
 from core.lsn import Lsn

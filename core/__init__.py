@@ -4,7 +4,9 @@
 - ``lsn``: LSN parsing and formatting;
 - ``config``: ``Config``, the environment and flags every command reads;
 - ``captured``: the captured tables, the dims, the identity columns, message prefixes;
-- ``postgres``: every connection to Postgres (``connect``, ``Unreachable``);
+- ``layout``: where every table and checkpoint lives under the lakehouse root;
+- ``postgres``: every connection to Postgres (``connect``, ``Unreachable``) and every
+  logical message lakecdc writes (``emit_message``);
 - ``locks``: advisory locks (the gold writer, the shipper) and who holds them;
 - ``storage`` / ``lakehouse``: where the lakehouse is (local or S3), its writability check,
   how a gold table is named across engines (``gold_key``);
@@ -13,7 +15,8 @@
 - ``snapshots``: Delta snapshot prewarm after a write;
 - ``checkpoints``: reading a streaming checkpoint's offsets and commits;
 - ``faults``: named fault points for the kill tests;
-- ``progress``: a progress bar or log line for long counts and copies.
+- ``progress``: a progress bar or log line for long counts and copies; ``units``: byte
+  sizes for people.
 
 The dependency rule (checked by ``make test``, ``[tool.importlinter]`` in pyproject.toml):
 ``pipelines`` (wiring) → ``gold`` → ``silver`` → ``bronze`` → ``core``, each importing only

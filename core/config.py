@@ -11,8 +11,10 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
+from core import layout
 from core.captured import CountedTables
 from core.errors import UserError
+from core.layout import BRONZE, GOLD_BASELINE, Table
 
 DEFAULT_NOTIFICATIONS = "public.notifications"
 DEFAULT_HISTORY = "public.notification_history"
@@ -160,16 +162,17 @@ class Config:
     def dashboard(self) -> str:
         return self.dashboard_dsn or self.require_source()
 
-    def table_path(self, layer: str, name: str) -> str:
-        return f"{self.lakehouse.rstrip('/')}/{layer}/{name}"
+    def table_path(self, table: Table) -> str:
+        """Where ``table`` (one of ``core.layout``'s) lives under this lakehouse."""
+        return layout.path(self.lakehouse, table)
 
     @property
     def bronze_path(self) -> str:
-        return self.table_path("bronze", "wal2json_changes")
+        return self.table_path(BRONZE)
 
     @property
     def baseline_path(self) -> str:
-        return self.table_path("gold", "_baseline")
+        return self.table_path(GOLD_BASELINE)
 
     def guard_on(self, guard: str) -> bool:
         return guard not in self.disabled_guards

@@ -2,7 +2,8 @@
 
 ``open_connection``: a malformed DSN is one fixed sentence (libpq's own parse errors echo
 the password), and a session's ``search_path`` is pinned to ``public``; ``connect`` adds the
-sentence for a server that cannot be reached (``Unreachable``).
+sentence for a server that cannot be reached (``Unreachable``). ``emit_message``: the one
+way lakecdc writes a logical message into the WAL.
 """
 
 from __future__ import annotations
@@ -48,3 +49,13 @@ def connect(dsn: str, what: str = "source", **kwargs) -> psycopg.Connection:
 def _last_line(exc: Exception) -> str:
     lines = [ln.strip() for ln in redact(str(exc)).splitlines() if ln.strip()]
     return lines[-1] if lines else type(exc).__name__
+
+
+def emit_message(conn: psycopg.Connection, prefix: str, content: str) -> int:
+    """Commit one transactional logical message (``pg_logical_emit_message``; ``conn`` is in
+    autocommit): heartbeats, backfill watermarks, verify's markers. Returns the message's
+    LSN; its transaction's commit LSN is just past it. Needs EXECUTE on the function, which
+    ``infra/postgres/roles.sql`` grants to lakecdc's role alone (docs/security.md)."""
+    row = conn.execute("SELECT (pg_logical_emit_message(true, %s, %s) - '0/0'::pg_lsn)::bigint",
+                       [prefix, content]).fetchone()
+    return int(row[0])

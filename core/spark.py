@@ -8,11 +8,9 @@ On Databricks the runtime's session already exists; ``get_or_create`` returns it
 
 An S3 lakehouse also needs Hadoop's s3a connector in the session (``core.storage``),
 and jars can only be added when the JVM starts. So the lakehouse a process works on is
-declared before its session starts: passed as ``lakehouse=``, or declared once with
-``use_lakehouse`` - which ``pipelines.run.Locations.from_config`` does, so every command
-that builds a ``Pipeline`` gets a session that can reach its lakehouse whichever factory
-starts it. A session that is already running without s3a is refused with one sentence
-rather than failing later inside a stream.
+passed as ``lakehouse=`` to the call that starts its session (the CLI's ``Pipeline``
+factory and the notebooks do). A session that is already running without s3a is refused
+with one sentence rather than failing later inside a stream.
 """
 
 from __future__ import annotations
@@ -61,9 +59,6 @@ _LOCAL_CONF = {
 LOW_LATENCY_CONF = {"spark.sql.codegen.wholeStage": "false",
                     "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
-_declared: Lakehouse | None = None
-
-
 def low_latency(spark: SparkSession, continuous: bool):
     """The context a stream runs in: ``LOW_LATENCY_CONF`` for a continuous one on a local
     session, nothing otherwise."""
@@ -88,12 +83,6 @@ def session_conf(spark: SparkSession, conf: dict[str, str]):
                 spark.conf.set(key, value)
 
 
-def use_lakehouse(lakehouse: Lakehouse) -> None:
-    """Declare the lakehouse this process's Spark session must reach (see module doc)."""
-    global _declared
-    _declared = lakehouse
-
-
 def _on_databricks() -> bool:
     return on_databricks()
 
@@ -101,7 +90,7 @@ def _on_databricks() -> bool:
 def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None = None,
                   log_level: str = "WARN", lakehouse: Lakehouse | None = None) -> SparkSession:
     """A Spark session with Delta. Outside Databricks, starts ``local[2]`` with Delta jars,
-    plus hadoop-aws and its s3a settings when the lakehouse (given or declared) is on S3.
+    plus hadoop-aws and its s3a settings when ``lakehouse`` is on S3.
 
     ``log_level`` is Spark's own (log4j) level. The CLI uses FATAL unless ``-v``: errors
     that matter reach lakecdc as exceptions and are reported once, by lakecdc.
@@ -110,7 +99,6 @@ def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None =
         return SparkSession.builder.getOrCreate()
     from delta import configure_spark_with_delta_pip
 
-    lakehouse = lakehouse or _declared
     s3 = lakehouse is not None and lakehouse.is_s3
     running = SparkContext._active_spark_context
     builder = (SparkSession.builder.appName(app_name)

@@ -48,24 +48,26 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable, Protocol
+from typing import Callable
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
+from core.captured import DIMS
 from core.commits import commit_metadata as metadata
+from core.commits import last_metadata
+from core.commits import parse_commit_metadata as parse_metadata
+from core.errors import UserError
+from core.faults import FaultPoints
+from core.lsn import fmt
+from core.snapshots import warm_in_background
+from core.spark import LOW_LATENCY_CONF
 from gold import deltas as D
 from gold.asof import gold_state
 from gold.plan import Plan, first_problem
 from gold.plan import plan as plan_batch
-from core.commits import last_metadata, parse_commit_metadata as parse_metadata
-from core.captured import DIMS
-from core.errors import UserError
-from core.lsn import fmt
-from core.snapshots import warm_in_background
-from core.spark import LOW_LATENCY_CONF
 
 log = logging.getLogger("lakecdc.gold")
 
@@ -103,18 +105,6 @@ _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _MATERIALIZE = "spark.databricks.delta.merge.materializeSource"
 MERGE_SOURCE = StructType([*D.KEY_DELTAS.fields, StructField("updated_at", TimestampType())])
-
-
-class Faults(Protocol):
-    """Fault points (``core.faults.FaultPoints``): ``after_gold_merge``,
-    ``after_gold_pending``."""
-
-    def hit(self, name: str) -> None: ...
-
-
-class _NoFaults:
-    def hit(self, name: str) -> None:
-        return None
 
 
 @dataclass(frozen=True)
@@ -187,7 +177,7 @@ def _create(spark: SparkSession, path: str, schema: StructType, props: dict) -> 
 
 
 def seed_gold(spark: SparkSession, gold_path: str, counts: DataFrame, commit_lsn: int,
-              commit_ts: datetime | None = None, faults: Faults | None = None) -> bool:
+              commit_ts: datetime | None = None, faults: FaultPoints | None = None) -> bool:
     """Write baseline counts (dims + ``count``) counted at consistent point ``commit_lsn``.
 
     For setup's exported-snapshot baseline. One commit carrying the rows, a txn
@@ -200,7 +190,7 @@ def seed_gold(spark: SparkSession, gold_path: str, counts: DataFrame, commit_lsn
     """
     if not DeltaTable.isDeltaTable(spark, gold_path):
         _create(spark, gold_path, GOLD_SCHEMA, GOLD_PROPERTIES)
-        (faults or _NoFaults()).hit("after_gold_create")
+        (faults or FaultPoints()).hit("after_gold_create")
     progress = last_metadata(spark, gold_path)
     if progress is not None and progress.get("operation") == "seed" \
             and progress.get("floor") == commit_lsn:
@@ -255,7 +245,7 @@ class GoldBatchWriter:
 
     def __init__(self, paths: GoldPaths, tables: D.CountedTables = D.COUNTED, *,
                  floor_lsn: int = 0, epoch: int | None = None, accept_errors_upto: int = 0,
-                 guard: bool = True, faults: Faults | None = None) -> None:
+                 guard: bool = True, faults: FaultPoints | None = None) -> None:
         self.paths = paths
         self.tables = tables
         self.floor_lsn = floor_lsn
@@ -263,7 +253,7 @@ class GoldBatchWriter:
         self.app_id = txn_app_id(epoch)
         self.accept_errors_upto = accept_errors_upto
         self.guard = guard
-        self.faults = faults or _NoFaults()
+        self.faults = faults or FaultPoints()
         # (version, batch id) of an empty _pending this writer has not written since.
         self._pending_known_empty: tuple[int, int | None] | None = None
         self._session: SparkSession | None = None

@@ -21,9 +21,9 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from gold import deltas as D
-from core.commits import parse_commit_metadata
 from core.captured import DIMS
+from core.commits import parse_commit_metadata
+from gold import deltas as D
 
 
 @dataclass(frozen=True)

@@ -55,9 +55,10 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from psycopg import sql
 
-from core.commits import parse_commit_metadata
 from core.captured import DIMS
+from core.commits import parse_commit_metadata
 from core.errors import UserError
+from core.faults import FaultPoints
 from core.lakehouse import gold_key, is_remote
 from core.postgres import Unreachable, connect
 
@@ -81,11 +82,6 @@ class PushResult:
     deleted: int = 0
     source_commit_lsn: int | None = None
     seconds: float = 0.0
-
-
-class _Faults:
-    def hit(self, name: str) -> None:
-        return None
 
 
 def dashboard_ddl() -> str:
@@ -126,7 +122,7 @@ def _push(conn: psycopg.Connection, gold_path: str, storage_options: dict | None
           marks: dict | None = None, fence: bool = True) -> PushResult:
     started = time.monotonic()
     table = open_gold(gold_path, storage_options, version)
-    result = push_table(conn, table, gold_key(gold_path), faults or _Faults(), full, marks,
+    result = push_table(conn, table, gold_key(gold_path), faults or FaultPoints(), full, marks,
                         fence)
     result = PushResult(**{**result.__dict__, "seconds": time.monotonic() - started})
     if result.pushed:

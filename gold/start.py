@@ -15,10 +15,10 @@ import logging
 
 from pyspark.sql import SparkSession
 
+from core.commits import last_metadata
 from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables
 from gold.asof import gold_state
 from gold.deltas import COUNTED, CountedTables
-from core.commits import last_metadata
 
 log = logging.getLogger("lakecdc.gold")
 

@@ -19,6 +19,7 @@ import click
 
 from core.config import Config
 from core.errors import DriftFound, UserError, redact
+from core.layout import GOLD
 from pipelines.logs import configure_logging
 
 
@@ -118,10 +119,9 @@ def _needs_spark(command):
 
 
 def _pipeline(ctx, **flags):
-    from pipelines.run import Pipeline
     from core.spark import get_or_create
-
     from core.storage import Lakehouse
+    from pipelines.run import Pipeline
 
     level = "WARN" if ctx.obj["verbose"] else "FATAL"
     config = _config(ctx, **flags)
@@ -192,8 +192,8 @@ def _wait_option(command):
 
 def _await_input(ctx, stage: str, wait_s: float, stop: threading.Event) -> None:
     if wait_s > 0:
-        from pipelines.inputs import wait_for_input
         from core.storage import Lakehouse
+        from pipelines.inputs import wait_for_input
 
         config = _config(ctx)
         wait_for_input(config, stage, wait_s, stop=stop,
@@ -233,12 +233,12 @@ def stream(ctx, once, accept_errors_upto, wait_s, metrics_port):
 @click.pass_context
 def push(ctx, once, wait_s, metrics_port):
     """gold → dashboard Postgres service_stats (JVM-free: delta-rs and psycopg)."""
-    from gold.push import push_once, run_push
     from core.faults import FaultPoints
+    from gold.push import push_once, run_push
     from pipelines.metrics import pipeline_exporter
 
     config = _config(ctx)
-    gold_path = config.table_path("gold", "service_stats")
+    gold_path = config.table_path(GOLD)
     stop = _stop_on_signals()
     _await_input(ctx, "push", wait_s, stop)
     with pipeline_exporter(config, metrics_port, stage="push") as metrics:
@@ -371,8 +371,8 @@ def backfill_reprocess_silver(ctx, from_lsn, to_lsn, since, until):
 def demo(ctx, seconds, out):
     """Own local Postgres + wal2json, Notify-like traffic, the whole pipeline, a summary
     and a picture."""
-    from pipelines.demo import run_demo
     from core.spark import get_or_create
+    from pipelines.demo import run_demo
 
     level = "WARN" if ctx.obj["verbose"] else "FATAL"
     run_demo(seconds=seconds, out_dir=out, stop=_stop_on_signals(),
@@ -392,8 +392,8 @@ def quality(ctx, suites, all_silver, as_json):
     suite (keys, counts >= 0, gold = baseline + silver deltas).
 
     Exit 0 when every suite passes, 1 when one fails (the job task fails: stop policy)."""
-    from pipelines.quality import SUITES, render, run_gates, summary, to_json
     from core.storage import Lakehouse
+    from pipelines.quality import SUITES, render, run_gates, summary, to_json
 
     pipeline = _pipeline(ctx)
     config = pipeline.config

@@ -26,11 +26,10 @@ import psycopg
 from psycopg import sql
 
 from bronze import slot as slots
-from core.postgres import connect
-from core.progress import ProgressBar
 from core.captured import MARKER_PREFIX, CountedTables
+from core.postgres import connect, emit_message
+from core.progress import ProgressBar
 from pipelines.source_truth import count_truth, estimated_rows
-
 
 
 @dataclass(frozen=True)
@@ -73,6 +72,4 @@ def emit_marker(dsn: str, purpose: str) -> int:
     """Commit a count-neutral marker transaction; returns its message's LSN (its commit LSN
     is higher). Once gold's watermark reaches it, gold includes every earlier commit."""
     with connect(dsn) as conn:
-        row = conn.execute("SELECT (pg_logical_emit_message(true, %s, %s) - '0/0'::pg_lsn)"
-                           "::bigint", [MARKER_PREFIX, purpose]).fetchone()
-    return int(row[0])
+        return emit_message(conn, MARKER_PREFIX, purpose)

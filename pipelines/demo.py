@@ -22,9 +22,10 @@ from pathlib import Path
 import psycopg
 from deltalake import DeltaTable
 
-from infra.localpg import LocalPostgres
 from core.config import Config
 from core.errors import DriftFound
+from core.layout import GOLD
+from infra.localpg import LocalPostgres
 from pipelines.demo_plot import plot
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
@@ -143,7 +144,7 @@ def _summarise(config: Config, dsn: str, traffic: Traffic, report, freshness, ou
         live, archived = conn.execute(
             "SELECT (SELECT count(*) FROM notifications), "
             "(SELECT count(*) FROM notification_history)").fetchone()
-    gold = gold_counts(config.table_path("gold", "service_stats"))
+    gold = gold_counts(config.table_path(GOLD))
     dashboard = dashboard_counts(dsn)
     by_status: dict[tuple[str, str], int] = {}
     for (service, _t, _type, status), n in dashboard.items():

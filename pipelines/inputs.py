@@ -17,14 +17,12 @@ import time
 from deltalake import DeltaTable
 
 from core.config import Config
+from core.layout import BRONZE, GOLD
 
 log = logging.getLogger("lakecdc.inputs")
 
-# The table each waiting stage reads: (layer, name) under the lakehouse.
-INPUT_OF = {
-    "stream": ("bronze", "wal2json_changes"),
-    "push": ("gold", "service_stats"),
-}
+# The table each waiting stage reads.
+INPUT_OF = {"stream": BRONZE, "push": GOLD}
 
 
 def wait_for_input(config: Config, stage: str, timeout_s: float, *,
@@ -32,7 +30,7 @@ def wait_for_input(config: Config, stage: str, timeout_s: float, *,
                    stop: threading.Event | None = None) -> bool:
     """Wait until ``stage``'s input table exists, ``timeout_s`` passed or ``stop`` is set;
     returns whether it exists."""
-    path = config.table_path(*INPUT_OF[stage])
+    path = config.table_path(INPUT_OF[stage])
     deadline = time.monotonic() + timeout_s
     stop = stop or threading.Event()
     waited = False

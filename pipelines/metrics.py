@@ -39,9 +39,9 @@ from prometheus_client.process_collector import ProcessCollector
 
 from bronze.session_loss import RECONNECT_REASONS
 from core.config import Config
+from core.errors import UserError
 from gold.push import LAYERS
 from pipelines.metrics_state import STATE_PARTS, StateCollector, read_state
-from core.errors import UserError
 
 log = logging.getLogger("lakecdc.metrics")
 

@@ -141,8 +141,8 @@ def gold_frame(spark: SparkSession, gold_path: str, silver_path: str, tables: Co
                baseline_path: str | None = None, storage_options: dict | None = None
                ) -> tuple[DataFrame, str]:
     """Gold at its latest version reconciled with its baseline and silver; and a scope."""
-    from gold.asof import gold_state, silver_range
     from core.lsn import fmt
+    from gold.asof import gold_state, silver_range
 
     state = gold_state(spark, gold_path)
     if state is None:
@@ -197,9 +197,11 @@ def _baseline(spark: SparkSession, gold_path: str, floor: int, baseline_path: st
 
 def _context():
     import great_expectations as gx
-    from great_expectations.data_context.types.base import (DataContextConfig,
-                                                            InMemoryStoreBackendDefaults,
-                                                            ProgressBarsConfig)
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        InMemoryStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
 
     return gx.get_context(project_config=DataContextConfig(
         analytics_enabled=False,
@@ -250,8 +252,8 @@ def run_gates(spark: SparkSession, silver_path: str, gold_path: str, tables: Cou
               storage_options: dict | None = None, all_silver: bool = False
               ) -> list[GateResult]:
     """Run the named suites; each result says whether it passed."""
-    from gold.asof import gold_state
     from core.lsn import fmt
+    from gold.asof import gold_state
 
     results = []
     if "silver" in suites:

@@ -25,20 +25,16 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 
 from core.errors import UserError
+from core.layout import QUERYABLE, view_name
 
-TABLES = {
-    "bronze_wal2json_changes": ("bronze", "wal2json_changes"),
-    "silver_changes": ("silver", "changes"),
-    "silver_quarantine": ("silver", "quarantine"),
-    "gold_service_stats": ("gold", "service_stats"),
-}
+TABLES = {view_name(table): table for table in QUERYABLE}
 
 
 def table_paths(config) -> dict[str, str]:
     """View name → the table's path as Spark sees it (``s3a://`` for S3 off Databricks)."""
     from core.storage import on_databricks, spark_path
 
-    return {name: spark_path(config.table_path(*where), on_databricks())
+    return {name: spark_path(config.table_path(where), on_databricks())
             for name, where in TABLES.items()}
 
 

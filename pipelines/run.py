@@ -20,13 +20,22 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from bronze.ship import Shipper
-from gold.apply import GoldPaths
-from gold.push import AheadPush, push_once, run_push
 from core.config import Config
 from core.faults import FaultPoints
+from core.layout import GOLD, GOLD_PENDING, STREAM_CHECKPOINT, Table
 from core.spark import low_latency
-from pipelines.stream import (Marks, OnePass, StreamPaths, StreamRun, await_stream, prepare,
-                              start_stream, stop_between_batches)
+from gold.apply import GoldPaths
+from gold.push import AheadPush, push_once, run_push
+from pipelines.stream import (
+    Marks,
+    OnePass,
+    StreamPaths,
+    StreamRun,
+    await_stream,
+    prepare,
+    start_stream,
+    stop_between_batches,
+)
 from silver.writer import SilverLocations, SilverWriter
 
 if TYPE_CHECKING:
@@ -48,21 +57,17 @@ class Locations:
 
     @classmethod
     def from_config(cls, config: Config) -> "Locations":
-        """The Spark paths of every table, and the lakehouse declared for the session this
-        process will start (``s3://`` roots become ``s3a://`` outside Databricks; see
-        ``core.storage`` and ``core.spark``)."""
-        from core.spark import use_lakehouse
-        from core.storage import Lakehouse, on_databricks, spark_path
+        """The Spark paths of every table (``s3://`` roots become ``s3a://`` outside
+        Databricks; see ``core.storage``)."""
+        from core.storage import on_databricks, spark_path
 
-        use_lakehouse(Lakehouse.from_config(config))
-
-        def path(layer: str, name: str) -> str:
-            return spark_path(config.table_path(layer, name), on_databricks())
+        def path(table: Table) -> str:
+            return spark_path(config.table_path(table), on_databricks())
 
         return cls(SilverLocations.from_config(config),
-                   path("gold", "service_stats"),
-                   path("gold", "_pending"),
-                   path("_checkpoints", "stream"))
+                   path(GOLD),
+                   path(GOLD_PENDING),
+                   path(STREAM_CHECKPOINT))
 
     @property
     def stream(self) -> StreamPaths:
@@ -137,9 +142,9 @@ class Pipeline:
         ``setup --rebaseline`` restarts the slot past changes that were never captured;
         counts carried on from before it would silently miss them."""
         from bronze.table import BronzeTable
+        from core.lsn import fmt
         from gold.apply import seed_floor
         from gold.deltas import REBUILD, GoldStopped
-        from core.lsn import fmt
 
         bronze = BronzeTable(self.config.bronze_path)
         at = bronze.rebaselined_at(self.config.slot) if bronze.exists() else None

@@ -20,18 +20,23 @@ from dataclasses import dataclass, field
 import psycopg
 
 from bronze import slot as slots
-from bronze.source import (check_plugin, check_source, ensure_replica_identity,
-                           identity_blocker, nullable_identity_columns)
 from bronze.failover import NEW_LAKEHOUSE
 from bronze.not_null import make_not_null
+from bronze.source import (
+    check_plugin,
+    check_source,
+    ensure_replica_identity,
+    identity_blocker,
+    nullable_identity_columns,
+)
 from bronze.table import REBASELINE_SUFFIX, BronzeTable, Progress, SourceIdentity
-from gold.push import ensure_dashboard_tables
-from pipelines.baseline import count_in_snapshot, write_baseline
 from core.config import Config
 from core.errors import UserError
 from core.lakehouse import check_writable
 from core.lsn import fmt
 from core.postgres import connect
+from gold.push import ensure_dashboard_tables
+from pipelines.baseline import count_in_snapshot, write_baseline
 
 
 def _dashboard_tables(dsn: str) -> None:

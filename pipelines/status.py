@@ -23,9 +23,10 @@ from deltalake import DeltaTable
 from psycopg import sql
 
 from bronze import slot as slots
-from core.postgres import connect
 from core.config import Config
+from core.layout import GOLD, QUARANTINE, SILVER
 from core.lsn import fmt
+from core.postgres import connect
 from core.units import byte_size
 from gold.push import LAYERS
 
@@ -114,7 +115,7 @@ def gold_layer(uri: str, storage_options: dict | None = None) -> LayerStatus:
 
 
 def dashboard_layer(dsn: str) -> LayerStatus:
-    from gold.push import PROGRESS_TABLE   # the name lives with the push
+    from gold.push import PROGRESS_TABLE  # the name lives with the push
 
     try:
         with connect(dsn, what="dashboard") as conn:
@@ -148,10 +149,10 @@ def layer_status(config: Config, layer: str,
         return delta_layer("bronze", config.bronze_path, "commit_lsn", "commit_ts",
                            storage_options)
     if layer == "silver":
-        return delta_layer("silver", config.table_path("silver", "changes"), "commit_lsn",
+        return delta_layer("silver", config.table_path(SILVER), "commit_lsn",
                            "commit_ts", storage_options)
     if layer == "gold":
-        return gold_layer(config.table_path("gold", "service_stats"), storage_options)
+        return gold_layer(config.table_path(GOLD), storage_options)
     if layer == "dashboard":
         return dashboard_layer(config.dashboard)
     raise ValueError(f"unknown layer {layer}")
@@ -160,7 +161,7 @@ def layer_status(config: Config, layer: str,
 
 
 def quarantine_path(config: Config) -> str:
-    return config.table_path("silver", "quarantine")
+    return config.table_path(QUARANTINE)
 
 
 def collect(config: Config, storage_options: dict | None = None) -> dict:

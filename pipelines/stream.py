@@ -39,12 +39,13 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from gold.apply import GoldBatch, GoldBatchWriter, GoldPaths, Planned
-from gold.deltas import REBUILD
-from gold.start import applied_batch, prepare_gold
 from core.captured import DIMS
 from core.checkpoints import has_metadata, latest_planned_batch, remove_incomplete_writes
 from core.errors import UserError
+from core.faults import FaultPoints
+from gold.apply import GoldBatch, GoldBatchWriter, GoldPaths, Planned
+from gold.deltas import REBUILD
+from gold.start import applied_batch, prepare_gold
 from silver.writer import SilverBatch, SilverWriter, last_batch
 
 log = logging.getLogger("lakecdc.stream")
@@ -86,11 +87,6 @@ class StreamRun:
             self.commit_lsn = result.gold.commit_lsn
 
 
-class Faults:
-    def hit(self, name: str) -> None:
-        return None
-
-
 class OnePass:
     """The ``foreachBatch`` function of the stream (see the module docstring).
 
@@ -104,7 +100,7 @@ class OnePass:
         self.silver = silver
         self.gold = gold
         self.ahead = ahead
-        self.faults = faults or Faults()
+        self.faults = faults or FaultPoints()
         self.on_pass = list(on_pass or [])
         self.run = StreamRun()
         self.failure: BaseException | None = None

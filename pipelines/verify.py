@@ -54,16 +54,16 @@ from psycopg import sql
 
 from bronze import slot as slots
 from bronze.source import check_source
-from core.lakehouse import gold_key
-from gold.push import PROGRESS_TABLE, STATS_TABLE
 from core.captured import DIMS
-from pipelines.consistent import consistent_point, count_at, emit_marker
 from core.errors import DriftFound, UserError
+from core.lakehouse import gold_key
+from core.layout import GOLD, SILVER
 from core.locks import gold_lock_name, is_held, ship_lock_name
 from core.lsn import fmt
 from core.postgres import connect
-from pipelines.verify_report import LayerCounts, Verdict, document, drift_sentence, nonzero
-from pipelines.verify_report import render
+from gold.push import PROGRESS_TABLE, STATS_TABLE
+from pipelines.consistent import consistent_point, count_at, emit_marker
+from pipelines.verify_report import LayerCounts, Verdict, document, drift_sentence, nonzero, render
 
 log = logging.getLogger("lakecdc.verify")
 
@@ -84,7 +84,7 @@ def run_verify(pipeline, as_json: bool = False, repair: bool = False,
         click.echo(render(first))
         click.echo("\nrepair: rebuilding gold from a fresh baseline and replacing the "
                    "dashboard")
-    from pipelines import rebuild        # looked up at call time (tests may stand in for it)
+    from pipelines import rebuild  # looked up at call time (tests may stand in for it)
 
     report = rebuild.rebuild_and_push(pipeline)
     if not as_json:
@@ -219,8 +219,8 @@ def _positions(pipeline, dashboard: psycopg.Connection,
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    from pipelines.status import delta_layer, gold_layer
     from core.storage import Lakehouse
+    from pipelines.status import delta_layer, gold_layer
 
     # delta-rs takes the configured URIs (s3://, not Spark's s3a://) and storage options.
     config, options = pipeline.config, Lakehouse.from_config(pipeline.config).delta_rs_options()
@@ -232,10 +232,10 @@ def _positions(pipeline, dashboard: psycopg.Connection,
         except TableNotFoundError:            # nothing shipped yet
             found["bronze"] = None
     if "silver" in layers:
-        found["silver"] = delta_layer("silver", config.table_path("silver", "changes"),
+        found["silver"] = delta_layer("silver", config.table_path(SILVER),
                                       "commit_lsn", "commit_ts", options).commit_lsn
     if "gold" in layers:
-        found["gold"] = gold_layer(config.table_path("gold", "service_stats"),
+        found["gold"] = gold_layer(config.table_path(GOLD),
                                    options).commit_lsn
     if "dashboard" in layers:
         found["dashboard"] = dashboard_position(dashboard, gold_key(pipeline.where.gold))

@@ -13,8 +13,17 @@ wal2json 2.5 writes numbers (bigint, numeric) as bare JSON numbers; every column
 read as a string so no precision is lost, then typed where a column is used.
 """
 
-from pyspark.sql.types import (ArrayType, BooleanType, IntegerType, LongType, MapType,
-                               StringType, StructField, StructType, TimestampType)
+from pyspark.sql.types import (
+                               ArrayType,
+                               BooleanType,
+                               IntegerType,
+                               LongType,
+                               MapType,
+                               StringType,
+                               StructField,
+                               StructType,
+                               TimestampType,
+)
 
 from core.captured import DIMS
 

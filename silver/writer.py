@@ -34,6 +34,7 @@ from pyspark.sql.types import StructType
 
 from core.commits import commit_metadata, last_metadata
 from core.errors import UserError
+from core.layout import QUARANTINE, SILVER, Table
 from core.snapshots import warm_in_background
 from silver.parse import parse_changes, quarantine_rows
 from silver.schema import SILVER_CHANGES, SILVER_QUARANTINE
@@ -63,12 +64,12 @@ class SilverLocations:
     def from_config(cls, config) -> "SilverLocations":
         from core.storage import on_databricks, spark_path
 
-        def path(layer: str, name: str) -> str:
-            return spark_path(config.table_path(layer, name), on_databricks())
+        def path(table: Table) -> str:
+            return spark_path(config.table_path(table), on_databricks())
 
         return cls(bronze_path=spark_path(config.bronze_path, on_databricks()),
-                   silver_path=path("silver", "changes"),
-                   quarantine_path=path("silver", "quarantine"))
+                   silver_path=path(SILVER),
+                   quarantine_path=path(QUARANTINE))
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,7 @@ def witness(source_db, config):
     """A second slot on the source, created after ``setup``: the independent truth of what
     the WAL held (``truth.Witness``)."""
     from pipelines.setup_source import setup
-    from truth import Witness
+    from tests.truth import Witness
 
     setup(config)
     w = Witness(source_db.dsn, source_db.slot + "_w")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import psycopg
 from deltalake import DeltaTable
 
-from truth import Witness, bronze_rows, check_bronze, check_gold, gold_counts
+from tests.truth import Witness, bronze_rows, check_bronze, check_gold, gold_counts
 
 # After the probe and one more ship, only the WAL written after the probe's commit remains:
 # a few records (the probe's own commit record, a running-xacts record). 16 kB is generous.

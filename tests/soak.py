@@ -44,14 +44,13 @@ from typing import Callable
 import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
-for _path in (str(ROOT), str(TESTS)):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
+if str(ROOT) not in sys.path:           # python tests/soak.py as well as python -m tests.soak
+    sys.path.insert(0, str(ROOT))
 
 from deltalake import DeltaTable  # noqa: E402
 
 from core.config import Config  # noqa: E402
+from core.layout import GOLD, SILVER  # noqa: E402
 
 SCHEMA_SQL = ROOT / "infra" / "postgres" / "source_schema.sql"
 
@@ -168,8 +167,8 @@ class Positions:
             row = conn.execute("SELECT max(gold_version) FROM lakecdc_push_progress"
                                ).fetchone() if _has_progress(conn) else (None,)
         return cls(table_version(config.bronze_path),
-                   table_version(config.table_path("silver", "changes")),
-                   table_version(config.table_path("gold", "service_stats")),
+                   table_version(config.table_path(SILVER)),
+                   table_version(config.table_path(GOLD)),
                    -1 if row[0] is None else int(row[0]))
 
 
@@ -280,7 +279,7 @@ def _source(base: Path, port: int, fresh: bool) -> tuple[object, Config]:
 
 def _witness(dsn: str):
     """The witness slot: created by a fresh soak, taken over by a resumed one."""
-    from truth import CAPTURED, Witness
+    from tests.truth import CAPTURED, Witness
 
     try:
         return Witness(dsn, WITNESS)
@@ -317,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume and not args.keep:
         parser.error("--resume needs --keep DIR")
 
-    from invariants import check_invariants
+    from tests.invariants import check_invariants
     from pipelines.setup_source import setup
     from pipelines.traffic import Traffic
 

@@ -33,21 +33,17 @@ from pathlib import Path
 
 import psycopg
 
-from tests.soak import ROOT, SCHEMA_SQL, RunProcess, cli_env, sessions_released, wait_until
-
-for _path in (str(ROOT), str(ROOT / "tests")):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
+from tests.soak import SCHEMA_SQL, RunProcess, cli_env, sessions_released, wait_until
 
 
 def one_cycle(pg, number: int, rng: random.Random, max_kill_s: float, logs: Path,
               work: Path) -> tuple[float, str]:
     """One fresh start killed at random, then the restart; returns (kill time, verdict)."""
-    from invariants import check_invariants
+    from tests.invariants import check_invariants
     from core.config import Config
     from pipelines.setup_source import setup
     from pipelines.traffic import Traffic
-    from truth import Witness
+    from tests.truth import Witness
 
     db = f"notify_{number}"
     with psycopg.connect(pg.dsn(), autocommit=True) as conn:

@@ -12,7 +12,7 @@ import pytest
 from core.config import Config
 from core.errors import UserError
 from pipelines.metrics import parse_listen
-from tests_support import cli_env, error_line, run_cli
+from tests.tests_support import cli_env, error_line, run_cli
 
 pytestmark = [pytest.mark.integration]
 

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from core.layout import SILVER
 from collections import Counter, defaultdict
 from types import SimpleNamespace
 
@@ -35,9 +36,9 @@ from bronze.records import BACKFILL_PREFIX
 from bronze.ship import Shipper
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from tests_support import ROOT, cli_env, run_cli, wait_for
-from truth import Witness, bronze_rows, check_gold
-from workload import SERVICES, STATUSES, TEMPLATES, TYPES, insert
+from tests.tests_support import ROOT, cli_env, run_cli, wait_for
+from tests.truth import Witness, bronze_rows, check_gold
+from tests.integration.workload import SERVICES, STATUSES, TEMPLATES, TYPES, insert
 
 pytestmark = pytest.mark.integration
 
@@ -207,7 +208,7 @@ def read_key(row: dict) -> tuple[str, str, str]:
 
 
 def silver_rows(spark, config) -> list:
-    return (spark.read.format("delta").load(config.table_path("silver", "changes"))
+    return (spark.read.format("delta").load(config.table_path(SILVER))
             .select("commit_lsn", "seq", "op", "table_name", "id", "old_id", "service_id",
                     "template_id", "notification_type", "notification_status", "error")
             .collect())

@@ -25,16 +25,17 @@ from pathlib import Path
 import psycopg
 import pytest
 from deltalake import DeltaTable
-from test_faults import plant, slot_confirmed
-from test_faults import lsn_text as lsn
+from tests.integration.test_faults import plant, slot_confirmed
+from tests.integration.test_faults import lsn_text as lsn
 
 from infra.localpg import LocalPostgres
-from invariants import check_i1, check_i2, check_invariants
+from tests.invariants import check_i1, check_i2, check_invariants
+from core.layout import GOLD, QUARANTINE
 from core.config import Config
 from pipelines.setup_source import setup
-from tests_support import cli_env, error_line, one_sentence, run_cli, tmpfs
-from truth import Witness, dashboard_counts
-from workload import insert, mixed
+from tests.tests_support import cli_env, error_line, one_sentence, run_cli, tmpfs
+from tests.truth import Witness, dashboard_counts
+from tests.integration.workload import insert, mixed
 
 pytestmark = pytest.mark.integration
 
@@ -238,16 +239,16 @@ def test_malformed_change_rows_stop_gold_with_one_sentence_until_accepted(
                                  '[{"name":"id","type":"int","value":"1"}]}'])
         first, second = sorted(planted)
         purged += mixed(source_db.dsn, seed=82)
-        gold_version = DeltaTable(config.table_path("gold", "service_stats")).version()
+        gold_version = DeltaTable(config.table_path(GOLD)).version()
         dashboard = dashboard_counts(source_db.dsn)
 
         code, _, err = lakecdc(config, "run", "--once")
         line = one_sentence(code, err, "silver could not parse", "malformed JSON",
                             "silver/quarantine")
         assert re.search(r"commit LSN ([0-9A-F]+/[0-9A-F]+)", line).group(1) == lsn(first)
-        assert DeltaTable(config.table_path("gold", "service_stats")).version() == gold_version
+        assert DeltaTable(config.table_path(GOLD)).version() == gold_version
         assert dashboard_counts(source_db.dsn) == dashboard
-        quarantine = DeltaTable(config.table_path("silver", "quarantine")).to_pyarrow_table(
+        quarantine = DeltaTable(config.table_path(QUARANTINE)).to_pyarrow_table(
             ).to_pylist()
         assert {(q["commit_lsn"], q["data"]) for q in quarantine} == \
             {(k, v[0]) for k, v in planted.items()}

@@ -6,8 +6,8 @@ import pytest
 
 from bronze.ship import Shipper
 from pipelines.setup_source import setup
-from truth import Witness
-from workload import archive, insert
+from tests.truth import Witness
+from tests.integration.workload import archive, insert
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

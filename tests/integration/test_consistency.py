@@ -12,9 +12,9 @@ import pytest
 
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from tests_support import wait_for
-from truth import check_gold
-from workload import STATUSES, archive, insert
+from tests.tests_support import wait_for
+from tests.truth import check_gold
+from tests.integration.workload import STATUSES, archive, insert
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -11,7 +11,7 @@ from psycopg import sql
 from core.captured import COUNTED
 from pipelines.consistent import consistent_point, count_at, emit_marker
 from pipelines.source_truth import count_truth, source_counts
-from workload import archive, insert, transition
+from tests.integration.workload import archive, insert, transition
 
 pytestmark = pytest.mark.integration
 

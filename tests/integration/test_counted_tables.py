@@ -13,11 +13,11 @@ from urllib.parse import quote
 import psycopg
 import pytest
 
-from invariants import check_invariants
+from tests.invariants import check_invariants
 from core.config import Config
-from tests_support import cli_env, error_line, run_cli
-from truth import Witness
-from workload import insert, mixed, transition
+from tests.tests_support import cli_env, error_line, run_cli
+from tests.truth import Witness
+from tests.integration.workload import insert, mixed, transition
 
 pytestmark = [pytest.mark.integration]
 

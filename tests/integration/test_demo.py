@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests_support import ROOT
+from tests.tests_support import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

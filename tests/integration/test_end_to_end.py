@@ -11,9 +11,9 @@ import pytest
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
 from pipelines.traffic import Traffic
-from tests_support import cli_env, error_line, run_cli
-from truth import check_gold, dashboard_counts
-from workload import archive, insert, mixed, multi_row_insert, purge_history, transition
+from tests.tests_support import cli_env, error_line, run_cli
+from tests.truth import check_gold, dashboard_counts
+from tests.integration.workload import archive, insert, mixed, multi_row_insert, purge_history, transition
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -80,7 +80,7 @@ def test_continuous_mode_under_traffic_ends_exact(source_db, config, pipeline):
     writer.start()
     try:
         # Let the continuous pipeline push something while traffic flows.
-        from tests_support import wait_for
+        from tests.tests_support import wait_for
         wait_for(lambda: sum(dashboard_counts(source_db.dsn).values()) > 0, timeout=240,
                  interval=0.5)
     finally:
@@ -98,7 +98,7 @@ def test_cli_run_continuous_stops_cleanly_on_sigterm_and_stays_exact(source_db, 
     import subprocess
     import sys
 
-    from tests_support import ROOT, wait_for
+    from tests.tests_support import ROOT, wait_for
 
     env = cli_env(config)
     assert run_cli(["setup"], env).returncode == 0

@@ -18,9 +18,9 @@ from infra.localpg import LocalPostgres
 from core.config import Config
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from tests_support import cli_env, error_line, run_cli, wait_for
-from truth import check_gold
-from workload import archive, insert, mixed, transition
+from tests.tests_support import cli_env, error_line, run_cli, wait_for
+from tests.truth import check_gold
+from tests.integration.workload import archive, insert, mixed, transition
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

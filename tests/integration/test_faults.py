@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from core.layout import GOLD, SILVER
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,12 +28,12 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from invariants import check_i1, check_i2, check_i3_i4, check_i5, check_invariants
+from tests.invariants import check_i1, check_i2, check_i3_i4, check_i5, check_invariants
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from tests_support import ROOT, cli_env, one_sentence, run_cli, tmpfs, wait_for
-from truth import Witness
-from workload import insert, mixed, transition
+from tests.tests_support import ROOT, cli_env, one_sentence, run_cli, tmpfs, wait_for
+from tests.truth import Witness
+from tests.integration.workload import insert, mixed, transition
 
 pytestmark = [pytest.mark.integration]
 
@@ -304,7 +305,7 @@ def killed_at(config, tmp_path, fault: str):
     driver dies at ``fault`` and the rest of the group gets SIGKILL; returns the soak, for
     the cycles that follow."""
     from bronze.ship import Shipper
-    from soak import Soak
+    from tests.soak import Soak
 
     wait_for(lambda: Shipper(config).run(once=True).changes > 0, timeout=60)
     soak = Soak(config, tmp_path)
@@ -329,13 +330,13 @@ def test_kill_9_of_the_run_process_group_in_the_gold_batch_and_mid_flight_ends_e
     restarted, and SIGKILLed as a group once the shipper has committed again and the JVM
     is up. Then a drain, and I1-I5. (The soak, ``tests/soak.py``, runs such cycles a
     hundred times, killing at random moments, inside the streams too.)"""
-    from soak import Positions
+    from tests.soak import Positions
 
     # The fault point is passed in every batch that merges; a new stream's batch 0 is
     # bronze's snapshot when it starts. With rows in bronze before the run, batch 0 merges
     # them: the 1st pass is right after a MERGE.
     soak = killed_at(config, tmp_path, "after_gold_merge:1")
-    gold = DeltaTable(config.table_path("gold", "service_stats"))
+    gold = DeltaTable(config.table_path(GOLD))
     last = gold.history(1)[0]
     assert last["operation"] == "MERGE", last
     batch = json.loads(last["userMetadata"])["batch_id"]
@@ -361,7 +362,7 @@ def test_kill_9_after_silver_appends_while_gold_merges_beside_them_ends_exact(
     (planning, mid-MERGE, done), and the rest of the group gets SIGKILL. The restart replays
     the batch: silver skips it, gold applies it or skips it, and I1-I5 hold."""
     killed_at(config, tmp_path, "after_silver_append:1")
-    silver = DeltaTable(config.table_path("silver", "changes"))
+    silver = DeltaTable(config.table_path(SILVER))
     assert json.loads(silver.history(1)[0]["userMetadata"])["batch_id"] == 0
     checkpoint = Path(config.lakehouse) / "_checkpoints" / "stream"
     assert not (checkpoint / "commits" / "0").exists(), "the kill was meant to land mid-batch"
@@ -444,7 +445,7 @@ def test_poison_mid_stream_is_quarantined_or_carried_and_counts_reconcile(
     line = one_sentence(*lakecdc(config, "stream", "--once")[::2], "could not parse",
                         lsn_text(min(planted)))
     assert "accept" in line
-    silver_path = config.table_path("silver", "changes")
+    silver_path = config.table_path(SILVER)
     silver = DeltaTable(silver_path).to_pyarrow_table().to_pylist()
     assert sorted(r["error"] for r in silver if r["commit_lsn"] in planted) == \
         ["malformed JSON", "unknown table public.other"]
@@ -536,7 +537,7 @@ def test_optimize_and_vacuum_of_bronze_under_a_running_stream(
 # --- F18: a checkpoint directory deleted ----------------------------------------------------------
 
 def versions(config) -> tuple[int, int, int]:
-    return tuple(DeltaTable(config.table_path(*p)).version() for p in (
+    return tuple(DeltaTable(config.table_path(p)).version() for p in (
         ("silver", "changes"), ("silver", "quarantine"), ("gold", "service_stats")))
 
 

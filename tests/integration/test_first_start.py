@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from invariants import check_invariants
+from tests.invariants import check_invariants
 from pipelines.setup_source import setup
-from tests_support import cli_env, run_cli
-from truth import Witness
-from workload import insert, mixed, transition
+from tests.tests_support import cli_env, run_cli
+from tests.truth import Witness
+from tests.integration.workload import insert, mixed, transition
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -24,7 +24,7 @@ from pyspark.sql import Row
 
 from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables, last_metadata, seed_gold
 from gold.deltas import GoldStopped
-from tests_support import run_gold_over_silver as run_gold
+from tests.tests_support import run_gold_over_silver as run_gold
 from silver.schema import SILVER_CHANGES
 
 pytestmark = pytest.mark.spark

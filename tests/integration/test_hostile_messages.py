@@ -17,13 +17,13 @@ import pytest
 from deltalake import DeltaTable
 
 from bronze.ship import Shipper
-from invariants import check_i1, check_i3_i4, check_i5
+from tests.invariants import check_i1, check_i3_i4, check_i5
 from pipelines.metrics import PipelineMetrics
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from tests_support import cli_env, run_cli
-from truth import Witness
-from workload import mixed
+from tests.tests_support import cli_env, run_cli
+from tests.truth import Witness
+from tests.integration.workload import mixed
 
 pytestmark = [pytest.mark.integration]
 

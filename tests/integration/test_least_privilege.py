@@ -9,9 +9,9 @@ import psycopg
 import pytest
 
 from bronze.source import ensure_replica_identity
-from tests_support import cli_env, run_cli
-from truth import check_gold
-from workload import mixed
+from tests.tests_support import cli_env, run_cli
+from tests.truth import check_gold
+from tests.integration.workload import mixed
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -27,13 +27,13 @@ import pytest
 from deltalake import DeltaTable
 
 from infra.localpg import LocalPostgres
-from invariants import check_i5
+from tests.invariants import check_i5
 from core.config import Config
 from pipelines.setup_source import setup
-from proxy import TcpProxy
-from tests_support import ROOT, cli_env, run_cli, wait_for
-from truth import Witness, check_bronze
-from workload import insert, mixed, transition
+from tests.proxy import TcpProxy
+from tests.tests_support import ROOT, cli_env, run_cli, wait_for
+from tests.truth import Witness, check_bronze
+from tests.integration.workload import insert, mixed, transition
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ from pyspark.sql import functions as F
 
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from tests_support import ROOT
-from truth import source_truth
-from workload import insert, mixed, transition
+from tests.tests_support import ROOT
+from tests.truth import source_truth
+from tests.integration.workload import insert, mixed, transition
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -25,6 +25,7 @@ import urllib.request
 
 import pyarrow.compute as pc
 import pytest
+from core.layout import GOLD, QUARANTINE, SILVER
 from deltalake import DeltaTable
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,8 +33,8 @@ from bronze.ship import Shipper
 from pipelines.metrics import pipeline_exporter
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from tests_support import ROOT, cli_env, run_cli, wait_for
-from workload import mixed
+from tests.tests_support import ROOT, cli_env, run_cli, wait_for
+from tests.integration.workload import mixed
 
 pytestmark = [pytest.mark.integration]
 
@@ -97,12 +98,12 @@ def test_run_once_metrics_equal_the_tables_and_the_slot(source_db, config, spark
 def check_run_once_metrics(source_db, config, spark, port, started):
 
     bronze = rows(config.bronze_path, ["commit_lsn", "commit_ts"])
-    silver_path = config.table_path("silver", "changes")
+    silver_path = config.table_path(SILVER)
     silver = rows(silver_path, ["commit_lsn"])
     assert bronze.num_rows > 100 and silver.num_rows == bronze.num_rows
     with source_db.connect() as conn:
         dashboard_rows = conn.execute("SELECT count(*) FROM service_stats").fetchone()[0]
-    gold = DeltaTable(config.table_path("gold", "service_stats"))
+    gold = DeltaTable(config.table_path(GOLD))
     newest_lsn = pc.max(bronze["commit_lsn"]).as_py()
     newest_ts = pc.max(bronze["commit_ts"]).as_py().replace(tzinfo=dt.timezone.utc)
 
@@ -162,7 +163,7 @@ def check_run_once_metrics(source_db, config, spark, port, started):
 
     # Quarantine: rows appear in the count as they land in the table.
     from silver.schema import SILVER_QUARANTINE
-    quarantine_path = config.table_path("silver", "quarantine")
+    quarantine_path = config.table_path(QUARANTINE)
     now = dt.datetime.now(dt.timezone.utc)
     poison = [(newest_lsn + 1, i, 2, newest_lsn + 1, now, "I", "unparseable JSON", "{oops",
                now) for i in range(2)]

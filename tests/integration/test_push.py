@@ -12,7 +12,7 @@ import shutil
 
 import psycopg
 import pytest
-from test_gold_apply import Sim, df   # the source model and its silver rows
+from tests.integration.test_gold_apply import Sim, df   # the source model and its silver rows
 
 from bronze.slot import plugin_options
 from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables

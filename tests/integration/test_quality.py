@@ -12,9 +12,9 @@ from pipelines.quality import run_gates
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
 from silver.schema import SILVER_CHANGES
-from tests_support import cli_env, run_cli
-from truth import source_truth
-from workload import mixed
+from tests.tests_support import cli_env, run_cli
+from tests.truth import source_truth
+from tests.integration.workload import mixed
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

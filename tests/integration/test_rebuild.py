@@ -13,9 +13,9 @@ from pipelines.rebuild import rebuild_and_push
 from core.locks import gold_writer_lock
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from tests_support import cli_env, run_cli
-from truth import check_gold, dashboard_counts, gold_counts, source_truth
-from workload import archive, insert, mixed, purge_history, transition
+from tests.tests_support import cli_env, run_cli
+from tests.truth import check_gold, dashboard_counts, gold_counts, source_truth
+from tests.integration.workload import archive, insert, mixed, purge_history, transition
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -11,9 +11,9 @@ from deltalake import DeltaTable
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
 from pipelines.rebuild import reprocess_and_rebuild
-from tests_support import cli_env, run_cli
-from truth import check_gold
-from workload import archive, insert, mixed, transition
+from tests.tests_support import cli_env, run_cli
+from tests.truth import check_gold
+from tests.integration.workload import archive, insert, mixed, transition
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -19,9 +19,9 @@ import pytest
 from deltalake import DeltaTable
 
 from core.storage import HADOOP_VERSION, Lakehouse, canonical, spark_path
-from tests_support import cli_env, error_line, run_cli
-from truth import dashboard_counts, source_truth
-from workload import mixed
+from tests.tests_support import cli_env, error_line, run_cli
+from tests.truth import dashboard_counts, source_truth
+from tests.integration.workload import mixed
 
 REGION = "us-east-1"
 

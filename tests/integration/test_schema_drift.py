@@ -22,13 +22,14 @@ import random
 
 import psycopg
 import pytest
+from core.layout import GOLD, SILVER
 from deltalake import DeltaTable
 
-from invariants import check_invariants
+from tests.invariants import check_invariants
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from truth import Witness
-from workload import archive, hard_delete, insert, transition
+from tests.truth import Witness
+from tests.integration.workload import archive, hard_delete, insert, transition
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -52,7 +53,7 @@ def both_tables(conn: psycopg.Connection, ddl: str) -> None:
 
 
 def silver_rows(config) -> list[dict]:
-    rows = DeltaTable(config.table_path("silver", "changes")).to_pyarrow_table().to_pylist()
+    rows = DeltaTable(config.table_path(SILVER)).to_pyarrow_table().to_pylist()
     for row in rows:
         row["columns"] = dict(row["columns"]) if row["columns"] is not None else None
     return sorted(rows, key=lambda r: (r["commit_lsn"], r["seq"]))
@@ -161,14 +162,14 @@ def test_replica_identity_dropped_and_restored_while_shipping_stops_gold_loudly(
     sentence before applying anything of the batch - the changes are never counted as
     nothing (docs/gold.md)."""
     from gold.deltas import GoldStopped
-    from invariants import check_i1, check_i2
+    from tests.invariants import check_i1, check_i2
 
     pipeline, witness = witnessed
     rng = random.Random(93)
     with source_db.connect() as conn:
         insert(conn, rng, 20)
     pipeline.run_once()
-    gold = DeltaTable(config.table_path("gold", "service_stats"))
+    gold = DeltaTable(config.table_path(GOLD))
     before = gold.version()
     with source_db.connect() as conn:
         conn.execute("ALTER TABLE notifications REPLICA IDENTITY DEFAULT")
@@ -183,4 +184,4 @@ def test_replica_identity_dropped_and_restored_while_shipping_stops_gold_loudly(
         columns=["commit_lsn", "seq", "data"]).to_pylist()
     clean, quarantined = check_i2(config.lakehouse, bronze)
     assert quarantined >= 1
-    assert DeltaTable(config.table_path("gold", "service_stats")).version() == before
+    assert DeltaTable(config.table_path(GOLD)).version() == before

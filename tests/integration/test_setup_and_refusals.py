@@ -10,9 +10,9 @@ import pytest
 from deltalake import DeltaTable
 
 from pipelines.setup_source import setup
-from tests_support import cli_env, error_line, run_cli, wait_for
-from truth import Witness, check_bronze
-from workload import insert
+from tests.tests_support import cli_env, error_line, run_cli, wait_for
+from tests.truth import Witness, check_bronze
+from tests.integration.workload import insert
 
 pytestmark = pytest.mark.integration
 

@@ -24,9 +24,9 @@ from deltalake import DeltaTable, write_deltalake
 from bronze.records import BRONZE_SCHEMA, UTC_US
 from bronze.ship import Shipper
 from bronze.table import BronzeTable, Progress, SourceIdentity
-from tests_support import cli_env, run_cli, wait_for
-from truth import bronze_rows, check_bronze
-from workload import archive, copy_rows, insert, mixed, multi_row_insert, transition
+from tests.tests_support import cli_env, run_cli, wait_for
+from tests.truth import bronze_rows, check_bronze
+from tests.integration.workload import archive, copy_rows, insert, mixed, multi_row_insert, transition
 
 pytestmark = pytest.mark.integration
 

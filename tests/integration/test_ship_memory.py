@@ -18,8 +18,8 @@ import pytest
 from deltalake import DeltaTable
 
 from pipelines.setup_source import setup
-from tests_support import ROOT, cli_env
-from workload import multi_row_insert
+from tests.tests_support import ROOT, cli_env
+from tests.integration.workload import multi_row_insert
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import time
 import psycopg
 import pytest
 
-from tests_support import cli_env, error_line, run_cli, wait_for
+from tests.tests_support import cli_env, error_line, run_cli, wait_for
 
 pytestmark = [pytest.mark.integration]
 

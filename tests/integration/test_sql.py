@@ -14,9 +14,9 @@ import pytest
 from pipelines.query import TABLES, read_query, register_tables, run_query, table_paths
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from tests_support import ROOT, cli_env, run_cli
-from truth import source_truth
-from workload import mixed, transition
+from tests.tests_support import ROOT, cli_env, run_cli
+from tests.truth import source_truth
+from tests.integration.workload import mixed, transition
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -30,18 +30,19 @@ import psycopg
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
-from test_observability import free_port, password_dsn, rows, scrape, secrets_of, value
+from tests.integration.test_observability import free_port, password_dsn, rows, scrape, secrets_of, value
 
 from bronze.heartbeat import MIN_LAG_BYTES
 from bronze.heartbeat import PREFIX as HEARTBEAT_PREFIX
 from bronze.ship import Shipper
+from core.layout import GOLD, SILVER
 from core.lakehouse import gold_key
 from bronze.session_loss import RECONNECT_REASONS
 from pipelines.metrics import pipeline_exporter
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from tests_support import ROOT, cli_env, run_cli, wait_for
-from workload import insert, mixed
+from tests.tests_support import ROOT, cli_env, run_cli, wait_for
+from tests.integration.workload import insert, mixed
 
 pytestmark = [pytest.mark.integration]
 
@@ -227,7 +228,7 @@ def test_stream_and_continuous_push_exporters_equal_their_tables(source_db, conf
     Shipper(config).run(once=True)
     bronze = rows(config.bronze_path, ["commit_lsn"])
 
-    gold_path = config.table_path("gold", "service_stats")
+    gold_path = config.table_path(GOLD)
     push_metrics = pipeline_exporter(config, "127.0.0.1:0", max_age_s=0, stage="push")
     with push_metrics as pm, source_db.connect() as dash:
         def pushed_version():
@@ -250,7 +251,7 @@ def test_stream_and_continuous_push_exporters_equal_their_tables(source_db, conf
             with pipeline_exporter(config, "127.0.0.1:0", max_age_s=0, stage="stream") as sm:
                 Pipeline(config, spark_factory=lambda: spark, metrics=sm).stream(once=True)
                 samples, _ = scrape(sm.port)
-            silver = rows(config.table_path("silver", "changes"), ["commit_lsn"])
+            silver = rows(config.table_path(SILVER), ["commit_lsn"])
             assert silver.num_rows == bronze.num_rows > 100
             gold = DeltaTable(gold_path)
             wait_for(lambda: pushed_version() == gold.version() > seeded, timeout=30)

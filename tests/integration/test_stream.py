@@ -23,7 +23,7 @@ from bronze.table import BronzeTable, Progress, SourceIdentity
 from core.errors import UserError
 from gold.deltas import GoldStopped
 from pipelines.stream import StreamPaths
-from tests_support import run_bare_stream, start_bare_stream, stream_paths
+from tests.tests_support import run_bare_stream, start_bare_stream, stream_paths
 
 KNOWN = ("public.notifications", "public.notification_history")
 SVC = "11111111-1111-4111-8111-111111111111"

@@ -27,14 +27,15 @@ from types import SimpleNamespace
 
 import pytest
 
+from core.layout import GOLD
 from core.config import Config
 from core.lsn import Lsn
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
 from pipelines.verify_report import LayerCounts, Verdict, document, drift_sentence, render
-from tests_support import ROOT, cli_env, error_line, run_cli, wait_for
-from truth import check_gold, source_truth
-from workload import archive, hard_delete, insert, mixed, purge_history, transition
+from tests.tests_support import ROOT, cli_env, error_line, run_cli, wait_for
+from tests.truth import check_gold, source_truth
+from tests.integration.workload import archive, hard_delete, insert, mixed, purge_history, transition
 
 KEY_RE = re.compile(r"^([0-9a-f-]{36})\s+([0-9a-f-]{36})\s+(\w+)\s+([\w-]+)\s+"
                     r"(-?[\d,]+)\s+(-?[\d,]+)\s+(-?[\d,]+)$", re.MULTILINE)
@@ -102,7 +103,7 @@ def temporary_slots(source_db) -> list[str]:
 def gold_key_with(spark, config, at_least: int) -> tuple:
     from core.captured import DIMS
 
-    row = (spark.read.format("delta").load(config.table_path("gold", "service_stats"))
+    row = (spark.read.format("delta").load(config.table_path(GOLD))
            .where(f"count >= {at_least}").orderBy(*DIMS).first())
     return tuple(row[c] for c in DIMS)
 
@@ -168,7 +169,7 @@ def test_what_verify_cannot_judge_is_one_sentence_and_exit_2(config, populated, 
 
     # Someone holds the gold lock (as `lakecdc run` would) but nothing ships: verify must
     # wait for them, not drive the pipeline, and give up with one sentence.
-    with gold_writer_lock(config.dashboard, config.table_path("gold", "service_stats")):
+    with gold_writer_lock(config.dashboard, config.table_path(GOLD)):
         started = time.monotonic()
         code, out, err = verify("--timeout", "2")
     assert code == 2, err[-3000:]
@@ -196,7 +197,7 @@ def test_what_verify_cannot_judge_is_one_sentence_and_exit_2(config, populated, 
 def test_tampered_gold_or_dashboard_exit_1_naming_the_key_and_repair_restores(
         source_db, config, populated, spark, verify, monkeypatch):
     truth = +source_truth(source_db.dsn, populated.purged)
-    gold_path = config.table_path("gold", "service_stats")
+    gold_path = config.table_path(GOLD)
 
     # Gold +1 on one key. The next push carries gold's change to the dashboard too.
     tampered = gold_key_with(spark, config, 2)
@@ -252,7 +253,7 @@ def stand_in_rebuild(pipeline):
 @pytest.mark.integration
 @pytest.mark.spark
 def test_verify_repair_through_the_real_rebuild(source_db, config, populated, spark, verify):
-    gold_path = config.table_path("gold", "service_stats")
+    gold_path = config.table_path(GOLD)
     tampered = gold_key_with(spark, config, 1)
     spark.sql(f"UPDATE delta.`{gold_path}` SET count = count + 1 WHERE {where(tampered)}")
     other = next(k for k in sorted(+source_truth(source_db.dsn, populated.purged))
@@ -365,7 +366,7 @@ def test_verify_waits_for_a_running_pipeline(source_db, config, populated, verif
         with Writer(source_db.dsn, seed=81) as writer:
             with psycopg.connect(source_db.dsn, autocommit=True) as conn:
                 wait_for(lambda: is_held(conn, ship_lock_name(config.slot)) and is_held(
-                    conn, gold_lock_name(config.table_path("gold", "service_stats"))),
+                    conn, gold_lock_name(config.table_path(GOLD))),
                     timeout=300, interval=0.5)
             code, out, err = verify("--timeout", "400")
         assert code == 0, (out[-3000:], err[-3000:])

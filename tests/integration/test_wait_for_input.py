@@ -12,9 +12,9 @@ import pytest
 
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from tests_support import ROOT, cli_env, error_line, run_cli
-from truth import check_gold
-from workload import mixed
+from tests.tests_support import ROOT, cli_env, error_line, run_cli
+from tests.truth import check_gold
+from tests.integration.workload import mixed
 
 pytestmark = [pytest.mark.integration]
 

@@ -28,9 +28,9 @@ from infra.localpg import LocalPostgres
 from core.config import Config
 from core.errors import UserError
 from pipelines.setup_source import setup
-from tests_support import ROOT, cli_env, run_cli, wait_for
-from truth import Witness, check_bronze
-from workload import insert
+from tests.tests_support import ROOT, cli_env, run_cli, wait_for
+from tests.truth import Witness, check_bronze
+from tests.integration.workload import insert
 
 pytestmark = pytest.mark.integration
 

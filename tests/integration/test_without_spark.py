@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from pipelines.run import Pipeline
-from tests_support import ROOT, cli_env, error_line
-from truth import check_gold
-from workload import mixed
+from tests.tests_support import ROOT, cli_env, error_line
+from tests.truth import check_gold
+from tests.integration.workload import mixed
 
 pytestmark = [pytest.mark.integration]
 

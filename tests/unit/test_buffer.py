@@ -60,8 +60,7 @@ def test_spill_file_has_no_name_and_leaves_nothing_when_killed(tmp_path):
     child = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(ROOT)!r})
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_buffer import SCHEMA, make_batch
+        from tests.unit.test_buffer import SCHEMA, make_batch
         from bronze.buffer import SpillBuffer
         buf = SpillBuffer(SCHEMA, 1 << 20, {str(spill_dir)!r})
         for i in range(20):

@@ -1,0 +1,30 @@
+"""Where lakecdc's tables live under the lakehouse root: the one map of its layout.
+
+A table is a ``(layer, name)`` pair; its path is ``<lakehouse>/<layer>/<name>``
+(``Config.table_path``), whichever engine reads it (``core.storage.spark_path`` turns
+``s3://`` into ``s3a://`` for Spark outside Databricks). ``lakecdc sql`` and the notebooks
+know the queryable ones by the view name ``<layer>_<name>``.
+"""
+
+from __future__ import annotations
+
+Table = tuple[str, str]
+
+BRONZE: Table = ("bronze", "wal2json_changes")
+BACKFILL_STAGING: Table = ("bronze", "_backfill_chunks")
+SILVER: Table = ("silver", "changes")
+QUARANTINE: Table = ("silver", "quarantine")
+GOLD: Table = ("gold", "service_stats")
+GOLD_PENDING: Table = ("gold", "_pending")
+GOLD_BASELINE: Table = ("gold", "_baseline")
+STREAM_CHECKPOINT: Table = ("_checkpoints", "stream")     # the stream's checkpoint
+
+QUERYABLE = (BRONZE, SILVER, QUARANTINE, GOLD)
+
+
+def path(root: str, table: Table) -> str:
+    return f"{root.rstrip('/')}/{table[0]}/{table[1]}"
+
+
+def view_name(table: Table) -> str:
+    return f"{table[0]}_{table[1]}"
