@@ -22,7 +22,7 @@ venv: $(VENV)/.installed
 # Two workers (one per core) that steal tests from each other, so neither idles while the
 # other finishes a long file; Spark is started once first so the Delta jars are resolved
 # before the workers start theirs.
-test: system-deps venv
+test: system-deps venv lint
 	$(PY) -c "from core.spark import get_or_create; get_or_create().stop()"
 	$(PY) -m pytest -n 2 --dist worksteal
 

@@ -8,10 +8,10 @@
 - ``postgres``: every connection to Postgres (``connect``, ``Unreachable``) and every
   logical message lakecdc writes (``emit_message``);
 - ``locks``: advisory locks (the gold writer, the shipper) and who holds them;
-- ``storage`` / ``lakehouse``: where the lakehouse is (local or S3), its writability check,
+- ``storage``: where the lakehouse is (local or S3), its writability check,
   how a gold table is named across engines (``gold_key``);
 - ``spark``: the one Spark session factory;
-- ``commits``: lakecdc's metadata in Delta commits;
+- ``commits``: lakecdc's metadata in Delta commits; ``tables``: creating its Delta tables;
 - ``snapshots``: Delta snapshot prewarm after a write;
 - ``checkpoints``: reading a streaming checkpoint's offsets and commits;
 - ``faults``: named fault points for the kill tests;

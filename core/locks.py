@@ -21,14 +21,14 @@ from typing import Iterator
 import psycopg
 
 from core.errors import UserError
-from core.lakehouse import gold_key
 from core.postgres import connect
+from core.storage import gold_key
 
 log = logging.getLogger("lakecdc.locks")
 
 
 def gold_lock_name(gold_path: str) -> str:
-    """One name per gold table, however an engine spells its path (``core.lakehouse.gold_key``:
+    """One name per gold table, however an engine spells its path (``core.storage.gold_key``:
     ``s3a://`` locally and ``s3://`` on Databricks are the same table)."""
     return f"lakecdc.gold:{gold_key(gold_path)}"
 

@@ -14,6 +14,10 @@ the one place that turns the root into each engine's terms:
   settings come from ``spark_conf``. On Databricks the runtime's own S3 access applies:
   paths stay ``s3://`` and nothing is loaded.
 
+It also checks that the root can be written (``check_writable``, before ``setup`` writes
+anything) and names a gold table the same way whichever engine spells its path
+(``gold_key``).
+
 Credentials are never copied into options or configuration: delta-rs, boto3 and Hadoop each
 take them from the standard AWS chain (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` /
 ``AWS_SESSION_TOKEN``, a profile, or the instance role).
@@ -24,6 +28,7 @@ from __future__ import annotations
 import os
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlparse
 
 from core.errors import UserError
@@ -178,3 +183,38 @@ class Lakehouse:
 
 def on_databricks() -> bool:
     return "DATABRICKS_RUNTIME_VERSION" in os.environ
+
+
+def is_remote(uri: str) -> bool:
+    return "://" in uri and not uri.startswith("file://")
+
+
+def gold_key(gold_path: str) -> str:
+    """How the progress table names a gold table: its absolute path, or its URI."""
+    if is_remote(gold_path):
+        return canonical(gold_path.rstrip("/"))
+    return os.path.abspath(gold_path.removeprefix("file://").removeprefix("file:"))
+
+
+def check_writable(uri: str, lakehouse: Lakehouse | None = None) -> None:
+    """Fail with one sentence if the lakehouse root cannot be written.
+
+    Local: the directory is created and a probe file written. S3: the credentials are
+    found, the bucket exists and a probe object is written under the prefix
+    (``Lakehouse.check``). ``lakehouse`` carries the endpoint and region from the
+    configuration; without it boto3 reads the standard AWS environment itself.
+    """
+    if is_s3(uri):
+        (lakehouse or Lakehouse(uri)).check()
+        return
+    if is_remote(uri):
+        return       # another object store: its engine reports its own errors
+    root = Path(uri.removeprefix("file://"))
+    probe = root / f".lakecdc-write-probe-{uuid.uuid4().hex}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"ok")
+        os.unlink(probe)
+    except OSError as exc:
+        raise UserError(f"the lakehouse path {root} is not writable ({exc.strerror}); choose "
+                        "another LAKECDC_LAKEHOUSE / --lakehouse or fix its permissions.") from None

@@ -61,9 +61,11 @@ from core.commits import last_metadata
 from core.commits import parse_commit_metadata as parse_metadata
 from core.errors import UserError
 from core.faults import FaultPoints
+from core.layout import GOLD_PENDING
 from core.lsn import fmt
 from core.snapshots import warm_in_background
 from core.spark import LOW_LATENCY_CONF
+from core.tables import create_table
 from gold import deltas as D
 from gold.asof import gold_state
 from gold.plan import Plan, first_problem
@@ -115,7 +117,7 @@ class GoldPaths:
     @classmethod
     def beside(cls, gold_path: str) -> "GoldPaths":
         """``_pending`` next to ``service_stats`` (``<lakehouse>/gold/_pending``)."""
-        return cls(gold_path, gold_path.rstrip("/").rsplit("/", 1)[0] + "/_pending")
+        return cls(gold_path, f"{gold_path.rstrip('/').rsplit('/', 1)[0]}/{GOLD_PENDING[1]}")
 
 
 @dataclass(frozen=True)
@@ -161,19 +163,12 @@ def ensure_gold_tables(spark: SparkSession, paths: GoldPaths) -> list[str]:
                             f"continue exactly: {D.REBUILD}.")
     created = []
     if not have_gold:
-        _create(spark, paths.gold, GOLD_SCHEMA, GOLD_PROPERTIES)
+        create_table(spark, paths.gold, GOLD_SCHEMA, GOLD_PROPERTIES)
         created.append(paths.gold)
     if not have_pending:
-        _create(spark, paths.pending, D.CONTRIBUTIONS, PENDING_PROPERTIES)
+        create_table(spark, paths.pending, D.CONTRIBUTIONS, PENDING_PROPERTIES)
         created.append(paths.pending)
     return created
-
-
-def _create(spark: SparkSession, path: str, schema: StructType, props: dict) -> None:
-    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
-    for key, value in props.items():
-        builder = builder.property(key, value)
-    builder.execute()
 
 
 def seed_gold(spark: SparkSession, gold_path: str, counts: DataFrame, commit_lsn: int,
@@ -189,7 +184,7 @@ def seed_gold(spark: SparkSession, gold_path: str, counts: DataFrame, commit_lsn
     (idempotent retry).
     """
     if not DeltaTable.isDeltaTable(spark, gold_path):
-        _create(spark, gold_path, GOLD_SCHEMA, GOLD_PROPERTIES)
+        create_table(spark, gold_path, GOLD_SCHEMA, GOLD_PROPERTIES)
         (faults or FaultPoints()).hit("after_gold_create")
     progress = last_metadata(spark, gold_path)
     if progress is not None and progress.get("operation") == "seed" \

@@ -69,13 +69,8 @@ def gold_state(spark: SparkSession, gold_path: str, version: int | None = None,
 
 
 def metadata_floor(meta: dict) -> int | None:
-    """The floor a gold commit's metadata records, if any (seeds of older versions recorded
-    only ``commit_lsn``)."""
-    if meta.get("floor") is not None:
-        return int(meta["floor"])
-    if meta.get("operation") == "seed":
-        return int(meta["commit_lsn"])
-    return None
+    """The floor a gold commit's metadata records, if any."""
+    return int(meta["floor"]) if meta.get("floor") is not None else None
 
 
 def silver_range(spark: SparkSession, silver_path: str, first: int, last: int) -> DataFrame:

@@ -59,8 +59,8 @@ from core.captured import DIMS
 from core.commits import parse_commit_metadata
 from core.errors import UserError
 from core.faults import FaultPoints
-from core.lakehouse import gold_key, is_remote
 from core.postgres import Unreachable, connect
+from core.storage import gold_key, is_remote
 
 log = logging.getLogger("lakecdc.push")
 

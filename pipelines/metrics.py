@@ -7,11 +7,12 @@ Two sources, on one registry per process (docs/observability.md lists every metr
   the silver query (a ``StreamingQueryListener``), the gold writer's ``GoldBatch`` and the
   push's ``PushResult`` (dashboard). Counters and histograms by ``layer``; rows per second
   is ``rate(lakecdc_rows_total[5m])`` in PromQL, not a gauge computed here.
-- **State** (``pipelines.metrics_state``'s ``StateCollector``), read from the source and the tables exactly as
-  ``lakecdc status`` reads them (``pipelines.status``): slot lag and ``wal_status``, each
-  layer's version, newest source commit LSN and its age, the quarantine's row count. Read on
-  scrape, so it is right wherever the stages run (the shipper beside the database, Spark on
-  Databricks): ``lakecdc metrics`` serves only this part.
+- **State** (``StateCollector``, ``pipelines.metrics_state``), read from the source and the
+  tables exactly as ``lakecdc status`` reads them (``pipelines.status``): slot lag and
+  ``wal_status``, each layer's version, newest source commit LSN and its age, the
+  quarantine's row count. Read on scrape, so it is right wherever the stages run (the
+  shipper beside the database, Spark on Databricks): ``lakecdc metrics`` serves only this
+  part.
 
 ``lakecdc run --metrics-port`` serves the events of every stage and the whole state; a single
 stage (``lakecdc ship|silver|gold|push --metrics-port``) serves its own layer's events and

@@ -111,9 +111,12 @@ class Pipeline:
     @property
     def spark(self):
         if self._spark is None:
-            if self._spark_factory is None:
+            if self._spark_factory is None:      # a session that can reach the lakehouse
                 from core.spark import get_or_create
-                self._spark_factory = get_or_create
+                from core.storage import Lakehouse
+
+                lakehouse = Lakehouse.from_config(self.config)
+                self._spark_factory = lambda: get_or_create(lakehouse=lakehouse)
             self._spark = self._spark_factory()
         return self._spark
 

@@ -32,9 +32,9 @@ from bronze.source import (
 from bronze.table import REBASELINE_SUFFIX, BronzeTable, Progress, SourceIdentity
 from core.config import Config
 from core.errors import UserError
-from core.lakehouse import check_writable
 from core.lsn import fmt
 from core.postgres import connect
+from core.storage import check_writable
 from gold.push import ensure_dashboard_tables
 from pipelines.baseline import count_in_snapshot, write_baseline
 

@@ -56,11 +56,11 @@ from bronze import slot as slots
 from bronze.source import check_source
 from core.captured import DIMS
 from core.errors import DriftFound, UserError
-from core.lakehouse import gold_key
 from core.layout import GOLD, SILVER
 from core.locks import gold_lock_name, is_held, ship_lock_name
 from core.lsn import fmt
 from core.postgres import connect
+from core.storage import gold_key
 from gold.push import PROGRESS_TABLE, STATS_TABLE
 from pipelines.consistent import consistent_point, count_at, emit_marker
 from pipelines.verify_report import LayerCounts, Verdict, document, drift_sentence, nonzero, render

@@ -36,6 +36,7 @@ from core.commits import commit_metadata, last_metadata
 from core.errors import UserError
 from core.layout import QUARANTINE, SILVER, Table
 from core.snapshots import warm_in_background
+from core.tables import create_table
 from silver.parse import parse_changes, quarantine_rows
 from silver.schema import SILVER_CHANGES, SILVER_QUARANTINE
 
@@ -162,11 +163,7 @@ class SilverWriter:
 
 def ensure_table(spark: SparkSession, path: str, schema: StructType, description: str) -> None:
     """Create the append-only Delta table at ``path`` if absent; check its schema if not."""
-    table = (DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
-             .comment(description))
-    for key, value in TABLE_PROPERTIES.items():
-        table = table.property(key, value)
-    table.execute()
+    create_table(spark, path, schema, TABLE_PROPERTIES, comment=description)
     actual = DeltaTable.forPath(spark, path).toDF().schema
     if [(f.name, f.dataType) for f in actual] != [(f.name, f.dataType) for f in schema]:
         raise UserError(f"the table at {path} does not have the silver schema of this "

@@ -13,7 +13,8 @@ from pipelines.setup_source import setup
 from pipelines.traffic import Traffic
 from tests.tests_support import cli_env, error_line, run_cli
 from tests.truth import check_gold, dashboard_counts
-from tests.integration.workload import archive, insert, mixed, multi_row_insert, purge_history, transition
+from tests.integration.workload import (archive, insert, mixed, multi_row_insert, purge_history,
+                                        transition)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

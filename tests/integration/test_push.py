@@ -17,7 +17,7 @@ from tests.integration.test_gold_apply import Sim, df   # the source model and i
 from bronze.slot import plugin_options
 from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables
 from core.errors import UserError
-from core.lakehouse import gold_key
+from core.storage import gold_key
 from gold.push import ensure_dashboard_tables, open_gold, push_ahead, push_once
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

@@ -26,7 +26,8 @@ from bronze.ship import Shipper
 from bronze.table import BronzeTable, Progress, SourceIdentity
 from tests.tests_support import cli_env, run_cli, wait_for
 from tests.truth import bronze_rows, check_bronze
-from tests.integration.workload import archive, copy_rows, insert, mixed, multi_row_insert, transition
+from tests.integration.workload import (archive, copy_rows, insert, mixed, multi_row_insert,
+                                        transition)
 
 pytestmark = pytest.mark.integration
 

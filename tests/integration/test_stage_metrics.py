@@ -36,7 +36,7 @@ from bronze.heartbeat import MIN_LAG_BYTES
 from bronze.heartbeat import PREFIX as HEARTBEAT_PREFIX
 from bronze.ship import Shipper
 from core.layout import GOLD, SILVER
-from core.lakehouse import gold_key
+from core.storage import gold_key
 from bronze.session_loss import RECONNECT_REASONS
 from pipelines.metrics import pipeline_exporter
 from pipelines.run import Pipeline
