@@ -80,7 +80,6 @@ MAX_AHEAD = 2                      # chunks staged but not yet in bronze, at mos
 WAIT_TIMEOUT_S = 600.0
 
 
-
 def backfill_lock_name(slot: str) -> str:
     return f"lakecdc.backfill:{slot}"
 

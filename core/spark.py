@@ -59,6 +59,7 @@ _LOCAL_CONF = {
 LOW_LATENCY_CONF = {"spark.sql.codegen.wholeStage": "false",
                     "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
+
 def low_latency(spark: SparkSession, continuous: bool):
     """The context a stream runs in: ``LOW_LATENCY_CONF`` for a continuous one on a local
     session, nothing otherwise."""

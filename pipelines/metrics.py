@@ -49,6 +49,7 @@ log = logging.getLogger("lakecdc.metrics")
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 DEFAULT_HOST = "127.0.0.1"      # local only; [HOST:]PORT opens it wider on purpose
 
+
 @dataclass(frozen=True)
 class Stage:
     """What one command's exporter serves: the event metrics of ``layers`` and the state

@@ -158,8 +158,6 @@ def layer_status(config: Config, layer: str,
     raise ValueError(f"unknown layer {layer}")
 
 
-
-
 def quarantine_path(config: Config) -> str:
     return config.table_path(QUARANTINE)
 

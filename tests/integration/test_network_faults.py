@@ -79,8 +79,6 @@ class Shipping:
         self._out.close()
 
 
-
-
 def with_password(dsn: str) -> str:
     """The test cluster's DSNs carry its superuser's password (TCP asks for it): it must
     never reach a log line."""
