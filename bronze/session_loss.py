@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import psycopg
 
-from core.errors import redact
-
 # SQLSTATEs after which the session is gone or the server is (re)starting: reconnect.
 TRANSIENT_STATES = {"57P01", "57P02", "57P03", "57P05", "53300"}
 
@@ -46,9 +44,3 @@ def reconnect_reason(exc: BaseException) -> str:
     if state.startswith("08"):
         return "connection_failure"
     return "connection_lost"
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of ``exc``'s text, passwords redacted."""
-    lines = [ln.strip() for ln in redact(str(exc)).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__

@@ -58,11 +58,11 @@ from bronze.backfill_emitter import BackfillEmitter
 from bronze.batch_rows import BatchRows
 from bronze.failover import check_same_history, slot_ahead, slot_lost, slot_missing
 from bronze.records import UTC_US, TransactionAssembler
-from bronze.session_loss import first_line, reconnect_reason, transient
+from bronze.session_loss import reconnect_reason, transient
 from bronze.source import check_replication_role, require_identity
 from bronze.table import BronzeTable, Progress
 from core.config import Config
-from core.errors import UserError, redact
+from core.errors import UserError, first_line, redact
 from core.faults import FaultPoints
 from core.locks import acquire, ship_application, ship_lock_name
 from core.lsn import fmt

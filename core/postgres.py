@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import psycopg
 
-from core.errors import UserError, redact
+from core.errors import UserError, last_line, redact
 
 
 class Unreachable(UserError):
@@ -42,13 +42,8 @@ def connect(dsn: str, what: str = "source", **kwargs) -> psycopg.Connection:
         return open_connection(dsn, what, **kwargs)
     except psycopg.OperationalError as exc:
         raise Unreachable(f"cannot connect to the {what} database {redact(dsn)}: "
-                        f"{_last_line(exc)}; check the DSN, that the server is up and "
+                        f"{last_line(exc)}; check the DSN, that the server is up and "
                         "that pg_hba.conf admits this client.") from None
-
-
-def _last_line(exc: Exception) -> str:
-    lines = [ln.strip() for ln in redact(str(exc)).splitlines() if ln.strip()]
-    return lines[-1] if lines else type(exc).__name__
 
 
 def emit_message(conn: psycopg.Connection, prefix: str, content: str) -> int:

@@ -12,8 +12,8 @@ from typing import Callable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily
 
-from bronze.session_loss import first_line
 from core.config import Config
+from core.errors import first_line
 from gold.push import LAYERS
 
 log = logging.getLogger("lakecdc.metrics")

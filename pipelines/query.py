@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from core.errors import UserError
+from core.errors import UserError, first_line
 from core.layout import QUERYABLE, view_name
 
 TABLES = {view_name(table): table for table in QUERYABLE}
@@ -66,8 +66,7 @@ def run_query(spark: SparkSession, query: str) -> DataFrame:
     try:
         return spark.sql(query)
     except (AnalysisException, ParseException) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"the query failed: {first} (tables: {', '.join(TABLES)}).") from None
+        raise UserError(f"the query failed: {first_line(exc)} (tables: {', '.join(TABLES)}).") from None
 
 
 def render(frame: DataFrame, fmt: str = "table", limit: int = 1000) -> str:

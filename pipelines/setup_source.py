@@ -31,7 +31,7 @@ from bronze.source import (
 )
 from bronze.table import REBASELINE_SUFFIX, BronzeTable, Progress, SourceIdentity
 from core.config import Config
-from core.errors import UserError
+from core.errors import UserError, first_line
 from core.lsn import fmt
 from core.postgres import connect
 from core.storage import check_writable
@@ -45,7 +45,7 @@ def _dashboard_tables(dsn: str) -> None:
             ensure_dashboard_tables(conn)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise UserError(f"the dashboard role cannot create service_stats "
-                            f"({str(exc).splitlines()[0]}); create the tables from "
+                            f"({first_line(exc)}); create the tables from "
                             "infra/postgres/dashboard_schema.sql as their owner, or grant "
                             "CREATE on the schema.") from None
 
