@@ -1,17 +1,25 @@
 """lakecdc's Delta commit metadata (``commitInfo.userMetadata``): one JSON convention for
-every table the stream writes, and the one way to read it back.
+every table the stream writes, and the one place that reads it back.
 
 Silver's appends record the stream's batch id; gold's MERGE, ``_pending`` writes, seed and
 rebuild record the batch id and the *watermark* (``commit_lsn``, ``commit_ts``: the newest
-source commit gold includes) - see ``gold.apply``. ``commit_metadata`` /
-``parse_commit_metadata`` are plain JSON, so the push and ``status`` read them without Spark.
+source commit gold includes) and, for seeds and rebuilds, the *floor* (see ``gold.asof``).
+The readers take a table's history from Spark (``read_commits``) or from delta-rs
+(``read_commits_rs``, for the push and ``status``, which run without Spark).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 META_KIND = "lakecdc"
+
+
+@dataclass(frozen=True)
+class Commit:
+    version: int
+    meta: dict | None            # lakecdc's metadata; None for any other commit (OPTIMIZE, ...)
 
 
 def commit_metadata(layer: str = "gold", **values) -> str:
@@ -20,8 +28,7 @@ def commit_metadata(layer: str = "gold", **values) -> str:
 
 
 def parse_commit_metadata(text: str | None, layer: str = "gold") -> dict | None:
-    """lakecdc's metadata of a commit of ``layer``, or None for any other commit (OPTIMIZE,
-    ...)."""
+    """lakecdc's metadata of a commit of ``layer``, or None for any other commit."""
     if not text:
         return None
     try:
@@ -31,17 +38,45 @@ def parse_commit_metadata(text: str | None, layer: str = "gold") -> dict | None:
     return value if isinstance(value, dict) and value.get(META_KIND) == layer else None
 
 
-def last_metadata(spark, path: str, layer: str = "gold", limit: int | None = 100) -> dict | None:
-    """The newest lakecdc metadata of ``layer`` in the latest ``limit`` commits of the Delta
-    table at ``path`` (all of them if None); None if there is none or no table."""
+def floor_of(meta: dict) -> int | None:
+    """The floor a gold commit's metadata records, if any."""
+    return int(meta["floor"]) if meta.get("floor") is not None else None
+
+
+def read_commits(spark, path: str, layer: str = "gold", limit: int | None = None,
+                 up_to: int | None = None) -> list[Commit]:
+    """The latest ``limit`` commits (all if None) of the Delta table at ``path`` with
+    versions ``<= up_to`` (any if None), newest first; [] if there is no table."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     if not DeltaTable.isDeltaTable(spark, path):
-        return None
-    history = DeltaTable.forPath(spark, path).history(limit).select("userMetadata")
-    for row in history.where(F.col("userMetadata").isNotNull()).collect():
-        found = parse_commit_metadata(row.userMetadata, layer)
-        if found is not None:
-            return found
-    return None
+        return []
+    history = DeltaTable.forPath(spark, path).history(limit)
+    if up_to is not None:
+        history = history.where(F.col("version") <= up_to)
+    rows = history.select("version", "userMetadata").orderBy(F.desc("version")).collect()
+    return [Commit(r.version, parse_commit_metadata(r.userMetadata, layer)) for r in rows]
+
+
+def read_commits_rs(uri: str, storage_options: dict | None = None, layer: str = "gold",
+                    limit: int | None = None, up_to: int | None = None) -> list[Commit]:
+    """Like ``read_commits``, with delta-rs. It always reads the newest version's history:
+    delta-rs (1.6) labels the history of a table loaded at an older version wrongly (the
+    newest commits, numbered down from the loaded version)."""
+    from deltalake import DeltaTable
+
+    commits = [Commit(entry["version"], parse_commit_metadata(entry.get("userMetadata"), layer))
+               for entry in DeltaTable(uri, storage_options=storage_options).history(limit)]
+    return [c for c in commits if up_to is None or c.version <= up_to]
+
+
+def newest(commits: list[Commit]) -> dict | None:
+    """The newest lakecdc metadata among ``commits`` (newest first), or None."""
+    return next((c.meta for c in commits if c.meta is not None), None)
+
+
+def last_metadata(spark, path: str, layer: str = "gold", limit: int | None = 100) -> dict | None:
+    """The newest lakecdc metadata of ``layer`` in the latest ``limit`` commits of the Delta
+    table at ``path`` (all of them if None); None if there is none or no table."""
+    return newest(read_commits(spark, path, layer, limit))

@@ -57,8 +57,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 
 from core.captured import DIMS
 from core.commits import commit_metadata as metadata
-from core.commits import last_metadata
-from core.commits import parse_commit_metadata as parse_metadata
+from core.commits import last_metadata, newest, read_commits
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.layout import GOLD_PENDING
@@ -222,8 +221,6 @@ def holds_counts(spark: SparkSession, gold_path: str) -> bool:
 def seed_floor(spark: SparkSession, gold_path: str) -> int:
     """Gold's floor: the source LSN of the baseline its counts start from (a seed or a
     rebuild; 0 if none). Silver rows at or below it are already in the counts."""
-    from gold.asof import gold_state
-
     state = gold_state(spark, gold_path)
     return state.floor if state else 0
 
@@ -381,7 +378,6 @@ class GoldBatchWriter:
 
         Looks past a few foreign commits (an OPTIMIZE someone ran) for the batch id.
         """
-        rows = (DeltaTable.forPath(spark, self.paths.pending).history(20)
-                .select("version", "userMetadata").collect())
-        metas = [m for m in (parse_metadata(r.userMetadata) for r in rows) if m]
-        return rows[0].version, metas[0].get("batch_id") if metas else None
+        commits = read_commits(spark, self.paths.pending, limit=20)
+        meta = newest(commits)
+        return commits[0].version, meta.get("batch_id") if meta else None

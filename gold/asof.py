@@ -1,6 +1,6 @@
 """Gold's position, and gold as of an earlier source LSN: shared by ``verify`` and rebuilds.
 
-Gold's commits carry lakecdc metadata (``gold.commit_metadata``): the watermark
+Gold's commits carry lakecdc metadata (``core.commits``): the watermark
 (``commit_lsn``: gold holds every source commit up to and including it) and the *floor* -
 the consistent point of the baseline the counts started from (a seed from ``setup``'s
 snapshot, or a rebuild). The baseline's snapshot holds exactly the commits whose commit
@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from core.captured import DIMS
-from core.commits import parse_commit_metadata
+from core.commits import floor_of, read_commits
 from gold import deltas as D
 
 
@@ -41,16 +41,13 @@ def gold_state(spark: SparkSession, gold_path: str, version: int | None = None,
     """Position of gold at ``version`` (latest if None); None if gold does not exist."""
     if not DeltaTable.isDeltaTable(spark, gold_path):
         return None
-    history = DeltaTable.forPath(spark, gold_path).history(limit)
-    if version is not None:
-        history = history.where(F.col("version") <= version)
-    rows = history.select("version", "userMetadata").orderBy(F.desc("version")).collect()
-    if not rows:
+    commits = read_commits(spark, gold_path, limit=limit, up_to=version)
+    if not commits:
         raise ValueError(f"gold at {gold_path} has no version {version}")
     watermark = ts = batch = floor = epoch = None
     batches_done = False         # a rebuild restarts the batch ids: look no further back
-    for row in rows:
-        meta = parse_commit_metadata(row.userMetadata)
+    for commit in commits:
+        meta = commit.meta
         if not meta:
             continue
         if watermark is None and meta.get("commit_lsn") is not None:
@@ -62,15 +59,10 @@ def gold_state(spark: SparkSession, gold_path: str, version: int | None = None,
         if epoch is None and meta.get("epoch") is not None:
             epoch = int(meta["epoch"])
         if floor is None:
-            floor = metadata_floor(meta)
+            floor = floor_of(meta)
         if watermark is not None and batches_done and floor is not None:
             break
-    return GoldState(rows[0].version, watermark, ts, floor or 0, batch, epoch)
-
-
-def metadata_floor(meta: dict) -> int | None:
-    """The floor a gold commit's metadata records, if any."""
-    return int(meta["floor"]) if meta.get("floor") is not None else None
+    return GoldState(commits[0].version, watermark, ts, floor or 0, batch, epoch)
 
 
 def silver_range(spark: SparkSession, silver_path: str, first: int, last: int) -> DataFrame:

@@ -56,7 +56,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from psycopg import sql
 
 from core.captured import DIMS
-from core.commits import parse_commit_metadata
+from core.commits import read_commits_rs
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.postgres import Unreachable, connect
@@ -123,7 +123,7 @@ def _push(conn: psycopg.Connection, gold_path: str, storage_options: dict | None
     started = time.monotonic()
     table = open_gold(gold_path, storage_options, version)
     result = push_table(conn, table, gold_key(gold_path), faults or FaultPoints(), full, marks,
-                        fence)
+                        fence, storage_options)
     result = PushResult(**{**result.__dict__, "seconds": time.monotonic() - started})
     if result.pushed:
         log.info("pushed gold version %d (%s push): %d rows upserted, %d deleted, %.2fs",
@@ -196,14 +196,12 @@ def open_gold(gold_path: str, storage_options: dict | None = None,
                         "first.") from None
 
 
-def gold_position(table: DeltaTable, history_limit: int = 200) -> tuple[int | None,
-                                                                      datetime | None]:
-    """Gold's watermark at ``table.version()``: the source commit (LSN, time) it includes."""
-    version = table.version()
-    for entry in table.history(history_limit):
-        if entry.get("version", version) > version:
-            continue
-        meta = parse_commit_metadata(entry.get("userMetadata"))
+def gold_position(uri: str, storage_options: dict | None = None, version: int | None = None,
+                  history_limit: int = 200) -> tuple[int | None, datetime | None]:
+    """Gold's watermark at ``version`` (the newest if None): the source commit (LSN, time) it
+    includes."""
+    for commit in read_commits_rs(uri, storage_options, limit=history_limit, up_to=version):
+        meta = commit.meta
         if meta and meta.get("commit_lsn") is not None:
             ts = meta.get("commit_ts")
             return int(meta["commit_lsn"]), datetime.fromisoformat(ts) if ts else None
@@ -212,7 +210,7 @@ def gold_position(table: DeltaTable, history_limit: int = 200) -> tuple[int | No
 
 def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults,
                force_full: bool = False, marks: dict | None = None,
-               fence: bool = True) -> PushResult:
+               fence: bool = True, storage_options: dict | None = None) -> PushResult:
     """Steps 1-4 of the module docstring on an open connection (autocommit mode); the layer
     marks are recorded in the same transaction. ``fence=False`` (the ``ahead_fence`` guard
     off) skips step 2b: negative controls only."""
@@ -229,7 +227,7 @@ def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults,
         if same_table and prev_version >= version:
             _record_layers(conn, key, marks or {})
             return PushResult(version, prev_version, pushed=False)
-        lsn, ts = gold_position(table)
+        lsn, ts = gold_position(table.table_uri, storage_options, version)
         if fence and same_table and not force_full and behind(lsn, prev_lsn):
             # Step 2b: the dashboard is at or ahead of V already (ahead pushes).
             conn.execute(sql.SQL("UPDATE {} SET gold_version = %s WHERE gold_table = %s")

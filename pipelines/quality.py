@@ -160,27 +160,21 @@ def _baseline(spark: SparkSession, gold_path: str, floor: int, baseline_path: st
               storage_options: dict | None) -> DataFrame:
     """The counts gold started from at ``floor``: gold at the commit that set the floor (a
     seed or a rebuild), else setup's ``gold/_baseline`` if it is at ``floor``."""
-    from delta.tables import DeltaTable
-
-    from core.commits import parse_commit_metadata
-    from gold.asof import metadata_floor
+    from core.commits import floor_of, read_commits
 
     empty = spark.createDataFrame([], ", ".join([f"{c} string" for c in DIMS] + ["count long"]))
     if floor == 0:
         return empty
-    history = (DeltaTable.forPath(spark, gold_path).history()
-               .where(F.col("userMetadata").contains('"operation"'))
-               .select("version", "userMetadata").orderBy(F.desc("version")).collect())
-    for row in history:
-        meta = parse_commit_metadata(row.userMetadata) or {}
-        if meta.get("operation") in ("seed", "rebuild") and metadata_floor(meta) == floor:
+    for commit in read_commits(spark, gold_path):
+        meta = commit.meta or {}
+        if meta.get("operation") in ("seed", "rebuild") and floor_of(meta) == floor:
             try:
-                base = (spark.read.format("delta").option("versionAsOf", row.version)
+                base = (spark.read.format("delta").option("versionAsOf", commit.version)
                         .load(gold_path).select(*DIMS, "count"))
                 base.limit(1).collect()       # fails here if the version was vacuumed
                 return base
             except Exception as exc:          # fall back to gold/_baseline below
-                log.warning("gold version %d is no longer readable (%s)", row.version, exc)
+                log.warning("gold version %d is no longer readable (%s)", commit.version, exc)
             break
     if baseline_path is not None:
         from pipelines.baseline import read_baseline

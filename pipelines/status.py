@@ -108,7 +108,7 @@ def gold_layer(uri: str, storage_options: dict | None = None) -> LayerStatus:
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
         return LayerStatus("gold", note="not created yet")
     table = DeltaTable(uri, storage_options=storage_options)
-    commit_lsn, commit_ts = gold_position(table)
+    commit_lsn, commit_ts = gold_position(uri, storage_options, table.version())
     if commit_ts is not None and commit_ts.tzinfo is None:
         commit_ts = commit_ts.replace(tzinfo=dt.timezone.utc)
     return LayerStatus("gold", table.version(), commit_lsn, commit_ts)
