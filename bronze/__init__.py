@@ -11,5 +11,6 @@
   identity columns; ``failover``: is the source still bronze's history, is the slot;
 - ``backfill``: the snapshot backfill (the protocol and its run), with ``backfill_source``
   (the source's chunks and watermark messages), ``backfill_staging`` (the staging table)
-  and ``backfill_emitter`` (the shipper's side).
+  ``backfill_emitter`` (the shipper's side) and ``backfill_marks`` (its pure parts:
+  watermarks, the window rule, read rows).
 """

@@ -7,37 +7,20 @@ does. A backfill gives every such row a ``R`` row in the change stream, placed s
 reader replaying the stream in ``(commit_lsn, seq)`` order never sees a read that is older
 than a change it has already seen.
 
-Per chunk of table T (keyset on T's single-column primary key, ``chunk_rows`` rows):
+Per chunk of table T (docs/backfill.md, "How it works"): commit a LOW watermark message;
+read the chunk (keyset on T's primary key) in a short REPEATABLE READ snapshot, noting the
+transactions in progress; stage rows, key range, LOW LSN and those transactions in
+``bronze/_backfill_chunks`` (one Delta commit); commit a HIGH watermark message.
 
-1. commit a LOW watermark: ``pg_logical_emit_message(true, 'lakecdc.backfill',
-   '{"run":…,"table":…,"chunk":k,"mark":"low"}')``; its LSN is the window's start;
-2. in a short REPEATABLE READ READ ONLY transaction, note the transactions in progress in
-   its snapshot and SELECT the chunk (``WHERE key > cursor ORDER BY key LIMIT n``) as
-   wal2json-v2-shaped JSON built by Postgres (``chunk_query``);
-3. stage the rows, the chunk's key range (the persisted cursor), the LOW LSN and the
-   in-progress transactions in ``<lakehouse>/bronze/_backfill_chunks`` (one Delta commit);
-4. commit a HIGH watermark message for the chunk.
+The backfill never writes bronze: its one writer stays the shipper, which appends a staged
+chunk's rows to the HIGH's own transaction (``BackfillEmitter``), minus the rows a captured
+change inside the window touched (``bronze.backfill_marks.Window``), and records
+``lakecdc-backfill:<run>`` = the highest chunk emitted in the same commit, so a repeated
+HIGH is ignored. A ``kill -9`` anywhere resumes: a staged chunk not yet emitted gets a new
+HIGH (its window only grows) and the run goes on after the last staged key.
 
-The backfill never writes bronze: bronze keeps one writer, the shipper, so read rows land in
-commit order. When the shipper meets a HIGH watermark of a staged chunk not yet in bronze
-(``BackfillEmitter``), it appends the chunk's rows to the HIGH's own transaction (same
-``commit_lsn``, ``seq`` after the message, ``tx_changes`` grown) in the same bronze commit,
-**minus the rows whose key a captured change inside the window touched** (committed after
-the LOW, before the HIGH - see ``bronze.records.Window`` for the exact rule, which also
-covers Postgres making a transaction visible later than its commit record suggests). Those
-rows are superseded by the streamed change; changes after the HIGH come after the read in
-commit order. The same commit records the Delta app transaction ``lakecdc-backfill:<run>`` =
-highest chunk emitted, so a repeated HIGH (after a resume) is ignored.
-
-Resuming after ``kill -9``: the staging table says which chunks exist and bronze's app
-transaction which are emitted; a staged chunk not yet emitted gets a new HIGH (its window
-only grows, which is still correct) and the run continues after the last staged key. A run
-(id persisted in the staging table) belongs to its set of tables: ``lakecdc backfill
-snapshot`` with the same tables continues it until it completes; then it reports the run
-complete, and ``--new-run`` reads the tables again.
-
-The backfill needs a running shipper (``lakecdc ship`` or ``lakecdc run``) and stays at most
-``max_ahead`` chunks ahead of it; without one it says so and exits 2 rather than wait.
+It needs a running shipper and stays at most ``max_ahead`` chunks ahead of it; without one
+it exits 2 rather than wait.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
 
+from bronze.backfill_marks import HighMark, Window, changed_keys, read_records
 from bronze.backfill_staging import ChunkInfo, StagingTable, app_id, staging_path
-from bronze.records import HighMark, Window, changed_keys, read_records
 from bronze.table import BronzeTable
 from core.config import Config
 from core.lsn import fmt

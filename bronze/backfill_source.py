@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from bronze.records import BACKFILL_PREFIX
+from bronze.backfill_marks import BACKFILL_PREFIX
 from core.errors import UserError
 from core.postgres import connect, emit_message
 

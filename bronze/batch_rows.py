@@ -8,8 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bronze.backfill_marks import HighMark, high_marks
 from bronze.buffer import SpillBuffer
-from bronze.records import ASSEMBLED_SCHEMA, HighMark, TransactionAssembler, finalize, high_marks
+from bronze.records import ASSEMBLED_SCHEMA, TransactionAssembler, finalize
 from bronze.table import DataFiles
 from core.config import Config
 

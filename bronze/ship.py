@@ -23,20 +23,12 @@ Delivery guarantees:
   if the slot is missing, invalidated, ahead of bronze (moved by someone else: changes may
   be lost), belongs to another database or cluster, or another shipper holds it.
 
-WAL safety (``docs/operations.md``):
-
-- Heartbeats (``bronze/heartbeat.py``): when the slot has not moved for
-  ``heartbeat_interval_s`` while the WAL ran ahead (other databases, uncaptured tables), a
-  tiny transaction in the slot's database gives the next peek something to pass over; a
-  progress-only bronze commit records it, then the slot advances.
-- Every batch reads the slot's ``wal_status``: ``unreserved`` logs an ALERT line (slot, lag,
-  ``max_slot_wal_keep_size``) at most every ``ALERT_REPEAT_S`` while it lasts; ``lost``, a
-  dropped slot or one moved by someone else stops the shipper with the recovery command.
-  The slot is never recreated silently.
-- The source restarting or becoming unreachable (F5): continuous shipping reconnects with
-  capped exponential backoff and re-runs the start-up checks; ``--once`` fails with one
-  sentence. Nothing is advanced without a bronze commit either way: the position to advance
-  to is always re-read from bronze.
+WAL safety and lost sessions (``docs/operations.md``): heartbeats (``bronze/heartbeat.py``)
+let a slot advance past WAL written elsewhere; a slot whose ``wal_status`` is
+``unreserved`` raises an ALERT line; one ``lost``, dropped or moved by someone else stops
+the shipper with the recovery command (it is never recreated silently). A lost source
+session reconnects with capped backoff (``--once`` fails with one sentence); nothing is
+advanced without a bronze commit, the position to advance to is always re-read from bronze.
 """
 
 from __future__ import annotations
@@ -58,7 +50,7 @@ from bronze.backfill_emitter import BackfillEmitter
 from bronze.batch_rows import BatchRows
 from bronze.failover import check_same_history, slot_ahead, slot_lost, slot_missing
 from bronze.records import UTC_US, TransactionAssembler
-from bronze.session_loss import reconnect_reason, transient
+from bronze.session_loss import diagnose, reconnect_reason, transient
 from bronze.source import check_replication_role, require_identity
 from bronze.table import BronzeTable, Progress
 from core.config import Config
@@ -395,7 +387,11 @@ class Shipper:
                     again = once and not result.full and self._heartbeat_after_drain(conn)
                 except Exception as exc:
                     self._report(totals)               # a batch stored before it failed
-                    self._diagnose(exc, conn)          # raises unless the source went away
+                    # raises unless the source went away
+                    diagnose(exc, conn, slot=self.config.slot,
+                             peek_timeout_s=self.config.peek_timeout_s,
+                             bronze_progress=self.table.progress,
+                             session_pid=self._session[0] if self._session else None)
                     conn.close()
                     if once:
                         raise UserError(
@@ -459,35 +455,6 @@ class Shipper:
             return False
         self._send_heartbeat(conn, state)
         return True
-
-    def _diagnose(self, exc: Exception, conn: psycopg.Connection) -> None:
-        """Return if ``exc`` means the source went away (reconnect); otherwise raise the
-        error a person can act on, or ``exc`` itself."""
-        slot = self.config.slot
-        if isinstance(exc, psycopg.errors.QueryCanceled) and "statement timeout" in str(exc):
-            raise UserError(f"a peek or advance of slot {slot} did not finish within "
-                            f"--peek-timeout {self.config.peek_timeout_s}s; nothing was "
-                            "stored or advanced: raise --peek-timeout (one transaction is "
-                            "always decoded whole), or lower --max-changes.") from None
-        if transient(exc, conn):
-            return
-        if isinstance(exc, psycopg.Error):
-            # The slot may have been dropped, invalidated or taken between two statements.
-            try:
-                state = slots.slot_state(conn, slot)
-                progress = self.table.progress(slot)
-            except Exception:
-                raise exc from None
-            if progress is not None:
-                if state is None:
-                    raise slot_missing(slot, progress) from None
-                if state.invalidated:
-                    raise slot_lost(slot, state, progress) from None
-            ours = self._session[0] if self._session else None
-            if state is not None and state.active_pid not in (None, ours):
-                raise UserError(f"replication slot {slot} is in use by PID "
-                                f"{state.active_pid}; stop that consumer first.") from None
-        raise exc
 
     def _reconnect(self, stop: threading.Event, exc: Exception
                    ) -> tuple[psycopg.Connection, Progress] | None:

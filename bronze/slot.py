@@ -21,9 +21,9 @@ from typing import Iterator
 import psycopg
 from psycopg import sql
 
+from bronze.backfill_marks import BACKFILL_PREFIX
 from bronze.heartbeat import PREFIX as HEARTBEAT_PREFIX
 from bronze.records import (
-    BACKFILL_PREFIX,
     COPY_HEADER_LEN,
     COPY_SIGNATURE,
     PeekColumns,

@@ -12,31 +12,15 @@ Tables (both Delta, both written only here):
   transaction after the first such one (so gold always holds a prefix of the commit order
   and its watermark means "exact as of this LSN").
 
-Batch ``b`` (silver rows ``S``), in this order:
-
-1. If ``_pending``'s newest commit is batch ``b``'s, both writes below already happened:
-   return (a replay after the last write, before Spark's checkpoint commit).
-2. Read ``_pending`` at a pinned version ``P`` (its state after batch ``b-1``). When this
-   writer's own batch ``b-1`` found it empty and left it unwritten, it is known empty at
-   ``P``: neither its log nor its rows are read (steps 1-2 cost nothing in the usual case).
-   ``S``'s contribution lines reach the driver in one Spark job (``gold.deltas.lines``);
-   steps 3-4 are decided there (``gold.plan``).
-3. Check ``S`` for rows gold must stop on (truncate of notifications, parse errors...):
-   raise before writing anything, so a replay after the fix sees the same state.
-4. ``C = aggregate(contributions(S) ∪ P)``; ``cutoff`` = lowest incomplete transaction.
-5. MERGE the net key deltas of transactions below ``cutoff`` into gold, with
-   ``txnAppId = "lakecdc-gold"``, ``txnVersion = b``: Delta skips it if batch ``b`` was
-   already merged. (Empty source still commits: it records the watermark.)
-6. Overwrite ``_pending`` with the rest of ``C``, also with ``txnAppId/txnVersion = b``.
-7. Return; Spark then commits batch ``b`` to the checkpoint.
-
-Replay (the process dies anywhere, Spark re-runs batch ``b`` with the same rows):
-died before 5 - nothing written, recomputed from the same inputs; between 5 and 6 - the
-inputs (``S``, ``_pending`` still at ``b-1``) are unchanged, so the recomputed MERGE is the
-same one and Delta skips it, then 6 runs; after 6 - step 1 returns. The MERGE happens
-before ``_pending`` moves because a replay recomputes everything from ``_pending``: were it
-written first, a replay would add the carried rows twice. With ``guard=False`` (negative
-controls only) no txn is set and step 1 is skipped: a replay after 5 counts twice.
+Batch ``b`` takes the six steps of docs/gold.md, "Exactly once: order of writes and
+replay": (1) return if ``_pending``'s newest commit is ``b``'s; (2) read ``_pending`` at a
+pinned version (known empty, and not read, after this writer's own empty ``b-1``); (3) the
+batch's contribution lines in one Spark job, planned (``gold.plan``) and checked for stop
+conditions before any write; (4) MERGE the net key deltas of the complete prefix, with
+``txnAppId``/``txnVersion = b`` and the watermark; (5) overwrite ``_pending`` with the
+carried rest, same txn; (6) return. A replay after a kill anywhere skips what is written
+and completes the rest (the table there). With ``guard=False`` (negative controls only) no
+txn is set and (1) is skipped: a replay after (4) counts twice.
 
 Limits, stated: one gold writer per table (two concurrent jobs would interleave batch ids);
 a lost or older checkpoint is refused by ``pipelines.stream`` rather than replayed blindly.
@@ -141,9 +125,9 @@ class GoldBatch:
     merged_keys: int = 0
     pending_transactions: int = 0
     commit_lsn: int | None = None       # watermark after this batch (None: unchanged)
-    replayed: bool = False              # step 1: already fully applied
+    replayed: bool = False              # step (1): already fully applied
     seconds: float = 0.0
-    merge_seconds: float = 0.0          # of ``seconds``: the MERGE into gold (step 5)
+    merge_seconds: float = 0.0          # of ``seconds``: the MERGE into gold (step (4))
 
 
 def ensure_gold_tables(spark: SparkSession, paths: GoldPaths) -> list[str]:
@@ -254,13 +238,13 @@ class GoldBatchWriter:
 
     def apply(self, batch: DataFrame, batch_id: int,
               planned: Callable[[Planned], None] | None = None) -> GoldBatch:
-        """Steps 1-7 of the module docstring. ``planned`` is called with the batch's step
+        """Steps (1)-(6) of the module docstring. ``planned`` is called with the batch's step
         right before the MERGE (not when nothing is applied, nor on a replay that returns
-        at step 1)."""
+        at step (1))."""
         watermark, self._watermark = self._watermark, None
         started = time.monotonic()
         spark = batch.sparkSession
-        # Step 2 without reading the log when this writer's previous batch left _pending
+        # Step (2) without reading the log when this writer's previous batch left _pending
         # empty and unwritten (the usual case: no transaction split across batches). Only
         # lakecdc writes _pending, under the gold lock this job holds; kept only after a
         # batch that succeeded, so a failure (or a new process) reads the table again.
@@ -275,7 +259,7 @@ class GoldBatchWriter:
                 .load(self.paths.pending).toArrow().to_pylist())]
         # Carried rows below the floor are inside a baseline a rebuild wrote since.
         carried = [line for line in stored if line[0] >= self.floor_lsn]
-        # Step 3-4 from one Spark job: the batch's contribution lines, and the first row
+        # Step (3) from one Spark job: the batch's contribution lines, and the first row
         # gold must stop on (``gold.deltas.lines``); the rest is decided on the driver.
         silver = batch.where(F.col("commit_lsn") >= F.lit(self.floor_lsn))
         found = D.lines(silver, self.tables, self.accept_errors_upto).toArrow().to_pylist()

@@ -1,42 +1,16 @@
-"""``lakecdc push [--once]``: gold → the dashboard's Postgres ``service_stats`` (docs/gold.md).
+"""``lakecdc push [--once]``: gold → the dashboard's Postgres ``service_stats``.
 
-JVM-free: gold is read with delta-rs, Postgres written with psycopg 3.
+JVM-free: gold is read with delta-rs, Postgres written with psycopg 3. One push takes steps
+1-4 of docs/gold.md, "The push": one Postgres transaction at one gold version ``V``, fenced
+on this gold table's row of ``lakecdc_push_progress``, so a replayed or stale push changes
+nothing (step 2b: a version the dashboard is already past is only recorded); then the
+*absolute* counts at ``V`` of the keys gold's change data feed names (every row for a full
+push), and COMMIT. All or nothing: the dashboard always shows gold at one watermark, so
+never part of a source transaction.
 
-One push, at one gold version ``V`` (fixed when the push starts):
-
-1. In one Postgres transaction, lock this gold table's row of ``lakecdc_push_progress``
-   (created at version -1 if missing; the lock also serialises concurrent pushers).
-2. Nothing to do if it records ``V`` or later for the same Delta table id: a replayed or
-   stale push (F13) changes nothing, not even ``pushed_at``. (2b) If it records a watermark
-   at or above gold's at ``V`` (an ahead push), only the version is recorded.
-3. Otherwise the keys that changed in gold versions ``(pushed, V]`` come from gold's change
-   data feed, and their *absolute* counts at ``V`` (the newest post-image per key; a key
-   whose newest change is a delete is deleted). No progress yet, a different table id
-   (gold rebuilt as a new table) or a feed that cannot be read (vacuumed) means a full
-   push: every gold row at ``V``, and dashboard rows absent from gold are deleted.
-4. ``COPY`` them into a temp table, ``INSERT … ON CONFLICT DO UPDATE`` / ``DELETE`` into
-   ``service_stats``, set the progress row to ``V``, COMMIT. All or nothing.
-
-Absolute counts make a repeated push harmless by themselves; the version guard keeps an
-older version from overwriting a newer one. The dashboard therefore always shows gold at
-one watermark, and gold only ever holds whole source transactions (``gold.apply``), so the
-dashboard never shows part of a source transaction. ``source_commit_lsn``/``_ts`` of a row
-are the watermark of the push that wrote it: the count is exact as of that commit.
-
-**Ahead of gold** (``push_ahead``, inside ``lakecdc run``): as soon as a stream batch has
-planned its step of gold (``gold.apply.Planned``: from watermark ``A`` to ``W`` by some key
-deltas), the same step is added to the dashboard before gold's MERGE (and silver's
-append) of the batch commits, in one transaction fenced on the progress row: applied only
-if the dashboard is at watermark ``A`` of the same gold table; the row then records ``W``
-(its gold version stays). A replayed batch plans the same step, and finds the dashboard at ``W``:
-nothing is added twice. A push of gold version ``V`` whose watermark is at or below the
-dashboard's only records ``V`` (step 2b): the dashboard already holds gold at ``V``, or gold
-at a later watermark, which the counts at ``V`` must not overwrite (gold at a watermark
-is the source as of it, and so is the dashboard: docs/gold.md).
-
-When the dashboard is the captured source database, the push's writes stay out of the
-replication slot because the shipper asks wal2json for the captured tables only
-(``add-tables``; F20). The two tables here must never be added to the captured tables.
+``push_ahead`` adds a stream batch's planned step of gold to the dashboard before gold's
+MERGE commits it, fenced on the dashboard being at the step's start (docs/gold.md, "Ahead
+of gold"). The two tables here must never be captured (F20).
 """
 
 from __future__ import annotations
@@ -211,7 +185,7 @@ def gold_position(uri: str, storage_options: dict | None = None, version: int | 
 def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults,
                force_full: bool = False, marks: dict | None = None,
                fence: bool = True, storage_options: dict | None = None) -> PushResult:
-    """Steps 1-4 of the module docstring on an open connection (autocommit mode); the layer
+    """Steps 1-4 of docs/gold.md, "The push", on an open connection (autocommit mode); the layer
     marks are recorded in the same transaction. ``fence=False`` (the ``ahead_fence`` guard
     off) skips step 2b: negative controls only."""
     version, table_id = table.version(), table.metadata().id
@@ -272,7 +246,7 @@ def behind(gold_lsn: int | None, dashboard_lsn: int | None) -> bool:
 def push_ahead(conn: psycopg.Connection, key: str, table_id: str, step,
                marks: dict | None = None, fence: bool = True) -> bool:
     """Add a batch's planned step of gold (``gold.apply.Planned``) to the dashboard before
-    gold's MERGE commits it (module docstring, "ahead of gold"). Returns whether it was
+    gold's MERGE commits it (docs/gold.md, "Ahead of gold"). Returns whether it was
     added: False when the dashboard is not at the step's starting watermark of this gold
     table (behind, being caught up by ``push_table``; or already past it: a replay).
     ``fence=False`` (the ``ahead_fence`` guard off) adds it anyway: negative controls only."""

@@ -130,7 +130,7 @@ gold_gate = []
 if param("rebuild", "no") == "yes":
     from pipelines.rebuild import rebuild_and_push
 
-    rebuilt = rebuild_and_push(pipeline)
+    rebuilt = rebuild_and_push(pipeline.spark, pipeline.config, pipeline.where, pipeline.gold_lock)
     print(rebuilt.summary())
     after = describe_gold("after")
     assert after.floor > before.floor, "the rebuild did not move gold's baseline"

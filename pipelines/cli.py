@@ -299,7 +299,10 @@ def verify(ctx, as_json, repair, timeout_s):
     Exit 0 when both are exact, 1 with a readable diff when not."""
     from pipelines.verify import run_verify
 
-    run_verify(_pipeline(ctx), as_json=as_json, repair=repair, timeout_s=timeout_s)
+    pipeline = _pipeline(ctx)
+    run_verify(pipeline.config, pipeline.where, start_spark=lambda: pipeline.spark,
+               drive=pipeline.run_once, gold_lock=pipeline.gold_lock, as_json=as_json,
+               repair=repair, timeout_s=timeout_s)
 
 
 @cli.group()
@@ -340,7 +343,8 @@ def backfill_rebuild_gold(ctx):
     replace it atomically, push everything."""
     from pipelines.rebuild import rebuild_and_push
 
-    report = rebuild_and_push(_pipeline(ctx))
+    pipeline = _pipeline(ctx)
+    report = rebuild_and_push(pipeline.spark, pipeline.config, pipeline.where, pipeline.gold_lock)
     click.echo(report.summary())
 
 
@@ -356,7 +360,9 @@ def backfill_reprocess_silver(ctx, from_lsn, to_lsn, since, until):
     rebuild gold so it stays exact."""
     from pipelines.rebuild import reprocess_and_rebuild
 
-    report = reprocess_and_rebuild(_pipeline(ctx), from_lsn=from_lsn, to_lsn=to_lsn,
+    pipeline = _pipeline(ctx)
+    report = reprocess_and_rebuild(pipeline.spark, pipeline.config, pipeline.where,
+                                   pipeline.gold_lock, from_lsn=from_lsn, to_lsn=to_lsn,
                                    since=since, until=until)
     click.echo(report.summary())
 

@@ -36,8 +36,12 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Callable, ContextManager
+
+from pyspark.sql import SparkSession
 
 from core.commits import commit_metadata as metadata
+from core.config import Config
 from core.lsn import fmt
 from gold.apply import GOLD_SCHEMA, GoldPaths, ensure_gold_tables
 from gold.asof import gold_state
@@ -46,6 +50,9 @@ from gold.push import push_once
 from pipelines.baseline import to_table, write_baseline
 from pipelines.consistent import consistent_point, count_at
 from silver.reprocess import ReprocessReport, reprocess_silver
+
+if TYPE_CHECKING:
+    from pipelines.run import Locations
 
 log = logging.getLogger("lakecdc.rebuild")
 
@@ -69,18 +76,19 @@ class RebuildReport:
                 f"{self.gold_version}){pushed} ({self.seconds:.1f}s)")
 
 
-def rebuild_gold(pipeline) -> RebuildReport:
-    """Steps 1-4 of the module docstring; see ``rebuild_and_push`` for the command."""
+def rebuild_gold(spark: SparkSession, config: Config, where: Locations,
+                 gold_lock: Callable[[], ContextManager]) -> RebuildReport:
+    """Steps 1-3 of the module docstring, under ``gold_lock()`` (the gold writer lock; it may
+    be held already); see ``rebuild_and_push`` for the command."""
     started = time.monotonic()
-    spark, where = pipeline.spark, pipeline.where
-    dsn = pipeline.config.require_source()
-    with pipeline.gold_lock():
+    dsn = config.require_source()
+    with gold_lock():
         paths = GoldPaths(where.gold, where.gold_pending)
         ensure_gold_tables(spark, paths)
         state = gold_state(spark, where.gold)
         with consistent_point(dsn) as point:
             counted_at = datetime.now(timezone.utc)
-            baseline = count_at(dsn, point, pipeline.config.counted,
+            baseline = count_at(dsn, point, config.counted,
                                 "counting the new baseline")
         lsn = point.lsn
         if state.watermark is not None and state.watermark >= lsn:
@@ -103,29 +111,31 @@ def rebuild_gold(pipeline) -> RebuildReport:
          .save(where.gold_pending))
         # The newest baseline is also kept where setup keeps its own (the gold quality gate
         # reconciles gold against it once the rebuild commit's files are vacuumed).
-        write_baseline(pipeline.config.baseline_path, to_table(baseline), lsn)
+        write_baseline(config.baseline_path, to_table(baseline), lsn)
     log.info("rebuilt gold at %s: %d keys (gold version %d)", fmt(lsn), len(rows), version)
     return RebuildReport(lsn, sum(baseline.values()), len(rows), version,
                          seconds=time.monotonic() - started)
 
 
-def rebuild_and_push(pipeline) -> RebuildReport:
-    """``lakecdc backfill rebuild-gold``: rebuild, then replace the dashboard from gold."""
+def rebuild_and_push(spark: SparkSession, config: Config, where: Locations,
+                     gold_lock: Callable[[], ContextManager]) -> RebuildReport:
+    """``lakecdc backfill rebuild-gold``: rebuild, then replace the dashboard from gold
+    (step 4), both under ``gold_lock()``."""
     started = time.monotonic()
-    with pipeline.gold_lock():
-        report = rebuild_gold(pipeline)
-        pushed = push_once(pipeline.where.gold, pipeline.config.dashboard, full=True)
+    with gold_lock():
+        report = rebuild_gold(spark, config, where, gold_lock)
+        pushed = push_once(where.gold, config.dashboard, full=True)
     return RebuildReport(**{**report.__dict__, "pushed_version": pushed.gold_version,
                             "seconds": time.monotonic() - started})
 
 
-def reprocess_and_rebuild(pipeline, **range_) -> ReprocessReport:
+def reprocess_and_rebuild(spark: SparkSession, config: Config, where: Locations,
+                          gold_lock: Callable[[], ContextManager], **range_) -> ReprocessReport:
     """``lakecdc backfill reprocess-silver`` (``silver.reprocess``): the range re-parsed into
-    silver, then gold rebuilt and pushed, all under the gold writer lock."""
+    silver, then gold rebuilt and pushed, all under ``gold_lock()``."""
     started = time.monotonic()
-    with pipeline.gold_lock():
-        report = reprocess_silver(pipeline.spark, pipeline.where.silver,
-                                  pipeline.config.tables, **range_)
-        rebuilt = rebuild_and_push(pipeline)
+    with gold_lock():
+        report = reprocess_silver(spark, where.silver, config.tables, **range_)
+        rebuilt = rebuild_and_push(spark, config, where, gold_lock)
     return ReprocessReport(**{**report.__dict__, "rebuild": rebuilt,
                               "seconds": time.monotonic() - started})

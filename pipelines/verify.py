@@ -2,43 +2,17 @@
 source, compared at one consistent LSN. Exit 0 exact, 1 drift (with a diff), 2 a problem a
 person must fix (one sentence). The scheduled reconciliation job of the bundle.
 
-The protocol of one verification (``verify_once``):
+One verification (``verify_once``) takes the five steps of docs/verify.md, "How it works":
+(1) a consistent point ``P`` of the source (temporary slot, exported snapshot), a marker
+committed after every transaction of it, and the truth counted inside it; (2) gold and the
+dashboard past the marker: verify drives the pipeline itself when nothing holds its locks,
+else waits for the running one up to ``--timeout``; (3) gold and the dashboard *as of P*:
+each minus the silver deltas after ``P`` up to its own watermark (``gold.asof``); (4) the
+truth plus the history rows purged in ``[floor, P)``; (5) compare, exit 0 or 1. "After the
+point" is ``commit_lsn >= P`` (``_from``; docs/verify.md, "Where the cut is").
 
-1. **Point.** A TEMPORARY logical slot with an exported snapshot
-   (``pipelines.consistent.consistent_point``) gives an LSN ``P`` and the source exactly as
-   of it. Inside it: a *marker* - a transactional logical message, committed after every
-   transaction of the snapshot - and the truth, a chunked ``GROUP BY`` of both tables in the
-   snapshot (MVCC: writers are never blocked). The slot is dropped as soon as the count is
-   done (the server drops it with its connection even if this process dies), so verify
-   pins no WAL afterwards.
-2. **Past the marker.** The marker travels slot → bronze → silver → gold → dashboard as a
-   count-neutral transaction. Gold applies whole transactions in commit order, so once
-   gold's watermark (and the dashboard's ``source_commit_lsn``) reaches it, they include
-   every commit of the snapshot. If no process holds the shipper lock or the gold lock,
-   verify drives the pipeline itself (``run --once``); otherwise a pipeline is running
-   and verify waits for it (driving it itself if that pipeline stops meanwhile), up to
-   ``--timeout``, then names the layer that is stuck.
-3. **Gold as of P** = gold at version ``V`` (watermark ``W``) minus the net deltas of the
-   silver transactions gold applied after ``P`` (``gold.asof``). The **dashboard as of P**
-   = ``service_stats`` read with its progress row in one REPEATABLE READ transaction
-   (watermark ``Wd``), minus the silver deltas after ``P`` up to ``Wd``. Silver is read
-   once it holds every transaction up to ``max(W, Wd)``: a running stream commits gold,
-   and pushes gold's step to the dashboard, beside silver's append of the same batch.
-4. **Truth** = the snapshot's count + the rows purged from ``notification_history`` since
-   gold's baseline (floor ``F``) and before ``P``, read from silver: a count includes
-   purged notifications (docs/gold.md). A TRUNCATE of history in that range removed rows whose
-   dims are unknown: only a rebuild (which re-baselines) makes gold verifiable again.
-5. Compare nonzero counts per key (missing = 0): the text report or ``--json``, then
-   ``DriftFound`` (exit 1) on any difference.
-
-**Where the cut is.** The exported snapshot holds exactly the transactions whose commit
-record starts before ``P``; a commit starting exactly at ``P`` is decoded by the slot, not
-in the snapshot. wal2json's commit LSN is that start, so "after the point" means
-``commit_lsn >= P`` here (``_from``), and the purges counted are those in ``[F, P)``.
-
-``--repair``: on drift, ``pipelines.rebuild.rebuild_and_push`` (fresh baseline, gold replaced
-in one commit, full push; it holds the gold lock, so it refuses with one sentence while a
-pipeline runs rather than fight the running writer), then a whole new verification.
+``--repair``: on drift, ``pipelines.rebuild.rebuild_and_push`` under the gold lock (one
+sentence while a pipeline runs), then a whole new verification.
 """
 
 from __future__ import annotations
@@ -47,6 +21,7 @@ import json
 import logging
 import time
 from collections import Counter
+from typing import TYPE_CHECKING, Callable, ContextManager
 
 import click
 import psycopg
@@ -65,15 +40,27 @@ from gold.push import PROGRESS_TABLE, STATS_TABLE
 from pipelines.consistent import consistent_point, count_at, emit_marker
 from pipelines.verify_report import LayerCounts, Verdict, document, drift_sentence, nonzero, render
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from core.config import Config
+    from pipelines.run import Locations
+
 log = logging.getLogger("lakecdc.verify")
 
 POLL_S = 1.0
 
 
-def run_verify(pipeline, as_json: bool = False, repair: bool = False,
+def run_verify(config: Config, where: Locations, *, start_spark: Callable[[], SparkSession],
+               drive: Callable[[], object], gold_lock: Callable[[], ContextManager],
+               as_json: bool = False, repair: bool = False,
                timeout_s: float = 600.0) -> Verdict:
-    """The command: verify, print, and on drift repair (``repair``) or raise ``DriftFound``."""
-    first = verify_once(pipeline, timeout_s)
+    """The command: verify, print, and on drift repair (``repair``) or raise ``DriftFound``.
+
+    ``start_spark()`` gives the session (started only once the source is counted), ``drive()``
+    runs every stage once (``run --once``), ``gold_lock()`` holds the gold writer lock
+    around a repair."""
+    first = verify_once(config, where, start_spark, drive, timeout_s)
     if first.exact or not repair:
         doc = {**document(first), **({"repaired": False} if repair else {})}
         click.echo(json.dumps(doc, indent=2) if as_json else render(first))
@@ -86,10 +73,10 @@ def run_verify(pipeline, as_json: bool = False, repair: bool = False,
                    "dashboard")
     from pipelines import rebuild  # looked up at call time (tests may stand in for it)
 
-    report = rebuild.rebuild_and_push(pipeline)
+    report = rebuild.rebuild_and_push(start_spark(), config, where, gold_lock)
     if not as_json:
         click.echo(f"repair: {report.summary()}\n")
-    second = verify_once(pipeline, timeout_s)
+    second = verify_once(config, where, start_spark, drive, timeout_s)
     if as_json:
         click.echo(json.dumps({**document(second), "repaired": second.exact,
                                "before": document(first)}, indent=2))
@@ -102,11 +89,11 @@ def run_verify(pipeline, as_json: bool = False, repair: bool = False,
     return second
 
 
-def verify_once(pipeline, timeout_s: float = 600.0) -> Verdict:
+def verify_once(config: Config, where: Locations, start_spark: Callable[[], SparkSession],
+                drive: Callable[[], object], timeout_s: float = 600.0) -> Verdict:
     """Steps 1-5 of the module docstring; returns the verdict (does not print)."""
-    config, where = pipeline.config, pipeline.where
     source = config.require_source()
-    _preflight(pipeline)
+    _preflight(config)
 
     with consistent_point(source) as point:
         # Emitted first so a running pipeline carries it along while the count runs.
@@ -116,8 +103,8 @@ def verify_once(pipeline, timeout_s: float = 600.0) -> Verdict:
         truth_src = count_at(source, point, config.counted, "verify: counting source rows")
     # The temporary slot is gone: nothing of verify pins WAL from here on.
 
-    how = _past_marker(pipeline, marker, timeout_s)
-    spark = pipeline.spark
+    how = _past_marker(config, where, drive, marker, timeout_s)
+    spark = start_spark()
     from gold import asof
 
     state = asof.gold_state(spark, where.gold)
@@ -153,9 +140,8 @@ def verify_once(pipeline, timeout_s: float = 600.0) -> Verdict:
 
 # --- step 1: before anything is created ------------------------------------------------
 
-def _preflight(pipeline) -> None:
+def _preflight(config: Config) -> None:
     """Cheap checks with one-sentence errors before a slot is created or Spark started."""
-    config = pipeline.config
     with connect(config.require_source()) as conn:
         check_source(conn, config.tables)
         if slots.slot_state(conn, config.slot) is None:
@@ -170,16 +156,17 @@ def _preflight(pipeline) -> None:
 
 # --- step 2: gold and the dashboard past the marker -------------------------------------
 
-def _past_marker(pipeline, marker: int, timeout_s: float) -> str:
+def _past_marker(config: Config, where: Locations, drive: Callable[[], object], marker: int,
+                 timeout_s: float) -> str:
     """Get gold and the dashboard to include the marker; returns how (for the report).
 
     While another process holds the shipper or the gold lock, a pipeline is running: wait
     for it. When neither is held (at the start, or because the running pipeline stopped
     while we waited), run every stage once here - a stopped gold then says why itself.
     """
-    config, started = pipeline.config, time.monotonic()
+    started = time.monotonic()
     deadline = started + timeout_s
-    ship_lock, gold_lock = ship_lock_name(config.slot), gold_lock_name(pipeline.where.gold)
+    ship_lock, gold_lock = ship_lock_name(config.slot), gold_lock_name(where.gold)
     with connect(config.require_source()) as src, \
             connect(config.dashboard, what="dashboard") as dash:
         waited = False
@@ -188,8 +175,8 @@ def _past_marker(pipeline, marker: int, timeout_s: float) -> str:
                     not is_held(dash, gold_lock, any_role=True):
                 log.info("verify: no pipeline running; running every stage once "
                          "(run --once)")
-                pipeline.run_once()
-                positions = _positions(pipeline, dash)
+                drive()
+                positions = _positions(config, where, dash)
                 if not _passed(positions, marker):
                     raise UserError(_stuck(marker, "after `run --once`", positions,
                                            waited=False))
@@ -199,13 +186,13 @@ def _past_marker(pipeline, marker: int, timeout_s: float) -> str:
                 log.info("verify: a pipeline is running; waiting up to %.0fs for gold and "
                          "the dashboard to pass the marker %s", timeout_s, fmt(marker))
                 waited = True
-            positions = _positions(pipeline, dash, layers=("gold", "dashboard"))
+            positions = _positions(config, where, dash, layers=("gold", "dashboard"))
             if _passed(positions, marker):
                 return (f"a running pipeline passed the marker in "
                         f"{time.monotonic() - started:.1f}s")
             if time.monotonic() >= deadline:
                 raise UserError(_stuck(marker, f"after waiting {timeout_s:.0f}s",
-                                       _positions(pipeline, dash)))
+                                       _positions(config, where, dash)))
             time.sleep(POLL_S)
 
 
@@ -213,7 +200,7 @@ def _passed(positions: dict, marker: int) -> bool:
     return all((positions.get(layer) or 0) >= marker for layer in ("gold", "dashboard"))
 
 
-def _positions(pipeline, dashboard: psycopg.Connection,
+def _positions(config: Config, where: Locations, dashboard: psycopg.Connection,
                layers=("bronze", "silver", "gold", "dashboard")) -> dict:
     """Source commit LSN each layer includes (None: nothing yet), read without Spark."""
     from deltalake import DeltaTable
@@ -223,7 +210,7 @@ def _positions(pipeline, dashboard: psycopg.Connection,
     from pipelines.status import delta_layer, gold_layer
 
     # delta-rs takes the configured URIs (s3://, not Spark's s3a://) and storage options.
-    config, options = pipeline.config, Lakehouse.from_config(pipeline.config).delta_rs_options()
+    options = Lakehouse.from_config(config).delta_rs_options()
     found = {}
     if "bronze" in layers:
         try:
@@ -238,7 +225,7 @@ def _positions(pipeline, dashboard: psycopg.Connection,
         found["gold"] = gold_layer(config.table_path(GOLD),
                                    options).commit_lsn
     if "dashboard" in layers:
-        found["dashboard"] = dashboard_position(dashboard, gold_key(pipeline.where.gold))
+        found["dashboard"] = dashboard_position(dashboard, gold_key(where.gold))
     return found
 
 

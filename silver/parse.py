@@ -13,24 +13,11 @@
   quarantine through ``quarantine_rows``, which applies the same rules.
 - The JSON is parsed once per row (one ``from_json``; later steps read its struct).
 
-Errors, first match wins: ``malformed JSON`` (not JSON, or a field of the wrong JSON type);
-``no action in JSON``; ``JSON action X differs from bronze action Y``; ``unknown action X``;
-``change without schema or table``; ``unknown table s.t`` (a change of a table not in
-``known_tables``); ``I/U/R without columns``, ``D without identity``; ``duplicate or unnamed
-column in columns/identity``; ``X without id, ... in columns`` (the new id and dims must all
-be present and non-NULL for I/U/R); ``X identity lacks ...`` (the replica identity of a D, or
-of a U that has one, must carry the old id and dims). The last two protect gold: a change it
-cannot attribute must stop it loudly, never be counted as NULL dims or skipped (docs/gold.md).
-
-Carried through, not errors: logical messages (op ``M``, ``message_prefix`` /
-``message_content``, no table); truncates (op ``T``: gold decides); columns added mid-stream
-(every new value is in the ``columns`` map); numeric ``NaN`` / ``Infinity`` (kept as text).
-
-Snapshot backfill reads (op ``R``, ``lakecdc backfill snapshot``): a row as it was when its
-chunk was read, parsed like an insert (``columns``, the new id and dims, no identity) and
-checked by the same rules (``R without columns``, ``R without id, ... in columns``). In
-``(commit_lsn, seq)`` order a read is never older than a change before it (the shipper
-drops chunk rows changed inside the chunk's watermark window); gold counts it 0.
+Which rows fail, and which are carried through (messages, truncates, added columns, numeric
+``NaN``): docs/silver.md, "Quarantine policy". The ``error`` texts, first match wins, are
+``_error`` below. A change gold cannot attribute (no id or dims, an identity without them)
+fails here so that gold stops loudly rather than count NULL dims (docs/gold.md). Snapshot
+reads (op ``R``) are parsed and checked like inserts; gold counts them 0.
 
 Numbers: wal2json 2.5 writes numerics as bare JSON numbers, and Spark's ``from_json`` reads a
 bare number into a string field through a double (``12345678901234567890.123456789012345``

@@ -32,7 +32,7 @@ from deltalake import DeltaTable
 from bronze.backfill import run_snapshot_backfill
 from bronze.backfill_source import _reader, read_chunk
 from bronze.backfill_staging import staging_path
-from bronze.records import BACKFILL_PREFIX
+from bronze.backfill_marks import BACKFILL_PREFIX
 from bronze.ship import Shipper
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup

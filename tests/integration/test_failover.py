@@ -92,7 +92,7 @@ def test_a_promoted_standby_is_detected_and_the_runbook_restores_exactness(clust
     _traffic(moved.source_dsn, 83)
     with pytest.raises(GoldStopped, match="re-baselined"):
         pipeline.run_once()                        # counts would miss the gap: refused
-    rebuild_and_push(pipeline)
+    rebuild_and_push(pipeline.spark, pipeline.config, pipeline.where, pipeline.gold_lock)
     check_gold(moved.lakehouse, moved.source_dsn, moved.source_dsn)
     purged = mixed(moved.source_dsn, seed=84)
     pipeline.run_once()

@@ -42,7 +42,7 @@ def test_rebuild_after_a_truncate_restores_exact_counts(source_db, config, pipel
     with pytest.raises(GoldStopped, match="rebuild-gold"):
         pipeline.run_once()
 
-    report = rebuild_and_push(pipeline)
+    report = rebuild_and_push(pipeline.spark, pipeline.config, pipeline.where, pipeline.gold_lock)
     # The baseline holds what the source has now: the 50 new rows + the archived history.
     assert report.baseline_total == sum(source_truth(source_db.dsn).values())
     # Rows up to the new baseline (the TRUNCATE, the 50 inserts) are skipped, not re-added.
@@ -78,7 +78,8 @@ def test_rebuild_repairs_drift_and_readers_never_see_a_partial_gold(source_db, c
     reader = threading.Thread(target=read_gold)
     reader.start()
     try:
-        report = rebuild_and_push(pipeline)
+        report = rebuild_and_push(pipeline.spark, pipeline.config, pipeline.where,
+                                  pipeline.gold_lock)
     finally:
         stop.set()
         reader.join()
@@ -137,7 +138,7 @@ def test_a_lost_checkpoint_is_recovered_by_a_new_silver_and_a_rebuild_only_with_
     lakehouse = Path(config.lakehouse)
     for part in ("silver", "_checkpoints/stream"):
         shutil.move(str(lakehouse / part), str(lakehouse.parent / part.replace("/", "_")))
-    rebuild_and_push(pipeline)
+    rebuild_and_push(pipeline.spark, pipeline.config, pipeline.where, pipeline.gold_lock)
     check_gold(config.lakehouse, source_db.dsn, source_db.dsn)     # the rebuild is exact
     for _ in range(3):
         with source_db.connect() as conn:

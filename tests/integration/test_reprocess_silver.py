@@ -54,7 +54,9 @@ def test_reprocess_replaces_the_range_once_and_gold_stays_exact(source_db, confi
     lo, hi = _damage(pipeline, spark)
     assert any(r["notification_status"] == "garbled" for r in _silver_rows(pipeline))
 
-    report = reprocess_and_rebuild(pipeline, from_lsn=f"{lo >> 32:X}/{lo & 0xFFFFFFFF:X}",
+    report = reprocess_and_rebuild(pipeline.spark, pipeline.config, pipeline.where,
+                                   pipeline.gold_lock,
+                                   from_lsn=f"{lo >> 32:X}/{lo & 0xFFFFFFFF:X}",
                                    to_lsn=f"{hi >> 32:X}/{hi & 0xFFFFFFFF:X}")
     assert (report.first_lsn, report.last_lsn) == (lo, hi)
     after = _silver_rows(pipeline)

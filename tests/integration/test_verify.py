@@ -232,20 +232,22 @@ def test_tampered_gold_or_dashboard_exit_1_naming_the_key_and_repair_restores(
     check_gold(config.lakehouse, source_db.dsn, source_db.dsn, populated.purged)
 
 
-def stand_in_rebuild(pipeline):
+def stand_in_rebuild(spark, config, where, gold_lock):
     """Same contract as ``pipelines.rebuild.rebuild_and_push`` (holds the gold lock, gold exact
     again, full push), by simpler means that only work while bronze holds everything since
-    setup: silver and gold derived again from setup's baseline plus all of bronze."""
+    setup: silver and gold derived again from setup's baseline plus all of bronze (by a
+    pipeline of its own, holding that pipeline's re-entrant gold lock)."""
     from gold.push import push_once
+    from pipelines.run import Pipeline
 
-    w = pipeline.where
+    pipeline = Pipeline(config, spark_factory=lambda: spark)
     with pipeline.gold_lock():
-        for path in (w.silver.silver_path, w.silver.quarantine_path, w.gold, w.gold_pending,
-                     w.checkpoint):
+        for path in (where.silver.silver_path, where.silver.quarantine_path, where.gold,
+                     where.gold_pending, where.checkpoint):
             shutil.rmtree(path)
-        pipeline.spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+        spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
         pipeline.stream(once=True)
-        pushed = push_once(w.gold, pipeline.config.dashboard)   # a new table: a full push
+        pushed = push_once(where.gold, config.dashboard)   # a new table: a full push
     assert pushed.full
     return SimpleNamespace(summary=lambda: "stand-in rebuild")
 

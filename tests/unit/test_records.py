@@ -13,11 +13,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from bronze.records import (BACKFILL_PREFIX, BRONZE_SCHEMA, COPY_HEADER_LEN, HighMark,
-                            _valid_messages, parse_mark,
-                            MalformedPeek, PeekColumns, TransactionAssembler, Window,
-                            changed_keys, decode_copy_rows, finalize, high_marks,
-                            read_records)
+from bronze.backfill_marks import (BACKFILL_PREFIX, HighMark, Window, changed_keys,
+                                   high_marks, parse_mark, read_records)
+from bronze.records import (BRONZE_SCHEMA, COPY_HEADER_LEN, MalformedPeek, PeekColumns,
+                            TransactionAssembler, _valid_messages, decode_copy_rows,
+                            finalize)
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "wal2json" / "peek_mixed.jsonl"
 
