@@ -200,7 +200,7 @@ class Shipper:
         check_replication_role(conn)
         system_id, timeline = slots.identify_system(cfg.require_source())
         check_same_history(conn, ident, progress.end_lsn, system_id, timeline)
-        require_identity(conn, cfg.tables)
+        require_identity(conn, cfg.tables, cfg.counted.names)
         state = slots.slot_state(conn, cfg.slot)
         if state is None:
             raise slot_missing(cfg.slot, progress)

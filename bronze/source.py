@@ -3,11 +3,12 @@
 
 - ``check_source``: ``wal_level``, REPLICATION privilege, captured tables present;
   ``check_plugin``: wal2json loads (setup checks it before changing anything).
-- ``identity_problem`` / ``ensure_replica_identity``: the replica identity must supply the
-  old dims on UPDATE and DELETE; setup creates a unique index on the identity columns and
-  sets ``REPLICA IDENTITY USING INDEX`` (the columns must be NOT NULL; FULL is the fallback).
-  The shipper refuses to run when a table's identity cannot supply them, rather than ship
-  changes gold would have to skip.
+- ``identity_problem`` / ``ensure_replica_identity``: a counted table's replica identity must
+  supply the old dims on UPDATE and DELETE; setup creates a unique index on the identity
+  columns and sets ``REPLICA IDENTITY USING INDEX`` (the columns must be NOT NULL; FULL is
+  the fallback). Any other captured table needs an identity that names the changed row (a
+  primary key, ``USING INDEX`` or ``FULL``); setup never changes it. The shipper refuses to
+  run when a table's identity falls short, rather than ship changes it cannot place.
 """
 
 from __future__ import annotations
@@ -81,8 +82,10 @@ def _split(table: str) -> tuple[str, str]:
     return schema, name
 
 
-def identity_problem(conn: psycopg.Connection, table: str) -> str | None:
-    """Why ``table``'s replica identity cannot supply the old dims, or None if it can."""
+def identity_problem(conn: psycopg.Connection, table: str, counted: bool = True) -> str | None:
+    """Why ``table``'s replica identity cannot do its job, or None if it can: for a counted
+    table, supply the old dims; for any other, identify the row an UPDATE or DELETE
+    changed (a primary key, ``USING INDEX`` or ``FULL``)."""
     schema, name = _split(table)
     ident = conn.execute("""
         SELECT c.relreplident FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -102,6 +105,9 @@ def identity_problem(conn: psycopg.Connection, table: str) -> str | None:
         WHERE n.nspname = %s AND c.relname = %s
           AND CASE WHEN %s = 'i' THEN i.indisreplident ELSE i.indisprimary END""",
         [schema, name, kind])}
+    if not counted:
+        return None if cols else (f"table {table} has no primary key, so its UPDATE and "
+                                  "DELETE would not say which row they changed")
     missing = [c for c in IDENTITY_COLUMNS if c not in cols]
     if missing:
         return (f"the replica identity of {table} lacks {', '.join(missing)}, so UPDATE and "
@@ -109,21 +115,35 @@ def identity_problem(conn: psycopg.Connection, table: str) -> str | None:
     return None
 
 
-def require_identity(conn: psycopg.Connection, tables: tuple[str, ...]) -> None:
+def require_identity(conn: psycopg.Connection, tables: tuple[str, ...],
+                     counted: tuple[str, ...]) -> None:
+    """Every captured table's identity does its job (``identity_problem``); ``counted``:
+    the tables service_stats counts."""
     for table in tables:
-        problem = identity_problem(conn, table)
-        if problem:
+        problem = identity_problem(conn, table, table in counted)
+        if problem and table in counted:
             raise UserError(f"{problem}; run `lakecdc setup` to set REPLICA IDENTITY USING "
                             f"INDEX on ({', '.join(IDENTITY_COLUMNS)}), or ALTER TABLE "
                             f"{table} REPLICA IDENTITY FULL.")
+        if problem:
+            raise UserError(f"{problem}; {_ROW_IDENTITY_FIX.format(table=table)}")
 
 
-def identity_blocker(conn: psycopg.Connection, table: str) -> str | None:
-    """Why setup could not give ``table`` the dims identity index, or None if it can (or
-    the identity already supplies the old dims). Reads only: setup checks every captured
-    table with this before it changes any of them."""
-    if identity_problem(conn, table) is None:
+_ROW_IDENTITY_FIX = ("give it a primary key (with the default replica identity), or ALTER "
+                     "TABLE {table} REPLICA IDENTITY FULL (or USING INDEX a unique index on "
+                     "NOT NULL columns), or stop capturing it (LAKECDC_TABLES)")
+
+
+def identity_blocker(conn: psycopg.Connection, table: str, counted: bool = True) -> str | None:
+    """Why setup cannot go on with ``table``, or None. A counted table must get (or have)
+    the dims identity index; any other table must already identify its rows: setup changes
+    nothing of it. Reads only: setup checks every captured table with this before it
+    changes any of them."""
+    problem = identity_problem(conn, table, counted)
+    if problem is None:
         return None
+    if not counted:
+        return f"captured {problem}: {_ROW_IDENTITY_FIX.format(table=table)}; nothing was changed."
     schema, name = _split(table)
     columns = dict(conn.execute("""
         SELECT a.attname, a.attnotnull FROM pg_attribute a
@@ -132,9 +152,10 @@ def identity_blocker(conn: psycopg.Connection, table: str) -> str | None:
         """, [schema, name]).fetchall())
     missing = [c for c in IDENTITY_COLUMNS if c not in columns]
     if missing:
-        return (f"captured table {table} has no column(s) {', '.join(missing)}, which "
-                f"lakecdc counts by ({', '.join(IDENTITY_COLUMNS)}); capture only tables of "
-                "that shape (LAKECDC_TABLES), and nothing was changed.")
+        return (f"counted table {table} has no column(s) {', '.join(missing)}, which "
+                f"lakecdc counts by ({', '.join(IDENTITY_COLUMNS)}); count only tables of "
+                "that shape (LAKECDC_NOTIFICATIONS_TABLE, LAKECDC_HISTORY_TABLE), and "
+                "nothing was changed.")
     nullable = [c for c in IDENTITY_COLUMNS if not columns[c]]
     if nullable:
         return (f"column(s) {', '.join(nullable)} of {table} allow NULL, so they cannot form "

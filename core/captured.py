@@ -39,6 +39,11 @@ class CountedTables:
         return ".".join(getattr(self, which))
 
     @property
+    def names(self) -> tuple[str, str]:
+        """Both, schema-qualified (``schema.table``)."""
+        return (self.name("live"), self.name("history"))
+
+    @property
     def both(self) -> tuple[tuple[str, str], tuple[str, str]]:
         return (self.live, self.history)
 

@@ -135,7 +135,8 @@ def reprocess_and_rebuild(spark: SparkSession, config: Config, where: Locations,
     silver, then gold rebuilt and pushed, all under ``gold_lock()``."""
     started = time.monotonic()
     with gold_lock():
-        report = reprocess_silver(spark, where.silver, config.tables, **range_)
+        report = reprocess_silver(spark, where.silver, config.tables, **range_,
+                                  counted_tables=config.counted.names)
         rebuilt = rebuild_and_push(spark, config, where, gold_lock)
     return ReprocessReport(**{**report.__dict__, "rebuild": rebuilt,
                               "seconds": time.monotonic() - started})

@@ -186,7 +186,8 @@ class Pipeline:
 
         paths = self.where.stream
         silver = SilverWriter(paths.silver, paths.quarantine, self.config.tables,
-                              guard=self.config.guard_on("silver_txn"))
+                              guard=self.config.guard_on("silver_txn"),
+                              counted_tables=self.config.counted.names)
         self._observe_streams()
         prepare(self.spark, paths, silver, self.faults)
         self.seed_gold_from_baseline()

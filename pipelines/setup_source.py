@@ -70,18 +70,19 @@ def setup(config: Config, rebaseline: bool = False,
     with connect(dsn) as conn:
         check_source(conn, config.tables)
         check_plugin(conn)
+        counted = config.counted.names      # the others are only checked, never changed
         if online_not_null:
-            for table in config.tables:
+            for table in counted:
                 columns = nullable_identity_columns(conn, table)
                 if columns:
                     make_not_null(conn, table, columns, echo=echo)
                     report.did(f"made {', '.join(columns)} of {table} NOT NULL online")
         # Every table is checked before any is changed: one refusal leaves all as they were.
         for table in config.tables:
-            blocker = identity_blocker(conn, table)
+            blocker = identity_blocker(conn, table, table in counted)
             if blocker:
                 raise UserError(blocker)
-        for table in config.tables:
+        for table in counted:
             if ensure_replica_identity(conn, table):
                 report.did(f"set REPLICA IDENTITY USING INDEX on {table}")
     _dashboard_tables(config.dashboard)

@@ -1,6 +1,6 @@
 """bronze → silver as pure DataFrame transforms: wal2json v2 text to typed change rows.
 
-``parse_changes(bronze, known_tables)`` contract:
+``parse_changes(bronze, known_tables, counted_tables)`` contract:
 
 - **One row out per row in**, never filtered, keyed by bronze's ``(commit_lsn, seq)`` and
   carrying ``tx_changes``, so a reader can tell when it holds a whole transaction. Row order
@@ -15,8 +15,9 @@
 
 Which rows fail, and which are carried through (messages, truncates, added columns, numeric
 ``NaN``): docs/silver.md, "Quarantine policy". The ``error`` texts, first match wins, are
-``_error`` below. A change gold cannot attribute (no id or dims, an identity without them)
-fails here so that gold stops loudly rather than count NULL dims (docs/gold.md). Snapshot
+``_error`` below. A change of a counted table that gold cannot attribute (no id or dims, an
+identity without them) fails here so that gold stops loudly rather than count NULL dims
+(docs/gold.md); other captured tables need no such columns. Snapshot
 reads (op ``R``) are parsed and checked like inserts; gold counts them 0.
 
 Numbers: wal2json 2.5 writes numerics as bare JSON numbers, and Spark's ``from_json`` reads a
@@ -58,9 +59,12 @@ _BARE_VALUE = r'"value":\s*(-?[0-9][0-9.eE+\-]*|NaN|-?Infinity)(?=\s*[,}])'
 _QUOTED_VALUE = '"value":"$1"'
 
 
-def parse_changes(bronze: DataFrame, known_tables: Iterable[str]) -> DataFrame:
-    """Bronze rows as silver change rows, in ``SILVER_CHANGES`` column order and types."""
-    parsed = _parsed(bronze, known_tables)
+def parse_changes(bronze: DataFrame, known_tables: Iterable[str],
+                  counted_tables: Iterable[str] | None = None) -> DataFrame:
+    """Bronze rows as silver change rows, in ``SILVER_CHANGES`` column order and types.
+    ``counted_tables``: the known tables whose changes must carry ``id`` and the dims
+    (gold counts them); None: every known table."""
+    parsed = _parsed(bronze, known_tables, counted_tables)
     ok = F.col("error").isNull()
     action = F.col("_j.action")
     change = action.isin(*CHANGE_ACTIONS)
@@ -83,7 +87,8 @@ def parse_changes(bronze: DataFrame, known_tables: Iterable[str]) -> DataFrame:
         for f in SILVER_CHANGES.fields])
 
 
-def quarantine_rows(bronze: DataFrame, known_tables: Iterable[str]) -> DataFrame:
+def quarantine_rows(bronze: DataFrame, known_tables: Iterable[str],
+                    counted_tables: Iterable[str] | None = None) -> DataFrame:
     """The bronze rows ``parse_changes`` marks failed, with their raw JSON and the error.
 
     Same rules as ``parse_changes`` (same ``_parsed``), so for any bronze input the rows
@@ -95,11 +100,12 @@ def quarantine_rows(bronze: DataFrame, known_tables: Iterable[str]) -> DataFrame
     # the projections, substituting the whole error expression - and the from_json inside
     # it - at every reference (over a hundred JSON parses per row, 13x slower, measured).
     # A generator's input is not substituted, so the JSON is parsed once per row here too.
-    return _parsed(bronze, known_tables).select(
+    return _parsed(bronze, known_tables, counted_tables).select(
         F.inline(F.when(F.col("error").isNotNull(), F.array(failed))))
 
 
-def _parsed(bronze: DataFrame, known_tables: Iterable[str]) -> DataFrame:
+def _parsed(bronze: DataFrame, known_tables: Iterable[str],
+            counted_tables: Iterable[str] | None) -> DataFrame:
     """Bronze columns, the parsed JSON ``_j``, column maps ``_new``/``_old`` and ``error``.
 
     Three projections so the costly expressions are evaluated once per row: the optimizer
@@ -109,7 +115,8 @@ def _parsed(bronze: DataFrame, known_tables: Iterable[str]) -> DataFrame:
     with_json = bronze.select("*", F.from_json(text, _PARSE_SCHEMA, _JSON_OPTIONS).alias("_j"))
     with_maps = with_json.select("*", _name_map(F.col("_j.columns")).alias("_new"),
                                  _name_map(F.col("_j.identity")).alias("_old"))
-    return with_maps.select("*", _error(tuple(known_tables)).alias("error"))
+    counted = None if counted_tables is None else tuple(counted_tables)
+    return with_maps.select("*", _error(tuple(known_tables), counted).alias("error"))
 
 
 def _name_map(entries: Column) -> Column:
@@ -131,7 +138,7 @@ def _missing(values: Column) -> Column:
                                for c in KEY_COLUMNS])
 
 
-def _error(known_tables: tuple[str, ...]) -> Column:
+def _error(known_tables: tuple[str, ...], counted: tuple[str, ...] | None) -> Column:
     j = F.col("_j")
     action = j["action"]
     columns, identity = j["columns"], j["identity"]
@@ -139,6 +146,8 @@ def _error(known_tables: tuple[str, ...]) -> Column:
     writes = action.isin(*WRITE_ACTIONS)
     qualified = F.concat_ws(".", j["schema"], j["table"])
     missing_new, missing_old = _missing(F.col("_new")), _missing(F.col("_old"))
+    # Only a counted table's change must carry id and the dims (every known one if None).
+    keyed = F.lit(True) if counted is None else qualified.isin(*counted)
     # Every condition is NULL-safe or guarded by the ones before it: `when` treats NULL as
     # false, which must never let a bad row through as a good one.
     return (
@@ -159,9 +168,9 @@ def _error(known_tables: tuple[str, ...]) -> Column:
         .when(writes & F.col("_new").isNull(), F.lit("duplicate or unnamed column in columns"))
         .when(identity.isNotNull() & F.col("_old").isNull(),
               F.lit("duplicate or unnamed column in identity"))
-        .when(writes & (missing_new != ""),
+        .when(writes & keyed & (missing_new != ""),
               F.concat(action, F.lit(" without "), missing_new, F.lit(" in columns")))
-        .when(action.isin("U", "D") & identity.isNotNull() & (missing_old != ""),
+        .when(action.isin("U", "D") & keyed & identity.isNotNull() & (missing_old != ""),
               F.concat(action, F.lit(" identity lacks "), missing_old,
                        F.lit(": the replica identity must cover id and the dims")))
     )

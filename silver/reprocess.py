@@ -101,9 +101,10 @@ def whole_prefix_end(spark: SparkSession, silver_path: str) -> int | None:
 
 def reprocess_silver(spark: SparkSession, where, tables: tuple[str, ...],
                      from_lsn: str | None = None, to_lsn: str | None = None,
-                     since: str | None = None, until: str | None = None) -> ReprocessReport:
-    """Steps 1-2 of the module docstring, for silver at ``where`` (``SilverLocations``) and
-    the captured ``tables``; the caller holds the gold writer lock and rebuilds gold after
+                     since: str | None = None, until: str | None = None,
+                     counted_tables: tuple[str, ...] | None = None) -> ReprocessReport:
+    """Steps 1-2 of the module docstring, for silver at ``where`` (``SilverLocations``), the
+    captured ``tables`` and the ``counted_tables`` among them; the caller holds the gold writer lock and rebuilds gold after
     (``pipelines.rebuild.reprocess_and_rebuild``)."""
     started = time.monotonic()
     if (from_lsn or to_lsn) and (since or until):
@@ -127,11 +128,10 @@ def reprocess_silver(spark: SparkSession, where, tables: tuple[str, ...],
     if hi is None or lo > hi:
         return ReprocessReport(None, None, 0, 0, seconds=time.monotonic() - started)
     rows = bronze.where(F.col("commit_lsn").between(lo, hi))
-    known = tables
     predicate = f"commit_lsn >= {int(lo)} AND commit_lsn <= {int(hi)}"
     counts = {}
-    for path, frame in ((where.silver_path, parse_changes(rows, known)),
-                        (where.quarantine_path, quarantine_rows(rows, known))):
+    for path, frame in ((where.silver_path, parse_changes(rows, tables, counted_tables)),
+                        (where.quarantine_path, quarantine_rows(rows, tables, counted_tables))):
         frame = frame.persist()
         try:
             counts[path] = frame.count()

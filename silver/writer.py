@@ -85,10 +85,13 @@ class SilverBatch:
 
 class SilverWriter:
     def __init__(self, silver_path: str, quarantine_path: str,
-                 known_tables: Iterable[str], guard: bool = True) -> None:
+                 known_tables: Iterable[str], guard: bool = True,
+                 counted_tables: Iterable[str] | None = None) -> None:
         self.silver_path = silver_path
         self.quarantine_path = quarantine_path
         self.known_tables = tuple(known_tables)
+        # The tables whose changes must carry id and the dims (``silver.parse``).
+        self.counted_tables = None if counted_tables is None else tuple(counted_tables)
         self.guard = guard      # False: no txn ids (negative controls only)
         # path -> the newest batch id this writer knows the table holds (read once per
         # process, or again after a failure); a replayed batch is skipped before any write.
@@ -103,7 +106,7 @@ class SilverWriter:
     def parse(self, bronze: DataFrame) -> tuple[DataFrame, Row]:
         """The batch parsed once and persisted (the caller unpersists it), and its figures:
         rows, errors, the newest commit (``lsn``, ``ts``). One Spark job."""
-        parsed = parse_changes(bronze, self.known_tables).persist()
+        parsed = parse_changes(bronze, self.known_tables, self.counted_tables).persist()
         try:
             figures = parsed.agg(
                 F.count(F.lit(1)).alias("rows"),
@@ -129,7 +132,8 @@ class SilverWriter:
                                 figures.rows)
             quarantined = 0
             if figures.errors:
-                quarantined = self._append(spark, quarantine_rows(bronze, self.known_tables),
+                quarantined = self._append(spark, quarantine_rows(bronze, self.known_tables,
+                                                           self.counted_tables),
                                            self.quarantine_path, QUARANTINE_APP_ID, batch_id,
                                            figures.errors)
                 log.warning("silver batch %d: %d bronze rows failed to parse; see %s",

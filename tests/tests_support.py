@@ -90,7 +90,8 @@ def start_bare_stream(spark, paths, known_tables, once: bool = True, *, counted=
     from pipelines.stream import OnePass, prepare, start_stream
     from silver.writer import SilverWriter
 
-    silver = SilverWriter(paths.silver, paths.quarantine, known_tables, guard=silver_guard)
+    silver = SilverWriter(paths.silver, paths.quarantine, known_tables, guard=silver_guard,
+                          counted_tables=(counted or COUNTED).names)
     prepare(spark, paths, silver)
     gold = gold_writer(spark, paths.gold, tables=counted or COUNTED,
                        accept_errors_upto=accept_errors_upto, guard=gold_guard, faults=faults)

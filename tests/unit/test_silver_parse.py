@@ -188,6 +188,41 @@ def test_a_captured_table_is_known_by_configuration(spark):
                                                             columns=KEYS))]))
 
 
+def test_only_a_counted_tables_changes_must_carry_id_and_the_dims(spark):
+    """A captured table gold does not count (``public.services``) needs no id or dims: its
+    inserts, updates and deletes parse clean. The same changes of a counted table fail, so
+    gold stops on them rather than count NULL dims."""
+    row = {"id": SVC, "name": "Cabinet Office", "active": "true"}
+    pk = {"id": SVC}
+    b = [
+        bronze_row(10, 0, 3, w2j("I", "services", columns=row)),
+        bronze_row(10, 1, 3, w2j("U", "services", columns={**row, "name": "CO"},
+                                 identity=pk)),
+        bronze_row(10, 2, 3, w2j("D", "services", identity=pk)),
+        bronze_row(20, 0, 2, w2j("I", columns=row)),
+        bronze_row(20, 1, 2, w2j("D", identity=pk)),
+    ]
+    known = KNOWN + ("public.services",)
+    clean = [
+        silver_row(b[0], op="I", **change({"id": SVC}, "services", columns=row)),
+        silver_row(b[1], op="U", **change({"id": SVC, "old_id": SVC}, "services",
+                                          columns={**row, "name": "CO"})),
+        silver_row(b[2], op="D", **change({"old_id": SVC}, "services")),
+    ]
+    counted = [
+        failed(b[3], "I without service_id, template_id, notification_type, "
+                     "notification_status in columns"),
+        failed(b[4], "D identity lacks service_id, template_id, notification_type, "
+                     "notification_status: the replica identity must cover id and the dims"),
+    ]
+    bronze = bronze_df(spark, b)
+    assertDataFrameEqual(parse_changes(bronze, known, KNOWN), silver_df(spark, clean + counted))
+    assertDataFrameEqual(quarantine_rows(bronze, known, KNOWN).select("commit_lsn", "seq"),
+                         spark.createDataFrame([(20, 0), (20, 1)], "commit_lsn long, seq int"))
+    # Without the counted tables named, every known table must carry them (the default).
+    assert parse_changes(bronze, known).where(F.col("error").isNotNull()).count() == 5
+
+
 
 def test_snapshot_read_rows_are_parsed_like_inserts_and_checked_alike(spark):
     """Op R (``lakecdc backfill snapshot``): the row read, shaped as wal2json writes an
