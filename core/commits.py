@@ -44,9 +44,11 @@ def floor_of(meta: dict) -> int | None:
 
 
 def read_commits(spark, path: str, layer: str = "gold", limit: int | None = None,
-                 up_to: int | None = None) -> list[Commit]:
+                 up_to: int | None = None, mentioning: str | None = None) -> list[Commit]:
     """The latest ``limit`` commits (all if None) of the Delta table at ``path`` with
-    versions ``<= up_to`` (any if None), newest first; [] if there is no table."""
+    versions ``<= up_to`` (any if None), newest first; [] if there is no table.
+    ``mentioning``: only commits whose metadata text contains it (filtered before the
+    driver collects a long history)."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
@@ -55,6 +57,8 @@ def read_commits(spark, path: str, layer: str = "gold", limit: int | None = None
     history = DeltaTable.forPath(spark, path).history(limit)
     if up_to is not None:
         history = history.where(F.col("version") <= up_to)
+    if mentioning is not None:
+        history = history.where(F.col("userMetadata").contains(mentioning))
     rows = history.select("version", "userMetadata").orderBy(F.desc("version")).collect()
     return [Commit(r.version, parse_commit_metadata(r.userMetadata, layer)) for r in rows]
 

@@ -165,7 +165,7 @@ def _baseline(spark: SparkSession, gold_path: str, floor: int, baseline_path: st
     empty = spark.createDataFrame([], ", ".join([f"{c} string" for c in DIMS] + ["count long"]))
     if floor == 0:
         return empty
-    for commit in read_commits(spark, gold_path):
+    for commit in read_commits(spark, gold_path, mentioning='"operation"'):
         meta = commit.meta or {}
         if meta.get("operation") in ("seed", "rebuild") and floor_of(meta) == floor:
             try:
