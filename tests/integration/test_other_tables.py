@@ -128,9 +128,6 @@ def test_other_captured_tables_land_in_silver_unchanged_and_gold_stays_exact(sou
                 assert dict(row["columns"] or []) == expected, (table, change)
                 seen[table] += 1
         assert all(n > 20 for n in seen.values()), seen
-
-        verified = run_cli(["verify"], env)
-        assert verified.returncode == 0, verified.stdout[-2000:] + verified.stderr[-2000:]
     finally:
         witness.drop()
 
