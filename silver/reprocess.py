@@ -104,8 +104,8 @@ def reprocess_silver(spark: SparkSession, where, tables: tuple[str, ...],
                      since: str | None = None, until: str | None = None,
                      counted_tables: tuple[str, ...] | None = None) -> ReprocessReport:
     """Steps 1-2 of the module docstring, for silver at ``where`` (``SilverLocations``), the
-    captured ``tables`` and the ``counted_tables`` among them; the caller holds the gold writer lock and rebuilds gold after
-    (``pipelines.rebuild.reprocess_and_rebuild``)."""
+    captured ``tables`` and the ``counted_tables`` among them; the caller holds the gold
+    writer lock and rebuilds gold after (``pipelines.rebuild.reprocess_and_rebuild``)."""
     started = time.monotonic()
     if (from_lsn or to_lsn) and (since or until):
         raise UserError("give an LSN range (--from-lsn/--to-lsn) or a time range "
