@@ -206,3 +206,34 @@ def ensure_replica_identity(conn: psycopg.Connection, table: str) -> bool:
         raise UserError(f"setting the replica identity of {table} needs its owner: run "
                         "`lakecdc setup` once as the table owner (or a superuser).") from None
     return True
+
+
+def mirror_key(conn: psycopg.Connection, table: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """A captured table's columns (name, type as wal2json names it: ``format_type`` with the
+    typmod), in attribute order, and the key its mirror is kept by: the primary key when the
+    replica identity carries it (default, ``FULL``, or a ``USING INDEX`` index covering it),
+    else the identity index's columns. No key: an empty list (``FULL`` without a primary
+    key: rows may repeat, so no mirror can be kept by key)."""
+    schema, name = _split(table)
+    oid, ident = conn.execute("""
+        SELECT c.oid::int8, c.relreplident FROM pg_class c
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %s AND c.relname = %s""", [schema, name]).fetchone()
+    columns = [(r[0], r[1]) for r in conn.execute("""
+        SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+        WHERE a.attrelid = %s::int8::oid AND a.attnum > 0 AND NOT a.attisdropped
+        ORDER BY a.attnum""", [oid])]
+
+    def index_columns(which: str) -> list[str]:
+        return [r[0] for r in conn.execute(sql.SQL("""
+            SELECT a.attname FROM pg_index i
+            JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+            WHERE i.indrelid = %s::int8::oid AND i.{}
+            ORDER BY array_position(i.indkey::int2[], a.attnum)""").format(
+                sql.Identifier(which)), [oid])]
+
+    primary = index_columns("indisprimary")
+    if ident == "i":
+        carried = index_columns("indisreplident")
+        return columns, primary if primary and set(primary) <= set(carried) else carried
+    return columns, primary

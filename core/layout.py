@@ -18,6 +18,8 @@ GOLD: Table = ("gold", "service_stats")
 GOLD_PENDING: Table = ("gold", "_pending")
 GOLD_BASELINE: Table = ("gold", "_baseline")
 STREAM_CHECKPOINT: Table = ("_checkpoints", "stream")     # the stream's checkpoint
+MIRRORS: Table = ("silver", "tables")           # one mirror per captured table below it
+MIRROR_CHECKPOINT: Table = ("_checkpoints", "mirrors")
 
 QUERYABLE = (BRONZE, SILVER, QUARANTINE, GOLD)
 
@@ -28,3 +30,15 @@ def path(root: str, table: Table) -> str:
 
 def view_name(table: Table) -> str:
     return f"{table[0]}_{table[1]}"
+
+
+def mirror_path(root: str, table: str) -> str:
+    """Where the mirror of captured table ``schema.table`` lives."""
+    schema, name = table.split(".", 1)
+    return f"{path(root, MIRRORS)}/{schema}/{name}"
+
+
+def mirror_view_name(table: str) -> str:
+    """``silver_<schema>_<table>``: the mirror's name in ``lakecdc sql`` and the notebooks."""
+    schema, name = table.split(".", 1)
+    return f"silver_{schema}_{name}"

@@ -227,6 +227,18 @@ def stream(ctx, once, accept_errors_upto, wait_s, metrics_port):
 
 
 @cli.command()
+@_once_option("Apply what silver holds now (availableNow), then exit.")
+@click.pass_context
+@_needs_spark
+def mirrors(ctx, once):
+    """silver → typed current-state mirrors of the captured tables
+    (silver/tables/<schema>/<table>); `run` keeps them too."""
+    merged = _pipeline(ctx).mirrors(once=once, stop=_stop_on_signals())
+    click.echo("mirrors: " + (", ".join(f"{t} ({n} batches)" for t, n in sorted(merged.items()))
+                              or "nothing to apply"))
+
+
+@cli.command()
 @_once_option("Push gold's latest version once, then exit.")
 @_wait_option
 @_metrics_option

@@ -9,6 +9,7 @@ version when registered (``register_tables``):
 | ``silver_changes``         | ``silver/changes``               |
 | ``silver_quarantine``      | ``silver/quarantine``            |
 | ``gold_service_stats``     | ``gold/service_stats``           |
+| ``silver_<schema>_<table>``| ``silver/tables/<schema>/<table>``: the mirror of each captured table |
 
 The same names work in notebooks (locally and on Databricks) and in the dashboard queries
 under ``sql/``. Views are read-only: nothing here writes a table. For an earlier version use
@@ -25,7 +26,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 
 from core.errors import UserError, first_line
-from core.layout import QUERYABLE, view_name
+from core.layout import QUERYABLE, mirror_path, mirror_view_name, view_name
 
 TABLES = {view_name(table): table for table in QUERYABLE}
 
@@ -34,8 +35,11 @@ def table_paths(config) -> dict[str, str]:
     """View name → the table's path as Spark sees it (``s3a://`` for S3 off Databricks)."""
     from core.storage import on_databricks, spark_path
 
-    return {name: spark_path(config.table_path(where), on_databricks())
-            for name, where in TABLES.items()}
+    paths = {name: spark_path(config.table_path(where), on_databricks())
+             for name, where in TABLES.items()}
+    return {**paths, **{mirror_view_name(t): spark_path(mirror_path(config.lakehouse, t),
+                                                         on_databricks())
+                        for t in config.tables}}
 
 
 def register_tables(spark: SparkSession, paths: dict[str, str]) -> list[str]:

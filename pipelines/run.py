@@ -83,13 +83,15 @@ class OnceReport:
     quarantined: int = 0
     gold_transactions: int = 0
     pushed_version: int | None = None
+    mirrored: int = 0                   # mirror MERGEs (tables x batches)
     seconds: dict[str, float] = field(default_factory=dict)
 
 
 class Pipeline:
     def __init__(self, config: Config, spark_factory: Callable | None = None,
                  trigger_interval: str = TRIGGER_INTERVAL, push_interval_s: float = 5.0,
-                 metrics: "PipelineMetrics | None" = None) -> None:
+                 metrics: "PipelineMetrics | None" = None,
+                 mirror_interval: str | None = None) -> None:
         self.config = config
         # Event metrics (pipelines.metrics), recorded by every stage run through this object.
         self.metrics = metrics
@@ -98,6 +100,9 @@ class Pipeline:
         self._spark_factory = spark_factory
         self._spark = None
         self.trigger_interval = trigger_interval
+        if mirror_interval is None:
+            from pipelines.mirrors import TRIGGER_INTERVAL as mirror_interval
+        self.mirror_interval = mirror_interval
         # The push runs after every stream batch; this is only how often it also looks by
         # itself (a gold written by another process, a dashboard back after an outage).
         self.push_interval_s = push_interval_s
@@ -227,6 +232,26 @@ class Pipeline:
                         marks=self.marks.snapshot, fence=self._fence,
                         on_result=self.metrics.on_push if self.metrics is not None else None)
 
+    def start_mirrors(self, once: bool, accept_errors_upto: int | None = None):
+        """Create missing mirrors and start their query (``pipelines.mirrors``); returns
+        (query, writer). Silver must exist (the stream creates it)."""
+        from pipelines.mirrors import checkpoint_path, prepare_mirrors, start_mirrors
+        from silver.mirror import MirrorWriter
+
+        paths = prepare_mirrors(self.spark, self.config)
+        writer = MirrorWriter(paths, accept_errors_upto or 0)
+        query = start_mirrors(self.spark, self.where.silver.silver_path,
+                              checkpoint_path(self.config), writer, once,
+                              self.mirror_interval)
+        return query, writer
+
+    def mirrors(self, once: bool, stop: threading.Event | None = None,
+                accept_errors_upto: int | None = None) -> dict:
+        """silver → the mirrors: with ``once`` until silver is drained, else until ``stop``
+        is set or a batch fails. Returns table → batches merged."""
+        query, writer = self.start_mirrors(once, accept_errors_upto)
+        return await_stream(query, writer, stop)
+
     @property
     def _fence(self) -> bool:
         return self.config.guard_on("ahead_fence")
@@ -246,6 +271,9 @@ class Pipeline:
         t = time.monotonic()
         report.pushed_version = self.push(once=True).gold_version
         report.seconds["push"] = time.monotonic() - t
+        t = time.monotonic()
+        report.mirrored = sum(self.mirrors(once=True).values())
+        report.seconds["mirrors"] = time.monotonic() - t
         return report
 
     def run_continuous(self, stop: threading.Event) -> None:
@@ -270,7 +298,7 @@ class Pipeline:
 
         wake = threading.Event()
         threads = [guarded("ship", lambda: self._shipper().run(once=False, stop=stop))]
-        query = writer = None
+        query = writer = mirrors = None
         # Each batch's step reaches the dashboard while gold's MERGE runs (gold.push).
         ahead = AheadPush(self.where.gold, self.config.dashboard, marks=self.marks.snapshot,
                           fence=self._fence)
@@ -280,22 +308,25 @@ class Pipeline:
                 latency.enter_context(low_latency(self.spark, True))
                 query, writer = self.start_stream(False, on_pass=[lambda _: wake.set()],
                                                   ahead=ahead)
+                mirrors = self.start_mirrors(False)
                 self.started.set()
                 threads.append(guarded("push", lambda: self.push(once=False, stop=stop,
                                                                  wake=wake)))
                 while not stop.is_set():
-                    if not query.isActive:
-                        # A batch's own error (e.g. a TRUNCATE: exit 2 with its sentence)
-                        # rather than Spark's wrapper around it.
-                        errors.append(writer.failure or query.exception()
-                                      or RuntimeError(f"query {query.name} stopped"))
-                        stop.set()
+                    for q, w in ((query, writer), mirrors):
+                        if not q.isActive and not stop.is_set():
+                            # A batch's own error (e.g. a TRUNCATE: exit 2 with its
+                            # sentence) rather than Spark's wrapper around it.
+                            errors.append(w.failure or q.exception()
+                                          or RuntimeError(f"query {q.name} stopped"))
+                            stop.set()
                     stop.wait(0.5)
             finally:
                 stop.set()
                 wake.set()
-                if query is not None:
-                    stop_between_batches(query)
+                for running in (query, mirrors[0] if mirrors else None):
+                    if running is not None:
+                        stop_between_batches(running)
                 for thread in threads:
                     thread.join(timeout=120)
                 ahead.close()

@@ -78,6 +78,9 @@ def parse_changes(bronze: DataFrame, known_tables: Iterable[str],
         **{c: F.col(_NEW + c) for c in KEY_COLUMNS},
         **{f"old_{c}": F.col(_OLD + c) for c in KEY_COLUMNS},
         "columns": new,
+        "identity": F.col("_old"),
+        "column_types": F.when(F.col("_j.columns").isNotNull(), _type_map(F.col("_j.columns")))
+                         .otherwise(_type_map(F.col("_j.identity"))),
         "message_prefix": F.when(message, F.col("_j.prefix")),
         "message_content": F.when(message, F.col("_j.content")),
     }
@@ -138,6 +141,13 @@ def _name_map(entries: Column) -> Column:
     names = entries["name"]
     well_named = F.size(F.array_distinct(F.array_compact(names))) == F.size(entries)
     return F.when(well_named, F.map_from_arrays(names, entries["value"]))
+
+
+def _type_map(entries: Column) -> Column:
+    """``[{name, type}, ...]`` as a name → type map (NULL where ``_name_map`` is)."""
+    names = entries["name"]
+    well_named = F.size(F.array_distinct(F.array_compact(names))) == F.size(entries)
+    return F.when(well_named, F.map_from_arrays(names, entries["type"]))
 
 
 def _missing(prefix: str) -> Column:

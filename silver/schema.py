@@ -73,7 +73,16 @@ SILVER_CHANGES = StructType([
     # Parse failure: the error, and (in quarantine) the raw JSON.
     StructField("error", StringType()),
     StructField("shipped_at", TimestampType()),
+    # Added for the mirrors (silver/tables): the replica identity's old values (U with a key
+    # change or FULL identity, D) and every column's Postgres type as wal2json reports it
+    # (of ``columns``, else of ``identity``). NULL on rows written before they existed.
+    StructField("identity", MapType(StringType(), StringType())),
+    StructField("column_types", MapType(StringType(), StringType())),
 ])
+
+# Columns added to silver/changes after its first release: an older table gains them
+# (``silver.writer.ensure_table``), its earlier rows NULL in them.
+SILVER_ADDED = ("identity", "column_types")
 
 SILVER_QUARANTINE = StructType([
     StructField("commit_lsn", LongType(), False),

@@ -38,11 +38,14 @@ from core.layout import QUARANTINE, SILVER, Table
 from core.snapshots import warm_in_background
 from core.tables import create_table
 from silver.parse import parse_changes, quarantine_rows
-from silver.schema import SILVER_CHANGES, SILVER_QUARANTINE
+from silver.schema import SILVER_ADDED, SILVER_CHANGES, SILVER_QUARANTINE
 
 log = logging.getLogger("lakecdc.silver")
 
 APP_ID = "lakecdc-silver"
+# Set on a silver table that gained columns (``ensure_table``'s ``added``) after holding rows:
+# the version of the ALTER that added them (the mirrors read silver from the next one).
+ADDED_AT_PROPERTY = "lakecdc.addedColumnsAfterVersion"
 QUARANTINE_APP_ID = "lakecdc-quarantine"
 TABLE_PROPERTIES = {
     "delta.appendOnly": "true",
@@ -99,7 +102,8 @@ class SilverWriter:
 
     def prepare(self, spark: SparkSession) -> None:
         """Create both tables if absent; refuse a table of another schema."""
-        ensure_table(spark, self.silver_path, SILVER_CHANGES, "lakecdc silver/changes")
+        ensure_table(spark, self.silver_path, SILVER_CHANGES, "lakecdc silver/changes",
+                     SILVER_ADDED)
         ensure_table(spark, self.quarantine_path, SILVER_QUARANTINE,
                      "lakecdc silver/quarantine")
 
@@ -165,11 +169,26 @@ class SilverWriter:
         return count
 
 
-def ensure_table(spark: SparkSession, path: str, schema: StructType, description: str) -> None:
-    """Create the append-only Delta table at ``path`` if absent; check its schema if not."""
+def ensure_table(spark: SparkSession, path: str, schema: StructType, description: str,
+                 added: tuple[str, ...] = ()) -> None:
+    """Create the append-only Delta table at ``path`` if absent; check its schema if not.
+
+    ``added``: trailing columns of ``schema`` a table of an older lakecdc lacks; they are
+    added (one ``ALTER TABLE``, NULL in the rows already there)."""
     create_table(spark, path, schema, TABLE_PROPERTIES, comment=description)
     actual = DeltaTable.forPath(spark, path).toDF().schema
-    if [(f.name, f.dataType) for f in actual] != [(f.name, f.dataType) for f in schema]:
+    fields = [(f.name, f.dataType) for f in schema]
+    if added and [(f.name, f.dataType) for f in actual] == fields[:-len(added)]:
+        missing = ", ".join(f"`{f.name}` {f.dataType.simpleString()}"
+                            for f in schema.fields[-len(added):])
+        before = DeltaTable.forPath(spark, path).history(1).first()["version"]
+        if before > 0:      # rows are there: mark where the new columns start
+            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+                      f"('{ADDED_AT_PROPERTY}' = '{before + 2}')")
+        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({missing})")
+        log.info("silver table %s: added columns %s", path, ", ".join(added))
+        actual = DeltaTable.forPath(spark, path).toDF().schema
+    if [(f.name, f.dataType) for f in actual] != fields:
         raise UserError(f"the table at {path} does not have the silver schema of this "
                         f"lakecdc version (found {actual.simpleString()}); move it away and "
                         "rebuild silver from bronze.")

@@ -117,7 +117,8 @@ def _silver_row(commit_lsn, seq, tx_changes, op, table, id=None, new=None, old=N
                 **dict(zip(DIM_NAMES, new)), old_id=id if old[0] else None,
                 **{f"old_{c}": v for c, v in zip(DIM_NAMES, old)}, columns=None,
                 message_prefix="app" if op == "M" else None,
-                message_content="hello" if op == "M" else None, error=None, shipped_at=TS)
+                message_content="hello" if op == "M" else None, error=None, shipped_at=TS,
+                identity=None, column_types=None)
 
 
 def busy_sim() -> tuple[Sim, list[str]]:

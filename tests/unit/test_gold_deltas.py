@@ -39,7 +39,8 @@ def change(commit_lsn, seq, tx_changes, op, table=LIVE, new=NO_DIMS, old=NO_DIMS
                 notification_status=new[3], old_id=old_id, old_service_id=old[0],
                 old_template_id=old[1], old_notification_type=old[2],
                 old_notification_status=old[3], columns=None, message_prefix=None,
-                message_content=None, error=error, shipped_at=TS)
+                message_content=None, error=error, shipped_at=TS, identity=None,
+                column_types=None)
 
 
 def silver(spark, *rows):

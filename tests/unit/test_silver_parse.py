@@ -27,7 +27,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from bronze.records import BRONZE_SCHEMA
 from silver.parse import parse_changes, quarantine_rows
-from silver.schema import SILVER_CHANGES, SILVER_QUARANTINE
+from silver.schema import SILVER_ADDED, SILVER_CHANGES, SILVER_QUARANTINE
 
 pytestmark = pytest.mark.spark
 
@@ -72,7 +72,13 @@ def silver_row(bronze: dict, **values) -> dict:
 
 
 def silver_df(spark, rows: list[dict]):
-    return spark.createDataFrame(rows, SILVER_CHANGES)
+    """Expected rows without the mirrors' columns (``test_the_mirrors_columns`` checks
+    them); compare with ``parsed``."""
+    return spark.createDataFrame(rows, SILVER_CHANGES).drop(*SILVER_ADDED)
+
+
+def parsed(bronze, *args):
+    return parse_changes(bronze, *args).drop(*SILVER_ADDED)
 
 
 def dims(n: int, ntype: str, status: str, prefix: str = "") -> dict:
@@ -174,16 +180,50 @@ def test_recorded_wal2json_becomes_one_typed_row_per_bronze_row(spark):
     actual = parse_changes(bronze_df(spark, b), KNOWN)
     assert ([(f.name, f.dataType) for f in actual.schema]
             == [(f.name, f.dataType) for f in SILVER_CHANGES])
-    assertDataFrameEqual(actual, silver_df(spark, expected))
+    assertDataFrameEqual(actual.drop(*SILVER_ADDED), silver_df(spark, expected))
+
+
+NOTIFICATION_TYPES = {
+    "id": "uuid", "service_id": "uuid", "template_id": "uuid",
+    "notification_type": "notification_type", "notification_status": "text",
+    "key_type": "text", "created_at": "timestamp with time zone",
+    "sent_at": "timestamp with time zone", "updated_at": "timestamp with time zone",
+    "to": "text", "reference": "text", "billable_units": "integer", "personalisation": "text",
+    "rate_multiplier": "numeric"}
+
+
+def test_the_mirrors_columns(spark):
+    """``identity`` holds the replica identity's old values and ``column_types`` each
+    column's type as the recorded wal2json 2.5 named it (of the new row, else of the
+    identity); messages, truncates and failed rows have neither."""
+    b = recorded_bronze()
+    rows = {(r.commit_lsn, r.seq): r for r in
+            parse_changes(bronze_df(spark, b), KNOWN).select(
+                "commit_lsn", "seq", "identity", "column_types").collect()}
+
+    def at(i):
+        return rows[(b[i]["commit_lsn"], b[i]["seq"])]
+
+    assert at(0).identity is None and at(0).column_types == NOTIFICATION_TYPES
+    assert at(4).identity == dims(1, "email", "created")          # a status update
+    assert at(4).column_types == NOTIFICATION_TYPES
+    assert at(5).column_types == {k: v for k, v in NOTIFICATION_TYPES.items()
+                                  if k != "personalisation"}     # the TOASTed one omitted
+    deleted = dims(1, "email", "sending")
+    assert at(7).identity == deleted                              # the archival delete
+    assert at(7).column_types == {k: NOTIFICATION_TYPES[k] for k in deleted}
+    assert at(11).column_types == {**NOTIFICATION_TYPES, "postage": "text"}   # added column
+    for i in (8, 9, 12, 13):                      # messages, unknown table, truncate
+        assert at(i).identity is None and not at(i).column_types
 
 
 def test_a_captured_table_is_known_by_configuration(spark):
     b = [bronze_row(10, 0, 1, w2j("I", "notification_archive", columns=KEYS))]
     unknown = silver_df(spark, [failed(b[0], "unknown table public.notification_archive")])
-    assertDataFrameEqual(parse_changes(bronze_df(spark, b), KNOWN), unknown)
-    assertDataFrameEqual(parse_changes(bronze_df(spark, b), ()), unknown)
+    assertDataFrameEqual(parsed(bronze_df(spark, b), KNOWN), unknown)
+    assertDataFrameEqual(parsed(bronze_df(spark, b), ()), unknown)
     assertDataFrameEqual(
-        parse_changes(bronze_df(spark, b), KNOWN + ("public.notification_archive",)),
+        parsed(bronze_df(spark, b), KNOWN + ("public.notification_archive",)),
         silver_df(spark, [silver_row(b[0], op="I", **change(KEYS, "notification_archive",
                                                             columns=KEYS))]))
 
@@ -216,7 +256,7 @@ def test_only_a_counted_tables_changes_must_carry_id_and_the_dims(spark):
                      "notification_status: the replica identity must cover id and the dims"),
     ]
     bronze = bronze_df(spark, b)
-    assertDataFrameEqual(parse_changes(bronze, known, KNOWN), silver_df(spark, clean + counted))
+    assertDataFrameEqual(parsed(bronze, known, KNOWN), silver_df(spark, clean + counted))
     assertDataFrameEqual(quarantine_rows(bronze, known, KNOWN).select("commit_lsn", "seq"),
                          spark.createDataFrame([(20, 0), (20, 1)], "commit_lsn long, seq int"))
     # Without the counted tables named, every known table must carry them (the default).
@@ -243,7 +283,7 @@ def test_snapshot_read_rows_are_parsed_like_inserts_and_checked_alike(spark):
         bronze_row(50, 4, 5, w2j("R", "notification_archive", columns=KEYS)),
         bronze_row(60, 0, 1, w2j("R"), "R"),
     ]
-    assertDataFrameEqual(parse_changes(bronze_df(spark, b), KNOWN), silver_df(spark, [
+    assertDataFrameEqual(parsed(bronze_df(spark, b), KNOWN), silver_df(spark, [
         silver_row(b[0], op="M", message_prefix="lakecdc.backfill",
                    message_content='{"run":"r1","table":"public.notifications","chunk":1,'
                                    '"mark":"high"}'),
@@ -277,7 +317,7 @@ def test_values_reach_silver_exactly_as_postgres_printed_them(spark):
                                          "content": '{"value":3}'}, separators=(",", ":")),
                    xid=None),
     ]
-    assertDataFrameEqual(parse_changes(bronze_df(spark, b), KNOWN), silver_df(spark, [
+    assertDataFrameEqual(parsed(bronze_df(spark, b), KNOWN), silver_df(spark, [
         silver_row(b[0], op="I", **change(dims(1, "email", "created"), columns={
             **full, "n1": "NaN", "n2": "-Infinity", "n3": "1e400", "n4": "0.10",
             "n5": "-9223372036854775808", "b": "true"})),
@@ -337,7 +377,7 @@ def poison_bronze() -> list[dict]:
 def test_rows_that_cannot_be_trusted_fail_with_the_reason_and_nothing_parsed(spark):
     b = poison_bronze()
     expected = [failed(row, error) for row, (_, _, error) in zip(b, POISON)]
-    assertDataFrameEqual(parse_changes(bronze_df(spark, b), KNOWN), silver_df(spark, expected))
+    assertDataFrameEqual(parsed(bronze_df(spark, b), KNOWN), silver_df(spark, expected))
 
 
 def test_quarantine_holds_exactly_the_failed_rows_with_their_raw_json(spark):

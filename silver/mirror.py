@@ -1,0 +1,353 @@
+"""Typed current-state mirrors of the captured tables, kept from ``silver/changes``.
+
+One Delta table per captured table, ``<lakehouse>/silver/tables/<schema>/<table>``: the
+source's columns under their own names, typed by ``silver.mirror_types``, plus
+``_lakecdc_commit_lsn`` / ``_lakecdc_commit_ts`` (the source commit of the row's last change).
+docs/silver.md, "Mirrors", is the user's account; the rules, per micro-batch of silver:
+
+- A table's changes fold to one row per primary key (``final_rows``), in ``(commit_lsn,
+  seq)`` order: the last change decides whether the row exists; each column takes its value
+  from the last change that carried it, so an UPDATE that leaves a TOASTed value out (wal2json
+  omits it) keeps the mirror's value. An UPDATE that changes the key deletes the old key.
+- A TRUNCATE empties the mirror: changes before the batch's last TRUNCATE of the table are
+  dropped and the MERGE deletes every row its source does not name.
+- One MERGE per changed table. It sets final rows, not increments, so re-applying a batch
+  after a kill (before the query's checkpoint commit) leaves the same mirror; its
+  ``txnAppId`` ``lakecdc-mirror`` / ``txnVersion`` = batch id lets Delta skip the tables
+  already merged without writing.
+- A column added to the source appears in the mirror (``ALTER TABLE ADD COLUMNS`` before the
+  MERGE, repeated harmlessly on a replay); a column whose type changed, a value that does not
+  convert, or a change silver could not parse stops the mirrors with one sentence.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from core.commits import commit_metadata
+from core.errors import UserError
+from core.lsn import fmt
+from core.tables import create_table
+from silver.mirror_types import BAD_VALUE, spark_type, typed
+
+log = logging.getLogger("lakecdc.mirror")
+
+APP_ID = "lakecdc-mirror"
+COMMIT_LSN, COMMIT_TS = "_lakecdc_commit_lsn", "_lakecdc_commit_ts"
+KEY_PROPERTY = "lakecdc.keyColumns"          # JSON list of the primary key's columns
+TYPES_PROPERTY = "lakecdc.sourceTypes"       # JSON {column: Postgres type}
+PROPERTIES = {"delta.enableDeletionVectors": "false",     # every delta-rs reads it
+              "delta.checkpointInterval": "20",
+              "delta.logRetentionDuration": "interval 30 days"}
+MIRRORED_OPS = ("I", "U", "D", "R")
+
+_TXN_APP = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+_EXISTS, _HAS = "__lakecdc_exists", "__lakecdc_has_"
+_TEXT_MAP = MapType(StringType(), StringType())
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A captured table as its mirror is created: columns (name, Postgres type as wal2json
+    names it) in the source's order, and the primary key."""
+
+    schema: str
+    table: str
+    columns: tuple[tuple[str, str], ...]
+    key: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+
+def q(name: str) -> str:
+    """A column name quoted for a Spark SQL expression."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def mirror_schema(columns: list[tuple[str, str]]) -> StructType:
+    return StructType([*[StructField(n, spark_type(t)) for n, t in columns],
+                       StructField(COMMIT_LSN, LongType()),
+                       StructField(COMMIT_TS, TimestampType())])
+
+
+def create_mirror(spark: SparkSession, path: str, spec: TableSpec) -> None:
+    """Create the mirror of ``spec`` at ``path`` unless it exists (idempotent)."""
+    create_table(spark, path, mirror_schema(list(spec.columns)),
+                 {**PROPERTIES, KEY_PROPERTY: json.dumps(list(spec.key)),
+                  TYPES_PROPERTY: json.dumps(dict(spec.columns))},
+                 comment=f"lakecdc mirror of {spec.name}")
+
+
+def final_rows(changes: DataFrame, key: tuple[str, ...]) -> DataFrame:
+    """One table's silver changes (ops I, U, D, R) folded to one row per key: ``_key``
+    (the key's text values), ``_exists`` (False: delete it), ``_values`` (column → text of
+    every column some change after the last delete carried; later changes win), ``_from``
+    (the old key when the row's state begins with an UPDATE that moved it there: the columns
+    that UPDATE left out are the old row's), ``_lsn`` / ``_ts`` (the newest change). Pure;
+    the rules are the module docstring's."""
+    new_key = F.struct(*[F.col("columns")[k].alias(k) for k in key])
+    old_key = F.struct(*[F.col("identity")[k].alias(k) for k in key])
+    empty = F.create_map().cast(_TEXT_MAP)
+
+    def event(k: Column, sub: int, upsert: bool, values: Column, src: Column) -> Column:
+        return F.struct(k.alias("k"), F.lit(sub).alias("sub"), F.lit(upsert).alias("upsert"),
+                        values.alias("vals"), src.alias("src"))
+
+    op = F.col("op")
+    moved = (op == "U") & F.col("identity").isNotNull() & (old_key != new_key)
+    no_key = F.lit(None).cast(StructType([StructField(k, StringType()) for k in key]))
+    delete_old = event(old_key, 0, False, empty, no_key)
+    upsert_new = event(new_key, 1, True, F.col("columns"),
+                       F.when(moved, old_key))
+    events = (F.when(op == "D", F.array(delete_old))
+              .when(moved, F.array(delete_old, upsert_new))
+              .otherwise(F.array(upsert_new)))
+    flat = changes.select("commit_lsn", "seq", "commit_ts", F.inline(events))
+    order = F.struct("commit_lsn", "seq", "sub")
+    grouped = flat.groupBy("k").agg(
+        F.collect_list(F.struct(order.alias("o"), "upsert", "vals", "src")).alias("evs"),
+        F.max_by("commit_ts", order).alias("_ts"),
+        F.max("commit_lsn").alias("_lsn"))
+    order_type = StructType([StructField("commit_lsn", LongType()),
+                             StructField("seq", IntegerType()), StructField("sub", IntegerType())])
+
+    def ordered(evs: Column) -> Column:
+        return F.array_sort(evs, lambda l, r: F.when(l["o"] < r["o"], -1)
+                            .when(l["o"] > r["o"], 1).otherwise(0))
+    start = F.struct(F.lit(False).alias("exists"), empty.alias("vals"), no_key.alias("src"),
+                     F.lit(None).cast(order_type).alias("at"))
+
+    def step(acc: Column, e: Column) -> Column:
+        kept = F.map_filter(acc["vals"], lambda k, _: ~F.map_contains_key(e["vals"], k))
+        moved_in = e["src"].isNotNull()
+        return (F.when(e["upsert"] & moved_in,      # the row arrives from another key
+                       F.struct(F.lit(True).alias("exists"), e["vals"].alias("vals"),
+                                e["src"].alias("src"), e["o"].alias("at")))
+                .when(e["upsert"], F.struct(F.lit(True).alias("exists"),
+                                            F.map_concat(kept, e["vals"]).alias("vals"),
+                                            acc["src"].alias("src"), acc["at"].alias("at")))
+                .otherwise(start))
+
+    state = grouped.select("k", F.aggregate(ordered(F.col("evs")), start, step).alias("s"),
+                           "_lsn", "_ts")
+    # A moved row takes the columns its UPDATE left out from the old key's values in this
+    # batch before the move (and, in ``merge_source``, from the mirror's old row).
+    moves = state.where(F.col("s.src").isNotNull()).select(
+        F.col("k").alias("_to"), F.col("s.src").alias("_src"), F.col("s.at").alias("_at"))
+    # (Columns by name, not ``frame[...]``: both sides descend from ``flat``.)
+    before = (flat.join(moves, (F.col("k") == F.col("_src"))
+                        & (F.struct("commit_lsn", "seq") < F.struct(F.col("_at.commit_lsn"),
+                                                                    F.col("_at.seq"))))
+              .groupBy("_to").agg(F.collect_list(F.struct(order.alias("o"), "upsert", "vals",
+                                                           "src")).alias("evs"))
+              .select(F.col("_to"), F.aggregate(ordered(F.col("evs")), start, step)["vals"]
+                      .alias("_before")))
+    joined = state.join(before, F.col("k") == F.col("_to"), "left")
+    vals = F.col("s.vals")
+    inherited = F.map_filter(F.coalesce(F.col("_before"), empty),
+                             lambda k, _: ~F.map_contains_key(vals, k))
+    return joined.select(F.col("k").alias("_key"), F.col("s.exists").alias("_exists"),
+                         F.when(F.col("s.src").isNotNull(), F.map_concat(inherited, vals))
+                         .otherwise(vals).alias("_values"),
+                         F.col("s.src").alias("_from"), "_lsn", "_ts")
+
+
+def merge_source(final: DataFrame, key: tuple[str, ...], types: dict[str, str],
+                 mirror: DataFrame | None = None) -> DataFrame:
+    """``final_rows`` typed as the mirror's columns (``types``: column → Postgres type),
+    with ``__lakecdc_exists`` and, per non-key column ``i``, ``__lakecdc_has_<i>``: whether
+    it is set (else the MERGE keeps the mirror's value). ``mirror`` (the mirror as the batch
+    starts): a row moved from another key takes the columns its UPDATE left out from the
+    mirror's row at that key."""
+    values = F.col("_values")
+    cols = [typed(F.col("_key")[k], types[k], k).alias(k) for k in key]
+    others = [(n, t) for n, t in types.items() if n not in key]
+    if mirror is not None:
+        old = mirror.select(*[F.col(q(k)).alias(f"__old_k{i}") for i, k in enumerate(key)],
+                            *[F.col(q(n)).alias(f"__old_{i}") for i, (n, _) in
+                              enumerate(others)], F.lit(True).alias("__old"))
+        final = final.join(old, [typed(F.col("_from")[k], types[k], k) == F.col(f"__old_k{i}")
+                                 for i, k in enumerate(key)], "left")
+    for i, (name, pg_type) in enumerate(others):
+        carried = F.map_contains_key(values, name)
+        value = typed(F.try_element_at(values, F.lit(name)), pg_type, name)
+        if mirror is not None:
+            value = F.when(carried, value).otherwise(F.col(f"__old_{i}"))
+            carried = carried | F.col("__old").isNotNull()
+        cols += [value.alias(name), carried.alias(f"{_HAS}{i}")]
+    return final.select(*cols, F.col("_exists").alias(_EXISTS),
+                        F.col("_lsn").alias(COMMIT_LSN), F.col("_ts").alias(COMMIT_TS))
+
+
+@dataclass(frozen=True)
+class TableInBatch:
+    """What one Spark job learns of a batch, per table: the newest TRUNCATE (order) and the
+    (column, type) pairs its changes carried."""
+
+    schema: str
+    table: str
+    truncated: tuple[int, int] | None
+    types: dict[str, str]
+    moved: bool = False             # an UPDATE carried the old key (it may have moved)
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+
+def tables_in_batch(batch: DataFrame) -> list[TableInBatch]:
+    changes = batch.where(F.col("op").isin(*MIRRORED_OPS, "T"))
+    flat = changes.select("schema_name", "table_name", "op", "commit_lsn", "seq", "identity",
+                          F.explode_outer("column_types").alias("name", "type"))
+    rows = flat.groupBy("schema_name", "table_name").agg(
+        F.max(F.when(F.col("op") == "T", F.struct("commit_lsn", "seq"))).alias("truncated"),
+        F.collect_set(F.when(F.col("name").isNotNull(), F.struct("name", "type")))
+        .alias("types"),
+        F.max((F.col("op") == "U") & F.col("identity").isNotNull()).alias("moved")).collect()
+    return [TableInBatch(r.schema_name, r.table_name,
+                         (r.truncated.commit_lsn, r.truncated.seq) if r.truncated else None,
+                         {t.name: t.type for t in r.types}, bool(r.moved)) for r in rows]
+
+
+class MirrorStopped(UserError):
+    """The mirrors cannot go on exactly; the sentence says why and what to do."""
+
+
+class MirrorWriter:
+    """The ``foreachBatch`` function of the mirrors' query (see the module docstring).
+
+    ``paths``: schema.table → mirror path, for every mirrored table (created before the
+    query starts). ``accept_errors_upto``: silver rows that failed to parse with a commit LSN
+    at or below it are passed over (the operator checked them in quarantine)."""
+
+    def __init__(self, paths: dict[str, str], accept_errors_upto: int = 0) -> None:
+        self.paths = dict(paths)
+        self.accept_errors_upto = accept_errors_upto
+        self.failure: BaseException | None = None
+        self._session: SparkSession | None = None
+        self.merged: dict[str, int] = {}        # table -> batches merged by this writer
+        self.run = self.merged                  # what ``pipelines.stream.await_stream`` returns
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        try:
+            self._batch(batch, batch_id)
+        except BaseException as exc:
+            self.failure = exc
+            raise
+
+    def _batch(self, batch: DataFrame, batch_id: int) -> None:
+        failed = batch.where(F.col("error").isNotNull()
+                             & (F.col("commit_lsn") > F.lit(self.accept_errors_upto))) \
+            .select("commit_lsn", "error").limit(1).collect()
+        if failed:
+            raise MirrorStopped(
+                f"a change at commit LSN {fmt(failed[0].commit_lsn)} failed to parse "
+                f"({failed[0].error}), so no mirror can say it holds it; mirrors stopped. "
+                "See silver/quarantine and docs/silver.md, \"Mirrors\".")
+        for found in tables_in_batch(batch):
+            path = self.paths.get(found.name)
+            if path is None:
+                continue                       # captured without a mirror (docs/silver.md)
+            self._table(batch, batch_id, found, path)
+
+    def _table(self, batch: DataFrame, batch_id: int, found: TableInBatch, path: str) -> None:
+        from delta.tables import DeltaTable
+
+        spark = self._merge_session(batch.sparkSession)
+        key, types = self._evolve(spark, path, found)
+        mine = (F.col("schema_name") == found.schema) & (F.col("table_name") == found.table) \
+            & F.col("op").isin(*MIRRORED_OPS)
+        if found.truncated is not None:
+            lsn, seq = found.truncated
+            mine = mine & ((F.col("commit_lsn") > lsn)
+                           | ((F.col("commit_lsn") == lsn) & (F.col("seq") > seq)))
+        final = final_rows(batch.where(mine), key)
+        moved = found.moved and DeltaTable.forPath(spark, path).toDF()
+        source = merge_source(final, key, types, moved or None)
+        on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key)
+        others = [n for n in types if n not in key]
+        update = {q(n): f"CASE WHEN s.{q(f'{_HAS}{i}')} THEN s.{q(n)} ELSE t.{q(n)} END"
+                  for i, n in enumerate(others)}
+        meta = {COMMIT_LSN: f"s.{COMMIT_LSN}", COMMIT_TS: f"s.{COMMIT_TS}"}
+        merge = (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), on)
+                 .whenMatchedDelete(condition=f"NOT s.{_EXISTS}")
+                 .whenMatchedUpdate(condition=f"s.{_EXISTS}", set={**update, **meta})
+                 .whenNotMatchedInsert(condition=f"s.{_EXISTS}",
+                                       values={**{q(n): f"s.{q(n)}" for n in types}, **meta}))
+        if found.truncated is not None:
+            merge = merge.whenNotMatchedBySourceDelete()
+        confs = {_USER_METADATA: commit_metadata("mirror", batch_id=batch_id,
+                                                 truncated=found.truncated is not None),
+                 _TXN_APP: APP_ID, _TXN_VERSION: str(batch_id)}
+        for k, v in confs.items():
+            spark.conf.set(k, v)
+        try:
+            merge.execute()
+        except Exception as exc:
+            if BAD_VALUE in str(exc):
+                detail = str(exc).split(BAD_VALUE + ": ", 1)[1].split("\n", 1)[0]
+                raise MirrorStopped(
+                    f"the mirror of {found.name} cannot hold a value of {detail!r} in its "
+                    "type; mirrors stopped (docs/silver.md, \"Mirrors\": types).") from None
+            raise
+        finally:
+            for k in confs:
+                spark.conf.unset(k)
+        self.merged[found.name] = self.merged.get(found.name, 0) + 1
+
+    def _evolve(self, spark: SparkSession, path: str,
+                found: TableInBatch) -> tuple[tuple[str, ...], dict[str, str]]:
+        """The mirror's key and (column → type), after adding the columns the batch's
+        changes carry and the mirror lacks; a retyped column stops the mirrors."""
+        from delta.tables import DeltaTable
+
+        properties = DeltaTable.forPath(spark, path).detail().first().properties
+        key = tuple(json.loads(properties[KEY_PROPERTY]))
+        types = dict(json.loads(properties[TYPES_PROPERTY]))
+        retyped = {n: t for n, t in found.types.items() if n in types and types[n] != t}
+        if retyped:
+            name, new = next(iter(retyped.items()))
+            raise MirrorStopped(
+                f"column {name} of {found.name} changed type from {types[name]} to {new}; "
+                "its mirror cannot hold both, so mirrors stopped (docs/silver.md, "
+                "\"Mirrors\": schema changes).")
+        added = {n: t for n, t in found.types.items() if n not in types}
+        if added:
+            have = set(DeltaTable.forPath(spark, path).toDF().columns)   # a replay's
+            columns = ", ".join(f"{q(n)} {spark_type(t).simpleString()}"
+                                for n, t in added.items() if n not in have)
+            types.update(added)
+            if columns:
+                spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
+            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+                      f"('{TYPES_PROPERTY}' = {_sql_string(json.dumps(types))})")
+            log.info("mirror of %s: added column(s) %s", found.name, ", ".join(added))
+        return key, types
+
+    def _merge_session(self, spark: SparkSession) -> SparkSession:
+        """A session of the writer's own: the txn confs it sets reach no other write."""
+        if self._session is None or self._session.sparkContext is not spark.sparkContext:
+            self._session = spark.newSession()
+        return self._session
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
