@@ -212,12 +212,7 @@ def _await_input(ctx, stage: str, wait_s: float, stop: threading.Event) -> None:
 def stream(ctx, once, accept_errors_upto, wait_s, metrics_port):
     """bronze → silver → gold service_stats: one Spark Structured Streaming query, idempotent
     appends and MERGE of whole transactions."""
-    from core.lsn import Lsn
-
-    try:
-        accept = int(Lsn.parse(accept_errors_upto)) if accept_errors_upto else None
-    except ValueError as exc:
-        raise UserError(f"--accept-errors-upto: {exc}; write an LSN like 0/4A3F2C0.") from None
+    accept = _accepted(accept_errors_upto)
     stop = _stop_on_signals()
     _await_input(ctx, "stream", wait_s, stop)
     with _stage_metrics(_pipeline(ctx), metrics_port, "stream") as pipeline:
@@ -228,14 +223,28 @@ def stream(ctx, once, accept_errors_upto, wait_s, metrics_port):
 
 @cli.command()
 @_once_option("Apply what silver holds now (availableNow), then exit.")
+@click.option("--accept-errors-upto", metavar="LSN",
+              help="Pass over silver rows that failed to parse up to this commit LSN, after "
+                   "checking silver/quarantine; e.g. 0/4A3F2C0.")
 @click.pass_context
 @_needs_spark
-def mirrors(ctx, once):
+def mirrors(ctx, once, accept_errors_upto):
     """silver → typed current-state mirrors of the captured tables
     (silver/tables/<schema>/<table>); `run` keeps them too."""
-    merged = _pipeline(ctx).mirrors(once=once, stop=_stop_on_signals())
+    merged = _pipeline(ctx).mirrors(once=once, stop=_stop_on_signals(),
+                                    accept_errors_upto=_accepted(accept_errors_upto))
     click.echo("mirrors: " + (", ".join(f"{t} ({n} batches)" for t, n in sorted(merged.items()))
                               or "nothing to apply"))
+
+
+def _accepted(text: str | None) -> int | None:
+    """``--accept-errors-upto``'s LSN."""
+    from core.lsn import Lsn
+
+    try:
+        return int(Lsn.parse(text)) if text else None
+    except ValueError as exc:
+        raise UserError(f"--accept-errors-upto: {exc}; write an LSN like 0/4A3F2C0.") from None
 
 
 @cli.command()

@@ -16,6 +16,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from bronze.source import mirror_key
+from core.errors import UserError
 from core.layout import MIRROR_CHECKPOINT, mirror_path
 from core.postgres import connect
 from core.storage import on_databricks, spark_path
@@ -68,6 +69,9 @@ def start_mirrors(spark: SparkSession, silver_path: str, checkpoint: str,
     (an upgraded lakehouse) is read from that point on: earlier rows lack the old keys."""
     from delta.tables import DeltaTable
 
+    if not DeltaTable.isDeltaTable(spark, silver_path):
+        raise UserError(f"no silver table at {silver_path}: run `lakecdc stream` (or `run`) "
+                        "first.")
     reader = spark.readStream.format("delta").option("skipChangeCommits", "true")
     added = DeltaTable.forPath(spark, silver_path).detail().first().properties \
         .get(ADDED_AT_PROPERTY)

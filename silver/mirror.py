@@ -261,7 +261,8 @@ class MirrorWriter:
             raise MirrorStopped(
                 f"a change at commit LSN {fmt(failed[0].commit_lsn)} failed to parse "
                 f"({failed[0].error}), so no mirror can say it holds it; mirrors stopped. "
-                "See silver/quarantine and docs/silver.md, \"Mirrors\".")
+                "Check silver/quarantine, then pass over it with `lakecdc mirrors "
+                "--accept-errors-upto` (docs/silver.md, \"Mirrors\").")
         for found in tables_in_batch(batch):
             path = self.paths.get(found.name)
             if path is None:

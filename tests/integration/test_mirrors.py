@@ -200,3 +200,18 @@ def test_a_replayed_mirror_batch_changes_nothing(source_db, config, tmp_path):
     assert "public.typed_rows (1 batches)" in again.stdout
     assert DeltaTable(mirror_path(config.lakehouse, TABLE)).version() == version
     assert_mirror_is_source(source_db, config)
+
+
+def test_mirrors_before_silver_exists_is_one_sentence(source_db, config):
+    from tests.tests_support import error_line
+
+    env = {**cli_env(config), "LAKECDC_TABLES": ",".join(CAPTURED)}
+    with source_db.connect() as conn:
+        conn.execute(SCHEMA_SQL)
+    assert run_cli(["setup"], env).returncode == 0
+    line = error_line(run_cli(["mirrors", "--once"], env), "no silver table",
+                      "lakecdc stream")
+    assert "silver/changes" in line
+    bad = error_line(run_cli(["mirrors", "--once", "--accept-errors-upto", "x"], env),
+                     "--accept-errors-upto")
+    assert "0/4A3F2C0" in bad
