@@ -20,6 +20,7 @@ GOLD_BASELINE: Table = ("gold", "_baseline")
 STREAM_CHECKPOINT: Table = ("_checkpoints", "stream")     # the stream's checkpoint
 MIRRORS: Table = ("silver", "tables")           # one mirror per captured table below it
 MIRROR_CHECKPOINT: Table = ("_checkpoints", "mirrors")
+MIRROR_BASELINES: Table = ("silver", "_mirror_baselines")    # setup's initial rows per table
 
 QUERYABLE = (BRONZE, SILVER, QUARANTINE, GOLD)
 
@@ -42,3 +43,9 @@ def mirror_view_name(table: str) -> str:
     """``silver_<schema>_<table>``: the mirror's name in ``lakecdc sql`` and the notebooks."""
     schema, name = table.split(".", 1)
     return f"silver_{schema}_{name}"
+
+
+def mirror_baseline_path(root: str, table: str) -> str:
+    """Where setup keeps captured table ``schema.table``'s initial rows."""
+    schema, name = table.split(".", 1)
+    return f"{path(root, MIRROR_BASELINES)}/{schema}/{name}"

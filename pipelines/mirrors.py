@@ -9,18 +9,34 @@ own trigger interval. Silver is read as an append-only stream; commits that rewr
 
 from __future__ import annotations
 
+import json
 import logging
 
 import psycopg
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from bronze.source import mirror_key
+from core.commits import commit_metadata
 from core.errors import UserError
-from core.layout import MIRROR_CHECKPOINT, mirror_path
+from core.layout import MIRROR_CHECKPOINT, mirror_baseline_path, mirror_path
+from core.lsn import fmt
 from core.postgres import connect
 from core.storage import on_databricks, spark_path
-from silver.mirror import MirrorWriter, TableSpec, create_mirror
+from pipelines.mirror_baseline import baseline_point
+from silver.mirror import (
+    COMMIT_LSN,
+    COMMIT_TS,
+    SEED_APP_ID,
+    TYPES_PROPERTY,
+    MirrorWriter,
+    TableSpec,
+    bad_values_stop,
+    create_mirror,
+    q,
+)
+from silver.mirror_types import typed
 from silver.writer import ADDED_AT_PROPERTY
 
 log = logging.getLogger("lakecdc.mirrors")
@@ -41,10 +57,13 @@ def table_specs(conn: psycopg.Connection, tables: tuple[str, ...]) -> list[Table
     return specs
 
 
-def prepare_mirrors(spark: SparkSession, config) -> dict[str, str]:
+def prepare_mirrors(spark: SparkSession, config,
+                    storage_options: dict | None = None) -> tuple[dict[str, str], dict[str, int]]:
     """Create the mirror of every captured table that has none (its columns and key from
-    the source's catalog); returns schema.table → Spark path of every mirror kept. A table
-    without a key (``REPLICA IDENTITY FULL`` and no primary key) gets no mirror."""
+    the source's catalog) and start each from its initial rows (``seed_mirror``). Returns
+    schema.table → Spark path of every mirror kept, and → its floor: the LSN of the rows it
+    started from (its changes below it are in them). A table without a key
+    (``REPLICA IDENTITY FULL`` and no primary key) gets no mirror."""
     from delta.tables import DeltaTable
 
     paths = {t: spark_path(mirror_path(config.lakehouse, t), on_databricks())
@@ -59,7 +78,41 @@ def prepare_mirrors(spark: SparkSession, config) -> dict[str, str]:
                     del paths[spec.name]
                     continue
                 create_mirror(spark, paths[spec.name], spec)
-    return paths
+    floors = {t: seed_mirror(spark, config.lakehouse, t, p, storage_options)
+              for t, p in paths.items()}
+    return paths, floors
+
+
+def seed_mirror(spark: SparkSession, lakehouse: str, table: str, path: str,
+                storage_options: dict | None = None) -> int:
+    """Replace the mirror's rows with ``table``'s initial rows (``pipelines.mirror_baseline``)
+    unless it already holds them; returns its floor (0: no initial rows).
+
+    Decided by the mirror's own record (app transaction ``lakecdc-mirror-seed``, version =
+    the rows' consistent point), so a kill anywhere here seeds once on the next start, and
+    a newer baseline (``setup --rebaseline``) replaces what an older one started."""
+    from deltalake import DeltaTable as RsTable
+
+    point = baseline_point(lakehouse, table, storage_options)
+    if point is None:
+        return 0
+    mirror = RsTable(mirror_path(lakehouse, table), storage_options=storage_options)
+    seeded = mirror.transaction_version(SEED_APP_ID)
+    if seeded is not None and seeded >= point:
+        return seeded
+    types = json.loads(mirror.metadata().configuration[TYPES_PROPERTY])
+    rows = spark.read.format("delta").load(spark_path(mirror_baseline_path(lakehouse, table),
+                                                      on_databricks()))
+    typed_rows = rows.select(*[typed(F.col(q(n)), t, n).alias(n) for n, t in types.items()
+                               if n in rows.columns],
+                             F.lit(None).cast("long").alias(COMMIT_LSN),
+                             F.lit(None).cast("timestamp").alias(COMMIT_TS))
+    with bad_values_stop(table):
+        (typed_rows.write.format("delta").mode("overwrite")
+         .option("txnAppId", SEED_APP_ID).option("txnVersion", point)
+         .option("userMetadata", commit_metadata("mirror", seed=point)).save(path))
+    log.info("mirror of %s: started from its initial rows at %s", table, fmt(point))
+    return point
 
 
 def start_mirrors(spark: SparkSession, silver_path: str, checkpoint: str,

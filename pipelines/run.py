@@ -235,11 +235,13 @@ class Pipeline:
     def start_mirrors(self, once: bool, accept_errors_upto: int | None = None):
         """Create missing mirrors and start their query (``pipelines.mirrors``); returns
         (query, writer). Silver must exist (the stream creates it)."""
+        from core.storage import Lakehouse
         from pipelines.mirrors import checkpoint_path, prepare_mirrors, start_mirrors
         from silver.mirror import MirrorWriter
 
-        paths = prepare_mirrors(self.spark, self.config)
-        writer = MirrorWriter(paths, accept_errors_upto or 0)
+        paths, floors = prepare_mirrors(self.spark, self.config,
+                                        Lakehouse.from_config(self.config).delta_rs_options())
+        writer = MirrorWriter(paths, accept_errors_upto or 0, floors)
         query = start_mirrors(self.spark, self.where.silver.silver_path,
                               checkpoint_path(self.config), writer, once,
                               self.mirror_interval)

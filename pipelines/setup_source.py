@@ -27,6 +27,7 @@ from bronze.source import (
     check_source,
     ensure_replica_identity,
     identity_blocker,
+    mirror_key,
     nullable_identity_columns,
 )
 from bronze.table import REBASELINE_SUFFIX, BronzeTable, Progress, SourceIdentity
@@ -37,6 +38,7 @@ from core.postgres import connect
 from core.storage import check_writable
 from gold.push import ensure_dashboard_tables
 from pipelines.baseline import count_in_snapshot, write_baseline
+from pipelines.mirror_baseline import write_baselines
 
 
 def _dashboard_tables(dsn: str) -> None:
@@ -85,6 +87,8 @@ def setup(config: Config, rebaseline: bool = False,
         for table in counted:
             if ensure_replica_identity(conn, table):
                 report.did(f"set REPLICA IDENTITY USING INDEX on {table}")
+        # The tables a mirror can be kept of (docs/silver.md, "Mirrors").
+        keyed = tuple(t for t in config.tables if mirror_key(conn, t)[1])
     _dashboard_tables(config.dashboard)
     with connect(dsn) as conn:
         db = conn.execute("SELECT current_database()").fetchone()[0]
@@ -112,6 +116,8 @@ def setup(config: Config, rebaseline: bool = False,
         try:
             # The exported snapshot is importable while rconn stays open and idle.
             counts = count_in_snapshot(dsn, created.snapshot_name, config.counted)
+            mirrored = write_baselines(dsn, created.snapshot_name, keyed, config.lakehouse,
+                                       created.consistent_point, storage_options)
         except BaseException:
             with connect(dsn) as conn:
                 slots.drop_slot(conn, config.slot)
@@ -122,6 +128,8 @@ def setup(config: Config, rebaseline: bool = False,
         report.did(f"counted {sum(counts.column('count').to_pylist()):,} existing "
                    f"notifications in {counts.num_rows:,} keys as the baseline at "
                    f"{fmt(created.consistent_point)}")
+        report.did("kept the rows of " + ", ".join(f"{t} ({n:,})" for t, n in mirrored.items())
+                   + " for their mirrors")
         if not has_bronze:
             bronze.create(ident, created.consistent_point)
             report.did(f"created bronze table {config.bronze_path}")

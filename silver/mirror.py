@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -47,6 +48,7 @@ from silver.mirror_types import BAD_VALUE, spark_type, typed
 log = logging.getLogger("lakecdc.mirror")
 
 APP_ID = "lakecdc-mirror"
+SEED_APP_ID = "lakecdc-mirror-seed"     # the initial rows (``pipelines.mirrors.seed_mirror``)
 COMMIT_LSN, COMMIT_TS = "_lakecdc_commit_lsn", "_lakecdc_commit_ts"
 KEY_PROPERTY = "lakecdc.keyColumns"          # JSON list of the primary key's columns
 TYPES_PROPERTY = "lakecdc.sourceTypes"       # JSON {column: Postgres type}
@@ -231,15 +233,34 @@ class MirrorStopped(UserError):
     """The mirrors cannot go on exactly; the sentence says why and what to do."""
 
 
+@contextmanager
+def bad_values_stop(table: str):
+    """A value ``silver.mirror_types.typed`` could not convert, raised inside a Spark job,
+    as ``MirrorStopped``'s one sentence."""
+    try:
+        yield
+    except Exception as exc:
+        if BAD_VALUE not in str(exc):
+            raise
+        detail = str(exc).split(BAD_VALUE + ": ", 1)[1].split("\n", 1)[0]
+        detail = detail.split(" SQLSTATE")[0]
+        raise MirrorStopped(f"the mirror of {table} cannot hold a value of {detail!r} in its "
+                            "type; mirrors stopped (docs/silver.md, \"Mirrors\": types)."
+                            ) from None
+
+
 class MirrorWriter:
     """The ``foreachBatch`` function of the mirrors' query (see the module docstring).
 
     ``paths``: schema.table → mirror path, for every mirrored table (created before the
-    query starts). ``accept_errors_upto``: silver rows that failed to parse with a commit LSN
+    query starts). ``floors``: schema.table → the LSN of its initial rows; its changes
+    below it are in them and are passed over. ``accept_errors_upto``: silver rows that failed to parse with a commit LSN
     at or below it are passed over (the operator checked them in quarantine)."""
 
-    def __init__(self, paths: dict[str, str], accept_errors_upto: int = 0) -> None:
+    def __init__(self, paths: dict[str, str], accept_errors_upto: int = 0,
+                 floors: dict[str, int] | None = None) -> None:
         self.paths = dict(paths)
+        self.floors = dict(floors or {})
         self.accept_errors_upto = accept_errors_upto
         self.failure: BaseException | None = None
         self._session: SparkSession | None = None
@@ -275,7 +296,8 @@ class MirrorWriter:
         spark = self._merge_session(batch.sparkSession)
         key, types = self._evolve(spark, path, found)
         mine = (F.col("schema_name") == found.schema) & (F.col("table_name") == found.table) \
-            & F.col("op").isin(*MIRRORED_OPS)
+            & F.col("op").isin(*MIRRORED_OPS) \
+            & (F.col("commit_lsn") >= F.lit(self.floors.get(found.name, 0)))
         if found.truncated is not None:
             lsn, seq = found.truncated
             mine = mine & ((F.col("commit_lsn") > lsn)
@@ -301,14 +323,8 @@ class MirrorWriter:
         for k, v in confs.items():
             spark.conf.set(k, v)
         try:
-            merge.execute()
-        except Exception as exc:
-            if BAD_VALUE in str(exc):
-                detail = str(exc).split(BAD_VALUE + ": ", 1)[1].split("\n", 1)[0]
-                raise MirrorStopped(
-                    f"the mirror of {found.name} cannot hold a value of {detail!r} in its "
-                    "type; mirrors stopped (docs/silver.md, \"Mirrors\": types).") from None
-            raise
+            with bad_values_stop(found.name):
+                merge.execute()
         finally:
             for k in confs:
                 spark.conf.unset(k)

@@ -141,11 +141,17 @@ def assert_mirror_is_source(source_db, config, added=False):
 
 def test_a_mirror_matches_its_source_through_toast_key_changes_truncate_and_a_new_column(
         source_db, config):
+    """The table holds rows before ``setup``: its mirror starts from them (read in the
+    slot's exported snapshot), then follows the changes."""
+    rng = random.Random(1717)
     with source_db.connect() as conn:
         conn.execute(SCHEMA_SQL)
+        traffic(conn, rng, 40)
     env = {**cli_env(config), "LAKECDC_TABLES": ",".join(CAPTURED)}
-    assert run_cli(["setup"], env).returncode == 0
-    rng = random.Random(1717)
+    setup = run_cli(["setup"], env)
+    assert setup.returncode == 0, setup.stderr[-3000:]
+    assert "kept the rows of public.notifications (0), public.notification_history (0), " \
+           "public.typed_rows (" in setup.stdout
     with source_db.connect() as conn:
         traffic(conn, rng, 60)
 

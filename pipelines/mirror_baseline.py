@@ -1,0 +1,109 @@
+"""The mirrors' initial rows: every row a captured table held at the slot's consistent point.
+
+Rows already in the source when the slot is created have no INSERT in the WAL. ``setup``
+reads each captured table inside the slot's exported snapshot (the same one gold's baseline
+is counted in) and keeps its rows, as text, in
+``<lakehouse>/silver/_mirror_baselines/<schema>/<table>`` (written without Spark, the
+consistent point as a Delta app transaction). A mirror starts from it
+(``pipelines.mirrors.seed_mirror``): exact as of that point, then kept by the changes after
+it.
+
+Each value is read as the text wal2json prints for it, so a row from here and a row from
+the WAL convert alike (``silver.mirror_types``): the type's output, numbers with
+``NaN``/``±Infinity`` as NULL (wal2json 2.5 prints them as ``null``), bytea as hex digits.
+The read is chunked through a server-side cursor: memory is bounded by a chunk, not a table.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import psycopg
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from psycopg import sql
+
+from core.layout import mirror_baseline_path
+
+APP_ID = "lakecdc-mirror-baseline"
+CHUNK_ROWS = 10_000
+
+_NUMBERS = (20, 21, 23, 26, 700, 701, 1700)    # int8 int2 int4 oid float4 float8 numeric
+_BYTEA = 17
+
+
+def column_texts(conn: psycopg.Connection, table: str) -> list[tuple[str, sql.Composable]]:
+    """(name, the SQL giving its value as wal2json's text) per column, in attribute order."""
+    schema, name = table.split(".", 1)
+    rows = conn.execute("""
+        SELECT a.attname, a.atttypid::int8 FROM pg_attribute a
+        JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
+        ORDER BY a.attnum""", [schema, name]).fetchall()
+    out = []
+    for column, type_oid in rows:
+        c = sql.Identifier(column)
+        if type_oid in _NUMBERS:
+            text = sql.SQL("CASE WHEN {c}::text IN ('NaN', 'Infinity', '-Infinity') THEN NULL "
+                           "ELSE {c}::text END").format(c=c)
+        elif type_oid == _BYTEA:
+            text = sql.SQL("encode({}, 'hex')").format(c)
+        else:   # the type's output function (a cast to text would trim char(n)'s padding)
+            text = sql.SQL("CASE WHEN {c} IS NOT NULL THEN format('%s', {c}) END").format(c=c)
+        out.append((column, text))
+    return out
+
+
+def _chunks(conn: psycopg.Connection, table: str,
+            columns: list[tuple[str, sql.Composable]], schema: pa.Schema
+            ) -> Iterator[pa.RecordBatch]:
+    query = sql.SQL("SELECT {} FROM {}").format(
+        sql.SQL(", ").join(text for _, text in columns),
+        sql.Identifier(*table.split(".", 1)))
+    with conn.cursor(name="lakecdc_mirror_baseline") as cursor:
+        cursor.execute(query)
+        while rows := cursor.fetchmany(CHUNK_ROWS):
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([r[i] for r in rows], pa.string()) for i in range(len(columns))],
+                schema=schema)
+
+
+def write_baselines(dsn: str, snapshot_name: str, tables: tuple[str, ...], lakehouse: str,
+                    commit_lsn: int, storage_options: dict | None = None) -> dict[str, int]:
+    """Read every table in ``tables`` inside the exported snapshot and replace its baseline
+    (one commit each, app transaction ``commit_lsn``); returns table → rows."""
+    from core.postgres import connect
+
+    written = {}
+    with connect(dsn) as conn:
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
+        for table in tables:
+            columns = column_texts(conn, table)
+            schema = pa.schema([pa.field(n, pa.string()) for n, _ in columns])
+            count = 0
+
+            def counted(batches):
+                nonlocal count
+                for batch in batches:
+                    count += batch.num_rows
+                    yield batch
+
+            reader = pa.RecordBatchReader.from_batches(
+                schema, counted(_chunks(conn, table, columns, schema)))
+            write_deltalake(mirror_baseline_path(lakehouse, table), reader, mode="overwrite",
+                            schema_mode="overwrite", storage_options=storage_options,
+                            commit_properties=CommitProperties(
+                                app_transactions=[Transaction(APP_ID, commit_lsn)]))
+            written[table] = count
+        conn.rollback()
+    return written
+
+
+def baseline_point(lakehouse: str, table: str, storage_options: dict | None = None
+                   ) -> int | None:
+    """The consistent point of ``table``'s baseline, or None if it has none."""
+    uri = mirror_baseline_path(lakehouse, table)
+    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
+        return None
+    return DeltaTable(uri, storage_options=storage_options).transaction_version(APP_ID)
