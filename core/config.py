@@ -48,6 +48,9 @@ class Config:
     # retention purge (0). Both must be among ``tables``.
     notifications_table: str = DEFAULT_NOTIFICATIONS
     history_table: str = DEFAULT_HISTORY
+    # The captured tables kept as typed mirrors (docs/silver.md, "Mirrors"); None: all of
+    # them. ``LAKECDC_MIRRORS``: ``all`` (the default), ``none``, or ``schema.table,...``.
+    mirrors: tuple[str, ...] | None = None
     # Shipper tuning. Every peek and advance re-decodes from the slot's restart_lsn and every
     # batch is a commit: few large batches drain a backlog faster (memory does not grow with
     # them: bronze/ship.py). The source keeps a peek's output in a temporary file until it
@@ -102,6 +105,10 @@ class Config:
                 values[key] = _seconds(name, env[name])
         if env.get("LAKECDC_TABLES"):
             values["tables"] = tuple(t.strip() for t in env["LAKECDC_TABLES"].split(","))
+        mirrors = env.get("LAKECDC_MIRRORS", "").strip()
+        if mirrors and mirrors != "all":
+            values["mirrors"] = () if mirrors == "none" else \
+                tuple(t.strip() for t in mirrors.split(","))
         for name, key in (("LAKECDC_NOTIFICATIONS_TABLE", "notifications_table"),
                           ("LAKECDC_HISTORY_TABLE", "history_table")):
             if env.get(name):
@@ -131,6 +138,11 @@ class Config:
                 raise UserError(f"the counted table {table} ({env}) is not among the "
                                 f"captured tables ({', '.join(self.tables)}): add it to "
                                 "LAKECDC_TABLES, or set the variable to a captured table.")
+        stray = [t for t in self.mirrors or () if t not in self.tables]
+        if stray:
+            raise UserError(f"mirrored table(s) {', '.join(stray)} (LAKECDC_MIRRORS) are not "
+                            f"captured ({', '.join(self.tables)}): add them to LAKECDC_TABLES, "
+                            "or mirror only captured tables (all, none, or schema.table,...).")
         if self.notifications_table == self.history_table:
             raise UserError("LAKECDC_NOTIFICATIONS_TABLE and LAKECDC_HISTORY_TABLE name the "
                             f"same table ({self.history_table}): they must differ.")
@@ -146,6 +158,11 @@ class Config:
         if self.reconnect_max_backoff_s <= 0:
             raise UserError("the reconnect backoff (LAKECDC_RECONNECT_MAX_BACKOFF) must be a "
                             "positive number of seconds.")
+
+    @property
+    def mirrored(self) -> tuple[str, ...]:
+        """The captured tables kept as typed mirrors."""
+        return self.tables if self.mirrors is None else self.mirrors
 
     @property
     def counted(self) -> CountedTables:

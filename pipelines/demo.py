@@ -21,18 +21,23 @@ from pathlib import Path
 
 import psycopg
 from deltalake import DeltaTable
+from psycopg import sql
 
 from core.config import Config
 from core.errors import DriftFound
-from core.layout import GOLD
+from core.layout import GOLD, mirror_path
 from infra.localpg import LocalPostgres
 from pipelines.demo_plot import plot
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
 from pipelines.source_truth import source_counts
-from pipelines.traffic import SERVICE_NAMES, FreshnessProbe, Traffic
+from pipelines.traffic import SERVICE_NAMES, SERVICES, TEMPLATES, FreshnessProbe, Traffic
 
 SCHEMA = Path(__file__).resolve().parents[1] / "infra" / "postgres" / "source_schema.sql"
+REFERENCE = SCHEMA.with_name("demo_reference_schema.sql")
+# Captured beside the counted tables and mirrored (docs/silver.md, "Mirrors").
+REFERENCE_TABLES = ("public.services", "public.templates")
+NAMES_QUERY = Path(__file__).resolve().parents[1] / "sql" / "examples" / "service_names.sql"
 STEP_INSERTS = 30        # notifications per traffic step (a step every 0.1 s)
 WARM_STEPS = 50          # the untimed warm-up round of real traffic
 
@@ -77,8 +82,11 @@ def run_demo(seconds: float, out_dir: str, stop: threading.Event,
         dsn = pg.dsn("notify")
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(SCHEMA.read_text())
-        config = Config.load(env={}, source_dsn=dsn, lakehouse=str(out / "lakehouse"),
-                             slot="lakecdc_demo")
+            conn.execute(REFERENCE.read_text())
+            _reference_rows(conn)       # before setup: the mirrors start from these rows
+        base = Config.load(env={}, source_dsn=dsn, lakehouse=str(out / "lakehouse"),
+                           slot="lakecdc_demo")
+        config = base.with_(tables=(*base.tables, *REFERENCE_TABLES))
         for line in setup(config).actions:
             _say(f"setup: {line}")
         _say("starting Spark (the first start downloads the Delta jars) and creating the "
@@ -125,9 +133,12 @@ def run_demo(seconds: float, out_dir: str, stop: threading.Event,
         if stop.is_set():
             _say("interrupted: stopping")
             return
+        with psycopg.connect(dsn, autocommit=True) as conn:    # a change the mirror follows
+            conn.execute("UPDATE services SET name = name || ' (renamed)' WHERE id = %s",
+                         [SERVICES[-1]])
         _say("traffic stopped; draining every layer (lakecdc run --once) ...")
         report = pipeline.run_once()
-        _summarise(config, dsn, traffic, report, freshness, out)
+        _summarise(config, dsn, traffic, report, freshness, out, pipeline.spark)
     finally:
         traffic_stop.set()
         pipeline_stop.set()
@@ -138,7 +149,35 @@ def run_demo(seconds: float, out_dir: str, stop: threading.Event,
         pg.destroy()
 
 
-def _summarise(config: Config, dsn: str, traffic: Traffic, report, freshness, out: Path):
+def _reference_rows(conn: psycopg.Connection) -> None:
+    for service, name in SERVICE_NAMES.items():
+        conn.execute("INSERT INTO services (id, name) VALUES (%s, %s)", [service, name])
+    for i, template in enumerate(TEMPLATES):
+        conn.execute("INSERT INTO templates (id, service_id, name, content) "
+                     "VALUES (%s, %s, %s, %s)",
+                     [template, SERVICES[i % len(SERVICES)], f"template {i + 1}",
+                      "Dear ((name)), " + "your request is being processed. " * 100])
+
+
+def mirror_rows(config: Config, table: str, key: str) -> dict:
+    """A mirror's rows by key, read with delta-rs (its lakecdc columns left out)."""
+    rows = DeltaTable(mirror_path(config.lakehouse, table)).to_pyarrow_table().to_pylist()
+    return {r[key]: {k: v for k, v in r.items() if not k.startswith("_lakecdc")}
+            for r in rows}
+
+
+def source_rows(dsn: str, table: str, key: str) -> dict:
+    with psycopg.connect(dsn) as conn:
+        cursor = conn.execute(sql.SQL("SELECT * FROM {}").format(
+            sql.Identifier(*table.split("."))))
+        names = [c.name for c in cursor.description]
+        rows = [dict(zip(names, r)) for r in cursor]
+    return {str(r[key]): {k: str(v) if isinstance(v, uuid.UUID) else v for k, v in r.items()}
+            for r in rows}
+
+
+def _summarise(config: Config, dsn: str, traffic: Traffic, report, freshness, out: Path,
+               spark=None):
     with psycopg.connect(dsn) as conn:
         truth = source_counts(conn, config.counted)
         live, archived = conn.execute(
@@ -146,9 +185,13 @@ def _summarise(config: Config, dsn: str, traffic: Traffic, report, freshness, ou
             "(SELECT count(*) FROM notification_history)").fetchone()
     gold = gold_counts(config.table_path(GOLD))
     dashboard = dashboard_counts(dsn)
+    # Service names come from the mirror of the source's services table.
+    names = {k: r["name"] for k, r in mirror_rows(config, "public.services", "id").items()}
+    mirrors = {t: (mirror_rows(config, t, "id"), source_rows(dsn, t, "id"))
+               for t in REFERENCE_TABLES}
     by_status: dict[tuple[str, str], int] = {}
     for (service, _t, _type, status), n in dashboard.items():
-        label = SERVICE_NAMES.get(uuid.UUID(service), "(probes)")
+        label = names.get(service, "(probes)")
         by_status[(label, status)] = by_status.get((label, status), 0) + n
     statuses = sorted({s for _, s in by_status})
     lines = [
@@ -163,12 +206,23 @@ def _summarise(config: Config, dsn: str, traffic: Traffic, report, freshness, ou
         row = [by_status.get((service, s), 0) for s in statuses]
         lines.append(f"{service:<12}" + "".join(f"{n:>13,}" for n in row) + f"{sum(row):>9,}")
     gold_diff, dash_diff = _diff(gold, truth), _diff(dashboard, gold)
+    mirror_diff = {t: _diff(m, s) for t, (m, s) in mirrors.items()}
     lines += [
         "",
         f"gold      vs source GROUP BY: {'EXACT' if not gold_diff else f'{gold_diff} keys DIFFER'}"
         f" ({len(truth)} keys, {sum(truth.values()):,} notifications)",
         f"dashboard vs gold           : {'EXACT' if not dash_diff else f'{dash_diff} keys DIFFER'}",
+        *[f"mirror {t:<15} vs source rows: "
+          f"{'EXACT' if not d else f'{d} rows DIFFER'} ({len(mirrors[t][1])} rows, every column)"
+          for t, d in mirror_diff.items()],
     ]
+    if spark is not None:
+        from pipelines.query import read_query, register_tables, render, run_query, table_paths
+
+        register_tables(spark, table_paths(config))
+        lines += ["", f"{NAMES_QUERY.relative_to(NAMES_QUERY.parents[2])} (gold joined with "
+                  "the services mirror):",
+                  render(run_query(spark, read_query(str(NAMES_QUERY))))]
     if freshness:
         lags = sorted(v for _, v in freshness)
         lines.append(f"freshness, source commit → row on the dashboard ({len(lags)} probes "
@@ -183,6 +237,7 @@ def _summarise(config: Config, dsn: str, traffic: Traffic, report, freshness, ou
     (out / "summary.txt").write_text(text + "\n")
     _say("")
     _say(text)
-    if gold_diff or dash_diff:
+    if gold_diff or dash_diff or any(mirror_diff.values()):
         raise DriftFound(f"gold differs from the source on {gold_diff} keys, the dashboard "
-                         f"from gold on {dash_diff}; see {out / 'summary.txt'}")
+                         f"from gold on {dash_diff}, the mirrors on {mirror_diff}; see "
+                         f"{out / 'summary.txt'}")

@@ -67,7 +67,7 @@ def prepare_mirrors(spark: SparkSession, config,
     from delta.tables import DeltaTable
 
     paths = {t: spark_path(mirror_path(config.lakehouse, t), on_databricks())
-             for t in config.tables}
+             for t in config.mirrored}
     missing = [t for t, p in paths.items() if not DeltaTable.isDeltaTable(spark, p)]
     if missing:
         with connect(config.require_source(), what="source") as conn:

@@ -39,7 +39,7 @@ def table_paths(config) -> dict[str, str]:
              for name, where in TABLES.items()}
     return {**paths, **{mirror_view_name(t): spark_path(mirror_path(config.lakehouse, t),
                                                          on_databricks())
-                        for t in config.tables}}
+                        for t in config.mirrored}}
 
 
 def register_tables(spark: SparkSession, paths: dict[str, str]) -> list[str]:

@@ -273,9 +273,10 @@ class Pipeline:
         t = time.monotonic()
         report.pushed_version = self.push(once=True).gold_version
         report.seconds["push"] = time.monotonic() - t
-        t = time.monotonic()
-        report.mirrored = sum(self.mirrors(once=True).values())
-        report.seconds["mirrors"] = time.monotonic() - t
+        if self.config.mirrored:
+            t = time.monotonic()
+            report.mirrored = sum(self.mirrors(once=True).values())
+            report.seconds["mirrors"] = time.monotonic() - t
         return report
 
     def run_continuous(self, stop: threading.Event) -> None:
@@ -310,12 +311,13 @@ class Pipeline:
                 latency.enter_context(low_latency(self.spark, True))
                 query, writer = self.start_stream(False, on_pass=[lambda _: wake.set()],
                                                   ahead=ahead)
-                mirrors = self.start_mirrors(False)
+                if self.config.mirrored:
+                    mirrors = self.start_mirrors(False)
                 self.started.set()
                 threads.append(guarded("push", lambda: self.push(once=False, stop=stop,
                                                                  wake=wake)))
                 while not stop.is_set():
-                    for q, w in ((query, writer), mirrors):
+                    for q, w in ((query, writer), *([mirrors] if mirrors else [])):
                         if not q.isActive and not stop.is_set():
                             # A batch's own error (e.g. a TRUNCATE: exit 2 with its
                             # sentence) rather than Spark's wrapper around it.

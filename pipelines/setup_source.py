@@ -88,7 +88,7 @@ def setup(config: Config, rebaseline: bool = False,
             if ensure_replica_identity(conn, table):
                 report.did(f"set REPLICA IDENTITY USING INDEX on {table}")
         # The tables a mirror can be kept of (docs/silver.md, "Mirrors").
-        keyed = tuple(t for t in config.tables if mirror_key(conn, t)[1])
+        keyed = tuple(t for t in config.mirrored if mirror_key(conn, t)[1])
     _dashboard_tables(config.dashboard)
     with connect(dsn) as conn:
         db = conn.execute("SELECT current_database()").fetchone()[0]
@@ -128,8 +128,10 @@ def setup(config: Config, rebaseline: bool = False,
         report.did(f"counted {sum(counts.column('count').to_pylist()):,} existing "
                    f"notifications in {counts.num_rows:,} keys as the baseline at "
                    f"{fmt(created.consistent_point)}")
-        report.did("kept the rows of " + ", ".join(f"{t} ({n:,})" for t, n in mirrored.items())
-                   + " for their mirrors")
+        if mirrored:
+            report.did("kept the rows of " + ", ".join(f"{t} ({n:,})"
+                                                       for t, n in mirrored.items())
+                       + " for their mirrors")
         if not has_bronze:
             bronze.create(ident, created.consistent_point)
             report.did(f"created bronze table {config.bronze_path}")

@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 import psycopg
 
 SERVICES = [uuid.UUID(int=(0x5E << 120) + i) for i in range(6)]
-SERVICE_NAMES = {s: f"service-{i + 1}" for i, s in enumerate(SERVICES)}
+# The demo writes these into its source's ``services`` table; its summary reads them back
+# from that table's mirror.
+SERVICE_NAMES = dict(zip(SERVICES, ("Passport Office", "Vehicle Licensing", "Tax Credits",
+                                    "Court Bookings", "School Admissions", "Flood Alerts")))
 TEMPLATES = [uuid.UUID(int=(0x7E << 120) + i) for i in range(4)]
 TYPES = ("email", "sms", "letter")
 FINAL = ("delivered", "permanent-failure", "temporary-failure", "technical-failure")

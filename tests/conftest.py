@@ -71,9 +71,12 @@ def source_db(pg_cluster):
 
 @pytest.fixture
 def config(source_db, tmp_path) -> Config:
-    """Configuration pointing at the test's database, slot and lakehouse."""
+    """Configuration pointing at the test's database, slot and lakehouse. Without mirrors
+    (``LAKECDC_MIRRORS=none``): they have tests of their own (``test_mirrors.py``,
+    ``test_other_tables.py``, the demo), and a mirror query in every ``run --once`` of the
+    other tests would add minutes to the suite without testing anything new."""
     return Config.load(env={}, source_dsn=source_db.dsn, lakehouse=str(tmp_path / "lakehouse"),
-                       slot=source_db.slot, poll_interval_s=0.05)
+                       slot=source_db.slot, poll_interval_s=0.05, mirrors=())
 
 
 @pytest.fixture(scope="session")

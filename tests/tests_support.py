@@ -20,6 +20,8 @@ def cli_env(config: Config) -> dict[str, str]:
                 "LAKECDC_SLOT": config.slot, "PYTHONPATH": str(ROOT)})
     if config.dashboard_dsn:
         env["LAKECDC_DASHBOARD_DSN"] = config.dashboard_dsn
+    env["LAKECDC_MIRRORS"] = "all" if config.mirrors is None else \
+        (",".join(config.mirrors) or "none")
     return env
 
 

@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 TABLE = "public.typed_rows"
 CAPTURED = (*COUNTED.names, TABLE)
+MIRRORED = {"LAKECDC_TABLES": ",".join(CAPTURED), "LAKECDC_MIRRORS": "all"}
 
 SCHEMA_SQL = """
 CREATE TYPE mood AS ENUM ('calm', 'busy');
@@ -147,7 +148,7 @@ def test_a_mirror_matches_its_source_through_toast_key_changes_truncate_and_a_ne
     with source_db.connect() as conn:
         conn.execute(SCHEMA_SQL)
         traffic(conn, rng, 40)
-    env = {**cli_env(config), "LAKECDC_TABLES": ",".join(CAPTURED)}
+    env = {**cli_env(config), **MIRRORED}
     setup = run_cli(["setup"], env)
     assert setup.returncode == 0, setup.stderr[-3000:]
     assert "kept the rows of public.notifications (0), public.notification_history (0), " \
@@ -184,7 +185,7 @@ def test_a_replayed_mirror_batch_changes_nothing(source_db, config, tmp_path):
 
     with source_db.connect() as conn:
         conn.execute(SCHEMA_SQL)
-    env = {**cli_env(config), "LAKECDC_TABLES": ",".join(CAPTURED)}
+    env = {**cli_env(config), **MIRRORED}
     assert run_cli(["setup"], env).returncode == 0
     rng = random.Random(23)
     with source_db.connect() as conn:
@@ -211,7 +212,7 @@ def test_a_replayed_mirror_batch_changes_nothing(source_db, config, tmp_path):
 def test_mirrors_before_silver_exists_is_one_sentence(source_db, config):
     from tests.tests_support import error_line
 
-    env = {**cli_env(config), "LAKECDC_TABLES": ",".join(CAPTURED)}
+    env = {**cli_env(config), **MIRRORED}
     with source_db.connect() as conn:
         conn.execute(SCHEMA_SQL)
     assert run_cli(["setup"], env).returncode == 0

@@ -34,7 +34,7 @@ ALTER TABLE audit_events REPLICA IDENTITY FULL;
 
 
 def env_for(config, tables=CAPTURED) -> dict[str, str]:
-    return {**cli_env(config), "LAKECDC_TABLES": ",".join(tables)}
+    return {**cli_env(config), "LAKECDC_TABLES": ",".join(tables), "LAKECDC_MIRRORS": "all"}
 
 
 def identities(conn, tables) -> dict[str, str]:
@@ -128,6 +128,27 @@ def test_other_captured_tables_land_in_silver_unchanged_and_gold_stays_exact(sou
                 assert dict(row["columns"] or []) == expected, (table, change)
                 seen[table] += 1
         assert all(n > 20 for n in seen.values()), seen
+
+        # The mirrors of the two tables with a primary key equal the source row for row:
+        # their initial rows (written before setup) and every change since, a composite
+        # key's key changes included; FULL without a primary key gets none.
+        from core.layout import mirror_path
+
+        with source_db.connect() as conn:
+            for table, key in (("public.services", ("id",)),
+                               ("public.service_users", ("service_id", "user_id"))):
+                cursor = conn.execute(f"SELECT * FROM {table}")      # test's own names
+                names = [c.name for c in cursor.description]
+                expected = {tuple(str(r[names.index(k)]) if k != "user_id"
+                                  else r[names.index(k)] for k in key):
+                            {n: str(v) if isinstance(v, uuid.UUID) else v
+                             for n, v in zip(names, r)} for r in cursor}
+                rows = DeltaTable(mirror_path(config.lakehouse, table)).to_pyarrow_table(
+                    columns=names).to_pylist()
+                got = {tuple(r[k] for k in key): r for r in rows}
+                assert len(expected) > 20 and got == expected, table
+        assert not DeltaTable.is_deltatable(mirror_path(config.lakehouse,
+                                                        "public.audit_events"))
     finally:
         witness.drop()
 

@@ -32,8 +32,7 @@ def test_every_query_file_runs_and_agrees_with_the_source(source_db, config, spa
         transition(conn, 0.2, "technical-failure")
     pipeline = Pipeline(config, spark_factory=lambda: spark)
     pipeline.run_once()
-    mirrors = {"silver_public_notifications", "silver_public_notification_history"}
-    assert set(register_tables(spark, table_paths(config))) == set(TABLES) | mirrors
+    assert set(register_tables(spark, table_paths(config))) == set(TABLES)
 
     files = sorted(SQL_DIR.glob("*.sql"))
     assert {f.stem for f in files} >= {"top_services", "status_breakdown", "failure_rates",

@@ -51,6 +51,17 @@ def test_captured_tables_default_to_the_counted_tables():
                          "LAKECDC_TABLES": "public.notifications,public.notification_history"})
 
 
+def test_mirrored_tables_are_all_none_or_a_list_of_captured_tables():
+    tables = "public.notifications,public.notification_history,public.services"
+    assert Config.load(env={"LAKECDC_TABLES": tables}).mirrored == tuple(tables.split(","))
+    assert Config.load(env={"LAKECDC_TABLES": tables, "LAKECDC_MIRRORS": "all"}).mirrors is None
+    assert Config.load(env={"LAKECDC_MIRRORS": "none"}).mirrored == ()
+    assert Config.load(env={"LAKECDC_TABLES": tables, "LAKECDC_MIRRORS": " public.services"}
+                       ).mirrored == ("public.services",)
+    with pytest.raises(UserError, match="public.services .LAKECDC_MIRRORS. are not captured"):
+        Config.load(env={"LAKECDC_MIRRORS": "public.services"})
+
+
 @pytest.mark.parametrize("env,fragment", [
     ({"LAKECDC_SLOT": "Bad-Name"}, "slot name"),
     ({"LAKECDC_TABLES": "notifications"}, "schema.table"),
