@@ -194,17 +194,19 @@ def _summarise(config: Config, dsn: str, traffic: Traffic, report, freshness, ou
         label = names.get(service, "(probes)")
         by_status[(label, status)] = by_status.get((label, status), 0) + n
     statuses = sorted({s for _, s in by_status})
+    width = max([len("service"), *(len(s) for s, _ in by_status)]) + 2
     lines = [
         f"lakecdc demo - {traffic.steps} traffic steps through slot → bronze → silver → "
         "gold → dashboard",
         f"source: {live + archived:,} notifications ({live:,} in notifications, "
         f"{archived:,} archived to notification_history)",
         "",
-        f"{'service':<12}" + "".join(f"{s[:12]:>13}" for s in statuses) + f"{'total':>9}",
+        f"{'service':<{width}}" + "".join(f"{s[:12]:>13}" for s in statuses) + f"{'total':>9}",
     ]
     for service in sorted({s for s, _ in by_status}):
         row = [by_status.get((service, s), 0) for s in statuses]
-        lines.append(f"{service:<12}" + "".join(f"{n:>13,}" for n in row) + f"{sum(row):>9,}")
+        lines.append(f"{service:<{width}}" + "".join(f"{n:>13,}" for n in row)
+                     + f"{sum(row):>9,}")
     gold_diff, dash_diff = _diff(gold, truth), _diff(dashboard, gold)
     mirror_diff = {t: _diff(m, s) for t, (m, s) in mirrors.items()}
     lines += [
