@@ -18,6 +18,7 @@ runs the same query (lakecdc's writers hold the gold writer lock; see ``core.loc
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -61,6 +62,27 @@ def latest_planned_batch(spark, checkpoint_dir: str) -> int | None:
                                                   recursive=False)]
     ids = [int(n) for n in names if n.isdigit()]
     return max(ids) if ids else None
+
+
+def source_table_ids(spark, checkpoint_dir: str) -> set[str]:
+    """The Delta table ids (``reservoirId``) the checkpoint's newest planned batch reads."""
+    batch = latest_planned_batch(spark, checkpoint_dir)
+    if batch is None:
+        return set()
+    lines = [r.value for r in spark.read.text(
+        f"{checkpoint_dir.rstrip('/')}/offsets/{batch}").collect()]
+    ids = set()
+    for line in lines[2:]:            # version, batch metadata, then one offset per source
+        try:
+            ids.add(json.loads(line).get("reservoirId"))
+        except (ValueError, AttributeError):
+            continue
+    return ids - {None}
+
+
+def remove_checkpoint(spark, checkpoint_dir: str) -> None:
+    fs, path_of = _file_system(spark, checkpoint_dir)
+    fs.delete(path_of(checkpoint_dir, ""), True)
 
 
 def has_metadata(spark, checkpoint_dir: str) -> bool:

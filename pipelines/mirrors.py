@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from bronze.source import mirror_key
+from core.checkpoints import remove_checkpoint, source_table_ids
 from core.commits import commit_metadata
 from core.errors import UserError
 from core.layout import MIRROR_CHECKPOINT, mirror_baseline_path, mirror_path
@@ -125,6 +126,13 @@ def start_mirrors(spark: SparkSession, silver_path: str, checkpoint: str,
     if not DeltaTable.isDeltaTable(spark, silver_path):
         raise UserError(f"no silver table at {silver_path}: run `lakecdc stream` (or `run`) "
                         "first.")
+    silver_id = DeltaTable.forPath(spark, silver_path).detail().first().id
+    if source_table_ids(spark, checkpoint) - {silver_id}:
+        # silver/changes was made anew (a rebuild from bronze): the query reads it from its
+        # start. Its changes, applied in order onto the mirrors, end where the source is.
+        log.warning("silver/changes at %s is a new table; the mirrors' query starts over "
+                    "on it", silver_path)
+        remove_checkpoint(spark, checkpoint)
     reader = spark.readStream.format("delta").option("skipChangeCommits", "true")
     added = DeltaTable.forPath(spark, silver_path).detail().first().properties \
         .get(ADDED_AT_PROPERTY)
