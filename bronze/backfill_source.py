@@ -23,8 +23,8 @@ READ_TIMEOUT_S = 300               # statement timeout of one chunk's SELECT
 # wal2json 2.5 prints these types as bare JSON numbers (NaN / ±Infinity as null), booleans
 # as true/false, bytea as its hex digits, and every other type as a JSON string of the
 # type's text output (wal2json.c, format-version 2).
-_NUMBER_TYPES = (20, 21, 23, 26, 700, 701, 1700)    # int8 int2 int4 oid float4 float8 numeric
-_BOOL, _BYTEA = 16, 17
+NUMBER_TYPES = (20, 21, 23, 26, 700, 701, 1700)    # int8 int2 int4 oid float4 float8 numeric
+BOOL, BYTEA = 16, 17
 
 
 @dataclass(frozen=True)
@@ -73,13 +73,13 @@ def describe_table(conn: psycopg.Connection, name: str) -> SourceTable:
 
 def _value_json(column: str, type_oid: int) -> sql.Composable:
     c = sql.SQL("t.{}").format(sql.Identifier(column))
-    if type_oid in _NUMBER_TYPES:
+    if type_oid in NUMBER_TYPES:
         return sql.SQL("CASE WHEN {c} IS NULL OR {c}::text IN ('NaN', 'Infinity', '-Infinity') "
                        "THEN 'null' ELSE {c}::text END").format(c=c)
-    if type_oid == _BOOL:
+    if type_oid == BOOL:
         return sql.SQL("CASE WHEN {c} IS NULL THEN 'null' WHEN {c} THEN 'true' "
                        "ELSE 'false' END").format(c=c)
-    if type_oid == _BYTEA:
+    if type_oid == BYTEA:
         return sql.SQL("""CASE WHEN {c} IS NULL THEN 'null' ELSE '"' || encode({c}, 'hex') """
                        """|| '"' END""").format(c=c)
     # format('%s') calls the type's output function, as wal2json does (a cast to text would

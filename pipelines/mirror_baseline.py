@@ -23,13 +23,12 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from psycopg import sql
 
+from bronze.backfill_source import BYTEA, NUMBER_TYPES
 from core.layout import mirror_baseline_path
 
 APP_ID = "lakecdc-mirror-baseline"
 CHUNK_ROWS = 10_000
 
-_NUMBERS = (20, 21, 23, 26, 700, 701, 1700)    # int8 int2 int4 oid float4 float8 numeric
-_BYTEA = 17
 
 
 def column_texts(conn: psycopg.Connection, table: str) -> list[tuple[str, sql.Composable]]:
@@ -43,10 +42,10 @@ def column_texts(conn: psycopg.Connection, table: str) -> list[tuple[str, sql.Co
     out = []
     for column, type_oid in rows:
         c = sql.Identifier(column)
-        if type_oid in _NUMBERS:
+        if type_oid in NUMBER_TYPES:
             text = sql.SQL("CASE WHEN {c}::text IN ('NaN', 'Infinity', '-Infinity') THEN NULL "
                            "ELSE {c}::text END").format(c=c)
-        elif type_oid == _BYTEA:
+        elif type_oid == BYTEA:
             text = sql.SQL("encode({}, 'hex')").format(c)
         else:   # the type's output function (a cast to text would trim char(n)'s padding)
             text = sql.SQL("CASE WHEN {c} IS NOT NULL THEN format('%s', {c}) END").format(c=c)

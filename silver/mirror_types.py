@@ -98,10 +98,6 @@ def _convert(text: Column, target: DataType) -> Column:
         return F.try_to_timestamp(F.regexp_replace(text, r"([+-]\d\d)$", "$1:00"))
     if isinstance(target, ArrayType):
         return _array(text, target.elementType)
-    return _try_cast(text, target)
-
-
-def _try_cast(text: Column, target: DataType) -> Column:
     return text.try_cast(target)
 
 
@@ -121,7 +117,7 @@ def _array(text: Column, element: DataType) -> Column:
         unquoted = F.regexp_replace(F.substring(item, 2, 1 << 30).substr(F.lit(1),
                                     F.length(item) - 2), r"\\(.)", "$1")
         value = F.when(quoted, unquoted).when(item == "NULL", F.lit(None)).otherwise(item)
-        return _try_cast(value, element) if not isinstance(element, StringType) else value
+        return value if isinstance(element, StringType) else value.try_cast(element)
 
     def lost(item: Column, value: Column) -> Column:
         return value.isNull() & (item != "NULL")

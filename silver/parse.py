@@ -79,8 +79,9 @@ def parse_changes(bronze: DataFrame, known_tables: Iterable[str],
         **{f"old_{c}": F.col(_OLD + c) for c in KEY_COLUMNS},
         "columns": new,
         "identity": F.col("_old"),
-        "column_types": F.when(F.col("_j.columns").isNotNull(), _type_map(F.col("_j.columns")))
-                         .otherwise(_type_map(F.col("_j.identity"))),
+        "column_types": F.when(F.col("_j.columns").isNotNull(),
+                               _name_map(F.col("_j.columns"), "type"))
+                         .otherwise(_name_map(F.col("_j.identity"), "type")),
         "message_prefix": F.when(message, F.col("_j.prefix")),
         "message_content": F.when(message, F.col("_j.content")),
     }
@@ -131,8 +132,9 @@ def _parsed(bronze: DataFrame, known_tables: Iterable[str],
     return with_keys.select("*", _error(tuple(known_tables), counted).alias("error"))
 
 
-def _name_map(entries: Column) -> Column:
-    """``[{name, value}, ...]`` as a name → value map; NULL if names are missing or repeat.
+def _name_map(entries: Column, field: str = "value") -> Column:
+    """``[{name, value}, ...]`` as a name → ``field`` map (``value``, or ``type`` for
+    ``column_types``); NULL if names are missing or repeat.
 
     ``map_from_arrays`` raises on a NULL or duplicate key under Spark's default
     ``mapKeyDedupPolicy``; the guard keeps poison input from failing the whole stream. No
@@ -140,14 +142,7 @@ def _name_map(entries: Column) -> Column:
     """
     names = entries["name"]
     well_named = F.size(F.array_distinct(F.array_compact(names))) == F.size(entries)
-    return F.when(well_named, F.map_from_arrays(names, entries["value"]))
-
-
-def _type_map(entries: Column) -> Column:
-    """``[{name, type}, ...]`` as a name → type map (NULL where ``_name_map`` is)."""
-    names = entries["name"]
-    well_named = F.size(F.array_distinct(F.array_compact(names))) == F.size(entries)
-    return F.when(well_named, F.map_from_arrays(names, entries["type"]))
+    return F.when(well_named, F.map_from_arrays(names, entries[field]))
 
 
 def _missing(prefix: str) -> Column:
