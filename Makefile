@@ -24,7 +24,7 @@ venv: $(VENV)/.installed
 # before the workers start theirs.
 test: system-deps venv lint
 	$(PY) -c "from core.spark import get_or_create; get_or_create().stop()"
-	$(PY) -m pytest -n 2 --dist worksteal
+	$(PY) -m pytest -n 2 --dist worksteal --durations=40
 
 # The dependency rule (pyproject.toml, [tool.importlinter]) and pyflakes' checks.
 lint: venv

@@ -98,7 +98,7 @@ def fresh_source(pg: LocalPostgres, tmp_path: Path) -> Config:
     with psycopg.connect(pg.dsn(name), autocommit=True) as conn:
         conn.execute(SCHEMA_SQL.read_text())
     return Config.load(env={}, source_dsn=pg.dsn(name), slot=f"s_{name[2:]}",
-                       lakehouse=str(tmp_path / "lakehouse"))
+                       lakehouse=str(tmp_path / "lakehouse"), mirrors=())
 
 
 def test_wal2json_missing_is_one_sentence_and_no_slot_or_table_is_made(no_wal2json, tmp_path):

@@ -49,7 +49,8 @@ def _primary(make, tmp_path) -> tuple[LocalPostgres, Config]:
     with psycopg.connect(primary.dsn("notify"), autocommit=True) as conn:
         conn.execute(SCHEMA_SQL.read_text())
     config = Config.load(env={}, source_dsn=primary.dsn("notify"), slot="lakecdc",
-                         lakehouse=str(tmp_path / "lakehouse"), poll_interval_s=0.05)
+                         lakehouse=str(tmp_path / "lakehouse"), poll_interval_s=0.05,
+                         mirrors=())
     return primary, config
 
 

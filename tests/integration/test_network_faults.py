@@ -228,7 +228,7 @@ def test_postgres_restart_and_crash_under_load_shipper_reconnects_exact(own_clus
     with psycopg.connect(pg.dsn("notify"), autocommit=True) as conn:
         conn.execute(SCHEMA_SQL.read_text())
     config = Config.load(env={}, source_dsn=pg.dsn("notify"),
-                         lakehouse=str(tmp_path / "lakehouse"), slot="lakecdc")
+                         lakehouse=str(tmp_path / "lakehouse"), slot="lakecdc", mirrors=())
     setup(config)
     witness = Witness(config.source_dsn, "lakecdc_w")
     ship = Shipping(cli_env(config), tmp_path / "ship.log", "--max-changes", "500")

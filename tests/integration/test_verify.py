@@ -78,6 +78,7 @@ def verify(config, capsys, monkeypatch):
 
     for name in [n for n in os.environ if n.startswith("LAKECDC_")]:
         monkeypatch.delenv(name)
+    monkeypatch.setenv("LAKECDC_MIRRORS", "none")   # as the suite's config fixture
     logger = logging.getLogger("lakecdc")
 
     def run(*args: str) -> tuple[int, str, str]:

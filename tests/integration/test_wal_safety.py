@@ -61,7 +61,8 @@ class Db:
             conn.execute((ROOT / "infra/postgres/source_schema.sql").read_text())
             conn.execute("CREATE TABLE uncaptured (x int, pad text)")
         self.config = Config.load(env={}, source_dsn=self.dsn, slot="s_" + self.name[2:],
-                                  lakehouse=str(tmp_path / "lakehouse"), poll_interval_s=0.05)
+                                  lakehouse=str(tmp_path / "lakehouse"), poll_interval_s=0.05,
+                                  mirrors=())
 
     def connect(self) -> psycopg.Connection:
         return psycopg.connect(self.dsn, autocommit=True)
