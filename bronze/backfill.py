@@ -129,20 +129,24 @@ def run_snapshot_backfill(config: Config, tables: Iterable[str] | None = None,
                           chunk_rows: int = DEFAULT_CHUNK_ROWS,
                           stop: threading.Event | None = None, new_run: bool = False,
                           max_ahead: int = MAX_AHEAD, timeout_s: float = WAIT_TIMEOUT_S,
-                          storage_options: dict | None = None) -> BackfillReport:
-    """``lakecdc backfill snapshot``: run or continue the backfill of ``tables``."""
+                          storage_options: dict | None = None,
+                          since_us: int | None = None) -> BackfillReport:
+    """``lakecdc backfill snapshot``: run or continue the backfill of ``tables``.
+    ``since_us``: runs of these tables started before this time (µs since the epoch) are
+    passed over (``lakecdc tables add``: a table captured again is read again)."""
     chosen = resolve_tables(config, tables)
     if chunk_rows < 1 or max_ahead < 0 or timeout_s <= 0:
         raise UserError("--chunk-rows and --timeout must be positive.")
     return SnapshotBackfill(config, chosen, chunk_rows, stop or threading.Event(), new_run,
-                            max_ahead, timeout_s, storage_options).run()
+                            max_ahead, timeout_s, storage_options, since_us).run()
 
 
 class SnapshotBackfill:
     def __init__(self, config: Config, tables: tuple[str, ...], chunk_rows: int,
                  stop: threading.Event, new_run: bool, max_ahead: int, timeout_s: float,
-                 storage_options: dict | None) -> None:
+                 storage_options: dict | None, since_us: int | None = None) -> None:
         self.config, self.tables, self.chunk_rows = config, tables, chunk_rows
+        self.since_us = since_us
         self.stop, self.new_run = stop, new_run
         self.max_ahead, self.timeout_s = max_ahead, timeout_s
         self.key = ",".join(tables)
@@ -157,7 +161,8 @@ class SnapshotBackfill:
     def _pick_run(self) -> tuple[RunState, bool]:
         """The run to work on, and whether it existed already."""
         runs = self.staging.runs()
-        mine = sorted((r for r in runs.values() if r.tables == self.tables),
+        mine = sorted((r for r in runs.values() if r.tables == self.tables
+                       and (self.since_us is None or r.started_at >= self.since_us)),
                       key=lambda r: r.started_at)
         for other in runs.values():
             if other.tables != self.tables and not other.complete:

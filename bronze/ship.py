@@ -48,6 +48,7 @@ from bronze import heartbeat as heartbeats
 from bronze import slot as slots
 from bronze.backfill_emitter import BackfillEmitter
 from bronze.batch_rows import BatchRows
+from bronze.capture_list import ShipperSet
 from bronze.failover import check_same_history, slot_ahead, slot_lost, slot_missing
 from bronze.records import UTC_US, TransactionAssembler
 from bronze.session_loss import diagnose, reconnect_reason, transient
@@ -116,6 +117,8 @@ class Shipper:
         self.faults = faults or FaultPoints(config.faults)
         self.table = BronzeTable(config.bronze_path, storage_options)
         self.backfill = BackfillEmitter(config, self.table, storage_options)
+        self.captured = ShipperSet(config.lakehouse, config.slot, config.tables,
+                                   storage_options)
         # When bronze last committed, so the slot last moved (heartbeats are due after
         # ``heartbeat_interval_s`` without a move).
         self._last_progress_commit = time.monotonic()
@@ -200,7 +203,8 @@ class Shipper:
         check_replication_role(conn)
         system_id, timeline = slots.identify_system(cfg.require_source())
         check_same_history(conn, ident, progress.end_lsn, system_id, timeline)
-        require_identity(conn, cfg.tables, cfg.counted.names)
+        self.captured.start(self.table.app_version(self.captured.app_id))
+        require_identity(conn, self.captured.tables, cfg.counted.names)
         state = slots.slot_state(conn, cfg.slot)
         if state is None:
             raise slot_missing(cfg.slot, progress)
@@ -260,9 +264,11 @@ class Shipper:
         after = progress.commit_lsn if cfg.guard_on("version_check") else -1
         assembler = TransactionAssembler(after)
         shipped_at = pa.scalar(int(time.time() * 1e6), pa.int64()).cast(UTC_US)
+        self.captured.refresh()          # the captured set (bronze.capture_list)
+        ack = self.captured.ack()
         with self.table.data_files() as files, BatchRows(
                 files, assembler, cfg, shipped_at, self._with_fault) as rows:
-            for cols in slots.peek(conn, cfg.slot, cfg.tables, cfg.upto_nchanges,
+            for cols in slots.peek(conn, cfg.slot, self.captured.tables, cfg.upto_nchanges,
                                    int(cfg.chunk_mb * (1 << 20))):
                 rows.add(assembler.add(cols))
             summary = assembler.finish()
@@ -303,19 +309,20 @@ class Shipper:
                                      "lakecdc.backfill_rows": emission.rows,
                                      "lakecdc.backfill_dropped": emission.dropped})
                 self.table.commit(files, cfg.slot, new, metadata,
-                                  emission.app_versions if emission is not None else None)
+                                  {**ack, **(emission.app_versions if emission else {})})
                 committed = True
             elif new.end_lsn > progress.end_lsn and (
-                    force_progress or full or self._progress_due()
+                    force_progress or full or self._progress_due() or ack
                     or self.heartbeat.passed(summary.last_lsn)):
                 # Only transactions without captured changes (uncaptured tables, our own
                 # heartbeats): record that they were passed over so the slot can move and
                 # release WAL.
-                self.table.record_progress(cfg.slot, new, {"lakecdc.changes": 0})
+                self.table.record_progress(cfg.slot, new, {"lakecdc.changes": 0}, ack)
                 committed = True
             else:
                 new = Progress(progress.commit_lsn, progress.end_lsn)
             if committed:
+                self.captured.committed(ack)
                 self._last_progress_commit = time.monotonic()
                 if self.heartbeat.passed(summary.last_lsn):
                     self.heartbeat.recorded()

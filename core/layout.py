@@ -12,6 +12,7 @@ Table = tuple[str, str]
 
 BRONZE: Table = ("bronze", "wal2json_changes")
 BACKFILL_STAGING: Table = ("bronze", "_backfill_chunks")
+CAPTURE_LIST: Table = ("bronze", "_captured")        # the captured set (bronze.capture_list)
 SILVER: Table = ("silver", "changes")
 QUARANTINE: Table = ("silver", "quarantine")
 GOLD: Table = ("gold", "service_stats")
@@ -21,6 +22,7 @@ STREAM_CHECKPOINT: Table = ("_checkpoints", "stream")     # the stream's checkpo
 MIRRORS: Table = ("silver", "tables")           # one mirror per captured table below it
 MIRROR_CHECKPOINT: Table = ("_checkpoints", "mirrors")
 MIRROR_BASELINES: Table = ("silver", "_mirror_baselines")    # setup's initial rows per table
+MIRROR_MARKERS: Table = ("silver", "_mirror_markers")    # verify markers the mirrors passed
 
 QUERYABLE = (BRONZE, SILVER, QUARANTINE, GOLD)
 

@@ -8,6 +8,7 @@ sentence on stderr, no traceback), 3 an unexpected failure (traceback, passwords
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import signal
 import sys
@@ -20,6 +21,7 @@ import click
 from core.config import Config
 from core.errors import DriftFound, UserError, redact
 from core.layout import GOLD
+from pipelines.cli_tables import tables
 from pipelines.logs import configure_logging
 
 
@@ -349,8 +351,14 @@ def backfill_snapshot(ctx, tables, chunk_rows, new_run, timeout_s):
     Needs a running shipper (`lakecdc ship` or `lakecdc run`): the chunks reach bronze
     through it. Rerun after an interruption to continue the same run."""
     from bronze.backfill import run_snapshot_backfill
+    from core.storage import Lakehouse
+    from pipelines.tables import captured_tables
 
-    report = run_snapshot_backfill(_config(ctx), tables=tables or None, chunk_rows=chunk_rows,
+    config = _config(ctx)
+    options = Lakehouse.from_config(config).delta_rs_options()
+    config = config.with_(tables=captured_tables(config, options))
+    report = run_snapshot_backfill(config, tables=tables or None, chunk_rows=chunk_rows,
+                                   storage_options=options,
                                    stop=_stop_on_signals(), new_run=new_run,
                                    timeout_s=timeout_s)
     click.echo(report.summary())
@@ -471,6 +479,9 @@ def metrics(ctx, listen):
     serve_state(_config(ctx), listen, _stop_on_signals())
 
 
+cli.add_command(tables)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting."""
     try:
@@ -496,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """Console-script entry point: exits only with a non-zero code.
+    """Console-script entry point: ends the process with ``main``'s exit code.
 
     Everything the process creates - local lakehouse tables, checkpoints, spill files, the
     demo's output - is its owner's alone (umask 077: directories 0700, files 0600), and so
@@ -504,5 +515,12 @@ def entry() -> None:
     bronze holds personal data (``to``, ``personalisation``)."""
     os.umask(0o077)
     code = main()
-    if code:
-        sys.exit(code)
+    # Leave without the interpreter's finalization: pyarrow's dataset threads (delta-rs
+    # reads) can abort the process while it is torn down ("terminate called without an
+    # active exception"; 4 exits in 60 of a script that read a Delta table), which turns
+    # exit 0 or 2 into a crash. Everything is committed and written by now; a Spark JVM
+    # ends by itself when its parent is gone.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

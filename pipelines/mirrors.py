@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Callable
 
 import psycopg
 from pyspark.sql import SparkSession
@@ -82,6 +83,23 @@ def prepare_mirrors(spark: SparkSession, config,
     floors = {t: seed_mirror(spark, config.lakehouse, t, p, storage_options)
               for t, p in paths.items()}
     return paths, floors
+
+
+def mirror_discovery(spark: SparkSession, config, storage_options: dict | None = None
+                     ) -> Callable[[str], str | None]:
+    """For ``MirrorWriter``: the mirror of a table first seen in a batch - captured by
+    ``lakecdc tables add`` while the query runs - created then (no initial rows: its rows
+    arrive as the backfill's reads). None for a table that is not to be mirrored."""
+    from pipelines.tables import captured_tables
+
+    def discover(table: str) -> str | None:
+        if config.mirrors is not None and table not in config.mirrors:
+            return None
+        if table not in captured_tables(config, storage_options):
+            return None
+        paths, _ = prepare_mirrors(spark, config.with_(tables=(table,)), storage_options)
+        return paths.get(table)
+    return discover
 
 
 def seed_mirror(spark: SparkSession, lakehouse: str, table: str, path: str,

@@ -43,12 +43,14 @@ from pyspark.sql import SparkSession
 from core.commits import commit_metadata as metadata
 from core.config import Config
 from core.lsn import fmt
+from core.storage import Lakehouse
 from gold.apply import GOLD_SCHEMA, GoldPaths, ensure_gold_tables
 from gold.asof import gold_state
 from gold.deltas import CONTRIBUTIONS
 from gold.push import push_once
 from pipelines.baseline import to_table, write_baseline
 from pipelines.consistent import consistent_point, count_at
+from pipelines.tables import known_tables
 from silver.reprocess import ReprocessReport, reprocess_silver
 
 if TYPE_CHECKING:
@@ -135,7 +137,8 @@ def reprocess_and_rebuild(spark: SparkSession, config: Config, where: Locations,
     silver, then gold rebuilt and pushed, all under ``gold_lock()``."""
     started = time.monotonic()
     with gold_lock():
-        report = reprocess_silver(spark, where.silver, config.tables, **range_,
+        known = known_tables(config, Lakehouse.from_config(config).delta_rs_options())()
+        report = reprocess_silver(spark, where.silver, known, **range_,
                                   counted_tables=config.counted.names)
         rebuilt = rebuild_and_push(spark, config, where, gold_lock)
     return ReprocessReport(**{**report.__dict__, "rebuild": rebuilt,

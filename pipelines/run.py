@@ -125,6 +125,12 @@ class Pipeline:
             self._spark = self._spark_factory()
         return self._spark
 
+    @property
+    def _delta_rs_options(self) -> dict | None:
+        from core.storage import Lakehouse
+
+        return Lakehouse.from_config(self.config).delta_rs_options()
+
     def seed_gold_from_baseline(self) -> bool:
         """Before gold's first batch: seed it with setup's baseline counts (exact as of the
         slot's consistent point). Decided by what gold records (``holds_counts``), never by
@@ -188,9 +194,11 @@ class Pipeline:
         """Prepare, seed gold if it has no counts yet, and start the one-pass stream
         (``pipelines.stream``); returns (query, writer). Call under ``gold_lock``."""
         from gold.start import gold_writer
+        from pipelines.tables import known_tables
 
         paths = self.where.stream
         silver = SilverWriter(paths.silver, paths.quarantine, self.config.tables,
+                              refresh_known=known_tables(self.config, self._delta_rs_options),
                               guard=self.config.guard_on("silver_txn"),
                               counted_tables=self.config.counted.names)
         self._observe_streams()
@@ -235,13 +243,22 @@ class Pipeline:
     def start_mirrors(self, once: bool, accept_errors_upto: int | None = None):
         """Create missing mirrors and start their query (``pipelines.mirrors``); returns
         (query, writer). Silver must exist (the stream creates it)."""
-        from core.storage import Lakehouse
-        from pipelines.mirrors import checkpoint_path, prepare_mirrors, start_mirrors
+        from pipelines.mirrors import (
+            checkpoint_path,
+            mirror_discovery,
+            prepare_mirrors,
+            start_mirrors,
+        )
+        from pipelines.tables import captured_tables
+        from pipelines.verify_mirrors import record_marker
         from silver.mirror import MirrorWriter
 
-        paths, floors = prepare_mirrors(self.spark, self.config,
-                                        Lakehouse.from_config(self.config).delta_rs_options())
-        writer = MirrorWriter(paths, accept_errors_upto or 0, floors)
+        options = self._delta_rs_options
+        config = self.config.with_(tables=captured_tables(self.config, options))
+        paths, floors = prepare_mirrors(self.spark, config, options)
+        writer = MirrorWriter(paths, accept_errors_upto or 0, floors,
+                              discover=mirror_discovery(self.spark, self.config, options),
+                              on_marker=record_marker(self.config.lakehouse, options))
         query = start_mirrors(self.spark, self.where.silver.silver_path,
                               checkpoint_path(self.config), writer, once,
                               self.mirror_interval)

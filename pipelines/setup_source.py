@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from bronze import slot as slots
+from bronze.capture_list import CAPTURED, CaptureList
 from bronze.failover import NEW_LAKEHOUSE
 from bronze.not_null import make_not_null
 from bronze.source import (
@@ -95,7 +96,10 @@ def setup(config: Config, rebaseline: bool = False,
         state = slots.slot_state(conn, config.slot)
         has_bronze = bronze.exists()
         if state is not None and has_bronze and not rebaseline:
-            report.did(f"slot {config.slot} and bronze already set up (nothing changed)")
+            if _store_captured_set(config, storage_options):     # set up before it was kept
+                report.did(f"stored the captured set ({', '.join(config.tables)})")
+            else:
+                report.did(f"slot {config.slot} and bronze already set up (nothing changed)")
             return report
         if not rebaseline:
             if state is not None:
@@ -132,6 +136,8 @@ def setup(config: Config, rebaseline: bool = False,
             report.did("kept the rows of " + ", ".join(f"{t} ({n:,})"
                                                        for t, n in mirrored.items())
                        + " for their mirrors")
+        if _store_captured_set(config, storage_options):
+            report.did(f"stored the captured set ({', '.join(config.tables)})")
         if not has_bronze:
             bronze.create(ident, created.consistent_point)
             report.did(f"created bronze table {config.bronze_path}")
@@ -162,3 +168,14 @@ def _rebaseline(bronze: BronzeTable, slot: str, start: int, ident: SourceIdentit
     report.did(f"re-baselined bronze at {fmt(start)}; changes between "
                f"{fmt(progress.end_lsn)} and {fmt(start)} were not captured, so gold stays "
                "stopped until you run `lakecdc backfill rebuild-gold`")
+
+
+def _store_captured_set(config: Config, storage_options: dict | None) -> bool:
+    """Store ``LAKECDC_TABLES`` as the captured set (``bronze.capture_list``) unless a set
+    is stored; from then on ``lakecdc tables add/remove`` change it. Returns whether it
+    stored one."""
+    store = CaptureList(config.lakehouse, storage_options)
+    if store.exists():
+        return False
+    store.write({t: CAPTURED for t in config.tables}, None)
+    return True

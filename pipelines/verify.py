@@ -35,9 +35,11 @@ from core.layout import GOLD, SILVER
 from core.locks import gold_lock_name, is_held, ship_lock_name
 from core.lsn import fmt
 from core.postgres import connect
-from core.storage import gold_key
+from core.storage import Lakehouse, gold_key
 from gold.push import PROGRESS_TABLE, STATS_TABLE
 from pipelines.consistent import consistent_point, count_at, emit_marker
+from pipelines.mirror_baseline import write_baselines
+from pipelines.verify_mirrors import check_mirror, mirrors_position, scratch_root, tables_to_verify
 from pipelines.verify_report import LayerCounts, Verdict, document, drift_sentence, nonzero, render
 
 if TYPE_CHECKING:
@@ -61,7 +63,7 @@ def run_verify(config: Config, where: Locations, *, start_spark: Callable[[], Sp
     runs every stage once (``run --once``), ``gold_lock()`` holds the gold writer lock
     around a repair."""
     first = verify_once(config, where, start_spark, drive, timeout_s)
-    if first.exact or not repair:
+    if first.exact or not repair or first.counts_exact:     # a mirror has no repair yet
         doc = {**document(first), **({"repaired": False} if repair else {})}
         click.echo(json.dumps(doc, indent=2) if as_json else render(first))
         if not first.exact:
@@ -94,6 +96,8 @@ def verify_once(config: Config, where: Locations, start_spark: Callable[[], Spar
     """Steps 1-5 of the module docstring; returns the verdict (does not print)."""
     source = config.require_source()
     _preflight(config)
+    options = Lakehouse.from_config(config).delta_rs_options()
+    mirrored = tables_to_verify(config, options)
 
     with consistent_point(source) as point:
         # Emitted first so a running pipeline carries it along while the count runs.
@@ -101,9 +105,13 @@ def verify_once(config: Config, where: Locations, start_spark: Callable[[], Spar
         log.info("verify: consistent point %s, marker %s; counting the source",
                  fmt(point.lsn), fmt(marker))
         truth_src = count_at(source, point, config.counted, "verify: counting source rows")
+        if mirrored:             # the mirrored tables' rows at the point (verify_mirrors)
+            write_baselines(source, point.snapshot_name, mirrored,
+                            scratch_root(config.lakehouse), point.lsn, options)
     # The temporary slot is gone: nothing of verify pins WAL from here on.
 
-    how = _past_marker(config, where, drive, marker, timeout_s)
+    layers = ("gold", "dashboard", *(("mirrors",) if mirrored else ()))
+    how = _past_marker(config, where, drive, marker, timeout_s, layers)
     spark = start_spark()
     from gold import asof
 
@@ -127,6 +135,7 @@ def verify_once(config: Config, where: Locations, start_spark: Callable[[], Spar
     dash_at = asof.subtract(dash_now, asof.net_deltas(_from(spark, silver, point.lsn,
                                                             dash_lsn), config.counted))
 
+    mirrors = tuple(check_mirror(spark, config, t, point.lsn, silver) for t in mirrored)
     purged = _history_purges(spark, silver, state.floor, point.lsn, config.counted)
     truth = Counter(truth_src)
     truth.update(purged)
@@ -135,7 +144,7 @@ def verify_once(config: Config, where: Locations, start_spark: Callable[[], Spar
             "version": state.version, "watermark": fmt(state.watermark),
             "floor": fmt(state.floor)}),
         LayerCounts("dashboard", nonzero(dash_at), {
-            "gold_version": dash_version, "watermark": fmt(dash_lsn)})), how)
+            "gold_version": dash_version, "watermark": fmt(dash_lsn)})), how, mirrors)
 
 
 # --- step 1: before anything is created ------------------------------------------------
@@ -157,7 +166,7 @@ def _preflight(config: Config) -> None:
 # --- step 2: gold and the dashboard past the marker -------------------------------------
 
 def _past_marker(config: Config, where: Locations, drive: Callable[[], object], marker: int,
-                 timeout_s: float) -> str:
+                 timeout_s: float, layers: tuple[str, ...] = ("gold", "dashboard")) -> str:
     """Get gold and the dashboard to include the marker; returns how (for the report).
 
     While another process holds the shipper or the gold lock, a pipeline is running: wait
@@ -176,8 +185,8 @@ def _past_marker(config: Config, where: Locations, drive: Callable[[], object], 
                 log.info("verify: no pipeline running; running every stage once "
                          "(run --once)")
                 drive()
-                positions = _positions(config, where, dash)
-                if not _passed(positions, marker):
+                positions = _positions(config, where, dash, (*_LAYERS, *layers))
+                if not _passed(positions, marker, layers):
                     raise UserError(_stuck(marker, "after `run --once`", positions,
                                            waited=False))
                 return (f"pipeline driven past the marker (run --once, "
@@ -186,27 +195,29 @@ def _past_marker(config: Config, where: Locations, drive: Callable[[], object], 
                 log.info("verify: a pipeline is running; waiting up to %.0fs for gold and "
                          "the dashboard to pass the marker %s", timeout_s, fmt(marker))
                 waited = True
-            positions = _positions(config, where, dash, layers=("gold", "dashboard"))
-            if _passed(positions, marker):
+            positions = _positions(config, where, dash, layers)
+            if _passed(positions, marker, layers):
                 return (f"a running pipeline passed the marker in "
                         f"{time.monotonic() - started:.1f}s")
             if time.monotonic() >= deadline:
                 raise UserError(_stuck(marker, f"after waiting {timeout_s:.0f}s",
-                                       _positions(config, where, dash)))
+                                       _positions(config, where, dash, (*_LAYERS, *layers))))
             time.sleep(POLL_S)
 
 
-def _passed(positions: dict, marker: int) -> bool:
-    return all((positions.get(layer) or 0) >= marker for layer in ("gold", "dashboard"))
+def _passed(positions: dict, marker: int, layers: tuple[str, ...]) -> bool:
+    return all((positions.get(layer) or 0) >= marker for layer in layers)
+
+
+_LAYERS = ("bronze", "silver", "gold", "dashboard")
 
 
 def _positions(config: Config, where: Locations, dashboard: psycopg.Connection,
-               layers=("bronze", "silver", "gold", "dashboard")) -> dict:
+               layers=_LAYERS) -> dict:
     """Source commit LSN each layer includes (None: nothing yet), read without Spark."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    from core.storage import Lakehouse
     from pipelines.status import delta_layer, gold_layer
 
     # delta-rs takes the configured URIs (s3://, not Spark's s3a://) and storage options.
@@ -226,6 +237,8 @@ def _positions(config: Config, where: Locations, dashboard: psycopg.Connection,
                                    options).commit_lsn
     if "dashboard" in layers:
         found["dashboard"] = dashboard_position(dashboard, gold_key(where.gold))
+    if "mirrors" in layers:
+        found["mirrors"] = mirrors_position(config.lakehouse, options)
     return found
 
 
@@ -234,12 +247,15 @@ _WHAT_MOVES = {
     "silver": "the stream (`lakecdc run` or `lakecdc stream`)",
     "gold": "the stream (`lakecdc run` or `lakecdc stream`; a stopped gold logs why)",
     "dashboard": "the push (`lakecdc run` or `lakecdc push`)",
+    "mirrors": "the mirrors' query (`lakecdc run` or `lakecdc mirrors`)",
 }
 
 
 def _stuck(marker: int, when: str, positions: dict, waited: bool = True) -> str:
     """One sentence: the first layer short of the marker, where it is, what to check."""
-    for layer in ("bronze", "silver", "gold", "dashboard"):
+    for layer in (*_LAYERS, "mirrors"):
+        if layer not in positions:
+            continue
         at = positions.get(layer)
         if at is None or at < marker:
             return (f"{when}, {layer} is at LSN {fmt(at)}, short of verify's marker at "

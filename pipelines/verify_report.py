@@ -40,6 +40,8 @@ class Verdict:
     purged: int                     # history rows purged since gold's baseline (in truth)
     layers: tuple[LayerCounts, ...]
     pipeline: str = ""              # how the layers got past the marker
+    # Each mirror against its source table (``pipelines.verify_mirrors.MirrorCheck``).
+    mirrors: tuple = ()
 
     def differences(self, layer: LayerCounts) -> dict[Key, tuple[int, int]]:
         """Keys whose count differs from the truth: key → (truth, layer)."""
@@ -48,11 +50,17 @@ class Verdict:
                 if self.truth.get(k, 0) != layer.counts.get(k, 0)}
 
     @property
-    def exact(self) -> bool:
+    def counts_exact(self) -> bool:
+        """Gold and the dashboard (what ``--repair`` rebuilds)."""
         return not any(self.differences(layer) for layer in self.layers)
 
+    @property
+    def exact(self) -> bool:
+        return self.counts_exact and all(m.exact for m in self.mirrors)
+
     def drifted(self) -> list[str]:
-        return [layer.name for layer in self.layers if self.differences(layer)]
+        return [layer.name for layer in self.layers if self.differences(layer)] + \
+            [f"mirror {m.table}" for m in self.mirrors if not m.exact]
 
 
 def _keys(n: int) -> str:
@@ -69,6 +77,19 @@ def _line(v: Verdict, layer: LayerCounts) -> str:
             + (f" ({detail})" if detail else ""))
 
 
+def _rows(n: int) -> str:
+    return f"{n:,} row" + ("" if n == 1 else "s")
+
+
+def _mirror_line(m) -> str:
+    where = f"(version {m.version}, holding its changes up to LSN {fmt(m.holds)})"
+    if m.exact:
+        return f"mirror {m.table}: exact, {_rows(m.rows)} {where}"
+    keys = "; ".join(", ".join(str(v) for v in k) for k in m.keys)
+    return (f"mirror {m.table}: {_rows(m.differing)} differ from the source's {_rows(m.rows)} "
+            f"{where}; keys: {keys}")
+
+
 def render(v: Verdict, rows: int = TABLE_ROWS) -> str:
     """The text report: the point, one line per layer, then a diff table on drift."""
     lines = [f"source: consistent point LSN {fmt(v.lsn)}, marker {fmt(v.marker)}"
@@ -77,6 +98,7 @@ def render(v: Verdict, rows: int = TABLE_ROWS) -> str:
              + (f" (including {v.purged:,} purged from history since gold's baseline)"
                 if v.purged else "")]
     lines += [_line(v, layer) for layer in v.layers]
+    lines += [_mirror_line(m) for m in v.mirrors]
     differing = sorted(set().union(*(v.differences(layer) for layer in v.layers)))
     if not differing:
         return "\n".join(lines)
@@ -112,6 +134,11 @@ def document(v: Verdict, rows: int = DOCUMENT_ROWS) -> dict:
             **layer.detail, "differing_keys": len(diff),
             "differences": [{**dict(zip(DIMS, k)), "truth": t, layer.name: c}
                             for k, (t, c) in list(diff.items())[:rows]]}
+    if v.mirrors:
+        doc["mirrors"] = [{"table": m.table, "exact": m.exact, "rows": m.rows,
+                           "version": m.version, "holds_up_to": fmt(m.holds),
+                           "differing_rows": m.differing, "keys": [list(k) for k in m.keys]}
+                          for m in v.mirrors]
     return doc
 
 
@@ -119,6 +146,12 @@ def drift_sentence(v: Verdict) -> str:
     """One sentence for ``lakecdc: drift: …`` (stderr, exit 1)."""
     parts = [f"{layer.name} on {_keys(len(v.differences(layer)))}"
              for layer in v.layers if v.differences(layer)]
-    return (f"{' and '.join(parts)} differ from the source at LSN {fmt(v.lsn)}; "
+    mirrors = [f"the mirror of {m.table} on {_rows(m.differing)}"
+               for m in v.mirrors if not m.exact]
+    if not parts:
+        return (f"{' and '.join(mirrors)} differ from the source at LSN {fmt(v.lsn)} (keys in "
+                "the report); a mirror has no repair yet: report it, with the report.")
+    return (f"{' and '.join(parts + mirrors)} differ from the source at LSN {fmt(v.lsn)}; "
             "`lakecdc verify --repair` (or `lakecdc backfill rebuild-gold`) rebuilds gold "
-            "and the dashboard from a fresh baseline.")
+            "and the dashboard from a fresh baseline"
+            + (" (not the mirrors)." if mirrors else "."))

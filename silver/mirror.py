@@ -26,6 +26,7 @@ import json
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -39,11 +40,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from core.captured import MARKER_PREFIX
 from core.commits import commit_metadata
 from core.errors import UserError
 from core.lsn import fmt
 from core.tables import create_table
 from silver.mirror_types import BAD_VALUE, spark_type, typed
+from silver.parse import MESSAGE_ACTION
 
 log = logging.getLogger("lakecdc.mirror")
 
@@ -59,6 +62,7 @@ MIRRORED_OPS = ("I", "U", "D", "R")
 
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+PARTS = 1_000_000       # txnVersion = batch id * PARTS + the part of the batch (chain_cuts)
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _EXISTS, _HAS = "__lakecdc_exists", "__lakecdc_has_"
 _TEXT_MAP = MapType(StringType(), StringType())
@@ -209,24 +213,74 @@ class TableInBatch:
     truncated: tuple[int, int] | None
     types: dict[str, str]
     moved: bool = False             # an UPDATE carried the old key (it may have moved)
+    newest: int = 0                 # the newest commit LSN among its changes
 
     @property
     def name(self) -> str:
         return f"{self.schema}.{self.table}"
 
 
-def tables_in_batch(batch: DataFrame) -> list[TableInBatch]:
-    changes = batch.where(F.col("op").isin(*MIRRORED_OPS, "T"))
+def _moves(changes: DataFrame, key: tuple[str, ...]) -> list[tuple]:
+    """The key-changing UPDATEs among one table's changes, in order: (commit_lsn, seq, old
+    key, new key), key values as text. One Spark job; only for a batch that has some."""
+    new_key = F.struct(*[F.col("columns")[k].alias(k) for k in key])
+    old_key = F.struct(*[F.col("identity")[k].alias(k) for k in key])
+    rows = (changes.where((F.col("op") == "U") & F.col("identity").isNotNull()
+                          & (old_key != new_key))
+            .select("commit_lsn", "seq", old_key.alias("old"), new_key.alias("new"))
+            .orderBy("commit_lsn", "seq").collect())
+    return [(r.commit_lsn, r.seq, tuple(r.old), tuple(r.new)) for r in rows]
+
+
+def chain_cuts(moves: list[tuple]) -> list[tuple[int, int]]:
+    """Where to split a batch's changes of one table so that no part moves a row twice: a
+    key moved to (A -> B) and moved on (B -> C) in the same part would lose the columns the
+    second UPDATE left out, which only the mirror's row of A holds. Returns the (commit_lsn,
+    seq) each later part starts at. Pure."""
+    cuts: list[tuple[int, int]] = []
+    moved_in: set = set()
+    for lsn, seq, old, new in moves:
+        if old in moved_in:
+            cuts.append((lsn, seq))
+            moved_in = set()
+        moved_in.add(new)
+    return cuts
+
+
+def _before(at: tuple[int, int], inclusive: bool = False) -> Column:
+    """Changes ordered before ``at`` (commit_lsn, seq), or at it when ``inclusive``."""
+    lsn, seq = F.col("commit_lsn"), F.col("seq")
+    same = (seq <= F.lit(at[1])) if inclusive else (seq < F.lit(at[1]))
+    return (lsn < F.lit(at[0]).cast("long")) | ((lsn == F.lit(at[0]).cast("long")) & same)
+
+
+def _between(lo: tuple[int, int] | None, hi: tuple[int, int] | None) -> Column:
+    """Changes from ``lo`` (inclusive) to ``hi`` (exclusive); None: open."""
+    cond = F.lit(True)
+    if lo is not None:
+        cond = cond & ~_before(lo)
+    if hi is not None:
+        cond = cond & _before(hi)
+    return cond
+
+
+def tables_in_batch(batch: DataFrame) -> tuple[list[TableInBatch], int | None]:
+    """The batch's tables, and the newest verify marker in it (None: none), in one job."""
+    marker = (F.col("op") == MESSAGE_ACTION) & (F.col("message_prefix") == MARKER_PREFIX)
+    changes = batch.where(F.col("op").isin(*MIRRORED_OPS, "T") | marker)
     flat = changes.select("schema_name", "table_name", "op", "commit_lsn", "seq", "identity",
                           F.explode_outer("column_types").alias("name", "type"))
     rows = flat.groupBy("schema_name", "table_name").agg(
         F.max(F.when(F.col("op") == "T", F.struct("commit_lsn", "seq"))).alias("truncated"),
         F.collect_set(F.when(F.col("name").isNotNull(), F.struct("name", "type")))
         .alias("types"),
-        F.max((F.col("op") == "U") & F.col("identity").isNotNull()).alias("moved")).collect()
+        F.max((F.col("op") == "U") & F.col("identity").isNotNull()).alias("moved"),
+        F.max("commit_lsn").alias("newest")).collect()
+    markers = [r.newest for r in rows if r.table_name is None]
     return [TableInBatch(r.schema_name, r.table_name,
                          (r.truncated.commit_lsn, r.truncated.seq) if r.truncated else None,
-                         {t.name: t.type for t in r.types}, bool(r.moved)) for r in rows]
+                         {t.name: t.type for t in r.types}, bool(r.moved), r.newest)
+            for r in rows if r.table_name is not None], max(markers, default=None)
 
 
 class MirrorStopped(UserError):
@@ -258,8 +312,17 @@ class MirrorWriter:
     at or below it are passed over (the operator checked them in quarantine)."""
 
     def __init__(self, paths: dict[str, str], accept_errors_upto: int = 0,
-                 floors: dict[str, int] | None = None) -> None:
+                 floors: dict[str, int] | None = None,
+                 discover: Callable[[str], str | None] | None = None,
+                 on_marker: Callable[[int, int], None] | None = None) -> None:
         self.paths = dict(paths)
+        # Called with (LSN, batch id) of the newest verify marker of a batch once every
+        # mirror holds that batch (``pipelines.verify_mirrors``).
+        self.on_marker = on_marker
+        # A table without a mirror yet (captured while the query runs): its mirror's path
+        # once created, or None (not mirrored; asked once per query).
+        self.discover = discover
+        self._unmirrored: set[str] = set()
         self.floors = dict(floors or {})
         self.accept_errors_upto = accept_errors_upto
         self.failure: BaseException | None = None
@@ -284,25 +347,45 @@ class MirrorWriter:
                 f"({failed[0].error}), so no mirror can say it holds it; mirrors stopped. "
                 "Check silver/quarantine, then pass over it with `lakecdc mirrors "
                 "--accept-errors-upto` (docs/silver.md, \"Mirrors\").")
-        for found in tables_in_batch(batch):
+        found_tables, marker = tables_in_batch(batch)
+        for found in found_tables:
             path = self.paths.get(found.name)
+            if path is None and self.discover is not None \
+                    and found.name not in self._unmirrored:
+                path = self.discover(found.name)
+                if path is None:
+                    self._unmirrored.add(found.name)
+                else:
+                    self.paths[found.name] = path
             if path is None:
                 continue                       # captured without a mirror (docs/silver.md)
             self._table(batch, batch_id, found, path)
+        if marker is not None and self.on_marker is not None:
+            self.on_marker(marker, batch_id)     # every mirror holds the batch now
 
     def _table(self, batch: DataFrame, batch_id: int, found: TableInBatch, path: str) -> None:
-        from delta.tables import DeltaTable
-
         spark = self._merge_session(batch.sparkSession)
         key, types = self._evolve(spark, path, found)
         mine = (F.col("schema_name") == found.schema) & (F.col("table_name") == found.table) \
             & F.col("op").isin(*MIRRORED_OPS) \
             & (F.col("commit_lsn") >= F.lit(self.floors.get(found.name, 0)))
         if found.truncated is not None:
-            lsn, seq = found.truncated
-            mine = mine & ((F.col("commit_lsn") > lsn)
-                           | ((F.col("commit_lsn") == lsn) & (F.col("seq") > seq)))
-        final = final_rows(batch.where(mine), key)
+            mine = mine & ~_before(found.truncated, inclusive=True)
+        changes = batch.where(mine)
+        bounds = [None, *chain_cuts(_moves(changes, key)), None] if found.moved else [None, None]
+        for part, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            self._merge(spark, path, changes.where(_between(lo, hi)), key, types, found,
+                        batch_id, part, truncate=part == 0 and found.truncated is not None,
+                        last=hi is None)
+        self.merged[found.name] = self.merged.get(found.name, 0) + 1
+
+    def _merge(self, spark: SparkSession, path: str, changes: DataFrame, key: tuple[str, ...],
+               types: dict[str, str], found: TableInBatch, batch_id: int, part: int,
+               truncate: bool, last: bool) -> None:
+        """One MERGE of ``changes`` (part ``part`` of the batch's changes of the table)."""
+        from delta.tables import DeltaTable
+
+        final = final_rows(changes, key)
         moved = found.moved and DeltaTable.forPath(spark, path).toDF()
         source = merge_source(final, key, types, moved or None)
         on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key)
@@ -315,11 +398,15 @@ class MirrorWriter:
                  .whenMatchedUpdate(condition=f"s.{_EXISTS}", set={**update, **meta})
                  .whenNotMatchedInsert(condition=f"s.{_EXISTS}",
                                        values={**{q(n): f"s.{q(n)}" for n in types}, **meta}))
-        if found.truncated is not None:
+        if truncate:
             merge = merge.whenNotMatchedBySourceDelete()
-        confs = {_USER_METADATA: commit_metadata("mirror", batch_id=batch_id,
-                                                 truncated=found.truncated is not None),
-                 _TXN_APP: APP_ID, _TXN_VERSION: str(batch_id)}
+        # ``newest``: the mirror now holds every change of its table up to this LSN
+        # (``pipelines.verify_mirrors``); not after a batch's part but the last, which may
+        # end inside a transaction. A batch's parts are told apart by the version.
+        held = {"newest": found.newest} if last else {"partial": True}
+        confs = {_USER_METADATA: commit_metadata("mirror", batch_id=batch_id, part=part,
+                                                 truncated=truncate, **held),
+                 _TXN_APP: APP_ID, _TXN_VERSION: str(batch_id * PARTS + part)}
         for k, v in confs.items():
             spark.conf.set(k, v)
         try:
@@ -328,7 +415,6 @@ class MirrorWriter:
         finally:
             for k in confs:
                 spark.conf.unset(k)
-        self.merged[found.name] = self.merged.get(found.name, 0) + 1
 
     def _evolve(self, spark: SparkSession, path: str,
                 found: TableInBatch) -> tuple[tuple[str, ...], dict[str, str]]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Iterable
+from typing import Callable, Iterable
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, Row, SparkSession
@@ -89,10 +89,14 @@ class SilverBatch:
 class SilverWriter:
     def __init__(self, silver_path: str, quarantine_path: str,
                  known_tables: Iterable[str], guard: bool = True,
-                 counted_tables: Iterable[str] | None = None) -> None:
+                 counted_tables: Iterable[str] | None = None,
+                 refresh_known: Callable[[], Iterable[str]] | None = None) -> None:
         self.silver_path = silver_path
         self.quarantine_path = quarantine_path
         self.known_tables = tuple(known_tables)
+        # Read before each batch when the captured set can change while running (``lakecdc
+        # tables add``): a batch is parsed with a set at least as new as its rows.
+        self.refresh_known = refresh_known
         # The tables whose changes must carry id and the dims (``silver.parse``).
         self.counted_tables = None if counted_tables is None else tuple(counted_tables)
         self.guard = guard      # False: no txn ids (negative controls only)
@@ -110,6 +114,8 @@ class SilverWriter:
     def parse(self, bronze: DataFrame) -> tuple[DataFrame, Row]:
         """The batch parsed once and persisted (the caller unpersists it), and its figures:
         rows, errors, the newest commit (``lsn``, ``ts``). One Spark job."""
+        if self.refresh_known is not None:
+            self.known_tables = tuple(self.refresh_known())
         parsed = parse_changes(bronze, self.known_tables, self.counted_tables).persist()
         try:
             figures = parsed.agg(

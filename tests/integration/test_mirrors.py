@@ -222,3 +222,54 @@ def test_mirrors_before_silver_exists_is_one_sentence(source_db, config):
     bad = error_line(run_cli(["mirrors", "--once", "--accept-errors-upto", "x"], env),
                      "--accept-errors-upto")
     assert "0/4A3F2C0" in bad
+
+
+def test_verify_checks_each_mirror_against_its_source_under_traffic_and_names_a_changed_row(
+        source_db, config):
+    """``verify`` while traffic goes on: changes straddle its point, so the mirror is
+    compared with the source at the point plus verify's own fold of the changes after it.
+    Then one row of the mirror is changed behind lakecdc's back: exit 1, naming the table
+    and the row's key."""
+    import threading
+
+    import psycopg
+    from deltalake import DeltaTable
+
+    rng = random.Random(99)
+    with source_db.connect() as conn:
+        conn.execute(SCHEMA_SQL)
+        traffic(conn, rng, 30)
+    env = {**cli_env(config), **MIRRORED}
+    assert run_cli(["setup"], env).returncode == 0
+    with source_db.connect() as conn:
+        traffic(conn, rng, 30)
+    assert run_cli(["run", "--once"], env).returncode == 0
+    stop, rounds = threading.Event(), []
+
+    def churn():       # a few seconds of changes while verify takes its point
+        with psycopg.connect(source_db.dsn, autocommit=True) as conn:
+            churned = random.Random(5)
+            while not stop.is_set() and len(rounds) < 40:
+                traffic(conn, churned, 1)
+                rounds.append(1)
+                stop.wait(0.2)
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    try:
+        verified = run_cli(["verify"], env, timeout=600)
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert len(rounds) > 3, rounds
+    assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
+    assert "mirror public.typed_rows: exact" in verified.stdout, verified.stdout
+
+    mirror = DeltaTable(mirror_path(config.lakehouse, TABLE))
+    k1, k2 = next((r["k1"], r["k2"]) for r in mirror.to_pyarrow_table(
+        columns=["k1", "k2"]).to_pylist())
+    mirror.update(updates={"label": "'changed'"}, predicate=f"k1 = {k1} AND k2 = '{k2}'")
+    drift = run_cli(["verify"], env, timeout=600)
+    assert drift.returncode == 1, drift.stdout[-3000:] + drift.stderr[-3000:]
+    line = next(ln for ln in drift.stdout.splitlines() if ln.startswith("mirror "))
+    assert "public.typed_rows: 2 rows differ" in line and f"{k1}, {k2}" in line, line
+    assert "the mirror of public.typed_rows on 2 rows" in drift.stderr, drift.stderr

@@ -148,3 +148,13 @@ def test_fold_delete_then_insert_and_key_change(spark):
                                ("7", "v"))
     assert got[("7", "v")] == (True, {"a": "7", "b": "v", "n": "3", "big": "other"}, 18)
     assert len(got) == 7
+
+
+def test_a_batch_that_moves_a_row_twice_is_cut_before_the_second_move():
+    from silver.mirror import chain_cuts
+
+    a, b, c, d = ("1", "x"), ("2", "x"), ("3", "x"), ("9", "y")
+    assert chain_cuts([(10, 1, a, b), (20, 1, d, c)]) == []            # two separate moves
+    assert chain_cuts([(10, 1, a, b), (20, 1, b, c)]) == [(20, 1)]     # A -> B -> C
+    assert chain_cuts([(10, 1, a, b), (10, 2, b, c), (11, 1, c, a)]) == [(10, 2), (11, 1)]
+    assert chain_cuts([]) == []

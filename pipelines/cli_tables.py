@@ -1,0 +1,66 @@
+"""``lakecdc tables``: list, add and remove captured tables (``pipelines.tables``); a group
+of ``pipelines.cli``, kept here so that module stays small."""
+
+from __future__ import annotations
+
+import click
+
+
+def _context(ctx):
+    """The configuration and the delta-rs storage options of the lakehouse."""
+    from core.storage import Lakehouse
+    from pipelines.cli import _config
+
+    config = _config(ctx)
+    return config, Lakehouse.from_config(config).delta_rs_options()
+
+
+@click.group(invoke_without_command=True)
+@click.pass_context
+def tables(ctx):
+    """The captured tables: list them (the default), add one while the pipeline runs, or
+    remove one. The set is stored in the lakehouse (bronze/_captured) with the pipeline's
+    progress; LAKECDC_TABLES only gives setup its first version."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(list_command)
+
+
+@tables.command("list")
+@click.pass_context
+def list_command(ctx):
+    """Each captured (or once captured) table, its state and its mirror's freshness."""
+    from pipelines.tables import list_tables, render_tables
+
+    config, options = _context(ctx)
+    click.echo(render_tables(list_tables(config, options)))
+
+
+@tables.command("add")
+@click.argument("table")
+@click.option("--chunk-rows", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="Rows per keyset chunk of the table's current rows.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
+              default=600.0, show_default=True,
+              help="Seconds to wait for the shipper to bring a chunk into bronze.")
+@click.pass_context
+def add_command(ctx, table, chunk_rows, timeout_s):
+    """Capture SCHEMA.TABLE from now on and read its current rows into the change stream
+    (a watermark backfill, while streaming goes on); its mirror follows. Needs a running
+    shipper (`lakecdc run` or `lakecdc ship`). Rerun after an interruption: it continues."""
+    from pipelines.cli import _stop_on_signals
+    from pipelines.tables import add_table
+
+    config, options = _context(ctx)
+    click.echo(add_table(config, table, options, _stop_on_signals(), chunk_rows, timeout_s))
+
+
+@tables.command("remove")
+@click.argument("table")
+@click.pass_context
+def remove_command(ctx, table):
+    """Stop capturing SCHEMA.TABLE. Its mirror is kept as it was, no longer updated."""
+    from pipelines.cli import _stop_on_signals
+    from pipelines.tables import remove_table
+
+    config, options = _context(ctx)
+    click.echo(remove_table(config, table, options, _stop_on_signals()))

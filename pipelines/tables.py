@@ -1,0 +1,251 @@
+"""``lakecdc tables [list|add|remove]``: the captured set, changed while the pipeline runs
+(docs/source-tables.md, "Adding and removing tables while running").
+
+``add SCHEMA.TABLE`` (resumable: rerun it after any interruption):
+
+1. checks the table (it exists, its key identifies a row, a single-column primary key for
+   the keyset read), changing nothing if it is refused;
+2. stores the new set (``bronze.capture_list``, state ``snapshotting``);
+3. waits until the running shipper has acknowledged it in a bronze commit: from there on
+   every change of the table reaches bronze;
+4. reads the table's current rows into the change stream with the watermark backfill
+   (``bronze.backfill``), while streaming goes on: a row changed during its chunk's window
+   is superseded by that change, never read stale;
+5. stores the table as ``captured``. Its mirror is created by the mirrors' query when the
+   first of its changes or rows arrives, and kept from then on.
+
+``remove`` stores the set without the table and waits for the shipper likewise; the mirror
+stays as it was. The counted tables cannot be removed.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from bronze import heartbeat
+from bronze.backfill import run_snapshot_backfill
+from bronze.capture_list import ACK_SUFFIX, CAPTURED, REMOVED, SNAPSHOTTING, CaptureList, CaptureSet
+from bronze.source import identity_blocker, mirror_key
+from bronze.table import BronzeTable
+from core.config import Config
+from core.errors import UserError
+from core.faults import FaultPoints
+from core.layout import mirror_path
+from core.locks import acquire, shipper_running
+from core.lsn import fmt
+from core.postgres import connect
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
+ACK_TIMEOUT_S = 120.0
+
+
+def captured_tables(config: Config, storage_options: dict | None = None) -> tuple[str, ...]:
+    """The tables captured now: the stored set, else ``LAKECDC_TABLES``."""
+    stored = CaptureList(config.lakehouse, storage_options).read()
+    return stored.active if stored is not None else config.tables
+
+
+def known_tables(config: Config, storage_options: dict | None = None):
+    """A function returning every table bronze may hold changes of (silver's known tables),
+    read from the stored set each time it is called."""
+    store = CaptureList(config.lakehouse, storage_options)
+
+    def known() -> tuple[str, ...]:
+        stored = store.read()
+        return stored.known if stored is not None else config.tables
+    return known
+
+
+def _lock_name(slot: str) -> str:
+    return f"lakecdc.tables:{slot}"
+
+
+def _qualified(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise UserError(f"table {name!r} must be written schema.table, e.g. public.services.")
+    return name
+
+
+def _states(stored: CaptureSet | None, config: Config) -> dict[str, str]:
+    if stored is None:                 # set up before the set was stored
+        return {t: CAPTURED for t in config.tables}
+    return {t: s for t, (s, _) in stored.states.items()}
+
+
+def add_table(config: Config, name: str, storage_options: dict | None = None,
+              stop: threading.Event | None = None, chunk_rows: int = 10_000,
+              timeout_s: float = 600.0) -> str:
+    """``lakecdc tables add``; returns the line to print."""
+    table = _qualified(name)
+    stop = stop or threading.Event()
+    store = CaptureList(config.lakehouse, storage_options)
+    bronze = BronzeTable(config.bronze_path, storage_options)
+    if not bronze.exists():
+        raise UserError(f"no bronze table at {config.bronze_path}: run `lakecdc setup` first.")
+    started = time.monotonic()
+    with connect(config.require_source(), what="source") as conn:
+        acquire(conn, _lock_name(config.slot), f"lakecdc tables {config.slot}",
+                f"another `lakecdc tables add` or `remove` is running on slot {config.slot}; "
+                "wait for it to finish.")
+        stored = store.read()
+        if stored is not None and stored.state(table) == CAPTURED:
+            return f"{table} is already captured."
+        if not shipper_running(conn, config.slot):
+            raise UserError(f"no lakecdc shipper is running on slot {config.slot}: `tables "
+                            "add` reads the table's rows through the change stream, so start "
+                            "`lakecdc run` (or `lakecdc ship`) and rerun it; nothing was "
+                            "changed.")
+        schema_name, table_name = table.split(".", 1)
+        if conn.execute("SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = "
+                        "c.relnamespace WHERE n.nspname = %s AND c.relname = %s AND "
+                        "c.relkind IN ('r', 'p')", [schema_name, table_name]).fetchone() is None:
+            raise UserError(f"table {table} does not exist in the source database; nothing "
+                            "was changed.")
+        blocker = identity_blocker(conn, table, counted=False)
+        if blocker:
+            raise UserError(blocker)
+        key = mirror_key(conn, table)[1]
+        if len(key) != 1:
+            raise UserError(
+                f"{table} has {'no' if not key else 'a composite'} primary key: `tables add` "
+                "reads a table's current rows in keyset chunks of a single-column primary "
+                "key; capture it from setup instead (LAKECDC_TABLES, docs/source-tables.md); "
+                "nothing was changed.")
+        states = _states(stored, config)
+        if states.get(table) != SNAPSHOTTING:
+            states[table] = SNAPSHOTTING
+            stored = store.write(states, stored)
+            FaultPoints(config.faults).hit("after_capture_stored")
+        assert stored is not None
+        at = _wait_acknowledged(conn, config, bronze, stored.version, stop)
+        if at is None:
+            return f"{table}: stopped before the shipper took it up; rerun `lakecdc tables add {table}`."
+        since = int(stored.since(table).timestamp() * 1e6)
+        report = run_snapshot_backfill(config.with_(tables=stored.active), tables=(table,),
+                                       chunk_rows=chunk_rows, stop=stop, timeout_s=timeout_s,
+                                       storage_options=storage_options, since_us=since)
+        if report.outcome == "stopped":
+            return (f"{table}: captured from {fmt(at)}; reading its rows stopped after "
+                    f"{report.new_rows:,} rows: rerun `lakecdc tables add {table}` to go on.")
+        states[table] = CAPTURED
+        store.write(states, store.read())
+    rows = sum(p.rows for p in report.per_table.values())
+    return (f"{table}: captured from {fmt(at)}, its {rows:,} current rows read in "
+            f"{time.monotonic() - started:.1f}s (backfill run {report.run}); its mirror is "
+            f"{mirror_path(config.lakehouse, table)}.")
+
+
+def remove_table(config: Config, name: str, storage_options: dict | None = None,
+                 stop: threading.Event | None = None) -> str:
+    """``lakecdc tables remove``; returns the line to print."""
+    table = _qualified(name)
+    if table in config.counted.names:
+        raise UserError(f"{table} is counted by service_stats, so it stays captured "
+                        "(LAKECDC_NOTIFICATIONS_TABLE, LAKECDC_HISTORY_TABLE).")
+    store = CaptureList(config.lakehouse, storage_options)
+    bronze = BronzeTable(config.bronze_path, storage_options)
+    if not bronze.exists():
+        raise UserError(f"no bronze table at {config.bronze_path}: run `lakecdc setup` first.")
+    with connect(config.require_source(), what="source") as conn:
+        acquire(conn, _lock_name(config.slot), f"lakecdc tables {config.slot}",
+                f"another `lakecdc tables add` or `remove` is running on slot {config.slot}; "
+                "wait for it to finish.")
+        stored = store.read()
+        states = _states(stored, config)
+        if states.get(table) in (None, REMOVED):
+            raise UserError(f"{table} is not captured (captured: "
+                            f"{', '.join(t for t, s in states.items() if s != REMOVED)}).")
+        states[table] = REMOVED
+        stored = store.write(states, stored)
+        if shipper_running(conn, config.slot):
+            at = _wait_acknowledged(conn, config, bronze, stored.version, stop or threading.Event())
+            until = f"bronze holds its changes up to {fmt(at)}" if at else "stopped waiting"
+        else:
+            until = "the shipper leaves it out from its next start"
+    return (f"{table} is no longer captured ({until}); its mirror "
+            f"{mirror_path(config.lakehouse, table)} is kept as it was, not updated.")
+
+
+def _wait_acknowledged(conn, config: Config, bronze: BronzeTable, version: int,
+                       stop: threading.Event) -> int | None:
+    """Until bronze records that the shipper peeks with set ``version`` or a newer one;
+    returns bronze's commit LSN then (None: stopped). A heartbeat transaction gives an idle
+    shipper something to commit the acknowledgement with."""
+    app = config.slot + ACK_SUFFIX
+    deadline = time.monotonic() + ACK_TIMEOUT_S
+    heartbeat.emit(conn, config.slot)
+    while (bronze.app_version(app) or -1) < version:
+        if stop.wait(0.1):
+            return None
+        if not shipper_running(conn, config.slot):
+            raise UserError(f"the shipper on slot {config.slot} stopped before it took up the "
+                            "new set of tables; start it and rerun the command (the set is "
+                            "stored, nothing is lost).")
+        if time.monotonic() > deadline:
+            raise UserError(f"the shipper on slot {config.slot} has not taken up the new set "
+                            f"of tables within {ACK_TIMEOUT_S:.0f}s (is it far behind? see "
+                            "`lakecdc status`); rerun the command to wait again.")
+    progress = bronze.progress(config.slot)
+    return progress.commit_lsn if progress is not None else 0
+
+
+@dataclass(frozen=True)
+class TableLine:
+    table: str
+    state: str
+    since: datetime | None
+    mirror_rows: int | None = None
+    mirror_updated: datetime | None = None
+    newest_change: datetime | None = None
+
+
+def list_tables(config: Config, storage_options: dict | None = None) -> list[TableLine]:
+    """Every table captured or once captured, with its mirror's size and freshness (read
+    from the Delta log: no Spark)."""
+    stored = CaptureList(config.lakehouse, storage_options).read()
+    entries = ([(t, s, at) for t, (s, at) in stored.states.items()] if stored is not None
+               else [(t, CAPTURED, None) for t in config.tables])
+    return [TableLine(t, s, at, *_mirror_freshness(config.lakehouse, t, storage_options))
+            for t, s, at in entries]
+
+
+def _mirror_freshness(lakehouse: str, table: str, storage_options: dict | None):
+    """(rows, last commit time, newest change held) of ``table``'s mirror, or Nones."""
+    uri = mirror_path(lakehouse, table)
+    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
+        return None, None, None
+    mirror = DeltaTable(uri, storage_options=storage_options)
+    files = pa.table(mirror.get_add_actions(flatten=True)).to_pylist()
+    rows = sum(f.get("num_records") or 0 for f in files)
+    newest = max((f.get("max._lakecdc_commit_ts") for f in files
+                  if f.get("max._lakecdc_commit_ts") is not None), default=None)
+    last = mirror.history(1)[0].get("timestamp")
+    updated = datetime.fromtimestamp(last / 1000, timezone.utc) if last else None
+    return rows, updated, newest
+
+
+def render_tables(lines: list[TableLine], now: datetime | None = None) -> str:
+    """``lakecdc tables``' table; pure."""
+    now = now or datetime.now(timezone.utc)
+
+    def ago(at: datetime | None) -> str:
+        if at is None:
+            return "-"
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=timezone.utc)
+        return f"{at:%Y-%m-%d %H:%M:%S}Z ({max(0.0, (now - at).total_seconds()):,.0f}s ago)"
+
+    header = ("table", "state", "since", "mirror rows", "mirror updated", "newest change")
+    rows = [(ln.table, ln.state, ago(ln.since),
+             "-" if ln.mirror_rows is None else f"{ln.mirror_rows:,}",
+             ago(ln.mirror_updated), ago(ln.newest_change)) for ln in lines]
+    widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
+    return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip()
+                     for r in (header, *rows))

@@ -1,0 +1,205 @@
+"""``lakecdc verify`` over the mirrors: each mirror against its source table at one point
+(docs/verify.md, "Mirrors").
+
+For a mirrored table ``t`` and verify's consistent point ``P``:
+
+- **the source at P**: every row of ``t`` read inside P's exported snapshot as the text
+  wal2json prints (``pipelines.mirror_baseline``), into ``<lakehouse>/_verify``;
+- **the mirror, and the point it holds**: its newest lakecdc commit records ``newest``, the
+  newest change of ``t`` it holds (or ``seed``, the point of its initial rows). Verify reads
+  the mirror at that version only once the mirrors' query has passed verify's marker (it
+  records each marker it passes, ``record_marker``), so no change of ``t`` older than the
+  marker is still on its way: the mirror holds exactly the changes of ``t`` up to ``W =
+  max(newest, P - 1)``;
+- **the truth at W**: the source at P with silver's changes of ``t`` in ``[P, W]`` applied by
+  ``fold``, the documented rules written here a second time, in plain Python on the few
+  rows they touch, apart from the mirrors' own DataFrame fold (``silver.mirror``);
+- both typed by the same type map (``silver.mirror_types``, the specification) and compared
+  row for row, every column.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from bronze.capture_list import CAPTURED, CaptureList
+from core.commits import parse_commit_metadata
+from core.layout import MIRROR_MARKERS, mirror_path, path
+from core.storage import on_databricks, spark_path
+
+Key = tuple
+Row = dict
+SAMPLE_KEYS = 5
+_MARKERS = pa.schema([("marker_lsn", pa.int64()), ("batch_id", pa.int64()),
+                      ("recorded_at", pa.timestamp("us", tz="UTC"))])
+
+
+def scratch_root(lakehouse: str) -> str:
+    """Where verify keeps the source rows it read at its point (replaced by each run)."""
+    return f"{lakehouse.rstrip('/')}/_verify"
+
+
+# --- the mirrors' query passes verify's marker ----------------------------------------
+
+def record_marker(lakehouse: str, storage_options: dict | None = None
+                  ) -> Callable[[int, int], None]:
+    """For ``MirrorWriter``: note a verify marker every mirror holds (a small append, only
+    in the batches that carry a marker)."""
+    uri = path(lakehouse, MIRROR_MARKERS)
+
+    def record(marker: int, batch_id: int) -> None:
+        write_deltalake(uri, pa.table({"marker_lsn": [marker], "batch_id": [batch_id],
+                                       "recorded_at": [int(time.time() * 1e6)]},
+                                      schema=_MARKERS),
+                        mode="append", storage_options=storage_options)
+    return record
+
+
+def mirrors_position(lakehouse: str, storage_options: dict | None = None) -> int | None:
+    """The newest verify marker the mirrors' query has passed (None: none yet)."""
+    uri = path(lakehouse, MIRROR_MARKERS)
+    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
+        return None
+    values = DeltaTable(uri, storage_options=storage_options).to_pyarrow_table(
+        columns=["marker_lsn"]).column("marker_lsn").to_pylist()
+    return max(values, default=None)
+
+
+def tables_to_verify(config, storage_options: dict | None = None) -> tuple[str, ...]:
+    """The mirrored tables that are captured (not being added, not removed) and have a
+    mirror."""
+    stored = CaptureList(config.lakehouse, storage_options).read()
+    captured = (tuple(t for t, (s, _) in stored.states.items() if s == CAPTURED)
+                if stored is not None else config.tables)
+    mirrored = captured if config.mirrors is None else \
+        tuple(t for t in captured if t in config.mirrors)
+    return tuple(t for t in mirrored if DeltaTable.is_deltatable(
+        mirror_path(config.lakehouse, t), storage_options=storage_options))
+
+
+# --- the truth: the documented rules, once more ----------------------------------------
+
+def fold(rows: dict[Key, Row], changes: Iterable[dict], key: tuple[str, ...]
+         ) -> dict[Key, Row | None]:
+    """``changes`` (silver rows of one table: op, commit_lsn, seq, columns, identity) applied
+    in ``(commit_lsn, seq)`` order to ``rows`` (key → column → text); returns every touched
+    key → its row, None if it no longer exists. A TRUNCATE empties the table, so the caller
+    drops every row it did not return (``truncated``). Pure; docs/silver.md, "Mirrors"."""
+    state: dict[Key, Row | None] = {}
+
+    def current(k: Key) -> Row | None:
+        return state[k] if k in state else rows.get(k)
+
+    for change in sorted(changes, key=lambda c: (c["commit_lsn"], c["seq"])):
+        op = change["op"]
+        if op == "T":
+            state = {k: None for k in (*rows, *state)}
+            rows = {}
+            continue
+        new, old = dict(change["columns"] or {}), dict(change["identity"] or {})
+        if op == "D":
+            state[tuple(old[k] for k in key)] = None
+            continue
+        new_key = tuple(new[k] for k in key)
+        base = current(new_key) or {}
+        if op == "U" and old:
+            old_key = tuple(old[k] for k in key)
+            if old_key != new_key:
+                base = current(old_key) or {}
+                state[old_key] = None
+        state[new_key] = {**base, **new}
+    return state
+
+
+def truncated(changes: Iterable[dict]) -> bool:
+    return any(c["op"] == "T" for c in changes)
+
+
+# --- one mirror ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MirrorCheck:
+    table: str
+    rows: int                       # the truth's rows
+    version: int                    # the mirror's version compared
+    holds: int                      # W: the mirror holds the changes up to this LSN
+    differing: int                  # rows in one side and not the other
+    keys: tuple[Key, ...] = ()      # a few differing keys
+
+    @property
+    def exact(self) -> bool:
+        return self.differing == 0
+
+
+def mirror_holds(spark, mirror: str) -> tuple[int, int]:
+    """(version, newest change LSN it holds) of the mirror's newest lakecdc commit that
+    ends a batch (a batch split by ``silver.mirror.chain_cuts`` commits its parts apart)."""
+    from delta.tables import DeltaTable as SparkTable
+
+    for row in SparkTable.forPath(spark, mirror).history(50).collect():
+        meta = parse_commit_metadata(row.userMetadata, "mirror")
+        if meta is not None and not meta.get("partial"):
+            return row.version, int(meta.get("newest") or meta.get("seed") or 0)
+    return 0, 0
+
+
+def check_mirror(spark, config, table: str, point: int, silver_path: str) -> MirrorCheck:
+    """Steps of the module docstring for ``table``; the mirrors' query has passed the
+    marker and the source rows at ``point`` are in the scratch table."""
+    import json
+
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from core.layout import mirror_baseline_path
+    from gold.asof import silver_range
+    from silver.mirror import KEY_PROPERTY, TYPES_PROPERTY, bad_values_stop, q
+    from silver.mirror_types import typed
+
+    on_dbx = on_databricks()
+    mirror = spark_path(mirror_path(config.lakehouse, table), on_dbx)
+    version, newest = mirror_holds(spark, mirror)
+    mirror_df = spark.read.format("delta").option("versionAsOf", version).load(mirror)
+    from delta.tables import DeltaTable as SparkTable
+    properties = SparkTable.forPath(spark, mirror).detail().first().properties
+    key = tuple(json.loads(properties[KEY_PROPERTY]))
+    types = dict(json.loads(properties[TYPES_PROPERTY]))
+    schema_name, table_name = table.split(".", 1)
+    changes = [r.asDict() for r in silver_range(spark, silver_path, point, max(newest, point - 1))
+               .where((F.col("schema_name") == schema_name) & (F.col("table_name") == table_name)
+                      & F.col("op").isin("I", "U", "D", "R", "T"))
+               .select("op", "commit_lsn", "seq", "columns", "identity").collect()]
+    source = spark.read.format("delta").load(spark_path(
+        mirror_baseline_path(scratch_root(config.lakehouse), table), on_dbx))
+    text = StructType([StructField(c, StringType()) for c in types])
+    source = source.select(*[F.col(q(c)) if c in source.columns
+                             else F.lit(None).cast("string").alias(c) for c in types])
+    touched_keys = {tuple(dict(c[side] or {}).get(k) for k in key)
+                    for c in changes if c["op"] != "T" for side in ("columns", "identity")}
+    touched_keys.discard(tuple(None for _ in key))
+    key_schema = StructType([StructField(f"__k{i}", StringType()) for i in range(len(key))])
+    keys_df = spark.createDataFrame(list(touched_keys), key_schema)
+    on = [F.col(q(k)) == F.col(f"__k{i}") for i, k in enumerate(key)]
+    before = {} if not touched_keys else {
+        tuple(r[k] for k in key): r.asDict()
+        for r in source.join(keys_df, on, "left_semi").collect()}
+    after = fold(before, changes, key)
+    kept = source.limit(0) if truncated(changes) else source.join(keys_df, on, "left_anti")
+    folded = spark.createDataFrame([tuple(row.get(c) for c in types)
+                                    for row in after.values() if row is not None], text)
+    truth = kept.unionByName(folded)
+    with bad_values_stop(table):
+        truth = truth.select(*[typed(F.col(q(c)), t, c).alias(c) for c, t in types.items()])
+        theirs = mirror_df.select(*[F.col(q(c)) for c in types])
+        missing, extra = truth.exceptAll(theirs), theirs.exceptAll(truth)
+        differing = missing.count() + extra.count()
+        sample = [] if not differing else missing.unionByName(extra).select(
+            *[F.col(q(k)) for k in key]).distinct().limit(SAMPLE_KEYS).collect()
+        rows = truth.count()
+    return MirrorCheck(table, rows, version, max(newest, point - 1), differing,
+                       tuple(tuple(r) for r in sample))

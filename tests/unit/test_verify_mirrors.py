@@ -1,0 +1,55 @@
+"""``pipelines.verify_mirrors.fold``: verify's own account of the mirror rules (pure)."""
+
+from __future__ import annotations
+
+from pipelines.verify_mirrors import fold, truncated
+
+KEY = ("id",)
+
+
+def change(op, lsn, seq=1, columns=None, identity=None):
+    return {"op": op, "commit_lsn": lsn, "seq": seq, "columns": columns, "identity": identity}
+
+
+def test_inserts_updates_and_deletes_in_commit_order_not_list_order():
+    rows = {("1",): {"id": "1", "name": "a", "body": "long"}}
+    changes = [change("D", 30, identity={"id": "2"}),
+               change("U", 10, columns={"id": "1", "name": "b"}),      # body left out (TOAST)
+               change("I", 20, columns={"id": "2", "name": "c", "body": "x"})]
+    assert fold(rows, changes, KEY) == {("1",): {"id": "1", "name": "b", "body": "long"},
+                                        ("2",): None}
+
+
+def test_a_key_change_moves_the_row_with_the_columns_it_left_out():
+    rows = {("1",): {"id": "1", "name": "a", "body": "long"}}
+    changes = [change("U", 10, columns={"id": "9", "name": "b"}, identity={"id": "1"}),
+               change("U", 10, 2, columns={"id": "9", "name": "c"})]
+    assert fold(rows, changes, KEY) == {("1",): None,
+                                        ("9",): {"id": "9", "name": "c", "body": "long"}}
+
+
+def test_a_read_row_replaces_and_an_insert_after_a_delete_starts_afresh():
+    rows = {("1",): {"id": "1", "name": "a", "body": "long"}}
+    changes = [change("D", 10, identity={"id": "1"}),
+               change("I", 20, columns={"id": "1", "name": "new"}),
+               change("R", 30, columns={"id": "2", "name": "read", "body": "b"})]
+    assert fold(rows, changes, KEY) == {("1",): {"id": "1", "name": "new"},
+                                        ("2",): {"id": "2", "name": "read", "body": "b"}}
+
+
+def test_a_truncate_ends_every_row_before_it_and_keeps_what_follows():
+    rows = {("1",): {"id": "1"}, ("2",): {"id": "2"}}
+    changes = [change("I", 10, columns={"id": "3"}), change("T", 20),
+               change("I", 30, columns={"id": "4"})]
+    assert truncated(changes)
+    assert fold(rows, changes, KEY) == {("1",): None, ("2",): None, ("3",): None,
+                                        ("4",): {"id": "4"}}
+
+
+def test_composite_keys():
+    key = ("a", "b")
+    rows = {("1", "x"): {"a": "1", "b": "x", "v": "old"}}
+    changes = [change("U", 10, columns={"a": "1", "b": "y", "v": "new"},
+                      identity={"a": "1", "b": "x"})]
+    assert fold(rows, changes, key) == {("1", "x"): None,
+                                        ("1", "y"): {"a": "1", "b": "y", "v": "new"}}
