@@ -270,6 +270,6 @@ def test_verify_checks_each_mirror_against_its_source_under_traffic_and_names_a_
     mirror.update(updates={"label": "'changed'"}, predicate=f"k1 = {k1} AND k2 = '{k2}'")
     drift = run_cli(["verify"], env, timeout=600)
     assert drift.returncode == 1, drift.stdout[-3000:] + drift.stderr[-3000:]
-    line = next(ln for ln in drift.stdout.splitlines() if ln.startswith("mirror "))
-    assert "public.typed_rows: 2 rows differ" in line and f"{k1}, {k2}" in line, line
+    line = next(ln for ln in drift.stdout.splitlines() if ln.startswith(f"mirror {TABLE}:"))
+    assert "2 rows differ" in line and f"keys: {k1}, {k2}" in line, line
     assert "the mirror of public.typed_rows on 2 rows" in drift.stderr, drift.stderr
