@@ -1,3 +1,3 @@
-from pipelines.cli import entry
+from pipelines.cli import process_entry
 
-entry()
+process_entry()

@@ -507,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """Console-script entry point: ends the process with ``main``'s exit code.
+    """Console-script entry point: exits only with a non-zero code.
 
     Everything the process creates - local lakehouse tables, checkpoints, spill files, the
     demo's output - is its owner's alone (umask 077: directories 0700, files 0600), and so
@@ -515,11 +515,19 @@ def entry() -> None:
     bronze holds personal data (``to``, ``personalisation``)."""
     os.umask(0o077)
     code = main()
-    # Leave without the interpreter's finalization: pyarrow's dataset threads (delta-rs
-    # reads) can abort the process while it is torn down ("terminate called without an
-    # active exception"; 4 exits in 60 of a script that read a Delta table), which turns
-    # exit 0 or 2 into a crash. Everything is committed and written by now; a Spark JVM
-    # ends by itself when its parent is gone.
+    if code:
+        sys.exit(code)
+
+
+def process_entry() -> None:
+    """``python -m pipelines``: ``entry``, then the process ends without the interpreter's
+    finalization. pyarrow's dataset threads (delta-rs reads) can abort it while it is torn
+    down ("terminate called without an active exception"; 4 exits in 60 of a script that
+    read a Delta table), which turns exit 0 or 2 into a crash. Everything is committed and
+    written by then; a Spark JVM ends by itself when its parent is gone. (``entry`` itself
+    must return: a Databricks wheel task calls it in its own process.)"""
+    os.umask(0o077)
+    code = main()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
