@@ -32,14 +32,18 @@ TABLES = {view_name(table): table for table in QUERYABLE}
 
 
 def table_paths(config) -> dict[str, str]:
-    """View name → the table's path as Spark sees it (``s3a://`` for S3 off Databricks)."""
-    from core.storage import on_databricks, spark_path
+    """View name → the table's path as Spark sees it (``s3a://`` for S3 off Databricks).
+    Mirrors: of every table ever captured (the stored set: added ones, and removed ones,
+    whose mirrors stay); ``register_tables`` passes over those that do not exist."""
+    from core.storage import Lakehouse, on_databricks, spark_path
+    from pipelines.tables import known_tables
 
     paths = {name: spark_path(config.table_path(where), on_databricks())
              for name, where in TABLES.items()}
+    tables = known_tables(config, Lakehouse.from_config(config).delta_rs_options())()
     return {**paths, **{mirror_view_name(t): spark_path(mirror_path(config.lakehouse, t),
                                                          on_databricks())
-                        for t in config.mirrored}}
+                        for t in tables}}
 
 
 def register_tables(spark: SparkSession, paths: dict[str, str]) -> list[str]:
