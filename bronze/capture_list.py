@@ -21,7 +21,6 @@ table existed has none; it is then created by the first ``tables add`` or ``remo
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -29,9 +28,8 @@ from datetime import datetime, timezone
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
+from core.errors import UserError
 from core.layout import CAPTURE_LIST, path
-
-log = logging.getLogger("lakecdc.ship")
 
 SNAPSHOTTING, CAPTURED, REMOVED = "snapshotting", "captured", "removed"
 SCHEMA = pa.schema([("table_name", pa.string()), ("state", pa.string()),
@@ -135,11 +133,20 @@ class ShipperSet:
     def start(self, acked: int | None) -> None:
         """At (re)connect: the newest set, and the version bronze holds (``acked``)."""
         self.current, self.acked = self.store.read(), acked
-        left_out = [t for t in self.default if t not in self.tables]
-        if left_out:
-            log.warning("LAKECDC_TABLES names %s, which the captured set stored in the "
-                        "lakehouse does not hold, so it is not captured: add it with "
-                        "`lakecdc tables add`", ", ".join(left_out))
+
+    @property
+    def left_out(self) -> tuple[str, ...]:
+        """Tables ``LAKECDC_TABLES`` names that the stored set does not capture."""
+        return tuple(t for t in self.default if t not in self.tables)
+
+    def refuse_left_out(self) -> None:
+        """One sentence (exit 2) if ``LAKECDC_TABLES`` names a table the set does not
+        capture: the variable and the stored set disagree, and the stored set decides."""
+        if self.left_out:
+            raise UserError(f"LAKECDC_TABLES names {', '.join(self.left_out)}, which the "
+                            "captured set stored in the lakehouse does not hold: capture it "
+                            f"with `lakecdc tables add {self.left_out[0]}`, or leave it out "
+                            "of LAKECDC_TABLES; nothing was shipped.")
 
     def refresh(self) -> None:
         self.current = self.store.read_at_most_every(self.CHECK_S, self.current)

@@ -117,8 +117,7 @@ class Shipper:
         self.faults = faults or FaultPoints(config.faults)
         self.table = BronzeTable(config.bronze_path, storage_options)
         self.backfill = BackfillEmitter(config, self.table, storage_options)
-        self.captured = ShipperSet(config.lakehouse, config.slot, config.tables,
-                                   storage_options)
+        self.captured = ShipperSet(config.lakehouse, config.slot, config.tables, storage_options)
         # When bronze last committed, so the slot last moved (heartbeats are due after
         # ``heartbeat_interval_s`` without a move).
         self._last_progress_commit = time.monotonic()
@@ -204,7 +203,8 @@ class Shipper:
         system_id, timeline = slots.identify_system(cfg.require_source())
         check_same_history(conn, ident, progress.end_lsn, system_id, timeline)
         self.captured.start(self.table.app_version(self.captured.app_id))
-        require_identity(conn, self.captured.tables, cfg.counted.names)
+        require_identity(conn, (*self.captured.tables, *self.captured.left_out), cfg.counted.names)
+        self.captured.refuse_left_out()
         state = slots.slot_state(conn, cfg.slot)
         if state is None:
             raise slot_missing(cfg.slot, progress)
