@@ -69,6 +69,7 @@ class CaptureList:
         self.uri = path(lakehouse, CAPTURE_LIST)
         self.storage_options = storage_options
         self._table: DeltaTable | None = None
+        self._read: CaptureSet | None = None          # the newest version read
         self._checked = 0.0
 
     def exists(self) -> bool:
@@ -80,10 +81,13 @@ class CaptureList:
             if not self.exists():
                 return None
             self._table = DeltaTable(self.uri, storage_options=self.storage_options)
+            self._read = None
         else:
             self._table.update_incremental()
         self._checked = time.monotonic()
-        return _decode(self._table.version(), self._table.to_pyarrow_table())
+        if self._read is None or self._read.version != self._table.version():
+            self._read = _decode(self._table.version(), self._table.to_pyarrow_table())
+        return self._read
 
     def read_at_most_every(self, seconds: float, last: CaptureSet | None) -> CaptureSet | None:
         """``read``, unless it read less than ``seconds`` ago (then ``last``): the shipper
