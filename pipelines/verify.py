@@ -73,7 +73,7 @@ def run_verify(config: Config, where: Locations, *, start_spark: Callable[[], Sp
         click.echo(render(first))
         click.echo("\nrepair: rebuilding gold from a fresh baseline and replacing the "
                    "dashboard")
-    from pipelines import rebuild  # looked up at call time (tests may stand in for it)
+    from pipelines import rebuild  # only a repair needs it
 
     report = rebuild.rebuild_and_push(start_spark(), config, where, gold_lock)
     if not as_json:

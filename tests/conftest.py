@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -21,6 +22,13 @@ from infra.localpg import LocalPostgres
 from core.config import Config
 
 SCHEMA_SQL = Path(__file__).resolve().parents[1] / "infra" / "postgres" / "source_schema.sql"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``long`` (minutes each on 2 cores) run first, the rest after, each group
+    in its own order. Two workers that steal work then end on short tests, not on one of
+    these while the other idles."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
 @pytest.fixture(scope="session")
@@ -102,28 +110,45 @@ def witness(source_db, config):
 
 
 @pytest.fixture
-def lakecdc(monkeypatch, capsys):
-    """``lakecdc ARGS`` through the real CLI entry point in this process: its exit code and
-    stderr, with the test's Spark session instead of a new JVM. ``env`` sets LAKECDC_*
-    variables for the one call (fault points, guards)."""
+def cli_here(monkeypatch, capsys, spark):
+    """``run_cli``'s twin in this process: ``lakecdc ARGS`` through the real CLI entry point,
+    with ``env``'s variables for the one call and the test's Spark session instead of a new
+    JVM (a fresh one costs 20-40 s here before its first batch is done). For every call
+    whose subject is not the process itself: a kill, a signal, its exit, its own JVM."""
     from pipelines import cli
 
     for name in [n for n in os.environ if n.startswith("LAKECDC_")]:
         monkeypatch.delenv(name)
     logger = logging.getLogger("lakecdc")
 
-    def run(config, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-        flags = ["--source-dsn", config.source_dsn, "--lakehouse", config.lakehouse,
-                 "--slot", config.slot]
+    def run(args: list[str], env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess:
         capsys.readouterr()
         saved = logger.handlers[:], logger.level, logger.propagate
         with monkeypatch.context() as m:
+            for key in [n for n in os.environ if n.startswith("LAKECDC_")]:
+                m.delenv(key)
             for key, value in (env or {}).items():
-                m.setenv(key, value)
+                if os.environ.get(key) != value:
+                    m.setenv(key, value)
             try:
-                code = cli.main([*flags, *args])
+                code = cli.main(list(args))
             finally:   # the CLI points lakecdc's log at captured stderr: undo that
                 logger.handlers[:], logger.level, logger.propagate = saved
         out = capsys.readouterr()
-        return code, out.out, out.err
+        return subprocess.CompletedProcess(["lakecdc", *args], code, out.out, out.err)
+    return run
+
+
+@pytest.fixture
+def lakecdc(cli_here):
+    """``lakecdc ARGS`` for ``config``'s source, lakehouse and slot, in this process (as
+    ``cli_here``): its exit code, stdout and stderr. ``env`` sets LAKECDC_* variables for
+    the one call (fault points, guards)."""
+
+    def run(config, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        flags = ["--source-dsn", config.source_dsn, "--lakehouse", config.lakehouse,
+                 "--slot", config.slot]
+        done = cli_here([*flags, *args], env)
+        return done.returncode, done.stdout, done.stderr
     return run

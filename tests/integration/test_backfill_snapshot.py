@@ -307,6 +307,7 @@ def backfill_under_churn(source_db, config, witness, guards: str = ""):
     return churn, report, w
 
 
+@pytest.mark.long
 def test_backfill_concurrent_with_changes_never_leaves_a_stale_row_and_gold_stays_exact(
         source_db, config, witness, spark):
     churn, report, w = backfill_under_churn(source_db, config, witness)
@@ -331,6 +332,7 @@ def test_backfill_concurrent_with_changes_never_leaves_a_stale_row_and_gold_stay
     assert again.returncode == 0 and "already complete" in again.stdout, again.stderr
 
 
+@pytest.mark.long
 def test_without_the_window_rule_the_replay_check_finds_stale_rows(
         source_db, config, witness, spark):
     backfill_under_churn(source_db, config, witness, guards="backfill_window")

@@ -19,6 +19,7 @@ from tests.integration.workload import STATUSES, archive, insert
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
+@pytest.mark.long
 def test_dashboard_total_is_constant_under_count_neutral_traffic(source_db, config, spark):
     setup(config)
     pipeline = Pipeline(config, spark_factory=lambda: spark, push_interval_s=0.1)

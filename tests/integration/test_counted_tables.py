@@ -53,8 +53,9 @@ def notify_schema(source_db):
 
 
 @pytest.mark.spark
+@pytest.mark.long
 def test_counted_tables_in_another_schema_are_exact_beside_decoys_in_public(
-        source_db, config, notify_schema):
+        source_db, config, notify_schema, cli_here):
     env = notify_env(config)
     setup = run_cli(["setup"], env)
     assert setup.returncode == 0, setup.stderr[-3000:]
@@ -62,20 +63,20 @@ def test_counted_tables_in_another_schema_are_exact_beside_decoys_in_public(
     try:
         purged = mixed(notify_schema, seed=33)
         mixed(source_db.dsn, seed=34)                       # decoy traffic, never counted
-        done = run_cli(["run", "--once"], env)
+        done = cli_here(["run", "--once"], env)
         assert done.returncode == 0, done.stderr[-3000:]
         captured = config.with_(tables=tuple(NOTIFY.split(",")),
                                 notifications_table="notify.notifications",
                                 history_table="notify.notification_history")
         check_invariants(captured, witness, purged, schema="notify")
-        verified = run_cli(["verify"], env)
+        verified = cli_here(["verify"], env)
         assert verified.returncode == 0, verified.stdout[-2000:] + verified.stderr[-2000:]
     finally:
         witness.drop()
 
 
 def test_a_counted_table_that_is_not_captured_is_refused_before_anything_changes(
-        source_db, config):
+        source_db, config, cli_here):
     env = {**cli_env(config), "LAKECDC_TABLES": "public.notifications",
            "LAKECDC_HISTORY_TABLE": "public.notification_history"}
     result = run_cli(["setup"], env)
@@ -87,6 +88,6 @@ def test_a_counted_table_that_is_not_captured_is_refused_before_anything_changes
                                "'%%lakecdc%%'").fetchone()[0]
     assert (slots, indexes) == (0, 0)
     for command in (["run", "--once"], ["ship", "--once"], ["verify"]):
-        refused = run_cli(command, env)
+        refused = cli_here(command, env)
         assert refused.returncode == 2 and "LAKECDC_HISTORY_TABLE" in refused.stderr, \
             refused.stderr[-2000:]

@@ -14,6 +14,7 @@ from tests.tests_support import ROOT
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
+@pytest.mark.long
 def test_the_demo_runs_end_to_end_and_prints_exact(tmp_path):
     out = tmp_path / "demo-output"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAKECDC_")}

@@ -67,6 +67,7 @@ def _lsn(dsn: str, query: str) -> int:
         return conn.execute(f"SELECT ({query} - '0/0'::pg_lsn)::bigint").fetchone()[0]
 
 
+@pytest.mark.long
 def test_a_promoted_standby_is_detected_and_the_runbook_restores_exactness(clusters, spark,
                                                                            tmp_path):
     primary, config = _primary(clusters, tmp_path)
@@ -100,6 +101,7 @@ def test_a_promoted_standby_is_detected_and_the_runbook_restores_exactness(clust
     check_gold(moved.lakehouse, moved.source_dsn, moved.source_dsn, purged)
 
 
+@pytest.mark.long
 def test_a_restored_earlier_copy_is_detected_and_a_new_lakehouse_is_exact(clusters, spark,
                                                                           tmp_path):
     primary, config = _primary(clusters, tmp_path)

@@ -142,6 +142,7 @@ def i1_holds(config, witness) -> bool:
 
 
 @pytest.mark.spark
+@pytest.mark.long
 def test_every_shipper_fault_in_turn_then_a_full_disk_ends_exact(
         source_db, on_small_disk, pg_cluster, spark, tmp_path):
     """One source, one lakehouse on a small disk, the shipper's faults one after another,
@@ -322,6 +323,7 @@ def drained_exact(config, witness, pipeline, traffic) -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.long
 def test_kill_9_of_the_run_process_group_in_the_gold_batch_and_mid_flight_ends_exact(
         source_db, config, witness, pipeline, traffic, tmp_path):
     """The continuous ``lakecdc run`` under traffic, in its own process group. Cycle 1: the
@@ -355,6 +357,7 @@ def test_kill_9_of_the_run_process_group_in_the_gold_batch_and_mid_flight_ends_e
 
 
 @pytest.mark.spark
+@pytest.mark.long
 def test_kill_9_after_silver_appends_while_gold_merges_beside_them_ends_exact(
         source_db, config, witness, pipeline, traffic, tmp_path):
     """Silver's appends and gold's MERGE run side by side (``pipelines.stream``): the
@@ -370,6 +373,7 @@ def test_kill_9_after_silver_appends_while_gold_merges_beside_them_ends_exact(
 
 
 @pytest.mark.spark
+@pytest.mark.long
 def test_kill_9_right_after_a_step_is_pushed_ahead_of_gold_ends_exact(
         source_db, config, witness, pipeline, traffic, tmp_path):
     """``lakecdc run`` pushes each batch's step of gold to the dashboard as soon as it is
@@ -552,6 +556,7 @@ def move_away(config, *parts: str) -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.long
 def test_lost_stream_checkpoint_is_refused_and_the_way_out_it_names_ends_exact(
         source_db, config, witness, pipeline, lakecdc, monkeypatch, tmp_path):
     """Without its checkpoint the stream cannot tell which bronze rows its recorded batch

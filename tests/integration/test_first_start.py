@@ -62,7 +62,8 @@ def assert_owner_only(root: Path) -> None:
     assert not opened, [(str(p), oct(p.stat().st_mode)) for p in opened[:5]]
 
 
-def test_kill_after_gold_is_created_before_its_seed_restarts_exact(populated, source_db):
+def test_kill_after_gold_is_created_before_its_seed_restarts_exact(populated, source_db,
+                                                                  cli_here):
     """The kill lands between creating gold's table and writing the baseline into it; the
     restart must still seed (decided by what gold records, not by the table existing)."""
     config, witness = populated
@@ -71,13 +72,13 @@ def test_kill_after_gold_is_created_before_its_seed_restarts_exact(populated, so
     assert killed.returncode == 137, killed.stderr[-2000:]
     assert (Path(config.lakehouse) / "gold" / "service_stats" / "_delta_log").is_dir()
     purged = mixed(source_db.dsn, seed=5)
-    done = run_cli(["run", "--once"], env)
+    done = cli_here(["run", "--once"], env)
     assert done.returncode == 0, done.stderr[-3000:]
     check_invariants(config, witness, purged)
 
 
 def test_leftovers_of_killed_checkpoint_writes_are_removed_and_restarts_are_exact(
-        populated, source_db):
+        populated, source_db, cli_here):
     """Spark refuses a checkpoint whose ``offsets/`` is not empty on batch 0; a kill while
     it wrote the first offset file leaves exactly that. Planted in the stream's checkpoint
     on a first start, then - after a run - at the next batch beside committed files: each
@@ -99,7 +100,7 @@ def test_leftovers_of_killed_checkpoint_writes_are_removed_and_restarts_are_exac
     planted = [p for q in queries for p in plant_incomplete_writes(
         q, 1 + max(int(f.name) for f in (q / "offsets").iterdir() if f.name.isdigit()))]
     purged = mixed(source_db.dsn, seed=6)
-    again = run_cli(["run", "--once"], env)
+    again = cli_here(["run", "--once"], env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert not [p for p in planted if p.exists()]
     assert {q: (q / "metadata").read_text() for q in queries} == ids

@@ -338,6 +338,7 @@ CRASHING_GOLD = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("guard", ["on", "off"], ids=["guard_on", "guard_off_negative_control"])
+@pytest.mark.long
 def test_gold_killed_after_merge_commit_before_checkpoint(spark, tmp_path, guard):
     sim, _ = busy_sim()
     silver = str(tmp_path / "silver" / "changes")

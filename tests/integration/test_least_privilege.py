@@ -27,7 +27,7 @@ def _roles(source_db) -> tuple[str, str]:
             source_db.cluster.dsn(source_db.name, user="lakecdc_dashboard"))
 
 
-def test_roles_run_the_pipeline_exactly_and_nothing_more(source_db, config):
+def test_roles_run_the_pipeline_exactly_and_nothing_more(source_db, config, cli_here):
     replicator, dashboard = _roles(source_db)
     env = cli_env(config.with_(source_dsn=replicator, dashboard_dsn=dashboard))
 
@@ -41,7 +41,7 @@ def test_roles_run_the_pipeline_exactly_and_nothing_more(source_db, config):
     setup = run_cli(["setup"], env)
     assert setup.returncode == 0, setup.stderr[-2000:]
     purged = mixed(source_db.dsn, seed=111)
-    result = run_cli(["run", "--once"], env)
+    result = cli_here(["run", "--once"], env)
     assert result.returncode == 0, result.stderr[-2000:]
     check_gold(config.lakehouse, source_db.dsn, source_db.dsn, purged)
 

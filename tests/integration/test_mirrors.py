@@ -140,8 +140,9 @@ def assert_mirror_is_source(source_db, config, added=False):
         for i in range(len(expected[k])) if got[k][i] != expected[k][i]])
 
 
+@pytest.mark.long
 def test_a_mirror_matches_its_source_through_toast_key_changes_truncate_and_a_new_column(
-        source_db, config):
+        source_db, config, cli_here):
     """The table holds rows before ``setup``: its mirror starts from them (read in the
     slot's exported snapshot), then follows the changes."""
     rng = random.Random(1717)
@@ -157,7 +158,7 @@ def test_a_mirror_matches_its_source_through_toast_key_changes_truncate_and_a_ne
         traffic(conn, rng, 60)
 
     def run_once():
-        done = run_cli(["run", "--once"], env)
+        done = cli_here(["run", "--once"], env)
         assert done.returncode == 0, done.stderr[-3000:]
 
     run_once()
@@ -177,7 +178,7 @@ def test_a_mirror_matches_its_source_through_toast_key_changes_truncate_and_a_ne
     assert_mirror_is_source(source_db, config, added=True)
 
 
-def test_a_replayed_mirror_batch_changes_nothing(source_db, config, tmp_path):
+def test_a_replayed_mirror_batch_changes_nothing(source_db, config, tmp_path, cli_here):
     """The mirrors' checkpoint is put back to before its last batch, which then runs again
     (a kill after the MERGE, before the checkpoint's commit): the MERGE of a batch's final
     rows is idempotent by construction, and its app transaction skips it without a write."""
@@ -190,42 +191,43 @@ def test_a_replayed_mirror_batch_changes_nothing(source_db, config, tmp_path):
     rng = random.Random(23)
     with source_db.connect() as conn:
         traffic(conn, rng, 20)
-    assert run_cli(["run", "--once"], env).returncode == 0
+    assert cli_here(["run", "--once"], env).returncode == 0
     checkpoint = f"{config.lakehouse}/_checkpoints/mirrors"
     saved = tmp_path / "mirrors-checkpoint"
     shutil.copytree(checkpoint, saved)
     with source_db.connect() as conn:
         conn.execute("UPDATE typed_rows SET big = big + 1")     # no TOAST column touched
         conn.execute("DELETE FROM typed_rows WHERE k1 % 2 = 0")
-    assert run_cli(["run", "--once"], env).returncode == 0
+    assert cli_here(["run", "--once"], env).returncode == 0
     assert_mirror_is_source(source_db, config)
     version = DeltaTable(mirror_path(config.lakehouse, TABLE)).version()
     shutil.rmtree(checkpoint)
     shutil.copytree(saved, checkpoint)                         # the batch runs again
-    again = run_cli(["mirrors", "--once"], env)
+    again = cli_here(["mirrors", "--once"], env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "public.typed_rows (1 batches)" in again.stdout
     assert DeltaTable(mirror_path(config.lakehouse, TABLE)).version() == version
     assert_mirror_is_source(source_db, config)
 
 
-def test_mirrors_before_silver_exists_is_one_sentence(source_db, config):
+def test_mirrors_before_silver_exists_is_one_sentence(source_db, config, cli_here):
     from tests.tests_support import error_line
 
     env = {**cli_env(config), **MIRRORED}
     with source_db.connect() as conn:
         conn.execute(SCHEMA_SQL)
     assert run_cli(["setup"], env).returncode == 0
-    line = error_line(run_cli(["mirrors", "--once"], env), "no silver table",
+    line = error_line(cli_here(["mirrors", "--once"], env), "no silver table",
                       "lakecdc stream")
     assert "silver/changes" in line
-    bad = error_line(run_cli(["mirrors", "--once", "--accept-errors-upto", "x"], env),
+    bad = error_line(cli_here(["mirrors", "--once", "--accept-errors-upto", "x"], env),
                      "--accept-errors-upto")
     assert "0/4A3F2C0" in bad
 
 
+@pytest.mark.long
 def test_verify_checks_each_mirror_against_its_source_under_traffic_and_names_a_changed_row(
-        source_db, config):
+        source_db, config, cli_here):
     """``verify`` while traffic goes on: changes straddle its point, so the mirror is
     compared with the source at the point plus verify's own fold of the changes after it.
     Then one row of the mirror is changed behind lakecdc's back: exit 1, naming the table
@@ -243,7 +245,7 @@ def test_verify_checks_each_mirror_against_its_source_under_traffic_and_names_a_
     assert run_cli(["setup"], env).returncode == 0
     with source_db.connect() as conn:
         traffic(conn, rng, 30)
-    assert run_cli(["run", "--once"], env).returncode == 0
+    assert cli_here(["run", "--once"], env).returncode == 0
     stop, rounds = threading.Event(), []
 
     def churn():       # a few seconds of changes while verify takes its point
@@ -256,7 +258,7 @@ def test_verify_checks_each_mirror_against_its_source_under_traffic_and_names_a_
     thread = threading.Thread(target=churn, daemon=True)
     thread.start()
     try:
-        verified = run_cli(["verify"], env, timeout=600)
+        verified = cli_here(["verify"], env)
     finally:
         stop.set()
         thread.join(timeout=60)
@@ -268,7 +270,7 @@ def test_verify_checks_each_mirror_against_its_source_under_traffic_and_names_a_
     k1, k2 = next((r["k1"], r["k2"]) for r in mirror.to_pyarrow_table(
         columns=["k1", "k2"]).to_pylist())
     mirror.update(updates={"label": "'changed'"}, predicate=f"k1 = {k1} AND k2 = '{k2}'")
-    drift = run_cli(["verify"], env, timeout=600)
+    drift = cli_here(["verify"], env)
     assert drift.returncode == 1, drift.stdout[-3000:] + drift.stderr[-3000:]
     line = next(ln for ln in drift.stdout.splitlines() if ln.startswith(f"mirror {TABLE}:"))
     assert "2 rows differ" in line and f"keys: {k1}, {k2}" in line, line

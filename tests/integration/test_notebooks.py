@@ -36,6 +36,7 @@ def run_notebook(name: str) -> dict:
     return runpy.run_path(str(path), run_name="__main__")
 
 
+@pytest.mark.long
 def test_the_notebooks_run_locally_against_a_pipeline_run(source_db, config, spark,
                                                           monkeypatch):
     import random

@@ -77,8 +77,10 @@ def other_traffic(conn, rng: random.Random, rounds: int) -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.long
 def test_other_captured_tables_land_in_silver_unchanged_and_gold_stays_exact(source_db,
-                                                                              config):
+                                                                              config,
+                                                                              cli_here):
     with source_db.connect() as conn:
         conn.execute(OTHER_TABLES_SQL)
         other_traffic(conn, random.Random(71), 10)        # rows before setup
@@ -98,7 +100,7 @@ def test_other_captured_tables_land_in_silver_unchanged_and_gold_stays_exact(sou
         purged = mixed(source_db.dsn, seed=73)
         with source_db.connect() as conn:
             other_traffic(conn, random.Random(74), 20)
-        done = run_cli(["run", "--once"], env)
+        done = cli_here(["run", "--once"], env)
         assert done.returncode == 0, done.stderr[-3000:]
         verdict = check_invariants(config.with_(tables=CAPTURED), witness, purged)
         assert verdict.quarantined == 0

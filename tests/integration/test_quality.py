@@ -12,7 +12,7 @@ from pipelines.quality import run_gates
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
 from silver.schema import SILVER_CHANGES
-from tests.tests_support import cli_env, run_cli
+from tests.tests_support import cli_env
 from tests.truth import source_truth
 from tests.integration.workload import mixed
 
@@ -23,7 +23,9 @@ def _failed(result) -> dict[str, int]:
     return {f.expectation: f.unexpected for f in result.failures}
 
 
-def test_gates_pass_on_pipeline_output_and_fail_on_planted_rows(source_db, config, spark):
+@pytest.mark.long
+def test_gates_pass_on_pipeline_output_and_fail_on_planted_rows(source_db, config, spark,
+                                                                 cli_here):
     with source_db.connect() as conn:      # rows before the slot: gold starts from a seed
         conn.execute("INSERT INTO notifications (id, service_id, template_id, "
                      "notification_type, notification_status, key_type, created_at) "
@@ -78,7 +80,7 @@ def test_gates_pass_on_pipeline_output_and_fail_on_planted_rows(source_db, confi
                                "expect_column_pair_values_a_to_be_greater_than_b": 1}
 
     # The command: the report, then exit 1 with one sentence naming both suites.
-    result = run_cli(["quality"], cli_env(config))
+    result = cli_here(["quality"], cli_env(config))
     assert result.returncode == 1, result.stderr[-3000:]
     assert "silver  FAIL" in result.stdout and "gold    FAIL" in result.stdout
     [line] = [ln for ln in result.stderr.splitlines() if ln.startswith("lakecdc: drift:")]

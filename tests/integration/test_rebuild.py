@@ -100,11 +100,11 @@ def test_rebuild_refuses_while_another_process_writes_gold(source_db, config, pi
     assert "Traceback" not in result.stderr
 
 
-def test_cli_rebuild_gold_prints_what_it_did(source_db, config, pipeline):
+def test_cli_rebuild_gold_prints_what_it_did(source_db, config, pipeline, cli_here):
     with source_db.connect() as conn:
         insert(conn, random.Random(64), 30)
     pipeline.run_once()
-    result = run_cli(["backfill", "rebuild-gold"], cli_env(config))
+    result = cli_here(["backfill", "rebuild-gold"], cli_env(config))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "rebuilt gold from a baseline of 30 notifications" in result.stdout
     check_gold(config.lakehouse, source_db.dsn, source_db.dsn)
@@ -116,6 +116,7 @@ def test_cli_rebuild_gold_prints_what_it_did(source_db, config, pipeline):
 
 
 @pytest.mark.parametrize("epoch_app_id", ["on", "off"])
+@pytest.mark.long
 def test_a_lost_checkpoint_is_recovered_by_a_new_silver_and_a_rebuild_only_with_an_app_id_per_epoch(
         source_db, config, pipeline, monkeypatch, epoch_app_id):
     """The documented way out of a lost stream checkpoint: move silver and the checkpoint

@@ -11,7 +11,7 @@ from deltalake import DeltaTable
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
 from pipelines.rebuild import reprocess_and_rebuild
-from tests.tests_support import cli_env, run_cli
+from tests.tests_support import cli_env
 from tests.truth import check_gold
 from tests.integration.workload import archive, insert, mixed, transition
 
@@ -75,7 +75,8 @@ def test_reprocess_replaces_the_range_once_and_gold_stays_exact(source_db, confi
         columns=["seq"]).num_rows
 
 
-def test_reprocess_by_time_range_from_the_cli(source_db, config, pipeline):
+@pytest.mark.long
+def test_reprocess_by_time_range_from_the_cli(source_db, config, pipeline, cli_here):
     with source_db.connect() as conn:
         insert(conn, random.Random(74), 40)
         archive(conn, 0.5)
@@ -83,13 +84,13 @@ def test_reprocess_by_time_range_from_the_cli(source_db, config, pipeline):
     rows = len(_silver_rows(pipeline))
     now = datetime.now(timezone.utc)
     env = cli_env(config)
-    result = run_cli(["backfill", "reprocess-silver", "--since",
-                      (now - timedelta(hours=1)).isoformat(), "--until",
-                      (now + timedelta(hours=1)).isoformat()], env)
+    result = cli_here(["backfill", "reprocess-silver", "--since",
+                       (now - timedelta(hours=1)).isoformat(), "--until",
+                       (now + timedelta(hours=1)).isoformat()], env)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"{rows:,} rows (0 quarantined)" in result.stdout
     assert len(_silver_rows(pipeline)) == rows
     check_gold(config.lakehouse, source_db.dsn, source_db.dsn)
 
-    bad = run_cli(["backfill", "reprocess-silver", "--from-lsn", "yesterday"], env)
+    bad = cli_here(["backfill", "reprocess-silver", "--from-lsn", "yesterday"], env)
     assert bad.returncode == 2 and "--from-lsn" in bad.stderr

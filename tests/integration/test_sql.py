@@ -14,7 +14,7 @@ import pytest
 from pipelines.query import TABLES, read_query, register_tables, run_query, table_paths
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
-from tests.tests_support import ROOT, cli_env, run_cli
+from tests.tests_support import ROOT, cli_env
 from tests.truth import source_truth
 from tests.integration.workload import mixed, transition
 
@@ -24,7 +24,8 @@ SQL_DIR = Path(ROOT) / "sql"
 FAILED = ("permanent-failure", "temporary-failure", "technical-failure")
 
 
-def test_every_query_file_runs_and_agrees_with_the_source(source_db, config, spark):
+def test_every_query_file_runs_and_agrees_with_the_source(source_db, config, spark,
+                                                          cli_here):
     setup(config)
     purged = mixed(source_db.dsn, seed=81)
     with source_db.connect() as conn:
@@ -73,12 +74,12 @@ def test_every_query_file_runs_and_agrees_with_the_source(source_db, config, spa
 
     # The command, on a file, as CSV; then a query naming a column that does not exist.
     env = cli_env(config)
-    result = run_cli(["sql", "-f", "sql/status_breakdown.sql", "--format", "csv"], env)
+    result = cli_here(["sql", "-f", "sql/status_breakdown.sql", "--format", "csv"], env)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = list(csv.DictReader(io.StringIO(result.stdout)))
     assert {(r["service_id"], r["notification_type"], r["notification_status"]):
             int(r["notifications"]) for r in rows} == {k: v for k, v in by_status.items() if v}
-    wrong = run_cli(["sql", "SELECT no_such_column FROM gold_service_stats"], env)
+    wrong = cli_here(["sql", "SELECT no_such_column FROM gold_service_stats"], env)
     assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
     [line] = [ln for ln in wrong.stderr.splitlines() if ln.startswith("lakecdc: error:")]
     assert "the query failed" in line and "no_such_column" in line

@@ -161,6 +161,7 @@ def stop_run(proc: subprocess.Popen, log) -> None:
     assert code == 0, log.read_text()[-4000:]
 
 
+@pytest.mark.long
 def test_a_table_added_under_traffic_ends_equal_to_its_source_and_a_removed_one_keeps_its_mirror(
         source_db, config, tmp_path):
     rng = random.Random(17)

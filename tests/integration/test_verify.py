@@ -15,7 +15,6 @@ import logging
 import os
 import random
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +22,6 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import pytest
 
@@ -129,6 +127,7 @@ def error_lines(stderr: str) -> list[str]:
 
 @pytest.mark.integration
 @pytest.mark.spark
+@pytest.mark.long
 def test_verify_on_a_populated_database_is_exact_and_pins_no_wal(source_db, config, populated,
                                                                 verify):
     truth = +source_truth(source_db.dsn, populated.purged)
@@ -195,8 +194,9 @@ def test_what_verify_cannot_judge_is_one_sentence_and_exit_2(config, populated, 
 
 @pytest.mark.integration
 @pytest.mark.spark
+@pytest.mark.long
 def test_tampered_gold_or_dashboard_exit_1_naming_the_key_and_repair_restores(
-        source_db, config, populated, spark, verify, monkeypatch):
+        source_db, config, populated, spark, verify):
     truth = +source_truth(source_db.dsn, populated.purged)
     gold_path = config.table_path(GOLD)
 
@@ -221,50 +221,10 @@ def test_tampered_gold_or_dashboard_exit_1_naming_the_key_and_repair_restores(
     assert rows[other] == (truth[other], truth[other], truth[other] - 1), out
     assert rows[tampered] == (truth[tampered], truth[tampered] + 1, truth[tampered] + 1)
 
-    # --repair, through a stand-in that keeps pipelines.rebuild.rebuild_and_push's contract,
-    # so this test depends only on verify (the real rebuild: the next test).
-    monkeypatch.setattr("pipelines.rebuild.rebuild_and_push", stand_in_rebuild)
-    code, out, err = verify("--repair")
-    assert code == 0, err[-3000:]
-    assert "repair: stand-in rebuild" in out
-    assert out.rstrip().endswith("repaired: gold and the dashboard are exact again"), out
-    code, out, err = verify()
-    assert code == 0, err[-3000:]
-    check_gold(config.lakehouse, source_db.dsn, source_db.dsn, populated.purged)
-
-
-def stand_in_rebuild(spark, config, where, gold_lock):
-    """Same contract as ``pipelines.rebuild.rebuild_and_push`` (holds the gold lock, gold exact
-    again, full push), by simpler means that only work while bronze holds everything since
-    setup: silver and gold derived again from setup's baseline plus all of bronze (by a
-    pipeline of its own, holding that pipeline's re-entrant gold lock)."""
-    from gold.push import push_once
-    from pipelines.run import Pipeline
-
-    pipeline = Pipeline(config, spark_factory=lambda: spark)
-    with pipeline.gold_lock():
-        for path in (where.silver.silver_path, where.silver.quarantine_path, where.gold,
-                     where.gold_pending, where.checkpoint):
-            shutil.rmtree(path)
-        spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
-        pipeline.stream(once=True)
-        pushed = push_once(where.gold, config.dashboard)   # a new table: a full push
-    assert pushed.full
-    return SimpleNamespace(summary=lambda: "stand-in rebuild")
-
-
-@pytest.mark.integration
-@pytest.mark.spark
-def test_verify_repair_through_the_real_rebuild(source_db, config, populated, spark, verify):
-    gold_path = config.table_path(GOLD)
-    tampered = gold_key_with(spark, config, 1)
-    spark.sql(f"UPDATE delta.`{gold_path}` SET count = count + 1 WHERE {where(tampered)}")
-    other = next(k for k in sorted(+source_truth(source_db.dsn, populated.purged))
-                 if k != tampered)
-    source_db.execute(f"UPDATE service_stats SET count = count - 1 WHERE {where(other)}")
+    # --repair, through the real rebuild: one document, after and before.
     code, out, err = verify("--repair", "--json")
     assert code == 0, (out[-3000:], err[-3000:])
-    doc = json.loads(out)                                 # one document: after, and before
+    doc = json.loads(out)
     assert doc["repaired"] is True and doc["exact"] is True
     assert doc["before"]["exact"] is False
     assert doc["before"]["gold"]["differing_keys"] == 1
@@ -321,6 +281,7 @@ class Writer:
 
 @pytest.mark.integration
 @pytest.mark.spark
+@pytest.mark.long
 def test_verify_does_not_block_writers_and_stays_exact_under_traffic(
         source_db, config, populated, verify, monkeypatch):
     import pipelines.verify as verify_module
@@ -357,7 +318,11 @@ def test_verify_does_not_block_writers_and_stays_exact_under_traffic(
 
 @pytest.mark.integration
 @pytest.mark.spark
+@pytest.mark.long
 def test_verify_waits_for_a_running_pipeline(source_db, config, populated, verify):
+    """Also the suite's test of a continuous ``lakecdc run`` in its own process: it takes
+    both locks, drives gold and the dashboard past verify's marker under traffic, and stops
+    cleanly (exit 0) on SIGTERM, leaving everything exact."""
     import psycopg
 
     from core.locks import gold_lock_name, is_held, ship_lock_name
