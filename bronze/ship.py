@@ -14,21 +14,17 @@ Delivery guarantees:
   rest *and* the new progress in one Delta commit → only then advance the slot, never past
   what bronze recorded. A crash anywhere repeats at most the peek; the repeat is dropped by
   the version check.
-- Snapshot backfill (``bronze/backfill.py``): a kept HIGH watermark message of a staged
-  chunk not yet in bronze gets the chunk's rows appended to its own transaction, in the same
-  commit, minus rows changed inside the chunk's watermark window; the commit also records
-  ``lakecdc-backfill:<run>`` = the highest chunk emitted, so a repeated HIGH is ignored.
+- Snapshot backfill (``bronze/backfill.py``): a staged chunk's rows join its HIGH watermark's
+  transaction, in the same commit, which records the chunk (``lakecdc-backfill:<run>``).
 - On start the shipper reads bronze's progress and completes an interrupted advance (or a
   slot that went back after a Postgres crash). It refuses to run, with the recovery command,
   if the slot is missing, invalidated, ahead of bronze (moved by someone else: changes may
   be lost), belongs to another database or cluster, or another shipper holds it.
 
-WAL safety and lost sessions (``docs/operations.md``): heartbeats (``bronze/heartbeat.py``)
-let a slot advance past WAL written elsewhere; a slot whose ``wal_status`` is
-``unreserved`` raises an ALERT line; one ``lost``, dropped or moved by someone else stops
-the shipper with the recovery command (it is never recreated silently). A lost source
-session reconnects with capped backoff (``--once`` fails with one sentence); nothing is
-advanced without a bronze commit, the position to advance to is always re-read from bronze.
+WAL safety and lost sessions (``docs/operations.md``): heartbeats, an ALERT line for an
+``unreserved`` slot, a stop with the recovery command for a slot ``lost``, dropped or moved
+(never recreated silently), reconnects with capped backoff; the position to advance to is
+always re-read from bronze.
 """
 
 from __future__ import annotations
@@ -372,13 +368,10 @@ class Shipper:
     # --- loops ------------------------------------------------------------------------------
 
     def run(self, once: bool = False, stop: threading.Event | None = None) -> ShipTotals:
-        """Ship until stopped; with ``once``, until the slot is drained, then return.
-
-        Continuous shipping survives the source restarting or becoming unreachable: it
-        reconnects with backoff and re-runs the start-up checks, which re-read bronze's
-        progress and complete an interrupted advance. ``once`` fails instead, with one
-        sentence (exit 2): its caller - a person or a scheduler - decides when to retry.
-        Either way the slot is never advanced past what bronze recorded."""
+        """Ship until stopped; with ``once``, until the slot is drained, then return. A lost
+        source: continuous shipping reconnects with backoff and re-runs the start-up checks
+        (bronze's progress re-read, an interrupted advance completed); ``once`` fails with
+        one sentence (exit 2), and its caller decides when to retry."""
         stop = stop or threading.Event()
         # Everything alive now (modules: pyarrow, pandas, psycopg...) lives as long as the
         # process: exempt it from garbage collection, or every collection triggered by a

@@ -20,7 +20,8 @@ DEFAULT_NOTIFICATIONS = "public.notifications"
 DEFAULT_HISTORY = "public.notification_history"
 DEFAULT_TABLES = (DEFAULT_NOTIFICATIONS, DEFAULT_HISTORY)
 _SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
-_TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
+# A table as LAKECDC_TABLES and `lakecdc tables add` take it: schema.table, plain names.
+TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
 
 # Guards that tests may switch off on purpose to prove the checker catches the damage
 # (negative controls). Never set this in production.
@@ -33,8 +34,10 @@ _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
 #   watermark window (bronze/backfill.py); off, silver can receive a stale read.
 # - ahead_fence: a batch's step reaches the dashboard ahead of gold only from the watermark
 #   it starts at, and a push of an older gold version never overwrites it (gold/push.py).
+# - capture_ack: `tables add` reads a table's rows only once the shipper peeks with the set
+#   that holds it (pipelines/tables.py); off, a change between the two is lost.
 GUARDS = frozenset({"version_check", "commit_before_advance", "silver_txn", "gold_txn",
-                    "backfill_window", "ahead_fence"})
+                    "backfill_window", "ahead_fence", "capture_ack"})
 
 
 @dataclass(frozen=True)
@@ -126,12 +129,12 @@ class Config:
             raise UserError(f"slot name {self.slot!r} is invalid: use 1-63 lower-case letters, "
                             "digits or underscores (LAKECDC_SLOT or --slot).")
         for table in self.tables:
-            if not _TABLE_NAME.fullmatch(table):
+            if not TABLE_NAME.fullmatch(table):
                 raise UserError(f"captured table {table!r} must be written schema.table "
                                 "(LAKECDC_TABLES).")
         for table, env in ((self.notifications_table, "LAKECDC_NOTIFICATIONS_TABLE"),
                            (self.history_table, "LAKECDC_HISTORY_TABLE")):
-            if not _TABLE_NAME.fullmatch(table):
+            if not TABLE_NAME.fullmatch(table):
                 raise UserError(f"counted table {table!r} must be written schema.table "
                                 f"({env}).")
             if table not in self.tables:

@@ -21,6 +21,7 @@ import click
 from core.config import Config
 from core.errors import DriftFound, UserError, redact
 from core.layout import GOLD
+from core.storage import on_databricks
 from pipelines.cli_tables import tables
 from pipelines.logs import configure_logging
 
@@ -507,12 +508,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """Console-script entry point: exits only with a non-zero code.
+    """Entry point of the ``lakecdc`` console script and of the bundle's wheel tasks.
 
     Everything the process creates - local lakehouse tables, checkpoints, spill files, the
     demo's output - is its owner's alone (umask 077: directories 0700, files 0600), and so
     is what its local Spark JVM writes (Hadoop's own umask setting, ``core.spark``):
-    bronze holds personal data (``to``, ``personalisation``)."""
+    bronze holds personal data (``to``, ``personalisation``).
+
+    On Databricks a wheel task calls it inside a process that goes on after it: it returns
+    on success and exits only with a non-zero code. Anywhere else the process ends here, as
+    ``process_entry`` ends it."""
+    if not on_databricks():
+        process_entry()
     os.umask(0o077)
     code = main()
     if code:
@@ -520,12 +527,12 @@ def entry() -> None:
 
 
 def process_entry() -> None:
-    """``python -m pipelines``: ``entry``, then the process ends without the interpreter's
-    finalization. pyarrow's dataset threads (delta-rs reads) can abort it while it is torn
+    """``python -m pipelines``, and ``lakecdc`` outside Databricks: ``main``, then the
+    process ends without the interpreter's finalization. pyarrow's dataset threads (delta-rs reads) can abort it while it is torn
     down ("terminate called without an active exception"; 4 exits in 60 of a script that
     read a Delta table), which turns exit 0 or 2 into a crash. Everything is committed and
-    written by then; a Spark JVM ends by itself when its parent is gone. (``entry`` itself
-    must return: a Databricks wheel task calls it in its own process.)"""
+    written by then; a Spark JVM ends by itself when its parent is gone. (On Databricks
+    ``entry`` returns instead: a wheel task calls it in a process that goes on.)"""
     os.umask(0o077)
     code = main()
     logging.shutdown()

@@ -20,7 +20,6 @@ stays as it was. The counted tables cannot be removed.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -31,10 +30,18 @@ from deltalake import DeltaTable
 
 from bronze import heartbeat
 from bronze.backfill import run_snapshot_backfill
-from bronze.capture_list import ACK_SUFFIX, CAPTURED, REMOVED, SNAPSHOTTING, CaptureList, CaptureSet
+from bronze.capture_list import (
+    ACK_SUFFIX,
+    CAPTURED,
+    REMOVED,
+    SNAPSHOTTING,
+    CaptureList,
+    CaptureSet,
+    ShipperSet,
+)
 from bronze.source import identity_blocker, mirror_key
 from bronze.table import BronzeTable
-from core.config import Config
+from core.config import TABLE_NAME, Config
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.layout import mirror_path
@@ -42,7 +49,6 @@ from core.locks import acquire, shipper_running
 from core.lsn import fmt
 from core.postgres import connect
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
 ACK_TIMEOUT_S = 120.0
 
 
@@ -68,7 +74,7 @@ def _lock_name(slot: str) -> str:
 
 
 def _qualified(name: str) -> str:
-    if not _NAME.fullmatch(name):
+    if not TABLE_NAME.fullmatch(name):
         raise UserError(f"table {name!r} must be written schema.table, e.g. public.services.")
     return name
 
@@ -124,7 +130,8 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
             stored = store.write(states, stored)
             FaultPoints(config.faults).hit("after_capture_stored")
         assert stored is not None
-        at = _wait_acknowledged(conn, config, bronze, stored.version, stop)
+        at = (_wait_acknowledged(conn, config, bronze, stored.version, stop)
+              if config.guard_on("capture_ack") else _bronze_at(config, bronze))
         if at is None:
             return f"{table}: stopped before the shipper took it up; rerun `lakecdc tables add {table}`."
         since = int(stored.since(table).timestamp() * 1e6)
@@ -176,12 +183,16 @@ def remove_table(config: Config, name: str, storage_options: dict | None = None,
 def _wait_acknowledged(conn, config: Config, bronze: BronzeTable, version: int,
                        stop: threading.Event) -> int | None:
     """Until bronze records that the shipper peeks with set ``version`` or a newer one;
-    returns bronze's commit LSN then (None: stopped). A heartbeat transaction gives an idle
-    shipper something to commit the acknowledgement with."""
+    returns bronze's commit LSN then (None: stopped). A heartbeat transaction each time the
+    shipper may have looked at the set again gives an idle shipper something to commit the
+    acknowledgement with (one sent before it looked would be committed without it)."""
     app = config.slot + ACK_SUFFIX
     deadline = time.monotonic() + ACK_TIMEOUT_S
-    heartbeat.emit(conn, config.slot)
+    beat = 0.0
     while (bronze.app_version(app) or -1) < version:
+        if time.monotonic() - beat >= ShipperSet.CHECK_S:
+            heartbeat.emit(conn, config.slot)
+            beat = time.monotonic()
         if stop.wait(0.1):
             return None
         if not shipper_running(conn, config.slot):
@@ -192,6 +203,11 @@ def _wait_acknowledged(conn, config: Config, bronze: BronzeTable, version: int,
             raise UserError(f"the shipper on slot {config.slot} has not taken up the new set "
                             f"of tables within {ACK_TIMEOUT_S:.0f}s (is it far behind? see "
                             "`lakecdc status`); rerun the command to wait again.")
+    return _bronze_at(config, bronze)
+
+
+def _bronze_at(config: Config, bronze: BronzeTable) -> int:
+    """The source commit bronze holds everything up to."""
     progress = bronze.progress(config.slot)
     return progress.commit_lsn if progress is not None else 0
 

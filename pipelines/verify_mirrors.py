@@ -151,24 +151,20 @@ def mirror_holds(spark, mirror: str) -> tuple[int, int]:
 def check_mirror(spark, config, table: str, point: int, silver_path: str) -> MirrorCheck:
     """Steps of the module docstring for ``table``; the mirrors' query has passed the
     marker and the source rows at ``point`` are in the scratch table."""
-    import json
 
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
     from core.layout import mirror_baseline_path
     from gold.asof import silver_range
-    from silver.mirror import KEY_PROPERTY, TYPES_PROPERTY, bad_values_stop, q
+    from silver.mirror import bad_values_stop, mirror_shape, q
     from silver.mirror_types import typed
 
     on_dbx = on_databricks()
     mirror = spark_path(mirror_path(config.lakehouse, table), on_dbx)
     version, newest = mirror_holds(spark, mirror)
     mirror_df = spark.read.format("delta").option("versionAsOf", version).load(mirror)
-    from delta.tables import DeltaTable as SparkTable
-    properties = SparkTable.forPath(spark, mirror).detail().first().properties
-    key = tuple(json.loads(properties[KEY_PROPERTY]))
-    types = dict(json.loads(properties[TYPES_PROPERTY]))
+    key, types = mirror_shape(spark, mirror)
     schema_name, table_name = table.split(".", 1)
     changes = [r.asDict() for r in silver_range(spark, silver_path, point, max(newest, point - 1))
                .where((F.col("schema_name") == schema_name) & (F.col("table_name") == table_name)

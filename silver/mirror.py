@@ -422,9 +422,7 @@ class MirrorWriter:
         changes carry and the mirror lacks; a retyped column stops the mirrors."""
         from delta.tables import DeltaTable
 
-        properties = DeltaTable.forPath(spark, path).detail().first().properties
-        key = tuple(json.loads(properties[KEY_PROPERTY]))
-        types = dict(json.loads(properties[TYPES_PROPERTY]))
+        key, types = mirror_shape(spark, path)
         retyped = {n: t for n, t in found.types.items() if n in types and types[n] != t}
         if retyped:
             name, new = next(iter(retyped.items()))
@@ -450,6 +448,14 @@ class MirrorWriter:
         if self._session is None or self._session.sparkContext is not spark.sparkContext:
             self._session = spark.newSession()
         return self._session
+
+
+def mirror_shape(spark: SparkSession, path: str) -> tuple[tuple[str, ...], dict[str, str]]:
+    """A mirror's key and (column → Postgres type), as its table properties record them."""
+    from delta.tables import DeltaTable
+
+    properties = DeltaTable.forPath(spark, path).detail().first().properties
+    return tuple(json.loads(properties[KEY_PROPERTY])), dict(json.loads(properties[TYPES_PROPERTY]))
 
 
 def _sql_string(text: str) -> str:

@@ -25,10 +25,14 @@ SCHEMA_SQL = Path(__file__).resolve().parents[1] / "infra" / "postgres" / "sourc
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``long`` (minutes each on 2 cores) run first, the rest after, each group
-    in its own order. Two workers that steal work then end on short tests, not on one of
-    these while the other idles."""
-    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+    """Tests marked ``long`` (minutes each on 2 cores) first on both workers. pytest-xdist's
+    ``worksteal`` gives each of the two workers one half of this order and an idle worker
+    steals from the end of the other's: so each half starts with half of the long tests, and
+    the run ends on short ones instead of one long test while the other worker idles."""
+    long = [item for item in items if item.get_closest_marker("long")]
+    short = [item for item in items if not item.get_closest_marker("long")]
+    first = max(0, len(items) // 2 - len(long[0::2]))
+    items[:] = long[0::2] + short[:first] + long[1::2] + short[first:]
 
 
 @pytest.fixture(scope="session")

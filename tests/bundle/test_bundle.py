@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import tomllib
@@ -204,6 +205,7 @@ def test_schedules_are_quartz_with_a_time_zone_and_gates_come_first():
 def test_the_entry_point_ends_success_without_systemexit(monkeypatch, capsys):
     from pipelines.cli import entry
 
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")    # as in a wheel task
     monkeypatch.setattr(sys, "argv", ["lakecdc", "--help"])
     assert entry() is None                   # returns: a wheel task counts it a success
     assert "quality" in capsys.readouterr().out
@@ -211,6 +213,23 @@ def test_the_entry_point_ends_success_without_systemexit(monkeypatch, capsys):
     with pytest.raises(SystemExit) as failed:
         entry()
     assert failed.value.code == 2
+
+
+@pytest.mark.parametrize("args, code", [(["--help"], 0), (["sql"], 2)])
+def test_the_console_script_ends_its_process_without_the_interpreter_teardown(args, code):
+    """Outside Databricks the process ends in ``entry`` (pyarrow's threads can abort the
+    teardown of a process that read a Delta table): nothing registered to run at exit runs,
+    and the exit code is the command's."""
+    import subprocess
+
+    script = ("import atexit, sys; atexit.register(print, 'torn down'); "
+              f"sys.argv = ['lakecdc', *{args!r}]; "
+              "from pipelines.cli import entry; entry(); print('returned')")
+    env = {k: v for k, v in os.environ.items() if k != "DATABRICKS_RUNTIME_VERSION"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == code, done.stderr[-2000:]
+    assert "torn down" not in done.stdout and "returned" not in done.stdout, done.stdout[-2000:]
 
 
 def test_a_first_start_waits_for_inputs_and_transient_failures_are_retried():

@@ -42,7 +42,7 @@ def test_dashboard_total_is_constant_under_count_neutral_traffic(source_db, conf
                 else:                      # INSERT history + DELETE live, one transaction
                     archive(conn, 0.03)
                 moves.append(1)
-                stop_traffic.wait(0.1)     # a steady rate the pipeline keeps up with
+                stop_traffic.wait(0.3)     # a steady rate the pipeline keeps up with
 
     def read():
         with source_db.connect() as conn:
@@ -66,7 +66,7 @@ def test_dashboard_total_is_constant_under_count_neutral_traffic(source_db, conf
         thread.start()
     try:
         # Enough pushes of changing counts to make the check meaningful.
-        wait_for(lambda: failures or len({v for _, v in seen}) > 4, timeout=300,
+        wait_for(lambda: failures or len({v for _, v in seen}) > 4, timeout=600,
                  interval=0.2)
     finally:
         stop_traffic.set()

@@ -244,7 +244,7 @@ def test_sigterm_stops_a_continuous_shipper_cleanly(source_db, config, witness):
         insert(conn, random.Random(2), 10)
     wait_for(lambda: len(bronze_rows(config.bronze_path)) == 10, timeout=60)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, proc.stderr.read()
     check_bronze(config.bronze_path, witness.transactions())
 
 

@@ -247,5 +247,71 @@ def test_a_table_added_under_traffic_ends_equal_to_its_source_and_a_removed_one_
     assert "removed" in run_cli(["tables"], env).stdout
 
 
+
+@pytest.mark.parametrize("guard", ["on", "off"])
+def test_add_reads_rows_only_once_the_shipper_took_up_the_set_and_without_that_a_change_is_lost(
+        source_db, config, monkeypatch, guard):
+    """The shipper here reads the stored set once every 45 s (``ShipperSet.CHECK_S``), so it
+    takes up a new set late. ``tables add`` waits for that before it reads the table's rows,
+    so a change committed as soon as it returns reaches bronze. With the wait switched off
+    (``capture_ack``: the negative control) that change falls between the read and the
+    shipper taking up the set: wal2json leaves it out, the slot moves past it with the next
+    commit, and bronze never gets it."""
+    from bronze.capture_list import ACK_SUFFIX, ShipperSet
+    from bronze.heartbeat import emit
+    from bronze.ship import Shipper
+    from bronze.table import BronzeTable
+    from pipelines import tables
+    from pipelines.setup_source import setup
+    from tests.truth import bronze_rows
+
+    with source_db.connect() as conn:
+        conn.execute("CREATE TABLE extra (id integer PRIMARY KEY, v integer)")
+        conn.execute("INSERT INTO extra SELECT i, 0 FROM generate_series(1, 50) AS i")
+    setup(config)
+    monkeypatch.setattr(ShipperSet, "CHECK_S", 45.0)
+    monkeypatch.setattr(tables, "ACK_TIMEOUT_S", 300.0)
+    store, bronze = CaptureList(config.lakehouse), BronzeTable(config.bronze_path)
+    app = config.slot + ACK_SUFFIX
+
+    def taken_up() -> bool:
+        acked = bronze.app_version(app)
+        return acked is not None and acked >= store.read().version
+
+    def taken_up_beating() -> bool:   # a heartbeat: something to commit the ack with
+        with source_db.connect() as conn:
+            emit(conn, config.slot)
+        return taken_up()
+
+    def in_bronze(value: str) -> bool:
+        return any(value in r["data"] for r in bronze_rows(config.bronze_path))
+
+    stop = threading.Event()
+    shipper = threading.Thread(target=Shipper(config).run, kwargs={"stop": stop}, daemon=True)
+    shipper.start()
+    try:
+        wait_for(taken_up_beating, timeout=120, interval=1)   # it read setup's set at its start
+        off = frozenset() if guard == "on" else frozenset({"capture_ack"})
+        said = tables.add_table(config.with_(disabled_guards=off), "public.extra",
+                                chunk_rows=100)
+        assert "public.extra: captured from" in said and "50 current rows" in said, said
+        source_db.execute("UPDATE extra SET v = 424242 WHERE id = 1")
+        # A notification after it: once bronze holds that, the slot has moved past the
+        # UPDATE with whichever set the shipper peeked with (a peek decodes anew from there).
+        source_db.execute(
+            "INSERT INTO notifications (id, service_id, template_id, notification_type, "
+            "notification_status, key_type, created_at, reference) VALUES (gen_random_uuid(), "
+            "gen_random_uuid(), gen_random_uuid(), 'email', 'created', 'normal', now(), "
+            "'after-the-update')")
+        wait_for(lambda: in_bronze("after-the-update"), timeout=120, interval=0.2)
+        wait_for(taken_up_beating, timeout=300, interval=1)
+        source_db.execute("UPDATE extra SET v = 515151 WHERE id = 2")
+        wait_for(lambda: in_bronze("515151"), timeout=120, interval=0.2)
+    finally:
+        stop.set()
+        shipper.join(timeout=120)
+    assert in_bronze("424242") is (guard == "on")
+
+
 def _code_err(result: subprocess.CompletedProcess) -> tuple[int, str]:
     return result.returncode, result.stderr

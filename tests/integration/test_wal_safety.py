@@ -167,7 +167,8 @@ def test_heartbeats_keep_the_slot_close_while_only_uncaptured_writes_happen(
             insert(conn, rng, 5)                      # captured, then idle for a while
             wait_for(lambda: DeltaTable(config.bronze_path).version() >= 1, timeout=60)
             _, _, restart_before = db.slot()
-            start = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+            start, start_at = conn.execute("SELECT pg_current_wal_lsn(), (pg_current_wal_lsn()"
+                                           " - '0/0'::pg_lsn)::bigint").fetchone()
             lags, statuses = [], set()
             for i in range(32):                       # ~32 MB: uncaptured + other database
                 if i % 2:
@@ -204,7 +205,9 @@ def test_heartbeats_keep_the_slot_close_while_only_uncaptured_writes_happen(
         if heartbeat == "0":
             # Negative control: nothing to advance to, the slot pins everything.
             assert max(lags) >= written - 2 * MB
-            assert restart_after == restart_before
+            # Not one byte of it released (the advance after the first bronze commit may
+            # still move restart_lsn a little, short of it).
+            assert restart_after < start_at, (restart_before, start_at, restart_after)
         else:
             assert max(lags) < 12 * MB, f"lag reached {max(lags) / MB:.1f} MB"
             assert statuses == {"reserved"}
