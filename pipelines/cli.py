@@ -528,11 +528,12 @@ def entry() -> None:
 
 def process_entry() -> None:
     """``python -m pipelines``, and ``lakecdc`` outside Databricks: ``main``, then the
-    process ends without the interpreter's finalization. pyarrow's dataset threads (delta-rs reads) can abort it while it is torn
-    down ("terminate called without an active exception"; 4 exits in 60 of a script that
-    read a Delta table), which turns exit 0 or 2 into a crash. Everything is committed and
-    written by then; a Spark JVM ends by itself when its parent is gone. (On Databricks
-    ``entry`` returns instead: a wheel task calls it in a process that goes on.)"""
+    process ends without the interpreter's finalization. pyarrow's dataset threads
+    (delta-rs reads) can abort it while it is torn down ("terminate called without an
+    active exception"; 4 exits in 60 of a script that read a Delta table), which turns
+    exit 0 or 2 into a crash. Everything is committed and written by then; a Spark JVM
+    ends by itself when its parent is gone. (On Databricks ``entry`` returns instead: a
+    wheel task calls it in a process that goes on.)"""
     os.umask(0o077)
     code = main()
     logging.shutdown()

@@ -151,7 +151,6 @@ def mirror_holds(spark, mirror: str) -> tuple[int, int]:
 def check_mirror(spark, config, table: str, point: int, silver_path: str) -> MirrorCheck:
     """Steps of the module docstring for ``table``; the mirrors' query has passed the
     marker and the source rows at ``point`` are in the scratch table."""
-
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
