@@ -36,8 +36,10 @@ TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
 #   it starts at, and a push of an older gold version never overwrites it (gold/push.py).
 # - capture_ack: `tables add` reads a table's rows only once the shipper peeks with the set
 #   that holds it (pipelines/tables.py); off, a change between the two is lost.
+# - sole_dashboard: a push refuses a dashboard that holds another pipeline's counts
+#   (gold/push.py, claim); off, the second pipeline overwrites and deletes the first's.
 GUARDS = frozenset({"version_check", "commit_before_advance", "silver_txn", "gold_txn",
-                    "backfill_window", "ahead_fence", "capture_ack"})
+                    "backfill_window", "ahead_fence", "capture_ack", "sole_dashboard"})
 
 
 @dataclass(frozen=True)

@@ -79,25 +79,29 @@ def ensure_dashboard_tables(conn: psycopg.Connection) -> None:
 
 def push_once(gold_path: str, dashboard_dsn: str, storage_options: dict | None = None, *,
               version: int | None = None, faults=None, full: bool = False,
-              marks: dict | None = None, fence: bool = True) -> PushResult:
+              marks: dict | None = None, fence: bool = True, sole: bool = True,
+              take_over: bool = False) -> PushResult:
     """Push gold (at its latest version, or ``version``) to the dashboard; see module doc.
 
     ``full``: replace the dashboard with every gold row even if the feed is readable (after
     a rebuild), still guarded by version. ``marks``: what bronze and silver hold (layer →
     (commit LSN, commit time)), recorded in ``lakecdc_layer_progress`` with gold's and the
-    dashboard's."""
+    dashboard's. ``take_over``: the dashboard holds another pipeline's counts, which this
+    push replaces (``claim``); ``sole=False`` (the ``sole_dashboard`` guard off) pushes
+    beside them: negative controls only."""
     with connect(dashboard_dsn, what="dashboard") as conn:
         return _push(conn, gold_path, storage_options, version=version, faults=faults,
-                     full=full, marks=marks, fence=fence)
+                     full=full, marks=marks, fence=fence, sole=sole, take_over=take_over)
 
 
 def _push(conn: psycopg.Connection, gold_path: str, storage_options: dict | None, *,
           version: int | None = None, faults=None, full: bool = False,
-          marks: dict | None = None, fence: bool = True) -> PushResult:
+          marks: dict | None = None, fence: bool = True, sole: bool = True,
+          take_over: bool = False) -> PushResult:
     started = time.monotonic()
     table = open_gold(gold_path, storage_options, version)
     result = push_table(conn, table, gold_key(gold_path), faults or FaultPoints(), full, marks,
-                        fence, storage_options)
+                        fence, storage_options, sole=sole, take_over=take_over)
     result = PushResult(**{**result.__dict__, "seconds": time.monotonic() - started})
     if result.pushed:
         log.info("pushed gold version %d (%s push): %d rows upserted, %d deleted, %.2fs",
@@ -112,7 +116,7 @@ def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
              on_result: Callable[[PushResult], None] | None = None,
              wake: threading.Event | None = None,
              marks: Callable[[], dict] | None = None,
-             fence: bool = True) -> list[PushResult]:
+             fence: bool = True, sole: bool = True) -> list[PushResult]:
     """Push until ``stop`` is set (``once``: a single push). Returns the pushes that wrote.
 
     Pushes every ``interval_s``, and at once whenever ``wake`` is set (the stream sets it
@@ -135,7 +139,8 @@ def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
                 if conn is None:
                     conn = connect(dashboard_dsn, what="dashboard")
                 result = _push(conn, gold_path, storage_options,
-                               marks=marks() if marks is not None else None, fence=fence)
+                               marks=marks() if marks is not None else None, fence=fence,
+                               sole=sole)
             except (psycopg.OperationalError, DeltaError, OSError, Unreachable) as exc:
                 if conn is not None:
                     conn.close()
@@ -184,12 +189,16 @@ def gold_position(uri: str, storage_options: dict | None = None, version: int | 
 
 def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults,
                force_full: bool = False, marks: dict | None = None,
-               fence: bool = True, storage_options: dict | None = None) -> PushResult:
+               fence: bool = True, storage_options: dict | None = None, *,
+               sole: bool = True, take_over: bool = False) -> PushResult:
     """Steps 1-4 of docs/gold.md, "The push", on an open connection (autocommit mode); the layer
     marks are recorded in the same transaction. ``fence=False`` (the ``ahead_fence`` guard
-    off) skips step 2b: negative controls only."""
+    off) skips step 2b: negative controls only. ``sole`` and ``take_over``: ``claim``."""
     version, table_id = table.version(), table.metadata().id
     with conn.transaction():
+        _lock_progress(conn)
+        if sole:
+            claim(conn, key, take_over)
         conn.execute(sql.SQL("INSERT INTO {} (gold_table, gold_version) VALUES (%s, -1) "
                              "ON CONFLICT DO NOTHING").format(sql.Identifier(PROGRESS_TABLE)),
                      [key])
@@ -251,6 +260,7 @@ def push_ahead(conn: psycopg.Connection, key: str, table_id: str, step,
     table (behind, being caught up by ``push_table``; or already past it: a replay).
     ``fence=False`` (the ``ahead_fence`` guard off) adds it anyway: negative controls only."""
     with conn.transaction():
+        _lock_progress(conn)
         row = conn.execute(sql.SQL(
             "SELECT gold_version, gold_table_id, source_commit_lsn FROM {} "
             "WHERE gold_table = %s FOR UPDATE").format(sql.Identifier(PROGRESS_TABLE)),
@@ -304,6 +314,39 @@ class AheadPush:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _lock_progress(conn: psycopg.Connection) -> None:
+    """Pushes, ahead pushes and take-overs of every pipeline on this dashboard one at a
+    time: ``claim`` must see every other pipeline's row, committed or about to be, and a
+    push and an ahead push of one pipeline must not each hold a lock the other waits for.
+    Readers (dashboards, ``verify``) are not blocked."""
+    conn.execute(sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(
+        sql.Identifier(PROGRESS_TABLE)))
+
+
+def claim(conn: psycopg.Connection, key: str, take_over: bool) -> None:
+    """One dashboard, one pipeline: ``service_stats`` holds one gold's counts, and a
+    second pipeline's push would overwrite the first's keys and, on its first (full) push,
+    delete the rest. So a push of gold ``key`` is refused, with one sentence, while
+    ``lakecdc_push_progress`` records another gold that has been pushed. With
+    ``take_over`` every progress row is deleted instead, so the push that follows is a full
+    one, replacing their counts. Inside the push's transaction, after ``_lock_progress``."""
+    others = [row[0] for row in conn.execute(sql.SQL(
+        "SELECT gold_table FROM {} WHERE gold_table <> %s AND gold_version >= 0 "
+        "ORDER BY gold_table").format(sql.Identifier(PROGRESS_TABLE)), [key])]
+    if not others:
+        return
+    if not take_over:
+        raise UserError(f"this dashboard already holds the counts of another pipeline (gold "
+                        f"{others[0]}), which this one would overwrite: give this pipeline a "
+                        "dashboard database of its own (LAKECDC_DASHBOARD_DSN), or, if that "
+                        "pipeline is retired, replace its counts with this one's by `lakecdc "
+                        "push --once --take-over`.")
+    for table in (PROGRESS_TABLE, LAYER_TABLE):
+        conn.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(table)))
+    log.warning("taking the dashboard over from %s: a full push replaces its counts",
+                ", ".join(others))
 
 
 def _record_layers(conn: psycopg.Connection, key: str, marks: dict) -> None:

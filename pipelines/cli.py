@@ -252,10 +252,13 @@ def _accepted(text: str | None) -> int | None:
 
 @cli.command()
 @_once_option("Push gold's latest version once, then exit.")
+@click.option("--take-over", is_flag=True,
+              help="Once: replace the counts of another pipeline this dashboard holds "
+                   "(one that is retired or moved) with this one's, by a full push.")
 @_wait_option
 @_metrics_option
 @click.pass_context
-def push(ctx, once, wait_s, metrics_port):
+def push(ctx, once, take_over, wait_s, metrics_port):
     """gold → dashboard Postgres service_stats (JVM-free: delta-rs and psycopg)."""
     from core.faults import FaultPoints
     from gold.push import push_once, run_push
@@ -263,15 +266,17 @@ def push(ctx, once, wait_s, metrics_port):
 
     config = _config(ctx)
     gold_path = config.table_path(GOLD)
+    sole = config.guard_on("sole_dashboard")
     stop = _stop_on_signals()
     _await_input(ctx, "push", wait_s, stop)
     with pipeline_exporter(config, metrics_port, stage="push") as metrics:
         on_result = metrics.on_push if metrics is not None else None
-        if not once:
+        if not once and not take_over:
             run_push(gold_path, config.dashboard, stop, interval_s=0.5,
-                     on_result=on_result)
+                     on_result=on_result, sole=sole)
             return
-        result = push_once(gold_path, config.dashboard, faults=FaultPoints(config.faults))
+        result = push_once(gold_path, config.dashboard, faults=FaultPoints(config.faults),
+                           sole=sole, take_over=take_over)
         if on_result is not None:
             on_result(result)
     click.echo(f"push: gold version {result.gold_version}"

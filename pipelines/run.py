@@ -231,13 +231,14 @@ class Pipeline:
              wake: threading.Event | None = None):
         if once:
             result = push_once(self.where.gold, self.config.dashboard, faults=self.faults,
-                               marks=self.marks.snapshot(), fence=self._fence)
+                               marks=self.marks.snapshot(), fence=self._fence,
+                               sole=self._sole)
             if self.metrics is not None:
                 self.metrics.on_push(result)
             return result
         return run_push(self.where.gold, self.config.dashboard, stop or threading.Event(),
                         interval_s=self.push_interval_s, wake=wake,
-                        marks=self.marks.snapshot, fence=self._fence,
+                        marks=self.marks.snapshot, fence=self._fence, sole=self._sole,
                         on_result=self.metrics.on_push if self.metrics is not None else None)
 
     def start_mirrors(self, once: bool, accept_errors_upto: int | None = None):
@@ -274,6 +275,10 @@ class Pipeline:
     @property
     def _fence(self) -> bool:
         return self.config.guard_on("ahead_fence")
+
+    @property
+    def _sole(self) -> bool:
+        return self.config.guard_on("sole_dashboard")
 
     # --- all stages -----------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ model's own GROUP BY, not with gold.
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import psycopg
@@ -19,6 +20,7 @@ from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables
 from core.errors import UserError
 from core.storage import gold_key
 from gold.push import ensure_dashboard_tables, open_gold, push_ahead, push_once
+from tests.tests_support import ROOT, error_line, run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -309,3 +311,47 @@ def test_failure_path_missing_gold_and_bad_dsn_are_user_errors(tmp_path, gold, s
     assert "secret" not in str(info.value)
     with psycopg.connect(source_db.dsn) as conn:   # nothing was created by the failures
         assert conn.execute("SELECT to_regclass('service_stats')").fetchone()[0] is None
+
+
+@pytest.mark.parametrize("sole", [True, False], ids=["guarded", "negative_control"])
+def test_a_second_pipeline_is_refused_the_dashboard_until_it_takes_it_over(
+        spark, gold, dash, source_db, tmp_path, sole):
+    """Two pipelines (two lakehouses) pointed at one dashboard database. The second one's
+    push - here the CLI's, exit 2 and one sentence - writes nothing, and the first keeps
+    pushing; ``push --once --take-over`` replaces the first's counts with the second's, and
+    from then on the first is the one refused. Without the guard (``sole_dashboard`` off)
+    the second's first push, a full one, deletes the first's keys and overwrites the one
+    they share."""
+    C = ("svc-c", "tpl-3", "letter", "created")
+    first = Sim()
+    ids = first.create(A, A, B)
+    done = apply(spark, gold, first, 0, 0)
+    assert push_once(gold.gold, source_db.dsn).pushed
+    other = GoldPaths.beside(str(tmp_path / "other" / "gold" / "service_stats"))
+    ensure_gold_tables(spark, other)
+    second = Sim()
+    second.create(B, C, C)
+    apply(spark, other, second, 0, 0)
+    if not sole:
+        push_once(other.gold, source_db.dsn, sole=False)
+        assert nonzero(counts(dash)) == second.truth() != first.truth()   # the first's: gone
+        return
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKECDC_")}
+    env.update(LAKECDC_SOURCE_DSN=source_db.dsn, LAKECDC_LAKEHOUSE=str(tmp_path / "other"),
+               PYTHONPATH=str(ROOT))
+    before = dashboard(dash)
+    error_line(run_cli(["push", "--once"], env), "another pipeline", gold_key(gold.gold),
+               "--take-over")
+    assert dashboard(dash) == before and progress(dash, other.gold) is None
+    first.set_status(ids[:1], "sending")                 # the first pipeline goes on
+    apply(spark, gold, first, done, 1)
+    assert push_once(gold.gold, source_db.dsn).pushed
+    assert nonzero(counts(dash)) == first.truth()
+
+    took = run_cli(["push", "--once", "--take-over"], env)
+    assert took.returncode == 0, took.stderr[-2000:]
+    assert counts(dash) == second.truth()                # a full push: the first's keys gone
+    assert progress(dash, gold.gold) is None and progress(dash, other.gold) is not None
+    with pytest.raises(UserError, match="another pipeline"):
+        push_once(gold.gold, source_db.dsn)
+    assert counts(dash) == second.truth()
