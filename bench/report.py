@@ -264,7 +264,10 @@ def _values(doc: dict, images: dict[str, str]) -> dict:
         for name, key in ((("stream (bronze → silver/changes, silver/quarantine and "
                             "gold/service_stats, one query, `stream --once`)"), "stream"),
                           ("push (gold → dashboard, `push --once`)", "push"),
-                          ("stream + push", "stream_push")))
+                          ("stream + push", "stream_push"),
+                          ("mirrors (silver → a typed mirror per captured table, "
+                           "`mirrors --once`; not in stream + push)", "mirrors"))
+        if key in layers)
     scale_rows = "\n".join(
         f"| {_n(p['source_rows'])} | {_n(p['services'])} | {_n(p['gold_keys'])} | "
         f"{', '.join(_n(s) for s in p['batch_s'])} | "

@@ -28,9 +28,10 @@ from core.lsn import fmt
 
 REBASELINE = ("run `lakecdc setup --rebaseline`, then `lakecdc backfill rebuild-gold`, then "
               "`lakecdc verify` (runbook: docs/failover.md)")
-NEW_LAKEHOUSE = ("point LAKECDC_LAKEHOUSE at a new location and run `lakecdc setup`, then "
-                 "`lakecdc run` (the old lakehouse keeps the abandoned history; runbook: "
-                 "docs/failover.md).")
+NEW_LAKEHOUSE = ("point LAKECDC_LAKEHOUSE at a new location, run `lakecdc setup` and `lakecdc "
+                 "stream --once`, switch the dashboard to the new gold with `lakecdc push "
+                 "--once --take-over`, then `lakecdc run` (the old lakehouse keeps the "
+                 "abandoned history; runbook: docs/failover.md).")
 
 
 def check_same_history(conn: psycopg.Connection, ident: SourceIdentity, bronze_end: int,

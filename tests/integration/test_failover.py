@@ -124,6 +124,12 @@ def test_a_restored_earlier_copy_is_detected_and_a_new_lakehouse_is_exact(cluste
 
         fresh = restored.with_(lakehouse=str(tmp_path / "lakehouse-after-restore"))
         setup(fresh)
+        Pipeline(fresh, spark_factory=lambda: spark).stream(once=True)
+        # The restored dashboard holds the old lakehouse's counts: the new gold takes over.
+        fresh_env = cli_env(fresh)
+        error_line(run_cli(["push", "--once"], fresh_env), "another pipeline", "--take-over")
+        took = run_cli(["push", "--once", "--take-over"], fresh_env)
+        assert took.returncode == 0, took.stderr[-2000:]
         _traffic(fresh.source_dsn, 93)
         Pipeline(fresh, spark_factory=lambda: spark).run_once()
         check_gold(fresh.lakehouse, fresh.source_dsn, fresh.source_dsn)
