@@ -372,22 +372,27 @@ class MirrorWriter:
         if found.truncated is not None:
             mine = mine & ~_before(found.truncated, inclusive=True)
         changes = batch.where(mine)
-        bounds = [None, *chain_cuts(_moves(changes, key)), None] if found.moved else [None, None]
+        # An UPDATE carrying its old row's identity may still keep its key (a replica
+        # identity of more columns than the key, like the counted tables'): only a batch
+        # whose key really changed pays for reading the mirror's old rows.
+        moves = _moves(changes, key) if found.moved else []
+        bounds = [None, *chain_cuts(moves), None]
         for part, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
             self._merge(spark, path, changes.where(_between(lo, hi)), key, types, found,
                         batch_id, part, truncate=part == 0 and found.truncated is not None,
-                        last=hi is None)
+                        last=hi is None, moved=bool(moves))
         self.merged[found.name] = self.merged.get(found.name, 0) + 1
 
     def _merge(self, spark: SparkSession, path: str, changes: DataFrame, key: tuple[str, ...],
                types: dict[str, str], found: TableInBatch, batch_id: int, part: int,
-               truncate: bool, last: bool) -> None:
-        """One MERGE of ``changes`` (part ``part`` of the batch's changes of the table)."""
+               truncate: bool, last: bool, moved: bool) -> None:
+        """One MERGE of ``changes`` (part ``part`` of the batch's changes of the table;
+        ``moved``: some of the batch's changes move a row to another key)."""
         from delta.tables import DeltaTable
 
         final = final_rows(changes, key)
-        moved = found.moved and DeltaTable.forPath(spark, path).toDF()
-        source = merge_source(final, key, types, moved or None)
+        mirror = DeltaTable.forPath(spark, path).toDF() if moved else None
+        source = merge_source(final, key, types, mirror)
         on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key)
         others = [n for n in types if n not in key]
         update = {q(n): f"CASE WHEN s.{q(f'{_HAS}{i}')} THEN s.{q(n)} ELSE t.{q(n)} END"
