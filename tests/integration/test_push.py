@@ -330,7 +330,7 @@ def test_a_second_pipeline_is_refused_the_dashboard_until_it_takes_it_over(
     other = GoldPaths.beside(str(tmp_path / "other" / "gold" / "service_stats"))
     ensure_gold_tables(spark, other)
     second = Sim()
-    second.create(B, C, C)
+    second.create(B, B, C, C)                          # B: 1 in the first, 2 here
     apply(spark, other, second, 0, 0)
     if not sole:
         push_once(other.gold, source_db.dsn, sole=False)
