@@ -12,9 +12,11 @@
   that got the same backlog under the default replica identity (the primary key), as the
   PoC was deployed.
 - ``freshness``: per rate, ``lakecdc run`` (continuous) on ``bench``; once its streaming
-  query is up, ``SteadyTraffic`` writes at that steady rate while a
+  query is up, ``SteadyTraffic`` writes at that steady rate, ``NeighbourTraffic`` changes
+  three other captured tables (mirrored, not counted) at 100 rows/s each, and a
   ``pipelines.traffic.FreshnessProbe`` commits a never-seen service every 0.5 s and times
-  each until its row is on the dashboard. Then everything is drained and checked.
+  each until its row is on the dashboard. Then everything is drained and checked, the
+  neighbours' mirrors against their tables too.
 - ``gold_scaling``: per source size, a database populated before ``setup`` (so the rows
   reach gold through the baseline, and gold's keys grow with the services), then the same
   fixed batch of status changes, repeated; the gold half of each pass, and the whole
@@ -41,13 +43,14 @@ from pathlib import Path
 
 import psycopg
 from deltalake import DeltaTable
+from psycopg import sql
 
 from bench import decode, poc, workload
 from bench.profile import PassLog, ProgressLog
 from bronze.ship import Shipper
 from core.captured import COUNTED
 from core.config import Config
-from core.layout import GOLD
+from core.layout import GOLD, mirror_path
 from infra.localpg import LocalPostgres, bin_dir
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
@@ -56,6 +59,7 @@ from pipelines.traffic import FreshnessProbe
 
 SCHEMA = (Path(__file__).resolve().parents[1] / "infra" / "postgres" /
           "source_schema.sql").read_text()
+NEIGHBOUR_RATE = 100.0         # rows/s on each neighbour table during the freshness runs
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,24 @@ def exactness(config: Config) -> dict:
             "dashboard": compare(dashboard_counts(config.dashboard), expected)}
 
 
+def mirror_is_source(config: Config, table: str) -> bool:
+    """Every row and column of ``table``'s mirror (read with delta-rs) equals the source's
+    (psycopg), compared as sets of rows; timestamps in UTC."""
+    with psycopg.connect(config.source_dsn) as conn:
+        cur = conn.execute(sql.SQL("SELECT * FROM {}").format(
+            sql.Identifier(*table.split(".", 1))))
+        columns = [d.name for d in cur.description]
+        source = {tuple(_utc(v) for v in row) for row in cur}
+    mirror = DeltaTable(mirror_path(config.lakehouse, table)).to_pyarrow_table(
+        columns=columns).to_pylist()
+    return source == {tuple(_utc(r[c]) for c in columns) for r in mirror}
+
+
+def _utc(value):
+    return value.astimezone(timezone.utc) if isinstance(value, datetime) \
+        and value.tzinfo is not None else value
+
+
 def _rate(n: int, seconds: float) -> float:
     return round(n / seconds) if seconds > 0 else 0.0
 
@@ -153,6 +175,7 @@ class Bench:
         self.pg = LocalPostgres(Path(tempfile.mkdtemp(prefix="lakecdc-bench-pg-")))
         self.progress = ProgressLog()
         self.spark = None
+        self._runs = 0                   # freshness runs so far (their neighbours' ids)
 
     def __enter__(self) -> "Bench":
         self.pg.start()
@@ -172,15 +195,21 @@ class Bench:
             self.pg.destroy()
             shutil.rmtree(self.work, ignore_errors=True)
 
-    def database(self, name: str, identity: bool = True) -> Config:
-        """A fresh database with the source schema; its config (slot = database name)."""
+    def database(self, name: str, identity: bool = True,
+                 neighbours: bool = False) -> Config:
+        """A fresh database with the source schema; its config (slot = database name).
+        ``neighbours``: with ``workload.NEIGHBOURS`` too, captured beside the counted two."""
         with psycopg.connect(self.pg.dsn(), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')      # names are ours: [a-z0-9_]
         dsn = self.pg.dsn(name)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(SCHEMA)
-        return Config.load(env={}, source_dsn=dsn, lakehouse=str(self.work / name),
-                           slot=name)
+            if neighbours:
+                conn.execute(workload.NEIGHBOURS_SQL)
+        config = Config.load(env={}, source_dsn=dsn, lakehouse=str(self.work / name),
+                             slot=name)
+        return config.with_(tables=(*config.tables, *workload.NEIGHBOURS)) if neighbours \
+            else config
 
     def pipeline(self, config: Config, **kw) -> Pipeline:
         pipeline = Pipeline(config, spark_factory=lambda: self.spark, **kw)
@@ -192,7 +221,7 @@ class Bench:
     def backlog(self) -> dict:
         p = self.params
         out: dict = {"load_before": _load()}
-        config = self.database("bench")
+        config = self.database("bench", neighbours=True)
         twin = self.database("bench_twin")
         poc.create(config.source_dsn, "poc_bench")
         poc.create(twin.source_dsn, "poc_twin")
@@ -281,6 +310,9 @@ class Bench:
         out: dict = {"load_before": _load(), "rate": rate, "seconds": p.freshness_s}
         stop_traffic, stop_pipeline = threading.Event(), threading.Event()
         traffic = workload.SteadyTraffic(config.source_dsn, rate, tag=f"r{rate:g}-")
+        self._runs += 1
+        neighbours = workload.NeighbourTraffic(config.source_dsn, NEIGHBOUR_RATE,
+                                               first_id=self._runs * 1_000_000_000)
         probe = FreshnessProbe(config.source_dsn, config.dashboard, tag=f"r{rate:g}")
         errors: list[BaseException] = []
 
@@ -295,6 +327,7 @@ class Bench:
 
         runner = guarded("pipeline", lambda: pipeline.run_continuous(stop_pipeline))
         writers = [guarded("traffic", lambda: traffic.run(stop_traffic)),
+                   guarded("neighbours", lambda: neighbours.run(stop_traffic)),
                    guarded("probe", lambda: probe.run(stop_traffic))]
         watcher = guarded("watch", lambda: probe.watch(stop_traffic))
         out["spark_progress"] = {}
@@ -330,6 +363,13 @@ class Bench:
         out["series"] = [(round(t - started_at, 2), round(lat, 2)) for t, lat in latencies]
         pipeline.run_once()
         out["lakecdc"] = exactness(config)
+        out["neighbours"] = {
+            "tables": len(workload.NEIGHBOURS), "rate_per_table": NEIGHBOUR_RATE,
+            "changes": neighbours.changes,
+            "achieved_per_table": round(neighbours.changes / len(workload.NEIGHBOURS)
+                                        / max(neighbours.elapsed_s, 1e-9)),
+            "mirrors_equal_source": all(mirror_is_source(config, t)
+                                        for t in workload.NEIGHBOURS)}
         return out
 
     def gold_scaling(self) -> dict:

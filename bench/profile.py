@@ -13,6 +13,8 @@ import threading
 from collections import defaultdict
 from contextlib import contextmanager
 
+from pipelines.stream import QUERY_NAME as STREAM_QUERY
+
 
 class ProgressLog:
     def __init__(self) -> None:
@@ -85,6 +87,8 @@ class PassLog:
         tracker = self.spark.sparkContext.statusTracker()
         jobs = 0
         for query in self.spark.streams.active:
+            if query.name != STREAM_QUERY:      # not the mirrors' query, which runs beside
+                continue
             run = str(query.runId)
             total = len(tracker.getJobIdsForGroup(run))
             jobs += total - self._jobs.get(run, 0)

@@ -55,7 +55,9 @@ def _exact(check: dict) -> bool:
 def all_exact(doc: dict) -> bool:
     checks = [doc["backlog"]["lakecdc"], *[r["lakecdc"] for r in doc["freshness"]["runs"]],
               *[p["lakecdc"] for p in doc["gold_scaling"]["points"]]]
-    return all(c["gold"]["exact"] and c["dashboard"]["exact"] for c in checks)
+    mirrors = [r["neighbours"]["mirrors_equal_source"] for r in doc["freshness"]["runs"]
+               if "neighbours" in r]
+    return all(c["gold"]["exact"] and c["dashboard"]["exact"] for c in checks) and all(mirrors)
 
 
 def verdicts(doc: dict) -> list[dict]:
@@ -215,6 +217,16 @@ def _rows_per_batch(run: dict) -> float | None:
     return round(q.get("input_rows", 0) / q["batches"]) if q.get("batches") else None
 
 
+def _neighbours(run: dict) -> str:
+    """The other tables' traffic of a freshness run, and whether their mirrors ended equal
+    to the source."""
+    n = run.get("neighbours")
+    if n is None:
+        return "-"
+    return (f"{n['tables']} × {_n(n['achieved_per_table'])} rows/s, mirrors "
+            f"{'= source' if n['mirrors_equal_source'] else 'DIFFER'}")
+
+
 def _run_values(run: dict | None, prefix: str) -> dict:
     """A freshness run's figures for the prose, ``prefix``-named; "n/a" without the run."""
     keys = ("p50", "p95", "pmax", "rate", "probes", "batches", "batch_s", "silver_s",
@@ -298,7 +310,7 @@ def _values(doc: dict, images: dict[str, str]) -> dict:
         f"{_n(r['latency_s'].get('p50'))} | {_n(r['latency_s'].get('p95'))} | "
         f"{_n(r['latency_s'].get('max'))} | "
         f"{r['load_before'][0]} → {r['load_after'][0]} | "
-        f"{'exact' if _exact(r['lakecdc']) else 'NOT exact'} |"
+        f"{'exact' if _exact(r['lakecdc']) else 'NOT exact'} | {_neighbours(r)} |"
         for r in f["runs"])
     merges = [x for p in g["points"] for x in p.get("merge_s", [])]
     return {

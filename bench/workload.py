@@ -233,3 +233,80 @@ class SteadyTraffic:
         w.inserts += inserted
         w.transactions += 5
         return stamp
+
+
+# Three captured tables beside the counted two, none of them counted: the neighbours whose
+# mirrors ``lakecdc run`` keeps while the dashboard's freshness is measured (issue 17: the
+# gold path keeps its freshness while they change at 100 rows/s each). One has a composite
+# key and one a TOASTed column.
+NEIGHBOURS_SQL = """
+CREATE TABLE services (id bigint PRIMARY KEY, name text NOT NULL, active boolean NOT NULL,
+                       message_limit bigint, updated_at timestamptz NOT NULL DEFAULT now());
+CREATE TABLE templates (id bigint PRIMARY KEY, service_id bigint NOT NULL, name text NOT NULL,
+                        version integer NOT NULL, content text);
+ALTER TABLE templates ALTER COLUMN content SET STORAGE EXTERNAL;
+CREATE TABLE service_users (service_id bigint, user_id bigint, role text NOT NULL,
+                            since date NOT NULL, PRIMARY KEY (service_id, user_id));
+"""
+NEIGHBOURS = ("public.services", "public.templates", "public.service_users")
+_NEIGHBOUR_ROWS = {
+    # table: (insert of rows %(first)s..%(last)s, update of %(n)s rows, delete of %(n)s rows)
+    "services": (
+        "INSERT INTO services (id, name, active, message_limit) SELECT g, 'service ' || g, "
+        "g %% 2 = 0, g * 1000 FROM generate_series(%(first)s::bigint, %(last)s::bigint) g",
+        "UPDATE services SET name = name || '+', active = NOT active, updated_at = now() "
+        "WHERE id IN (SELECT id FROM services ORDER BY random() LIMIT %(n)s)",
+        "DELETE FROM services WHERE id IN (SELECT id FROM services ORDER BY random() "
+        "LIMIT %(n)s)"),
+    "templates": (
+        "INSERT INTO templates SELECT g, g %% 97, 'template ' || g, 1, repeat(md5(g::text), "
+        "80) FROM generate_series(%(first)s::bigint, %(last)s::bigint) g",
+        # The TOASTed content is left alone: wal2json omits it, the mirror keeps it.
+        "UPDATE templates SET version = version + 1, name = name || '+' "
+        "WHERE id IN (SELECT id FROM templates ORDER BY random() LIMIT %(n)s)",
+        "DELETE FROM templates WHERE id IN (SELECT id FROM templates ORDER BY random() "
+        "LIMIT %(n)s)"),
+    "service_users": (
+        "INSERT INTO service_users SELECT g %% 97, g, 'member', DATE '2026-01-01' + (g %% 300)::int "
+        "FROM generate_series(%(first)s::bigint, %(last)s::bigint) g",
+        "UPDATE service_users SET role = CASE role WHEN 'member' THEN 'admin' ELSE 'member' "
+        "END WHERE (service_id, user_id) IN (SELECT service_id, user_id FROM service_users "
+        "ORDER BY random() LIMIT %(n)s)",
+        "DELETE FROM service_users WHERE (service_id, user_id) IN (SELECT service_id, user_id "
+        "FROM service_users ORDER BY random() LIMIT %(n)s)"),
+}
+
+
+@dataclass
+class NeighbourTraffic:
+    """``rate`` changed rows per second on each of the ``NEIGHBOURS`` tables, in ticks of
+    ``tick_s``, one transaction per table and tick: inserts (half of them), updates and
+    deletes (a quarter each). Paced like ``SteadyTraffic``. ``first_id``: where this run's
+    inserted ids start (one range per run on a database)."""
+
+    dsn: str
+    rate: float = 100.0
+    first_id: int = 1
+    tick_s: float = 0.1
+    changes: int = 0
+    elapsed_s: float = 0.0
+
+    def run(self, stop: threading.Event) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            started = time.monotonic()
+            next_id, n = self.first_id, 0
+            while not stop.is_set():
+                due = (time.monotonic() - started + self.tick_s) * self.rate
+                budget = int(due - self.changes / len(_NEIGHBOUR_ROWS))
+                if budget > 0:
+                    inserts, others = budget - budget // 2, budget // 4
+                    for insert, update, delete in _NEIGHBOUR_ROWS.values():
+                        with conn.transaction():
+                            self.changes += conn.execute(insert, {
+                                "first": next_id, "last": next_id + inserts - 1}).rowcount
+                            self.changes += conn.execute(update, {"n": others}).rowcount
+                            self.changes += conn.execute(delete, {"n": others}).rowcount
+                    next_id += inserts
+                n += 1
+                stop.wait(max(0.0, started + n * self.tick_s - time.monotonic()))
+            self.elapsed_s = time.monotonic() - started

@@ -274,7 +274,7 @@ class SnapshotBackfill:
                         if not chunk.keys:
                             break
                         self.staging.stage_chunk(
-                            ChunkInfo(run, next_chunk, table, chunk.source.key_column,
+                            ChunkInfo(run, next_chunk, table, chunk.source.key_columns,
                                       chunk.keys[0], chunk.keys[-1], low, chunk.in_progress,
                                       len(chunk.keys)),
                             tables, chunk.keys, chunk.data)

@@ -1,6 +1,7 @@
 """The shipper's side of the snapshot backfill: a HIGH watermark of a staged chunk becomes
-the chunk's read rows, in the HIGH's own transaction, minus the rows its window drops
-(``bronze.backfill`` documents the protocol)."""
+the chunk's read rows, in the HIGH's own transaction, minus the rows its window drops and
+with only the unchanged columns of those changed in it (``bronze.backfill`` documents the
+protocol)."""
 
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
 
-from bronze.backfill_marks import HighMark, Window, changed_keys, read_records
+from bronze.backfill_marks import HighMark, Window, changed_keys, partial_read, read_records
 from bronze.backfill_staging import ChunkInfo, StagingTable, app_id, staging_path
 from bronze.table import BronzeTable
 from core.config import Config
@@ -36,6 +37,7 @@ class Emission:
     chunks: list[str]                 # "run:chunk" emitted
     rows: int                         # read rows appended
     dropped: int                      # chunk rows dropped by the window rule
+    partial: int = 0                  # read rows cut to the columns no change carried
 
 
 class BackfillEmitter:
@@ -46,6 +48,10 @@ class BackfillEmitter:
         self.staging = StagingTable(staging_path(config), storage_options)
         self.bronze = bronze
         self.window_rule = config.guard_on(GUARD)
+        # A counted table's read rows stay whole or dropped: gold and the silver suite
+        # expect every dimension in a write, and these tables are never added while running
+        # (their TOASTed values come from setup's snapshot and the changes since).
+        self.counted = {config.notifications_table, config.history_table}
 
     def staged_marks(self, marks: list[HighMark]) -> tuple[list[HighMark], int]:
         """The marks of runs staging holds, and how many others were dropped.
@@ -103,29 +109,26 @@ class BackfillEmitter:
         if not accepted:
             return None
 
-        windows = [Window(info.run, info.chunk, info.table, info.key_column, info.low_lsn,
+        windows = [Window(info.run, info.chunk, info.table, info.key_columns, info.low_lsn,
                           mark.commit_lsn, frozenset(info.in_progress))
                    for mark, info in accepted]
-        drops = (self._changed(windows, bronze_commit_lsn, assembled) if self.window_rule
-                 else {(w.run, w.chunk): set() for w in windows})
+        changed = (self._changed(windows, bronze_commit_lsn, assembled) if self.window_rule
+                   else {(w.run, w.chunk): {} for w in windows})
         next_seq: dict[int, int] = {}
         pending: list[tuple[HighMark, int, pa.Array]] = []
-        dropped = 0
+        dropped = partial = 0
         for (mark, info), window in zip(accepted, windows):
             rows = self.staging.chunk_rows(mark.run, mark.chunk)
-            gone = drops[(window.run, window.chunk)]
-            if gone:
-                keep = pc.invert(pc.is_in(rows.column("key"), pa.array(sorted(gone))))
-                kept = rows.filter(keep)
-            else:
-                kept = rows
-            dropped += rows.num_rows - kept.num_rows
+            data, cut = self._window_rule(rows, changed[(window.run, window.chunk)], info)
+            dropped += rows.num_rows - len(data)
+            partial += cut
             first = next_seq.get(mark.gid, int(tx_changes[mark.gid]))
-            next_seq[mark.gid] = first + kept.num_rows
-            pending.append((mark, first, kept.column("data").combine_chunks()))
-            log.debug("backfill %s chunk %d (%s): %d rows, %d dropped (changed in window "
-                      "%s..%s)", mark.run, mark.chunk, info.table, kept.num_rows,
-                      rows.num_rows - kept.num_rows, fmt(info.low_lsn), fmt(mark.commit_lsn))
+            next_seq[mark.gid] = first + len(data)
+            pending.append((mark, first, data))
+            log.debug("backfill %s chunk %d (%s): %d rows, %d dropped and %d cut to their "
+                      "unchanged columns (changed in window %s..%s)", mark.run, mark.chunk,
+                      info.table, len(data), rows.num_rows - len(data), cut,
+                      fmt(info.low_lsn), fmt(mark.commit_lsn))
         for gid, n in next_seq.items():
             tx_changes[gid] = n
         batches = [read_records(data, mark, first, int(tx_changes[mark.gid]), slot, shipped_at)
@@ -135,16 +138,42 @@ class BackfillEmitter:
             app_versions[app_id(mark.run)] = max(app_versions.get(app_id(mark.run), 0),
                                                  mark.chunk)
         return Emission(batches, app_versions, [f"{m.run}:{m.chunk}" for m, _ in accepted],
-                        sum(b.num_rows for b in batches), dropped)
+                        sum(b.num_rows for b in batches), dropped, partial)
+
+    def _window_rule(self, rows: pa.Table, changed: dict[str, set[str] | None],
+                     info: ChunkInfo) -> tuple[pa.Array, int]:
+        """A chunk's read rows (``data``) after the window rule, and how many of them were
+        cut to their unchanged columns (``partial_read``); the others changed in the window
+        are dropped."""
+        data = rows.column("data").combine_chunks()
+        if not changed:
+            return data, 0
+        hit = pc.is_in(rows.column("key"), value_set=pa.array(sorted(changed)))
+        hits = np.flatnonzero(hit.combine_chunks().to_numpy(zero_copy_only=False))
+        if not len(hits):
+            return data, 0
+        keys, texts = rows.column("key"), data.to_pylist()
+        whole = info.table in self.counted
+        for i in hits.tolist():
+            texts[i] = None if whole else partial_read(texts[i], info.key_columns,
+                                                       changed[keys[i].as_py()])
+        kept = [t for t in texts if t is not None]
+        return pa.array(kept, pa.string()), len(kept) - (len(texts) - len(hits))
 
     def _changed(self, windows: list[Window], bronze_commit_lsn: int,
                  assembled: Callable[[], Iterable[pa.RecordBatch]]
-                 ) -> dict[tuple[str, int], set[str]]:
-        result: dict[tuple[str, int], set[str]] = {(w.run, w.chunk): set() for w in windows}
+                 ) -> dict[tuple[str, int], dict[str, set[str] | None]]:
+        result: dict[tuple[str, int], dict[str, set[str] | None]] = {
+            (w.run, w.chunk): {} for w in windows}
 
-        def merge(found: dict[tuple[str, int], set[str]]) -> None:
+        def merge(found: dict[tuple[str, int], dict[str, set[str] | None]]) -> None:
             for k, keys in found.items():
-                result[k] |= keys
+                into = result[k]
+                for key, carried in keys.items():
+                    if key not in into:
+                        into[key] = carried
+                    elif into[key] is not None:
+                        into[key] = None if carried is None else into[key] | carried
 
         # Earlier parts of the windows, already in bronze: a few rows, found through the
         # files' commit_lsn / xid statistics.

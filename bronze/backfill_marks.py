@@ -1,8 +1,9 @@
 """The snapshot backfill's pure parts (``bronze/backfill.py``): no I/O.
 
 ``high_marks`` finds the HIGH watermark messages among the rows the shipper assembled,
-``Window`` / ``changed_keys`` the keys a chunk must drop (changed inside its watermark
-window), ``read_records`` turns a chunk's rows into bronze rows (action ``R``) of the HIGH's
+``Window`` / ``changed_keys`` the keys changed inside a chunk's watermark window, with the
+columns those changes carried, ``partial_read`` what of such a key's read row is kept, and
+``read_records`` turns a chunk's rows into bronze rows (action ``R``) of the HIGH's
 transaction.
 """
 
@@ -42,8 +43,9 @@ class HighMark:
 class Window:
     """The watermark window of one staged chunk.
 
-    A chunk row of ``table`` with key ``k`` is stale, and must be dropped, if a captured
-    change of ``k`` committed before ``high_lsn`` is not visible to the chunk's snapshot.
+    A chunk row of ``table`` with key ``k`` is stale, and must be dropped (or cut to the
+    columns no such change carried: ``partial_read``), if a captured change of ``k``
+    committed before ``high_lsn`` is not visible to the chunk's snapshot.
     Such a change either has ``low_lsn < commit_lsn`` (it committed after the LOW
     watermark), or - when Postgres made a transaction visible after a later-committing one,
     which commit order does not forbid (synchronous replication waits between writing the
@@ -55,7 +57,7 @@ class Window:
     run: str
     chunk: int
     table: str                # schema.table
-    key_column: str
+    key_columns: tuple[str, ...]
     low_lsn: int
     high_lsn: int
     in_progress: frozenset[int] = frozenset()
@@ -143,15 +145,18 @@ def high_marks(batch: pa.RecordBatch) -> tuple[list[HighMark], int]:
 
 
 def changed_keys(commit_lsn: pa.Array, xid: pa.Array, action: pa.Array, data: pa.Array,
-                 windows: list[Window]) -> dict[tuple[str, int], set[str]]:
-    """Keys of each window's table changed inside the window, per ``(run, chunk)``.
+                 windows: list[Window]) -> dict[tuple[str, int], dict[str, set[str] | None]]:
+    """Keys of each window's table changed inside the window, per ``(run, chunk)``: key →
+    the names of the columns those changes carried, or None when one of them took the row
+    away from the key (a DELETE, or an UPDATE that moved it to another key).
 
     Rows are change rows (bronze or assembled columns); only ``I``/``U``/``D`` count. The
     key is read from ``columns`` (new value) and ``identity`` (old value: a DELETE, or an
     UPDATE that changed the key), as text - exactly as the chunk's ``key::text`` is stored
     (JSON numbers are taken as their text).
     """
-    result: dict[tuple[str, int], set[str]] = {(w.run, w.chunk): set() for w in windows}
+    result: dict[tuple[str, int], dict[str, set[str] | None]] = {
+        (w.run, w.chunk): {} for w in windows}
     if not windows or len(commit_lsn) == 0:
         return result
     lsn = np.asarray(commit_lsn.to_numpy(zero_copy_only=False), dtype=np.int64)
@@ -170,11 +175,85 @@ def changed_keys(commit_lsn: pa.Array, xid: pa.Array, action: pa.Array, data: pa
         for w in by_table.get(table, ()):
             if not hits[(w.run, w.chunk)][i]:
                 continue
-            for part in ("columns", "identity"):
-                for col in doc.get(part) or ():
-                    if col.get("name") == w.key_column and col.get("value") is not None:
-                        result[(w.run, w.chunk)].add(str(col["value"]))
+            found = result[(w.run, w.chunk)]
+            columns = doc.get("columns") or ()
+            new, old = (_key_value(doc.get(part), w.key_columns)
+                        for part in ("columns", "identity"))
+            if old is not None and (new is None or new != old):
+                found[old] = None                       # the row left this key
+            if new is not None:
+                carried = found.setdefault(new, set())
+                if carried is not None:
+                    carried.update(c.get("name") for c in columns)
     return result
+
+
+def _key_value(columns, key_columns: tuple[str, ...]) -> str | None:
+    values = {col.get("name"): col.get("value") for col in columns or ()}
+    if any(values.get(k) is None for k in key_columns):
+        return None
+    return key_text(tuple(str(values[k]) for k in key_columns))
+
+
+def key_text(values: tuple[str, ...]) -> str:
+    """A row's key as the backfill stages and compares it: the text of its one column's
+    value, or a compact JSON array of the texts of a composite key's."""
+    if len(values) == 1:
+        return values[0]
+    return json.dumps(list(values), ensure_ascii=False, separators=(",", ":"))
+
+
+def key_values(text: str, columns: int) -> tuple[str, ...]:
+    """``key_text`` read back, for a key of ``columns`` columns."""
+    return (text,) if columns == 1 else tuple(json.loads(text))
+
+
+def key_columns_text(columns: tuple[str, ...]) -> str:
+    """A key's column names as staged: the name, or a JSON array of a composite key's."""
+    return columns[0] if len(columns) == 1 else json.dumps(list(columns), ensure_ascii=False)
+
+
+def key_columns_of(text: str) -> tuple[str, ...]:
+    """``key_columns_text`` read back."""
+    if text.startswith('["') and text.endswith("]"):
+        try:
+            return tuple(json.loads(text))
+        except ValueError:
+            pass
+    return (text,)
+
+
+class _Number(str):
+    """A JSON number kept as its text, written back unchanged (``partial_read``)."""
+
+
+def partial_read(text: str, key_columns: tuple[str, ...],
+                 carried: set[str] | None) -> str | None:
+    """What to keep of a read row (``text``, as staged) whose key changed inside its
+    chunk's window, its changes having carried ``carried`` (``changed_keys``): None (drop
+    it) when the row left the key, or when the changes carried every column; else the row
+    with only the key and the columns no change carried.
+
+    Those columns held the read's values all through the window: an UPDATE that changes a
+    column carries it, and so does an INSERT, so the only values a change in the window
+    leaves out are unchanged TOASTed ones (wal2json omits them). Appended after the
+    window's changes, such a row sets them on the row those changes left, where dropping
+    the read whole would leave them unset (NULL) in a mirror that had no earlier change."""
+    if carried is None:
+        return None
+    doc = json.loads(text, parse_int=_Number, parse_float=_Number)
+    kept = [c for c in doc.get("columns") or ()
+            if c.get("name") in key_columns or c.get("name") not in carried]
+    if all(c.get("name") in key_columns for c in kept):
+        return None
+    head = ",".join(f"{json.dumps(k)}:{_json(v)}" for k, v in doc.items() if k != "columns")
+    columns = ",".join("{" + ",".join(f"{json.dumps(k)}:{_json(v)}" for k, v in c.items())
+                       + "}" for c in kept)
+    return "{" + head + "," + json.dumps("columns") + ":[" + columns + "]}"
+
+
+def _json(value) -> str:
+    return str(value) if isinstance(value, _Number) else json.dumps(value)
 
 
 def read_records(data: pa.Array, mark: HighMark, first_seq: int, tx_changes: int, slot: str,

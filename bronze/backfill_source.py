@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from bronze.backfill_marks import BACKFILL_PREFIX
+from bronze.backfill_marks import BACKFILL_PREFIX, key_text, key_values
+from bronze.source import mirror_key
 from core.errors import UserError
 from core.postgres import connect, emit_message
 
@@ -32,7 +33,7 @@ class SourceTable:
     name: str                                   # schema.table, as configured
     schema: str
     table: str
-    key_column: str
+    key_columns: tuple[str, ...]                # the mirror's key (``mirror_key``)
     head: str                                   # JSON text before the first column
     columns: tuple[tuple[str, int, str], ...]   # (name, type oid, JSON text before the value)
     estimated_rows: int
@@ -54,13 +55,10 @@ def describe_table(conn: psycopg.Connection, name: str) -> SourceTable:
         raise UserError(f"captured table {name} does not exist in the source database; "
                         "create it or fix LAKECDC_TABLES.")
     oid, estimate, head = row
-    keys = [r[0] for r in conn.execute("""
-        SELECT a.attname FROM pg_index i
-        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
-        WHERE i.indrelid = %s::int8::oid AND i.indisprimary""", [oid])]
-    if len(keys) != 1:
-        raise UserError(f"{name} has {'no' if not keys else 'a composite'} primary key; a "
-                        "keyset backfill needs a single-column primary key.")
+    keys = mirror_key(conn, name)[1]
+    if not keys:
+        raise UserError(f"{name} has no primary key, nor a replica identity index: a keyset "
+                        "backfill reads rows in the order of a unique key.")
     columns = tuple(conn.execute("""
         SELECT a.attname, a.atttypid::int8,
                '{"name":' || to_json(a.attname::text)::text || ',"type":'
@@ -68,7 +66,7 @@ def describe_table(conn: psycopg.Connection, name: str) -> SourceTable:
         FROM pg_attribute a
         WHERE a.attrelid = %s::int8::oid AND a.attnum > 0 AND NOT a.attisdropped
         ORDER BY a.attnum""", [oid]).fetchall())
-    return SourceTable(name, schema, table, keys[0], head, columns, int(estimate))
+    return SourceTable(name, schema, table, tuple(keys), head, columns, int(estimate))
 
 
 def _value_json(column: str, type_oid: int) -> sql.Composable:
@@ -90,17 +88,22 @@ def _value_json(column: str, type_oid: int) -> sql.Composable:
 
 
 def chunk_query(source: SourceTable, after: bool) -> sql.Composed:
-    """The key as text and the row as wal2json v2 JSON (action ``R``), in key order, from
-    ``%(after)s`` (exclusive, when ``after``) at most ``%(limit)s`` rows."""
+    """The key's columns as text, then the row as wal2json v2 JSON (action ``R``), in key
+    order, after the key ``%(after0)s``, ``%(after1)s``, ... (exclusive, when ``after``), at
+    most ``%(limit)s`` rows. A composite key is compared as a row, in its index's order."""
     columns = sql.SQL(" || ',' || ").join(
         sql.SQL("{} || {} || '}}'").format(sql.Literal(prefix), _value_json(name, oid))
         for name, oid, prefix in source.columns)
-    key = sql.SQL("t.{}").format(sql.Identifier(source.key_column))
-    return sql.SQL("SELECT format('%%s', {key}), {head} || {columns} || ']}}' FROM {table} AS t "
-                   "{where} ORDER BY {key} LIMIT %(limit)s").format(
-        key=key, head=sql.Literal(source.head), columns=columns,
+    keys = [sql.SQL("t.{}").format(sql.Identifier(k)) for k in source.key_columns]
+    bounds = [sql.Placeholder(f"after{i}") for i in range(len(keys))]
+    where = sql.SQL("WHERE ({}) > ({})").format(sql.SQL(", ").join(keys),
+                                               sql.SQL(", ").join(bounds))
+    return sql.SQL("SELECT {texts}, {head} || {columns} || ']}}' FROM {table} AS t "
+                   "{where} ORDER BY {order} LIMIT %(limit)s").format(
+        texts=sql.SQL(", ").join(sql.SQL("format('%%s', {})").format(k) for k in keys),
+        head=sql.Literal(source.head), columns=columns,
         table=sql.Identifier(source.schema, source.table),
-        where=sql.SQL("WHERE {} > %(after)s").format(key) if after else sql.SQL(""))
+        where=where if after else sql.SQL(""), order=sql.SQL(", ").join(keys))
 
 
 @dataclass
@@ -126,9 +129,13 @@ def read_chunk(conn: psycopg.Connection, table: str, after: str | None, limit: i
         in_progress = conn.execute(
             "SELECT array(SELECT (x::text::numeric % 4294967296)::bigint "
             "FROM pg_snapshot_xip(pg_current_snapshot()) AS x ORDER BY 1)").fetchone()[0]
+        n = len(source.key_columns)
+        bounds = key_values(after, n) if after is not None else (None,) * n
         rows = conn.execute(chunk_query(source, after is not None),
-                            {"after": after, "limit": limit}).fetchall()
-    return Chunk([r[0] for r in rows], [r[1] for r in rows], tuple(in_progress), source)
+                            {"limit": limit, **{f"after{i}": v for i, v in enumerate(bounds)}}
+                            ).fetchall()
+    return Chunk([key_text(r[:n]) for r in rows], [r[n] for r in rows], tuple(in_progress),
+                 source)
 
 
 def _reader(dsn: str) -> psycopg.Connection:

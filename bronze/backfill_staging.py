@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.dataset as pds
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
+from bronze.backfill_marks import key_columns_of, key_columns_text
 from bronze.records import UTC_US
 from core.config import Config
 from core.layout import BACKFILL_STAGING
@@ -32,8 +33,8 @@ STAGING_SCHEMA = pa.schema([
     pa.field("table_name", pa.string()),                 # schema.table
     pa.field("chunk", pa.int64()),                       # 1, 2, ... across the run
     pa.field("seq", pa.int32()),                         # row: position in the chunk
-    pa.field("key", pa.string()),                        # row: the key as text
-    pa.field("key_column", pa.string()),                 # chunk: the keyset column
+    pa.field("key", pa.string()),                        # row: the key (key_text)
+    pa.field("key_column", pa.string()),                 # chunk: key_columns_text
     pa.field("first_key", pa.string()),                  # chunk: key range = the cursor
     pa.field("last_key", pa.string()),
     pa.field("low_lsn", pa.int64()),                     # chunk: LSN of the LOW watermark
@@ -63,7 +64,7 @@ class ChunkInfo:
     run: str
     chunk: int
     table: str
-    key_column: str
+    key_columns: tuple[str, ...]
     first_key: str
     last_key: str
     low_lsn: int
@@ -159,7 +160,8 @@ class StagingTable:
                "seq": list(range(n)), "key": keys, "staged_at": [now] * n, "data": data}
         marker = {"kind": [CHUNK], "run": [info.run], "tables": [tables],
                   "table_name": [info.table], "chunk": [info.chunk],
-                  "key_column": [info.key_column], "first_key": [info.first_key],
+                  "key_column": [key_columns_text(info.key_columns)],
+                  "first_key": [info.first_key],
                   "last_key": [info.last_key], "low_lsn": [info.low_lsn],
                   "in_progress": [list(info.in_progress)], "rows": [info.rows],
                   "staged_at": [now]}
@@ -193,7 +195,8 @@ class StagingTable:
 
 
 def _chunk_info(m: dict) -> ChunkInfo:
-    return ChunkInfo(m["run"], int(m["chunk"]), m["table_name"], m["key_column"],
+    return ChunkInfo(m["run"], int(m["chunk"]), m["table_name"],
+                     key_columns_of(m["key_column"]),
                      m["first_key"], m["last_key"], int(m["low_lsn"]),
                      tuple(m["in_progress"] or ()), int(m["rows"]))
 

@@ -303,7 +303,8 @@ class Shipper:
                     read_rows = emission.rows
                     metadata.update({"lakecdc.backfill_chunks": ",".join(emission.chunks),
                                      "lakecdc.backfill_rows": emission.rows,
-                                     "lakecdc.backfill_dropped": emission.dropped})
+                                     "lakecdc.backfill_dropped": emission.dropped,
+                                     "lakecdc.backfill_partial": emission.partial})
                 self.table.commit(files, cfg.slot, new, metadata,
                                   {**ack, **(emission.app_versions if emission else {})})
                 committed = True

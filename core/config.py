@@ -19,6 +19,7 @@ from core.layout import BRONZE, GOLD_BASELINE, Table
 DEFAULT_NOTIFICATIONS = "public.notifications"
 DEFAULT_HISTORY = "public.notification_history"
 DEFAULT_TABLES = (DEFAULT_NOTIFICATIONS, DEFAULT_HISTORY)
+MIRROR_INTERVAL_S = 30.0
 _SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
 # A table as LAKECDC_TABLES and `lakecdc tables add` take it: schema.table, plain names.
 TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
@@ -72,6 +73,10 @@ class Config:
     # WAL safety (bronze/heartbeat.py, docs/operations.md): a heartbeat transaction when the
     # slot has not moved for this long and the WAL is >= 1 MB ahead of it; 0 turns them off.
     heartbeat_interval_s: float = 30.0
+    # A continuous mirrors' query (``lakecdc run`` / ``mirrors``) starts a batch at most this
+    # often: each costs one MERGE per changed table, beside the gold path on the same cores
+    # (docs/silver.md, "Mirrors": how fresh).
+    mirror_interval_s: float = MIRROR_INTERVAL_S
     # Continuous shipping survives the source going away: reconnect with exponential
     # backoff from 0.5 s up to this many seconds between attempts.
     reconnect_max_backoff_s: float = 30.0
@@ -105,7 +110,8 @@ class Config:
                 g for g in env.get("LAKECDC_UNSAFE_DISABLE_GUARDS", "").split(",") if g),
         }
         for name, key in (("LAKECDC_HEARTBEAT_INTERVAL", "heartbeat_interval_s"),
-                          ("LAKECDC_RECONNECT_MAX_BACKOFF", "reconnect_max_backoff_s")):
+                          ("LAKECDC_RECONNECT_MAX_BACKOFF", "reconnect_max_backoff_s"),
+                          ("LAKECDC_MIRROR_INTERVAL", "mirror_interval_s")):
             if env.get(name):
                 values[key] = _seconds(name, env[name])
         if env.get("LAKECDC_TABLES"):
@@ -160,6 +166,9 @@ class Config:
         if self.heartbeat_interval_s < 0:
             raise UserError("the heartbeat interval (LAKECDC_HEARTBEAT_INTERVAL) must be a "
                             "number of seconds >= 0 (0 turns heartbeats off).")
+        if self.mirror_interval_s <= 0:
+            raise UserError("the mirrors' interval (LAKECDC_MIRROR_INTERVAL) must be a "
+                            "positive number of seconds.")
         if self.reconnect_max_backoff_s <= 0:
             raise UserError("the reconnect backoff (LAKECDC_RECONNECT_MAX_BACKOFF) must be a "
                             "positive number of seconds.")

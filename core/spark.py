@@ -67,6 +67,17 @@ def low_latency(spark: SparkSession, continuous: bool):
                         else {})
 
 
+def writer_session(spark: SparkSession) -> SparkSession:
+    """A new session for a ``foreachBatch`` writer's own writes (the Delta txn and metadata
+    confs it sets then reach no other write), run as ``spark``, the batch's session, runs:
+    with its ``LOW_LATENCY_CONF`` values. A new session starts from the defaults, so
+    without them a continuous stream's MERGEs would compile code every batch."""
+    session = spark.newSession()
+    for key in LOW_LATENCY_CONF:
+        session.conf.set(key, spark.conf.get(key))
+    return session
+
+
 @contextmanager
 def session_conf(spark: SparkSession, conf: dict[str, str]):
     """Set ``conf`` on ``spark`` for the block, then put back what was there. A streaming

@@ -47,7 +47,7 @@ from core.faults import FaultPoints
 from core.layout import GOLD_PENDING
 from core.lsn import fmt
 from core.snapshots import warm_in_background
-from core.spark import LOW_LATENCY_CONF
+from core.spark import writer_session
 from core.tables import create_table
 from gold import deltas as D
 from gold.asof import gold_state
@@ -302,9 +302,7 @@ class GoldBatchWriter:
         are then seen by no other write, even one running at the same time in the batch's
         session (``pipelines.stream`` appends silver meanwhile)."""
         if self._session is None or self._session.sparkContext is not spark.sparkContext:
-            self._session = spark.newSession()
-            for key in LOW_LATENCY_CONF:     # as the batch's query runs (pipelines.stream)
-                self._session.conf.set(key, spark.conf.get(key))
+            self._session = writer_session(spark)
         return self._session
 
     def _merge(self, spark: SparkSession, plan: Plan, batch_id: int) -> int:

@@ -44,9 +44,6 @@ from silver.writer import ADDED_AT_PROPERTY
 log = logging.getLogger("lakecdc.mirrors")
 
 QUERY_NAME = "lakecdc_mirrors"
-# A mirror trails the source by up to this (plus its batch); each batch costs one MERGE
-# per changed table.
-TRIGGER_INTERVAL = "5 seconds"
 
 
 def table_specs(conn: psycopg.Connection, tables: tuple[str, ...]) -> list[TableSpec]:
@@ -135,8 +132,7 @@ def seed_mirror(spark: SparkSession, lakehouse: str, table: str, path: str,
 
 
 def start_mirrors(spark: SparkSession, silver_path: str, checkpoint: str,
-                  writer: MirrorWriter, once: bool,
-                  trigger_interval: str = TRIGGER_INTERVAL) -> StreamingQuery:
+                  writer: MirrorWriter, once: bool, interval_s: float) -> StreamingQuery:
     """Start the query. A silver table that gained the mirrors' columns after holding rows
     (an upgraded lakehouse) is read from that point on: earlier rows lack the old keys."""
     from delta.tables import DeltaTable
@@ -159,7 +155,7 @@ def start_mirrors(spark: SparkSession, silver_path: str, checkpoint: str,
     stream = (reader.load(silver_path).writeStream.queryName(QUERY_NAME)
               .option("checkpointLocation", checkpoint).foreachBatch(writer))
     stream = stream.trigger(availableNow=True) if once \
-        else stream.trigger(processingTime=trigger_interval)
+        else stream.trigger(processingTime=f"{interval_s:g} seconds")
     return stream.start()
 
 

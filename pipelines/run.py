@@ -90,8 +90,7 @@ class OnceReport:
 class Pipeline:
     def __init__(self, config: Config, spark_factory: Callable | None = None,
                  trigger_interval: str = TRIGGER_INTERVAL, push_interval_s: float = 5.0,
-                 metrics: "PipelineMetrics | None" = None,
-                 mirror_interval: str | None = None) -> None:
+                 metrics: "PipelineMetrics | None" = None) -> None:
         self.config = config
         # Event metrics (pipelines.metrics), recorded by every stage run through this object.
         self.metrics = metrics
@@ -100,9 +99,6 @@ class Pipeline:
         self._spark_factory = spark_factory
         self._spark = None
         self.trigger_interval = trigger_interval
-        if mirror_interval is None:
-            from pipelines.mirrors import TRIGGER_INTERVAL as mirror_interval
-        self.mirror_interval = mirror_interval
         # The push runs after every stream batch; this is only how often it also looks by
         # itself (a gold written by another process, a dashboard back after an outage).
         self.push_interval_s = push_interval_s
@@ -262,7 +258,7 @@ class Pipeline:
                               on_marker=record_marker(self.config.lakehouse, options))
         query = start_mirrors(self.spark, self.where.silver.silver_path,
                               checkpoint_path(self.config), writer, once,
-                              self.mirror_interval)
+                              self.config.mirror_interval_s)
         return query, writer
 
     def mirrors(self, once: bool, stop: threading.Event | None = None,

@@ -3,8 +3,8 @@
 
 ``add SCHEMA.TABLE`` (resumable: rerun it after any interruption):
 
-1. checks the table (it exists, its key identifies a row, a single-column primary key for
-   the keyset read), changing nothing if it is refused;
+1. checks the table (it exists, and a key identifies its rows: the mirror's, which the
+   keyset read follows too), changing nothing if it is refused;
 2. stores the new set (``bronze.capture_list``, state ``snapshotting``);
 3. waits until the running shipper has acknowledged it in a bronze commit: from there on
    every change of the table reaches bronze;
@@ -117,13 +117,11 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
         blocker = identity_blocker(conn, table, counted=False)
         if blocker:
             raise UserError(blocker)
-        key = mirror_key(conn, table)[1]
-        if len(key) != 1:
+        if not mirror_key(conn, table)[1]:
             raise UserError(
-                f"{table} has {'no' if not key else 'a composite'} primary key: `tables add` "
-                "reads a table's current rows in keyset chunks of a single-column primary "
-                "key; capture it from setup instead (LAKECDC_TABLES, docs/source-tables.md); "
-                "nothing was changed.")
+                f"{table} has no primary key (its replica identity is FULL): `tables add` "
+                "reads a table's current rows in the order of a unique key, and keeps its "
+                "mirror by it; add a primary key and rerun; nothing was changed.")
         states = _states(stored, config)
         if states.get(table) != SNAPSHOTTING:
             states[table] = SNAPSHOTTING

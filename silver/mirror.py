@@ -44,6 +44,7 @@ from core.captured import MARKER_PREFIX
 from core.commits import commit_metadata
 from core.errors import UserError
 from core.lsn import fmt
+from core.spark import writer_session
 from core.tables import create_table
 from silver.mirror_types import BAD_VALUE, spark_type, typed
 from silver.parse import MESSAGE_ACTION
@@ -55,7 +56,9 @@ SEED_APP_ID = "lakecdc-mirror-seed"     # the initial rows (``pipelines.mirrors.
 COMMIT_LSN, COMMIT_TS = "_lakecdc_commit_lsn", "_lakecdc_commit_ts"
 KEY_PROPERTY = "lakecdc.keyColumns"          # JSON list of the primary key's columns
 TYPES_PROPERTY = "lakecdc.sourceTypes"       # JSON {column: Postgres type}
-PROPERTIES = {"delta.enableDeletionVectors": "false",     # every delta-rs reads it
+# No deletion vectors: delta-rs (deltalake 1.6.6) refuses to read a table with that reader
+# feature, and a mirror is read by delta-rs (``lakecdc tables``, the demo, users).
+PROPERTIES = {"delta.enableDeletionVectors": "false",
               "delta.checkpointInterval": "20",
               "delta.logRetentionDuration": "interval 30 days"}
 MIRRORED_OPS = ("I", "U", "D", "R")
@@ -102,13 +105,14 @@ def create_mirror(spark: SparkSession, path: str, spec: TableSpec) -> None:
                  comment=f"lakecdc mirror of {spec.name}")
 
 
-def final_rows(changes: DataFrame, key: tuple[str, ...]) -> DataFrame:
+def final_rows(changes: DataFrame, key: tuple[str, ...], key_moves: bool = True) -> DataFrame:
     """One table's silver changes (ops I, U, D, R) folded to one row per key: ``_key``
     (the key's text values), ``_exists`` (False: delete it), ``_values`` (column → text of
     every column some change after the last delete carried; later changes win), ``_from``
     (the old key when the row's state begins with an UPDATE that moved it there: the columns
     that UPDATE left out are the old row's), ``_lsn`` / ``_ts`` (the newest change). Pure;
-    the rules are the module docstring's."""
+    the rules are the module docstring's. ``key_moves=False``: no change moves a row to
+    another key (``_moves`` found none), so the plan leaves out looking for the old rows."""
     new_key = F.struct(*[F.col("columns")[k].alias(k) for k in key])
     old_key = F.struct(*[F.col("identity")[k].alias(k) for k in key])
     empty = F.create_map().cast(_TEXT_MAP)
@@ -154,6 +158,10 @@ def final_rows(changes: DataFrame, key: tuple[str, ...]) -> DataFrame:
 
     state = grouped.select("k", F.aggregate(ordered(F.col("evs")), start, step).alias("s"),
                            "_lsn", "_ts")
+    if not key_moves:
+        return state.select(F.col("k").alias("_key"), F.col("s.exists").alias("_exists"),
+                            F.col("s.vals").alias("_values"), F.col("s.src").alias("_from"),
+                            "_lsn", "_ts")
     # A moved row takes the columns its UPDATE left out from the old key's values in this
     # batch before the move (and, in ``merge_source``, from the mirror's old row).
     moves = state.where(F.col("s.src").isNotNull()).select(
@@ -212,7 +220,7 @@ class TableInBatch:
     table: str
     truncated: tuple[int, int] | None
     types: dict[str, str]
-    moved: bool = False             # an UPDATE carried the old key (it may have moved)
+    moved: bool = False             # an UPDATE moved a row to another key (may have)
     newest: int = 0                 # the newest commit LSN among its changes
 
     @property
@@ -264,17 +272,30 @@ def _between(lo: tuple[int, int] | None, hi: tuple[int, int] | None) -> Column:
     return cond
 
 
-def tables_in_batch(batch: DataFrame) -> tuple[list[TableInBatch], int | None]:
-    """The batch's tables, and the newest verify marker in it (None: none), in one job."""
+def tables_in_batch(batch: DataFrame, keys: dict[str, tuple[str, ...]] | None = None
+                    ) -> tuple[list[TableInBatch], int | None]:
+    """The batch's tables, and the newest verify marker in it (None: none), in one job.
+    ``keys`` (schema.table → its mirror's key): an UPDATE of such a table counts as moving
+    its row only if its identity's key differs from its new row's; of any other table, if
+    it carries an identity at all."""
     marker = (F.col("op") == MESSAGE_ACTION) & (F.col("message_prefix") == MARKER_PREFIX)
     changes = batch.where(F.col("op").isin(*MIRRORED_OPS, "T") | marker)
-    flat = changes.select("schema_name", "table_name", "op", "commit_lsn", "seq", "identity",
+    moves = F.col("identity").isNotNull()
+    for name, key in (keys or {}).items():
+        schema, table = name.split(".", 1)
+        differs = F.lit(False)
+        for k in key:
+            differs = differs | ~F.col("identity")[k].eqNullSafe(F.col("columns")[k])
+        moves = F.when((F.col("schema_name") == schema) & (F.col("table_name") == table),
+                       F.col("identity").isNotNull() & differs).otherwise(moves)
+    flat = changes.select("schema_name", "table_name", "op", "commit_lsn", "seq",
+                          ((F.col("op") == "U") & moves).alias("moves"),
                           F.explode_outer("column_types").alias("name", "type"))
     rows = flat.groupBy("schema_name", "table_name").agg(
         F.max(F.when(F.col("op") == "T", F.struct("commit_lsn", "seq"))).alias("truncated"),
         F.collect_set(F.when(F.col("name").isNotNull(), F.struct("name", "type")))
         .alias("types"),
-        F.max((F.col("op") == "U") & F.col("identity").isNotNull()).alias("moved"),
+        F.max("moves").alias("moved"),
         F.max("commit_lsn").alias("newest")).collect()
     markers = [r.newest for r in rows if r.table_name is None]
     return [TableInBatch(r.schema_name, r.table_name,
@@ -323,6 +344,9 @@ class MirrorWriter:
         # once created, or None (not mirrored; asked once per query).
         self.discover = discover
         self._unmirrored: set[str] = set()
+        # path → (key, column → Postgres type): read from the mirror once, then kept here
+        # as ``_evolve`` changes it (this query is the mirrors' only writer).
+        self._shapes: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
         self.floors = dict(floors or {})
         self.accept_errors_upto = accept_errors_upto
         self.failure: BaseException | None = None
@@ -347,7 +371,9 @@ class MirrorWriter:
                 f"({failed[0].error}), so no mirror can say it holds it; mirrors stopped. "
                 "Check silver/quarantine, then pass over it with `lakecdc mirrors "
                 "--accept-errors-upto` (docs/silver.md, \"Mirrors\").")
-        found_tables, marker = tables_in_batch(batch)
+        spark = self._merge_session(batch.sparkSession)
+        found_tables, marker = tables_in_batch(batch, {
+            name: self._shape(spark, path)[0] for name, path in self.paths.items()})
         for found in found_tables:
             path = self.paths.get(found.name)
             if path is None and self.discover is not None \
@@ -390,7 +416,7 @@ class MirrorWriter:
         ``moved``: some of the batch's changes move a row to another key)."""
         from delta.tables import DeltaTable
 
-        final = final_rows(changes, key)
+        final = final_rows(changes, key, key_moves=moved)
         mirror = DeltaTable.forPath(spark, path).toDF() if moved else None
         source = merge_source(final, key, types, mirror)
         on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key)
@@ -427,7 +453,7 @@ class MirrorWriter:
         changes carry and the mirror lacks; a retyped column stops the mirrors."""
         from delta.tables import DeltaTable
 
-        key, types = mirror_shape(spark, path)
+        key, types = self._shape(spark, path)
         retyped = {n: t for n, t in found.types.items() if n in types and types[n] != t}
         if retyped:
             name, new = next(iter(retyped.items()))
@@ -440,18 +466,25 @@ class MirrorWriter:
             have = set(DeltaTable.forPath(spark, path).toDF().columns)   # a replay's
             columns = ", ".join(f"{q(n)} {spark_type(t).simpleString()}"
                                 for n, t in added.items() if n not in have)
-            types.update(added)
+            types = {**types, **added}
             if columns:
                 spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
             spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
                       f"('{TYPES_PROPERTY}' = {_sql_string(json.dumps(types))})")
+            self._shapes[path] = (key, types)
             log.info("mirror of %s: added column(s) %s", found.name, ", ".join(added))
         return key, types
 
+    def _shape(self, spark: SparkSession, path: str) -> tuple[tuple[str, ...], dict[str, str]]:
+        if path not in self._shapes:
+            self._shapes[path] = mirror_shape(spark, path)
+        return self._shapes[path]
+
     def _merge_session(self, spark: SparkSession) -> SparkSession:
-        """A session of the writer's own: the txn confs it sets reach no other write."""
+        """A session of the writer's own (``core.spark.writer_session``): the txn confs it
+        sets reach no other write."""
         if self._session is None or self._session.sparkContext is not spark.sparkContext:
-            self._session = spark.newSession()
+            self._session = writer_session(spark)
         return self._session
 
 

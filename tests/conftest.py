@@ -86,9 +86,12 @@ def config(source_db, tmp_path) -> Config:
     """Configuration pointing at the test's database, slot and lakehouse. Without mirrors
     (``LAKECDC_MIRRORS=none``): they have tests of their own (``test_mirrors.py``,
     ``test_other_tables.py``, the demo), and a mirror query in every ``run --once`` of the
-    other tests would add minutes to the suite without testing anything new."""
+    other tests would add minutes to the suite without testing anything new. A continuous
+    mirrors' query starts a batch every 5 s (``LAKECDC_MIRROR_INTERVAL``, through
+    ``cli_env`` too), so tests that wait for it are not paced by the default."""
     return Config.load(env={}, source_dsn=source_db.dsn, lakehouse=str(tmp_path / "lakehouse"),
-                       slot=source_db.slot, poll_interval_s=0.05, mirrors=())
+                       slot=source_db.slot, poll_interval_s=0.05, mirrors=(),
+                       mirror_interval_s=5.0)
 
 
 @pytest.fixture(scope="session")

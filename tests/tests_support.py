@@ -22,6 +22,7 @@ def cli_env(config: Config) -> dict[str, str]:
         env["LAKECDC_DASHBOARD_DSN"] = config.dashboard_dsn
     env["LAKECDC_MIRRORS"] = "all" if config.mirrors is None else \
         (",".join(config.mirrors) or "none")
+    env["LAKECDC_MIRROR_INTERVAL"] = f"{config.mirror_interval_s:g}"
     return env
 
 

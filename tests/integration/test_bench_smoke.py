@@ -56,6 +56,10 @@ def test_quick_bench_measures_everything_and_lakecdc_is_exact(tmp_path):
         assert not missing, f"a freshness run lacks {missing}"
         assert {"p50", "p95", "max"} <= set(run["latency_s"])
         assert run["series"] and run["achieved_rate"] > 0 and run["probes"]["seen"] > 0
+        # The three other captured tables changed beside the Notify traffic, and their
+        # mirrors ended equal to them.
+        assert run["neighbours"]["changes"] > 0, run["neighbours"]
+        assert run["neighbours"]["mirrors_equal_source"] is True
     assert len(doc["gold_scaling"]["points"]) >= 2
     assert doc["big_transaction"]["bronze_rows"] == doc["params"]["big_tx_rows"]
 

@@ -62,10 +62,17 @@ def test_mirrored_tables_are_all_none_or_a_list_of_captured_tables():
         Config.load(env={"LAKECDC_MIRRORS": "public.services"})
 
 
+def test_the_mirrors_interval_is_seconds_and_defaults_to_30():
+    assert Config.load(env={}).mirror_interval_s == 30
+    assert Config.load(env={"LAKECDC_MIRROR_INTERVAL": "2.5"}).mirror_interval_s == 2.5
+
+
 @pytest.mark.parametrize("env,fragment", [
     ({"LAKECDC_SLOT": "Bad-Name"}, "slot name"),
     ({"LAKECDC_TABLES": "notifications"}, "schema.table"),
     ({"LAKECDC_UNSAFE_DISABLE_GUARDS": "nonsense"}, "unknown guard"),
+    ({"LAKECDC_MIRROR_INTERVAL": "0"}, "LAKECDC_MIRROR_INTERVAL"),
+    ({"LAKECDC_MIRROR_INTERVAL": "soon"}, "LAKECDC_MIRROR_INTERVAL"),
 ])
 def test_invalid_configuration_is_a_user_error(env, fragment):
     with pytest.raises(UserError, match=fragment):

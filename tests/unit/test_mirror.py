@@ -98,9 +98,9 @@ def change(lsn, seq, op, columns=None, identity=None):
     return row
 
 
-def fold(spark, rows, key=("a", "b")):
+def fold(spark, rows, key=("a", "b"), moves=True):
     frame = spark.createDataFrame(rows, SILVER_CHANGES)
-    out = final_rows(frame, key).collect()
+    out = final_rows(frame, key, moves).collect()
     return {tuple(r["_key"]): (r["_exists"], dict(r["_values"]), r["_lsn"])
             + ((tuple(r["_from"]),) if r["_from"] else ()) for r in out}
 
@@ -117,6 +117,8 @@ def test_fold_orders_by_commit_and_keeps_what_an_update_leaves_out(spark):
     got = fold(spark, rows)
     assert got[("1", "x")] == (True, {"a": "1", "b": "x", "n": "3", "big": "B2"}, 30)
     assert got[("2", "y")] == (True, {"a": "2", "b": "y", "n": "9"}, 20)
+    # No key moves in the batch: the plan without the old rows' lookup folds the same.
+    assert fold(spark, rows, moves=False) == got
 
 
 def test_fold_delete_then_insert_and_key_change(spark):
@@ -148,6 +150,28 @@ def test_fold_delete_then_insert_and_key_change(spark):
                                ("7", "v"))
     assert got[("7", "v")] == (True, {"a": "7", "b": "v", "n": "3", "big": "other"}, 18)
     assert len(got) == 7
+
+
+def test_a_batch_says_per_table_whether_an_update_moved_a_row_to_another_key(spark):
+    """With the mirror's key known, an UPDATE whose identity is wider than the key (the
+    counted tables' dims index, FULL) moves nothing unless the key itself changed; without
+    it, any identity counts as a possible move."""
+    from silver.mirror import tables_in_batch
+
+    def table(name, *changes):
+        return [{**c, "table_name": name} for c in changes]
+
+    rows = (table("wide", change(10, 0, "U", {"a": "1", "b": "x", "n": "2"},
+                                 identity={"a": "1", "b": "x", "n": "1"}))
+            + table("moving", change(11, 0, "U", {"a": "2", "b": "x"},
+                                     identity={"a": "1", "b": "x"}),
+                    change(12, 0, "U", {"a": "5", "b": "x"}))
+            + table("unknown", change(13, 0, "U", {"a": "1", "b": "x"},
+                                      identity={"a": "1", "b": "x"})))
+    found, _ = tables_in_batch(spark.createDataFrame(rows, SILVER_CHANGES),
+                               {"public.wide": ("a", "b"), "public.moving": ("a", "b")})
+    assert {t.table: t.moved for t in found} == {"wide": False, "moving": True,
+                                                 "unknown": True}
 
 
 def test_a_batch_that_moves_a_row_twice_is_cut_before_the_second_move():

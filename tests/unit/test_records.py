@@ -14,7 +14,8 @@ import pyarrow as pa
 import pytest
 
 from bronze.backfill_marks import (BACKFILL_PREFIX, HighMark, Window, changed_keys,
-                                   high_marks, parse_mark, read_records)
+                                   high_marks, key_columns_of, key_columns_text, key_text,
+                                   key_values, parse_mark, partial_read, read_records)
 from bronze.records import (BRONZE_SCHEMA, COPY_HEADER_LEN, MalformedPeek, PeekColumns,
                             TransactionAssembler, _valid_messages, decode_copy_rows,
                             finalize)
@@ -275,7 +276,7 @@ def test_only_transactional_high_watermarks_of_the_backfill_are_marks():
 
 
 def test_window_holds_changes_after_low_before_high_and_of_transactions_the_snapshot_missed():
-    window = Window(RUN, 1, "public.notifications", "id", low_lsn=0x50, high_lsn=0x200,
+    window = Window(RUN, 1, "public.notifications", ("id",), low_lsn=0x50, high_lsn=0x200,
                     in_progress=frozenset({7}))
     rows = (peek_tx("0/40", 7, write("U", "k1", old="k1"))    # before LOW, but invisible
             + peek_tx("0/45", 6, write("U", "k2", old="k2"))  # before LOW, visible: kept
@@ -289,12 +290,75 @@ def test_window_holds_changes_after_low_before_high_and_of_transactions_the_snap
     batch, _ = assembled(rows)
     got = changed_keys(batch.column("commit_lsn"), batch.column("xid"),
                        batch.column("action"), batch.column("data"), [window])
-    assert got == {(RUN, 1): {"k1", "k3", "k4", "k5", "k8"}}
+    both = {"id", "notification_status"}
+    # k3 and k5 left their keys (moved away, deleted): None; the others, the columns carried.
+    assert got == {(RUN, 1): {"k1": both, "k3": None, "k4": both, "k5": None, "k8": both}}
     # Without the in-progress transactions only the LSN range counts.
-    plain = Window(RUN, 1, "public.notifications", "id", 0x50, 0x200)
+    plain = Window(RUN, 1, "public.notifications", ("id",), 0x50, 0x200)
     got = changed_keys(batch.column("commit_lsn"), batch.column("xid"),
                        batch.column("action"), batch.column("data"), [plain])
-    assert got == {(RUN, 1): {"k3", "k4", "k5", "k8"}}
+    assert got == {(RUN, 1): {"k3": None, "k4": both, "k5": None, "k8": both}}
+
+
+def test_a_key_that_left_in_the_window_stays_left_whatever_came_before_or_after():
+    window = Window(RUN, 1, "public.notifications", ("id",), low_lsn=0x50, high_lsn=0x400)
+    rows = (peek_tx("0/60", 8, write("U", "k1", old="k1"))
+            + peek_tx("0/70", 9, write("D", None, old="k1"))
+            + peek_tx("0/80", 10, write("I", "k1")))
+    batch, _ = assembled(rows)
+    got = changed_keys(batch.column("commit_lsn"), batch.column("xid"),
+                       batch.column("action"), batch.column("data"), [window])
+    assert got == {(RUN, 1): {"k1": None}}
+
+
+READ = ('{"action":"R","schema":"public","table":"t","columns":['
+        '{"name":"id","type":"integer","value":7},'
+        '{"name":"n","type":"numeric(30,10)","value":12345678901234567890.0000000001},'
+        r'{"name":"name","type":"text","value":"caf\u00e9 \"x\""},'
+        '{"name":"body","type":"text","value":"long"},'
+        '{"name":"gone","type":"text","value":null}]}')
+
+
+def test_a_read_row_changed_in_its_window_keeps_only_the_columns_no_change_carried():
+    cut = partial_read(READ, ("id",), {"id", "name", "n"})
+    assert json.loads(cut) == {"action": "R", "schema": "public", "table": "t", "columns": [
+        {"name": "id", "type": "integer", "value": 7},
+        {"name": "body", "type": "text", "value": "long"},
+        {"name": "gone", "type": "text", "value": None}]}
+    # Numbers are written back as the source printed them, not through a float; text
+    # round-trips.
+    kept = partial_read(READ, ("id",), {"id", "body"})
+    assert '"value":12345678901234567890.0000000001}' in kept
+    assert [(c["name"], c["value"]) for c in json.loads(kept)["columns"]][1:] == [
+        ("n", 12345678901234567890.0000000001), ("name", 'café "x"'), ("gone", None)]
+    # Every column carried, or the row left its key: nothing is kept.
+    assert partial_read(READ, ("id",), {"id", "n", "name", "body", "gone"}) is None
+    assert partial_read(READ, ("id",), None) is None
+
+
+def test_a_composite_key_is_one_text_that_reads_back_and_matches_the_changes_key():
+    assert key_text(("7",)) == "7" and key_values("7", 1) == ("7",)
+    both = key_text(("7", 'fr "ca", é'))
+    assert both == '["7","fr \\"ca\\", é"]' and key_values(both, 2) == ("7", 'fr "ca", é')
+    assert key_columns_of(key_columns_text(("id",))) == ("id",)
+    assert key_columns_of(key_columns_text(("doc", "lang"))) == ("doc", "lang")
+    text = ('{"action":"U","schema":"public","table":"t","columns":['
+            '{"name":"doc","type":"integer","value":7},'
+            '{"name":"lang","type":"text","value":"fr \\"ca\\", é"},'
+            '{"name":"v","type":"text","value":"x"}],'
+            '"identity":[{"name":"doc","type":"integer","value":7},'
+            '{"name":"lang","type":"text","value":"en"}]}')
+    got = changed_keys(pa.array([5], pa.int64()), pa.array([1], pa.int64()),
+                       pa.array(["U"]), pa.array([text]),
+                       [Window("r", 2, "public.t", ("doc", "lang"), 1, 9)])
+    # The new key carried its columns; the old one (the UPDATE moved the row) is left.
+    assert got == {("r", 2): {both: {"doc", "lang", "v"}, key_text(("7", "en")): None}}
+    read = ('{"action":"R","schema":"public","table":"t","columns":['
+            '{"name":"doc","type":"integer","value":7},'
+            '{"name":"lang","type":"text","value":"en"},{"name":"v","type":"text","value":"y"}]}')
+    assert [c["name"] for c in json.loads(partial_read(read, ("doc", "lang"), {"doc", "lang"}))[
+        "columns"]] == ["doc", "lang", "v"]
+    assert partial_read(read, ("doc", "lang"), {"doc", "lang", "v"}) is None
 
 
 def test_window_keys_are_text_as_postgres_prints_them_also_for_numbers():
@@ -303,8 +367,8 @@ def test_window_keys_are_text_as_postgres_prints_them_also_for_numbers():
             '"identity":[{"name":"n","type":"numeric","value":12345678901234567890}]}')
     got = changed_keys(pa.array([5], pa.int64()), pa.array([1], pa.int64()),
                        pa.array(["U"]), pa.array([text]),
-                       [Window("r", 2, "public.t", "n", 1, 9)])
-    assert got == {("r", 2): {"1.50", "12345678901234567890"}}
+                       [Window("r", 2, "public.t", ("n",), 1, 9)])
+    assert got == {("r", 2): {"1.50": {"n"}, "12345678901234567890": None}}
 
 
 def test_read_rows_join_the_high_watermark_transaction_after_its_rows():
