@@ -16,7 +16,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
 
-from bronze.backfill_marks import HighMark, Window, changed_keys, partial_read, read_records
+from bronze.backfill_marks import (
+    HighMark,
+    Window,
+    changed_keys,
+    note_change,
+    partial_read,
+    read_records,
+)
 from bronze.backfill_staging import ChunkInfo, StagingTable, app_id, staging_path
 from bronze.table import BronzeTable
 from core.config import Config
@@ -157,8 +164,8 @@ class BackfillEmitter:
         for i in hits.tolist():
             texts[i] = None if whole else partial_read(texts[i], info.key_columns,
                                                        changed[keys[i].as_py()])
-        kept = [t for t in texts if t is not None]
-        return pa.array(kept, pa.string()), len(kept) - (len(texts) - len(hits))
+        cut = sum(texts[i] is not None for i in hits.tolist())
+        return pa.array([t for t in texts if t is not None], pa.string()), cut
 
     def _changed(self, windows: list[Window], bronze_commit_lsn: int,
                  assembled: Callable[[], Iterable[pa.RecordBatch]]
@@ -168,12 +175,8 @@ class BackfillEmitter:
 
         def merge(found: dict[tuple[str, int], dict[str, set[str] | None]]) -> None:
             for k, keys in found.items():
-                into = result[k]
                 for key, carried in keys.items():
-                    if key not in into:
-                        into[key] = carried
-                    elif into[key] is not None:
-                        into[key] = None if carried is None else into[key] | carried
+                    note_change(result[k], key, carried)
 
         # Earlier parts of the windows, already in bronze: a few rows, found through the
         # files' commit_lsn / xid statistics.

@@ -176,16 +176,25 @@ def changed_keys(commit_lsn: pa.Array, xid: pa.Array, action: pa.Array, data: pa
             if not hits[(w.run, w.chunk)][i]:
                 continue
             found = result[(w.run, w.chunk)]
-            columns = doc.get("columns") or ()
             new, old = (_key_value(doc.get(part), w.key_columns)
                         for part in ("columns", "identity"))
             if old is not None and (new is None or new != old):
-                found[old] = None                       # the row left this key
+                note_change(found, old, None)           # the row left this key
             if new is not None:
-                carried = found.setdefault(new, set())
-                if carried is not None:
-                    carried.update(c.get("name") for c in columns)
+                note_change(found, new, {c.get("name") for c in doc.get("columns") or ()})
     return result
+
+
+def note_change(found: dict[str, set[str] | None], key: str, carried: set[str] | None) -> None:
+    """Add to ``found`` (``changed_keys``'s key → carried columns) a change of ``key``
+    carrying ``carried`` (None: it took the row away): a key once left stays left, and
+    the columns of its changes add up."""
+    if found.get(key, ()) is None:
+        return
+    if carried is None:
+        found[key] = None
+    else:
+        found.setdefault(key, set()).update(carried)
 
 
 def _key_value(columns, key_columns: tuple[str, ...]) -> str | None:
