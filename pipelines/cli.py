@@ -229,12 +229,15 @@ def stream(ctx, once, accept_errors_upto, wait_s, metrics_port):
 @click.option("--accept-errors-upto", metavar="LSN",
               help="Pass over silver rows that failed to parse up to this commit LSN, after "
                    "checking silver/quarantine; e.g. 0/4A3F2C0.")
+@_wait_option
 @click.pass_context
 @_needs_spark
-def mirrors(ctx, once, accept_errors_upto):
+def mirrors(ctx, once, accept_errors_upto, wait_s):
     """silver → typed current-state mirrors of the captured tables
     (silver/tables/<schema>/<table>); `run` keeps them too."""
-    merged = _pipeline(ctx).mirrors(once=once, stop=_stop_on_signals(),
+    stop = _stop_on_signals()
+    _await_input(ctx, "mirrors", wait_s, stop)
+    merged = _pipeline(ctx).mirrors(once=once, stop=stop,
                                     accept_errors_upto=_accepted(accept_errors_upto))
     click.echo("mirrors: " + (", ".join(f"{t} ({n} batches)" for t, n in sorted(merged.items()))
                               or "nothing to apply"))

@@ -1,10 +1,10 @@
 """Waiting for a stage's input table on a first start (``--wait-for-input SECONDS``).
 
 The bundle's jobs start side by side on a fresh deployment: ``stream`` may start before
-setup has created bronze, ``push`` before the stream has created gold. Such a stage waits,
-polling the table's Delta log (delta-rs: no JVM), until its input exists or the time is up;
-then it starts, and a missing input is still refused by the stage itself with its one
-sentence (exit 2). Without the flag (interactive use) nothing waits: a missing input is a
+setup has created bronze, ``push`` before the stream has created gold, ``mirrors`` before it
+has created silver. Such a stage waits, polling the table's Delta log (delta-rs: no JVM),
+until its input exists or the time is up; then it starts, and a missing input is still
+refused by the stage itself with its one sentence (exit 2). Without the flag (interactive use) nothing waits: a missing input is a
 mistake to hear about at once.
 """
 
@@ -17,12 +17,12 @@ import time
 from deltalake import DeltaTable
 
 from core.config import Config
-from core.layout import BRONZE, GOLD
+from core.layout import BRONZE, GOLD, SILVER
 
 log = logging.getLogger("lakecdc.inputs")
 
 # The table each waiting stage reads.
-INPUT_OF = {"stream": BRONZE, "push": GOLD}
+INPUT_OF = {"stream": BRONZE, "push": GOLD, "mirrors": SILVER}
 
 
 def wait_for_input(config: Config, stage: str, timeout_s: float, *,

@@ -255,7 +255,8 @@ class Pipeline:
         paths, floors = prepare_mirrors(self.spark, config, options)
         writer = MirrorWriter(paths, accept_errors_upto or 0, floors,
                               discover=mirror_discovery(self.spark, self.config, options),
-                              on_marker=record_marker(self.config.lakehouse, options))
+                              on_marker=record_marker(self.config.lakehouse, options),
+                              faults=self.faults)
         query = start_mirrors(self.spark, self.where.silver.silver_path,
                               checkpoint_path(self.config), writer, once,
                               self.config.mirror_interval_s)

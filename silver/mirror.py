@@ -43,6 +43,7 @@ from pyspark.sql.types import (
 from core.captured import MARKER_PREFIX
 from core.commits import commit_metadata
 from core.errors import UserError
+from core.faults import FaultPoints
 from core.lsn import fmt
 from core.spark import writer_session
 from core.tables import create_table
@@ -335,8 +336,10 @@ class MirrorWriter:
     def __init__(self, paths: dict[str, str], accept_errors_upto: int = 0,
                  floors: dict[str, int] | None = None,
                  discover: Callable[[str], str | None] | None = None,
-                 on_marker: Callable[[int, int], None] | None = None) -> None:
+                 on_marker: Callable[[int, int], None] | None = None,
+                 faults: FaultPoints | None = None) -> None:
         self.paths = dict(paths)
+        self.faults = faults or FaultPoints()
         # Called with (LSN, batch id) of the newest verify marker of a batch once every
         # mirror holds that batch (``pipelines.verify_mirrors``).
         self.on_marker = on_marker
@@ -446,6 +449,7 @@ class MirrorWriter:
         finally:
             for k in confs:
                 spark.conf.unset(k)
+        self.faults.hit("after_mirror_merge")
 
     def _evolve(self, spark: SparkSession, path: str,
                 found: TableInBatch) -> tuple[tuple[str, ...], dict[str, str]]:

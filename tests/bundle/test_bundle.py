@@ -154,7 +154,7 @@ SECRET = {"LAKECDC_SOURCE_DSN": "{{secrets/${var.secret_scope}/${var.source_dsn_
 # Each job gets only the DSNs its commands use.
 NEEDS = {"lakecdc_shipper": ("LAKECDC_SOURCE_DSN",),
          "lakecdc_backfill": ("LAKECDC_SOURCE_DSN",),
-         "lakecdc_stream": ("LAKECDC_DASHBOARD_DSN",),
+         "lakecdc_stream": ("LAKECDC_DASHBOARD_DSN", "LAKECDC_SOURCE_DSN"),
          "lakecdc_setup": tuple(SECRET), "lakecdc_verify": tuple(SECRET),
          "lakecdc_rebuild": tuple(SECRET)}
 
@@ -237,6 +237,7 @@ def test_a_first_start_waits_for_inputs_and_transient_failures_are_retried():
     table it reads, and every task whose failure may be transient is retried."""
     stream = {t["task_key"]: t["python_wheel_task"]["parameters"]
               for t in JOBS["lakecdc_stream"]["tasks"]}
+    assert set(stream) == {"stream", "push", "mirrors"}     # the mirrors are deployed too
     for stage, parameters in stream.items():
         assert parameters[0] == stage, parameters
         at = parameters.index("--wait-for-input")

@@ -2,8 +2,9 @@
 primary key and a column of every mapped type - TOASTed text updated and left alone, key
 changes, deletes, a TRUNCATE, a column added mid-stream - over several ``run --once``
 passes; each ends in mirror = source, the mirror read with delta-rs and the source with
-psycopg, never through lakecdc. Then the mirrors' app transaction: a batch replayed after
-its MERGE changes nothing, and counts twice with the guard off."""
+psycopg, never through lakecdc. Then the mirrors' app transactions: a batch replayed after
+its MERGE writes nothing, and a batch merged in parts, killed after its first part, is
+completed by the next start without writing that part again."""
 
 from __future__ import annotations
 
@@ -208,6 +209,53 @@ def test_a_replayed_mirror_batch_changes_nothing(source_db, config, tmp_path, cl
     assert "public.typed_rows (1 batches)" in again.stdout
     assert DeltaTable(mirror_path(config.lakehouse, TABLE)).version() == version
     assert_mirror_is_source(source_db, config)
+
+
+def test_kill_9_between_the_parts_of_a_batch_then_the_rerun_merges_only_the_rest(
+        source_db, config, cli_here):
+    """One batch moves a row's key twice (A -> B -> C) leaving its TOASTed body out, so it is
+    merged in two parts: the second move needs the mirror's row at B, which the first part
+    writes. The process is killed right after the first part's commit (``kill -9``'s
+    ``os._exit``, before the checkpoint). The next start replays the batch: the first
+    part's app transaction skips it (no commit), the second is merged, and the mirror
+    equals the source, the moved row's body included."""
+    import json
+
+    from deltalake import DeltaTable
+
+    with source_db.connect() as conn:
+        conn.execute(SCHEMA_SQL)
+    env = {**cli_env(config), **MIRRORED}
+    assert run_cli(["setup"], env).returncode == 0
+    rng = random.Random(31)
+    with source_db.connect() as conn:
+        traffic(conn, rng, 12)
+        k1, k2 = conn.execute("SELECT k1, k2 FROM typed_rows ORDER BY k1 LIMIT 1").fetchone()
+    assert cli_here(["run", "--once"], env).returncode == 0
+    with source_db.connect() as conn:
+        for step in (1, 2):                         # A -> B, then B -> C: the body left out
+            conn.execute("UPDATE typed_rows SET k1 = %s, small = %s WHERE k1 = %s AND k2 = %s",
+                         [-step, step, k1 if step == 1 else -1, k2])
+    assert cli_here(["ship", "--once"], env).returncode == 0
+    assert cli_here(["stream", "--once"], env).returncode == 0
+    mirror = mirror_path(config.lakehouse, TABLE)
+    before = DeltaTable(mirror).version()
+
+    killed = run_cli(["mirrors", "--once"], {**env, "LAKECDC_FAULT": "after_mirror_merge:1"})
+    assert killed.returncode == 137, killed.stderr[-3000:]
+    assert DeltaTable(mirror).version() == before + 1
+    first = json.loads(DeltaTable(mirror).history(1)[0]["userMetadata"])
+    assert (first["part"], first.get("partial")) == (0, True)
+    held = mirror_rows(config, added=False)
+    assert (-1, k2) in held and (-2, k2) not in held        # killed between the two parts
+
+    again = cli_here(["mirrors", "--once"], env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    written = DeltaTable(mirror).history(DeltaTable(mirror).version() - before - 1)
+    assert [json.loads(c["userMetadata"])["part"] for c in written] == [1]
+    assert first["batch_id"] == json.loads(written[0]["userMetadata"])["batch_id"]
+    assert_mirror_is_source(source_db, config)
+    assert mirror_rows(config, added=False)[(-2, k2)][-1] is not None     # the body kept
 
 
 def test_mirrors_before_silver_exists_is_one_sentence(source_db, config, cli_here):

@@ -41,3 +41,13 @@ def test_a_missing_input_after_the_wait_is_one_sentence(source_db, config):
     result = run_cli(["push", "--once", "--wait-for-input", "1.5"], cli_env(config))
     error_line(result, "no gold table")
     assert time.monotonic() - started >= 1.5
+
+
+@pytest.mark.spark
+def test_mirrors_wait_for_silver_then_refuse_with_their_sentence(source_db, config, cli_here):
+    setup(config)
+    started = time.monotonic()
+    result = cli_here(["mirrors", "--once", "--wait-for-input", "1.5"], cli_env(config))
+    assert "mirrors: waiting up to 2s for its input" in result.stderr, result.stderr[-2000:]
+    assert "silver/changes" in error_line(result, "no silver table")
+    assert time.monotonic() - started >= 1.5
