@@ -158,7 +158,7 @@ def stop_run(proc: subprocess.Popen, log) -> None:
 
 @pytest.mark.long
 def test_a_table_added_under_traffic_ends_equal_to_its_source_and_a_removed_one_keeps_its_mirror(
-        source_db, config, tmp_path):
+        source_db, config, tmp_path, cli_here):
     rng = random.Random(17)
     log = tmp_path / "run.log"
     with source_db.connect() as conn:
@@ -210,7 +210,7 @@ def test_a_table_added_under_traffic_ends_equal_to_its_source_and_a_removed_one_
         traffic.finish()
     finally:
         stop_run(proc, log)
-    drained = run_cli(["run", "--once"], env, timeout=600)
+    drained = cli_here(["run", "--once"], env)           # the drains: in this test's JVM
     assert drained.returncode == 0, drained.stderr[-3000:]
     counts = {t: assert_mirror_is_source(source_db, config, t) for t in COLUMNS}
     assert store.read().active == ("public.notifications", "public.notification_history",
@@ -229,7 +229,7 @@ def test_a_table_added_under_traffic_ends_equal_to_its_source_and_a_removed_one_
     with source_db.connect() as conn:
         conn.execute("UPDATE services SET name = 'after removal'")
         conn.execute("UPDATE templates SET name = 'after removal'")
-    assert run_cli(["run", "--once"], env, timeout=600).returncode == 0
+    assert cli_here(["run", "--once"], env).returncode == 0
     assert mirror_rows(config, "public.services") == kept
     assert assert_mirror_is_source(source_db, config, "public.templates") == counts[
         "public.templates"]
@@ -241,7 +241,7 @@ def test_a_table_added_under_traffic_ends_equal_to_its_source_and_a_removed_one_
 
 
 def test_a_composite_key_table_added_keeps_toasted_values_an_update_leaves_out_in_a_window(
-        source_db, config):
+        source_db, config, cli_here):
     """A table with a composite primary key, added while running, has no change before its
     read. Rows updated inside their chunk's watermark window without their TOASTed ``body``
     (wal2json leaves it out) take ``body`` from the read; a row whose body the window's
@@ -284,7 +284,7 @@ def test_a_composite_key_table_added_keeps_toasted_values_an_update_leaves_out_i
     # The window held the changes: ten reads cut to their body, two dropped.
     assert bronze_metadata_sum(config.bronze_path, "lakecdc.backfill_partial") == 10
     assert bronze_metadata_sum(config.bronze_path, "lakecdc.backfill_dropped") == 2
-    drained = run_cli(["run", "--once"], env, timeout=600)
+    drained = cli_here(["run", "--once"], env)
     assert drained.returncode == 0, drained.stderr[-3000:]
     columns = ["doc", "lang", "name", "body"]
     with source_db.connect() as conn:
