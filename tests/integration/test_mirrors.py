@@ -179,20 +179,26 @@ def test_a_mirror_matches_its_source_through_toast_key_changes_truncate_and_a_ne
     assert_mirror_is_source(source_db, config, added=True)
 
 
+def mirrored_after_one_run(source_db, config, cli_here, seed: int, rounds: int) -> dict:
+    """``typed_rows`` created and captured by ``setup``, ``rounds`` of traffic on it, then
+    ``run --once``: every layer and the mirror hold them. Returns the CLI's environment."""
+    with source_db.connect() as conn:
+        conn.execute(SCHEMA_SQL)
+    env = {**cli_env(config), **MIRRORED}
+    assert run_cli(["setup"], env).returncode == 0
+    with source_db.connect() as conn:
+        traffic(conn, random.Random(seed), rounds)
+    assert cli_here(["run", "--once"], env).returncode == 0
+    return env
+
+
 def test_a_replayed_mirror_batch_changes_nothing(source_db, config, tmp_path, cli_here):
     """The mirrors' checkpoint is put back to before its last batch, which then runs again
     (a kill after the MERGE, before the checkpoint's commit): the MERGE of a batch's final
     rows is idempotent by construction, and its app transaction skips it without a write."""
     from deltalake import DeltaTable
 
-    with source_db.connect() as conn:
-        conn.execute(SCHEMA_SQL)
-    env = {**cli_env(config), **MIRRORED}
-    assert run_cli(["setup"], env).returncode == 0
-    rng = random.Random(23)
-    with source_db.connect() as conn:
-        traffic(conn, rng, 20)
-    assert cli_here(["run", "--once"], env).returncode == 0
+    env = mirrored_after_one_run(source_db, config, cli_here, seed=23, rounds=20)
     checkpoint = f"{config.lakehouse}/_checkpoints/mirrors"
     saved = tmp_path / "mirrors-checkpoint"
     shutil.copytree(checkpoint, saved)
@@ -223,16 +229,9 @@ def test_kill_9_between_the_parts_of_a_batch_then_the_rerun_merges_only_the_rest
 
     from deltalake import DeltaTable
 
+    env = mirrored_after_one_run(source_db, config, cli_here, seed=31, rounds=12)
     with source_db.connect() as conn:
-        conn.execute(SCHEMA_SQL)
-    env = {**cli_env(config), **MIRRORED}
-    assert run_cli(["setup"], env).returncode == 0
-    rng = random.Random(31)
-    with source_db.connect() as conn:
-        traffic(conn, rng, 12)
         k1, k2 = conn.execute("SELECT k1, k2 FROM typed_rows ORDER BY k1 LIMIT 1").fetchone()
-    assert cli_here(["run", "--once"], env).returncode == 0
-    with source_db.connect() as conn:
         for step in (1, 2):                         # A -> B, then B -> C: the body left out
             conn.execute("UPDATE typed_rows SET k1 = %s, small = %s WHERE k1 = %s AND k2 = %s",
                          [-step, step, k1 if step == 1 else -1, k2])
