@@ -46,6 +46,7 @@ from deltalake import DeltaTable
 from psycopg import sql
 
 from bench import decode, poc, workload
+from bench.drive import DriveProcess
 from bench.profile import PassLog, ProgressLog
 from bronze.ship import Shipper
 from core.captured import COUNTED
@@ -55,7 +56,6 @@ from infra.localpg import LocalPostgres, bin_dir
 from pipelines.run import Pipeline
 from pipelines.setup_source import setup
 from pipelines.source_truth import source_counts
-from pipelines.traffic import FreshnessProbe
 
 SCHEMA = (Path(__file__).resolve().parents[1] / "infra" / "postgres" /
           "source_schema.sql").read_text()
@@ -308,28 +308,17 @@ class Bench:
         p = self.params
         config, pipeline = self._bench
         out: dict = {"load_before": _load(), "rate": rate, "seconds": p.freshness_s}
-        stop_traffic, stop_pipeline = threading.Event(), threading.Event()
-        traffic = workload.SteadyTraffic(config.source_dsn, rate, tag=f"r{rate:g}-")
+        stop_pipeline = threading.Event()
         self._runs += 1
-        neighbours = workload.NeighbourTraffic(config.source_dsn, NEIGHBOUR_RATE,
-                                               first_id=self._runs * 1_000_000_000)
-        probe = FreshnessProbe(config.source_dsn, config.dashboard, tag=f"r{rate:g}")
         errors: list[BaseException] = []
 
-        def guarded(name: str, target) -> threading.Thread:
-            def body():
-                try:
-                    target()
-                except BaseException as exc:     # reported below, with the measurement
-                    errors.append(exc)
-                    stop_traffic.set()
-            return threading.Thread(target=body, name=f"bench-{name}", daemon=True)
+        def run_pipeline():
+            try:
+                pipeline.run_continuous(stop_pipeline)
+            except BaseException as exc:         # reported below, with the measurement
+                errors.append(exc)
 
-        runner = guarded("pipeline", lambda: pipeline.run_continuous(stop_pipeline))
-        writers = [guarded("traffic", lambda: traffic.run(stop_traffic)),
-                   guarded("neighbours", lambda: neighbours.run(stop_traffic)),
-                   guarded("probe", lambda: probe.run(stop_traffic))]
-        watcher = guarded("watch", lambda: probe.watch(stop_traffic))
+        runner = threading.Thread(target=run_pipeline, name="bench-pipeline", daemon=True)
         out["spark_progress"] = {}
         mark = self.passes.mark()
         with self.progress.window(out["spark_progress"]):
@@ -340,34 +329,37 @@ class Bench:
             while not pipeline.started.wait(0.2) and not errors:
                 if time.monotonic() > ready_by:
                     raise RuntimeError("the continuous pipeline did not start within 300 s")
-            started_at = time.time()
-            for thread in (*writers, watcher):
-                thread.start()
-            stop_traffic.wait(p.freshness_s)
-            stop_traffic.set()
-            for thread in writers:
-                thread.join()
-            watcher.join()
+            if not errors:
+                # The clients in a process of their own (``bench.drive``: why).
+                client = DriveProcess(
+                    source_dsn=config.source_dsn, dashboard_dsn=config.dashboard, rate=rate,
+                    neighbour_rate=NEIGHBOUR_RATE, neighbour_first_id=self._runs * 1_000_000_000,
+                    seconds=p.freshness_s, tag=f"r{rate:g}")
+                drove = client.result(timeout=p.freshness_s + 300)
         stop_pipeline.set()
         runner.join(timeout=300)
         if errors:
             raise errors[0]
+        if drove.errors:
+            raise RuntimeError(f"the benchmark's traffic failed: {'; '.join(drove.errors)}")
         out["per_batch"] = self.passes.summary(mark)
-        latencies = probe.latencies()
-        out["probes"] = {"committed": len(probe.committed), "seen": len(latencies)}
-        out["written"] = traffic.written.as_dict()
-        out["achieved_rate"] = round(traffic.written.changes / max(traffic.elapsed_s, 1e-9))
+        latencies = drove.latencies
+        out["probes"] = {"committed": drove.probes_committed, "seen": len(latencies)}
+        out["written"] = drove.written
+        out["achieved_rate"] = round(drove.written["changes"]
+                                     / max(drove.traffic_elapsed_s, 1e-9))
         out["load_after"] = _load()
         out["latency_s"] = _percentiles([lat for _, lat in latencies])
         # Freshness over time: each probe's latency against when it was committed.
-        out["series"] = [(round(t - started_at, 2), round(lat, 2)) for t, lat in latencies]
+        out["series"] = [(round(t - drove.started_at, 2), round(lat, 2))
+                         for t, lat in latencies]
         pipeline.run_once()
         out["lakecdc"] = exactness(config)
         out["neighbours"] = {
             "tables": len(workload.NEIGHBOURS), "rate_per_table": NEIGHBOUR_RATE,
-            "changes": neighbours.changes,
-            "achieved_per_table": round(neighbours.changes / len(workload.NEIGHBOURS)
-                                        / max(neighbours.elapsed_s, 1e-9)),
+            "changes": drove.neighbour_changes,
+            "achieved_per_table": round(drove.neighbour_changes / len(workload.NEIGHBOURS)
+                                        / max(drove.neighbour_elapsed_s, 1e-9)),
             "mirrors_equal_source": all(mirror_is_source(config, t)
                                         for t in workload.NEIGHBOURS)}
         return out

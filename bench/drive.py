@@ -1,0 +1,104 @@
+"""The freshness runs' client side, in a process of its own: the traffic, the neighbours'
+traffic, the probe and the dashboard watcher.
+
+Why a process: in the pipeline's own process these four threads share one interpreter lock
+with the shipper, the push and the stream's ``foreachBatch`` (the driver's part of every
+batch), so the benchmark slowed down what it measured, and the probe's clocks (its commit
+returning, a poll seeing the row) waited on that lock too. A user's traffic comes from other
+processes; so does the benchmark's.
+
+``drive(...)`` runs them for ``seconds`` and returns what they did (``Drive``);
+``start_drive`` does it in a spawned child (no fork of a process holding a JVM).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from dataclasses import dataclass
+
+from bench import workload
+from pipelines.traffic import FreshnessProbe
+
+
+@dataclass(frozen=True)
+class Drive:
+    """What one client run did (plain values: it crosses a process boundary)."""
+
+    written: dict                       # ``workload.Written.as_dict()``
+    traffic_elapsed_s: float
+    probes_committed: int
+    latencies: list                     # (commit time, seconds until seen) per probe seen
+    started_at: float                   # time.time() when the writers started
+    neighbour_changes: int
+    neighbour_elapsed_s: float
+    errors: list                        # repr of what failed in a thread, if anything
+
+
+def drive(source_dsn: str, dashboard_dsn: str, rate: float, neighbour_rate: float,
+          neighbour_first_id: int, seconds: float, tag: str) -> Drive:
+    """Traffic at ``rate`` changes/s, the neighbour tables at ``neighbour_rate`` rows/s each
+    and a probe every 0.5 s for ``seconds``; then waits for the watcher (every probe seen,
+    or 120 s)."""
+    stop = threading.Event()
+    traffic = workload.SteadyTraffic(source_dsn, rate, tag=f"{tag}-")
+    neighbours = workload.NeighbourTraffic(source_dsn, neighbour_rate,
+                                           first_id=neighbour_first_id)
+    probe = FreshnessProbe(source_dsn, dashboard_dsn, tag=tag)
+    errors: list[str] = []
+
+    def guarded(name: str, target) -> threading.Thread:
+        def body():
+            try:
+                target()
+            except BaseException as exc:         # reported with the measurement
+                errors.append(f"{name}: {exc!r}")
+                stop.set()
+        return threading.Thread(target=body, name=f"drive-{name}", daemon=True)
+
+    writers = [guarded("traffic", lambda: traffic.run(stop)),
+               guarded("neighbours", lambda: neighbours.run(stop)),
+               guarded("probe", lambda: probe.run(stop))]
+    watcher = guarded("watch", lambda: probe.watch(stop))
+    started_at = time.time()
+    for thread in (*writers, watcher):
+        thread.start()
+    stop.wait(seconds)
+    stop.set()
+    for thread in (*writers, watcher):
+        thread.join()
+    return Drive(traffic.written.as_dict(), traffic.elapsed_s, len(probe.committed),
+                 probe.latencies(), started_at, neighbours.changes, neighbours.elapsed_s,
+                 errors)
+
+
+def _child(conn, kwargs: dict) -> None:
+    try:
+        conn.send(drive(**kwargs))
+    except BaseException as exc:
+        conn.send(RuntimeError(f"the benchmark's client process failed: {exc!r}"))
+    finally:
+        conn.close()
+
+
+class DriveProcess:
+    """``drive(**kwargs)`` in a spawned child; ``result()`` waits for it."""
+
+    def __init__(self, **kwargs) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._recv, send = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(target=_child, args=(send, kwargs), name="bench-drive",
+                                    daemon=True)
+        self._process.start()
+        send.close()
+
+    def result(self, timeout: float) -> Drive:
+        if not self._recv.poll(timeout):
+            self._process.kill()
+            raise RuntimeError(f"the benchmark's client process gave no result in {timeout} s")
+        out = self._recv.recv()
+        self._process.join(30)
+        if isinstance(out, BaseException):
+            raise out
+        return out
