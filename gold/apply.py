@@ -47,7 +47,7 @@ from core.faults import FaultPoints
 from core.layout import GOLD_PENDING
 from core.lsn import fmt
 from core.snapshots import warm_in_background
-from core.spark import writer_session
+from core.spark import local_frame, writer_session
 from core.tables import create_table
 from gold import deltas as D
 from gold.asof import gold_state
@@ -289,7 +289,7 @@ class GoldBatchWriter:
             result["commit_lsn"] = plan.commit_lsn
             self.faults.hit("after_gold_merge")
         if plan.carried or stored:
-            self._write_pending(spark.createDataFrame(plan.carried, D.CONTRIBUTIONS),
+            self._write_pending(local_frame(spark, plan.carried, D.CONTRIBUTIONS),
                                 batch_id, plan.carried_transactions)
             self.faults.hit("after_gold_pending")
         else:
@@ -309,10 +309,10 @@ class GoldBatchWriter:
         """MERGE the key deltas; returns the gold rows it updated or inserted (0 when Delta
         skipped it as an already committed batch).
 
-        The source is the plan's key deltas as a local relation: deterministic, so Delta
-        need not materialise it (``merge.materializeSource=none``)."""
+        The source is the plan's key deltas as a local relation (``core.spark.local_frame``):
+        deterministic, so Delta need not materialise it (``merge.materializeSource=none``)."""
         now = datetime.now(timezone.utc)
-        source = spark.createDataFrame([(*k, now) for k in plan.key_deltas], MERGE_SOURCE)
+        source = local_frame(spark, [(*k, now) for k in plan.key_deltas], MERGE_SOURCE)
         on = " AND ".join(f"g.{c} = s.{c}" for c in DIMS)
         merge = (DeltaTable.forPath(spark, self.paths.gold).alias("g")
                  .merge(source.alias("s"), on)

@@ -48,6 +48,7 @@ from pyspark.sql.types import (
 from core.captured import COUNTED, DIMS, CountedTables  # noqa: F401 (re-exported)
 from core.errors import UserError
 from core.lsn import fmt
+from core.spark import built_once
 
 REBUILD = "rebuild gold from the source with `lakecdc backfill rebuild-gold`"
 
@@ -170,7 +171,7 @@ def contributions(silver: DataFrame, tables: CountedTables = COUNTED) -> DataFra
     whose delta sums to 0 are kept: the row counts are what completeness is judged on, and
     a zero key line is dropped later, in ``key_deltas``.
     """
-    return aggregate(_exploded(silver, tables, 0, with_problem=False))
+    return aggregate(silver.select(*_exploded(tables, 0, with_problem=False)))
 
 
 def lines(silver: DataFrame, tables: CountedTables = COUNTED,
@@ -178,23 +179,26 @@ def lines(silver: DataFrame, tables: CountedTables = COUNTED,
     """``contributions`` plus a ``problem`` column: per line, the first row among those it
     aggregates that gold must stop on (a struct: rank in ``PROBLEMS``, commit_lsn, seq,
     problem, schema_name, table_name, op, error), NULL if none. Everything a gold batch
-    decides on (``gold.plan``), from one pass over the batch."""
-    exploded = _exploded(silver, tables, accept_errors_upto, with_problem=True)
-    return (exploded.groupBy("commit_lsn", "tx_changes", *DIMS)
-            .agg(*_sums(), F.min("problem").alias("problem"))
-            .select(*[F.col(f.name).cast(f.dataType) for f in CONTRIBUTIONS.fields],
-                    "problem"))
+    decides on (``gold.plan``), from one pass over the batch. Its columns are built once
+    per Spark context (``core.spark.built_once``): the stream calls it every batch."""
+    exploded, sums, out = built_once(("gold.lines", tables, accept_errors_upto), lambda: (
+        _exploded(tables, accept_errors_upto, with_problem=True),
+        [*_sums(), F.min("problem").alias("problem")],
+        [*[F.col(f.name).cast(f.dataType) for f in CONTRIBUTIONS.fields], F.col("problem")]))
+    return (silver.select(*exploded).groupBy("commit_lsn", "tx_changes", *DIMS)
+            .agg(*sums).select(*out))
 
 
-def _exploded(silver: DataFrame, tables: CountedTables, accept_errors_upto: int,
-              with_problem: bool) -> DataFrame:
+def _exploded(tables: CountedTables, accept_errors_upto: int,
+              with_problem: bool) -> list[Column]:
+    """The columns of a silver batch's contribution lines, one row per line."""
     rules = _Rules(tables, accept_errors_upto)
     null_dims = [F.lit(None).cast("string").alias(c) for c in DIMS]
     rank = F.array_position(F.array(*[F.lit(p) for p in PROBLEMS]), rules.problem)
     problem = F.when(rules.problem.isNotNull(), F.struct(
         rank.alias("rank"), "commit_lsn", "seq", rules.problem.alias("problem"),
         "schema_name", "table_name", "op", "error"))
-    null_problem = F.lit(None).cast(silver.select(problem.alias("p")).schema["p"].dataType)
+    null_problem = F.when(F.lit(False), problem)      # NULL, of the problem's type
 
     def line(dims: list[Column], delta: int, rows: int, flagged: bool = False) -> Column:
         extra = [(problem if flagged else null_problem).alias("problem")] \
@@ -206,8 +210,8 @@ def _exploded(silver: DataFrame, tables: CountedTables, accept_errors_upto: int,
         line(null_dims, 0, 1, flagged=True),
         F.when(rules.plus_new, line([F.col(c).alias(c) for c in DIMS], +1, 0)),
         F.when(rules.minus_old, line([F.col(f"old_{c}").alias(c) for c in DIMS], -1, 0)))
-    return silver.select("commit_lsn", "tx_changes", "commit_ts",
-                         F.inline(F.filter(lines_, lambda x: x.isNotNull())))
+    return [F.col("commit_lsn"), F.col("tx_changes"), F.col("commit_ts"),
+            F.inline(F.filter(lines_, lambda x: x.isNotNull()))]
 
 
 def _sums() -> list[Column]:

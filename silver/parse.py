@@ -37,6 +37,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from core.captured import IDENTITY_COLUMNS
+from core.spark import built_once
 from silver.schema import SILVER_CHANGES, SILVER_QUARANTINE, WAL2JSON_CHANGE
 
 CHANGE_ACTIONS = ("I", "U", "D", "T", "R")    # R: a snapshot backfill read
@@ -65,7 +66,13 @@ def parse_changes(bronze: DataFrame, known_tables: Iterable[str],
     """Bronze rows as silver change rows, in ``SILVER_CHANGES`` column order and types.
     ``counted_tables``: the known tables whose changes must carry ``id`` and the dims
     (gold counts them); None: every known table."""
-    parsed = _parsed(bronze, known_tables, counted_tables)
+    key = _key("parse_changes", known_tables, counted_tables)
+    steps, final = built_once(key, lambda: (_parse_steps(*key[1:]), _change_columns()))
+    return _apply(bronze, steps).select(*final)
+
+
+def _change_columns() -> list[Column]:
+    """The last projection of ``parse_changes``: ``SILVER_CHANGES`` from the parse steps."""
     ok = F.col("error").isNull()
     action = F.col("_j.action")
     change = action.isin(*CHANGE_ACTIONS)
@@ -87,32 +94,49 @@ def parse_changes(bronze: DataFrame, known_tables: Iterable[str],
     }
     # Everything parsed is NULL on a failed row: consumers filter on one column, not many.
     exprs = {name: F.when(ok, value) for name, value in values.items()}
-    return parsed.select(*[
-        exprs.get(f.name, F.col(f.name)).cast(f.dataType).alias(f.name)
-        for f in SILVER_CHANGES.fields])
+    return [exprs.get(f.name, F.col(f.name)).cast(f.dataType).alias(f.name)
+            for f in SILVER_CHANGES.fields]
 
 
 def quarantine_rows(bronze: DataFrame, known_tables: Iterable[str],
                     counted_tables: Iterable[str] | None = None) -> DataFrame:
     """The bronze rows ``parse_changes`` marks failed, with their raw JSON and the error.
 
-    Same rules as ``parse_changes`` (same ``_parsed``), so for any bronze input the rows
+    Same rules as ``parse_changes`` (same ``_parse_steps``), so for any bronze input the rows
     here are exactly the rows of ``parse_changes`` with ``error`` set.
     """
+    key = _key("quarantine_rows", known_tables, counted_tables)
+    steps, final = built_once(key, lambda: (_parse_steps(*key[1:]), _quarantine_column()))
+    return _apply(bronze, steps).select(final)
+
+
+def _quarantine_column() -> Column:
     failed = F.struct(*[F.col(f.name).cast(f.dataType).alias(f.name)
                         for f in SILVER_QUARANTINE.fields])
     # A flat-map rather than `where(error IS NOT NULL)`: the optimizer pushes a filter below
     # the projections, substituting the whole error expression - and the from_json inside
     # it - at every reference (over a hundred JSON parses per row, 13x slower, measured).
     # A generator's input is not substituted, so the JSON is parsed once per row here too.
-    return _parsed(bronze, known_tables, counted_tables).select(
-        F.inline(F.when(F.col("error").isNotNull(), F.array(failed))))
+    return F.inline(F.when(F.col("error").isNotNull(), F.array(failed)))
 
 
-def _parsed(bronze: DataFrame, known_tables: Iterable[str],
-            counted_tables: Iterable[str] | None) -> DataFrame:
-    """Bronze columns, the parsed JSON ``_j``, column maps ``_new``/``_old``, the key
-    columns' values in them (``_NEW``/``_OLD`` + name) and ``error``.
+def _key(name: str, known_tables: Iterable[str],
+         counted_tables: Iterable[str] | None) -> tuple:
+    return (name, tuple(known_tables),
+            None if counted_tables is None else tuple(counted_tables))
+
+
+def _apply(bronze: DataFrame, steps: list[list[Column]]) -> DataFrame:
+    for columns in steps:
+        bronze = bronze.select("*", *columns)
+    return bronze
+
+
+def _parse_steps(known_tables: tuple[str, ...],
+                 counted: tuple[str, ...] | None) -> list[list[Column]]:
+    """The columns each projection adds to the bronze columns: the parsed JSON ``_j``,
+    column maps ``_new``/``_old``, the key columns' values in them (``_NEW``/``_OLD`` + name)
+    and ``error``. Built once per Spark context (``core.spark.built_once``).
 
     Four projections so the costly expressions are evaluated once per row: the optimizer
     does not inline a non-trivial expression that a later projection uses more than once.
@@ -122,14 +146,14 @@ def _parsed(bronze: DataFrame, known_tables: Iterable[str],
     5.8 -> 4.1 s.
     """
     text = F.regexp_replace(F.col("data"), _BARE_VALUE, _QUOTED_VALUE)
-    with_json = bronze.select("*", F.from_json(text, _PARSE_SCHEMA, _JSON_OPTIONS).alias("_j"))
-    with_maps = with_json.select("*", _name_map(F.col("_j.columns")).alias("_new"),
-                                 _name_map(F.col("_j.identity")).alias("_old"))
-    with_keys = with_maps.select(
-        "*", *[F.try_element_at(F.col("_new"), F.lit(c)).alias(_NEW + c) for c in KEY_COLUMNS],
-        *[F.try_element_at(F.col("_old"), F.lit(c)).alias(_OLD + c) for c in KEY_COLUMNS])
-    counted = None if counted_tables is None else tuple(counted_tables)
-    return with_keys.select("*", _error(tuple(known_tables), counted).alias("error"))
+    return [
+        [F.from_json(text, _PARSE_SCHEMA, _JSON_OPTIONS).alias("_j")],
+        [_name_map(F.col("_j.columns")).alias("_new"),
+         _name_map(F.col("_j.identity")).alias("_old")],
+        [*[F.try_element_at(F.col("_new"), F.lit(c)).alias(_NEW + c) for c in KEY_COLUMNS],
+         *[F.try_element_at(F.col("_old"), F.lit(c)).alias(_OLD + c) for c in KEY_COLUMNS]],
+        [_error(known_tables, counted).alias("error")],
+    ]
 
 
 def _name_map(entries: Column, field: str = "value") -> Column:

@@ -408,3 +408,20 @@ def test_each_row_is_parsed_once(spark):
     for frame in (parse_changes(bronze, KNOWN), quarantine_rows(bronze, KNOWN)):
         plan = frame._jdf.queryExecution().optimizedPlan().toString()
         assert len(re.findall(r"from_json\(", plan)) == 1, plan
+
+
+def test_columns_built_once_serve_every_batch_and_a_new_table_set_rebuilds_them(spark):
+    """``parse_changes`` builds its columns once (``core.spark.built_once``); each batch still
+    gets its own rows, and a captured set that grew (``tables add``) is parsed with it."""
+    services = ('{"action":"I","schema":"public","table":"services","columns":'
+                '[{"name":"id","type":"bigint","value":7}]}')
+    one = bronze_df(spark, [bronze_row(100, 0, 1, services)])
+    two = bronze_df(spark, [bronze_row(200, 0, 1, services)])
+
+    def parsed(bronze, known):
+        return [(r.commit_lsn, r.table_name, r.error)
+                for r in parse_changes(bronze, known, KNOWN).collect()]
+
+    assert parsed(one, KNOWN) == [(100, None, "unknown table public.services")]
+    assert parsed(two, KNOWN) == [(200, None, "unknown table public.services")]
+    assert parsed(two, (*KNOWN, "public.services")) == [(200, "services", None)]
