@@ -8,7 +8,7 @@ returning, a poll seeing the row) waited on that lock too. A user's traffic come
 processes; so does the benchmark's.
 
 ``drive(...)`` runs them for ``seconds`` and returns what they did (``Drive``);
-``start_drive`` does it in a spawned child (no fork of a process holding a JVM).
+``DriveProcess`` does it in a spawned child (no fork of a process holding a JVM).
 """
 
 from __future__ import annotations
