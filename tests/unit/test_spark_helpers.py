@@ -1,11 +1,18 @@
 """``core.spark``'s helpers for what the stream does every batch: columns built once
-(``built_once``) and small driver-side rows as a local relation (``local_frame``)."""
+(``built_once``), small driver-side rows as a local relation (``local_frame``), the
+continuous stream's session (``low_latency``), and silver's file statistics."""
 
 from datetime import datetime, timezone
 
-from core.spark import built_once, local_frame
+import pyarrow as pa
+from deltalake import DeltaTable
+from pyspark.sql import functions as F
+
+from core.spark import built_once, local_frame, low_latency, writer_session
 from gold.apply import MERGE_SOURCE
 from gold.deltas import CONTRIBUTIONS
+from silver.schema import SILVER_CHANGES
+from silver.writer import STATS_COLUMNS, ensure_table
 
 
 def test_built_once_per_key_and_again_when_the_key_changes():
@@ -38,3 +45,47 @@ def test_local_frame_is_a_local_relation_with_the_rows_and_schema_given(spark):
         spark.createDataFrame(carried, CONTRIBUTIONS).collect()
     empty = local_frame(spark, [], CONTRIBUTIONS)
     assert empty.schema == CONTRIBUTIONS and empty.count() == 0
+
+
+def _jobs_of(spark, frame, group: str) -> int:
+    """How many Spark jobs collecting ``frame`` runs."""
+    context = spark.sparkContext
+    context.setJobGroup(group, group)
+    try:
+        frame.collect()
+    finally:
+        context.setJobGroup("", "")
+    return len(context.statusTracker().getJobIdsForGroup(group))
+
+
+def test_a_continuous_stream_runs_a_small_query_with_a_shuffle_as_one_spark_job(spark):
+    """Adaptive execution runs each exchange as a job of its own, every batch; the continuous
+    stream's session (and a writer's own, copied from it) plans without it, and a catch-up
+    (``continuous=False``) keeps it."""
+    def counts(session):        # a new query each time (a plan is kept once executed)
+        return session.range(200).groupBy((F.col("id") % 7).alias("k")).count()
+
+    with low_latency(spark, continuous=False):
+        assert _jobs_of(spark, counts(spark), "catch-up") >= 2
+    with low_latency(spark, continuous=True):
+        assert _jobs_of(spark, counts(spark), "continuous") == 1
+        writer = writer_session(spark)
+        assert _jobs_of(writer, counts(writer), "writer") == 1
+    assert _jobs_of(spark, counts(spark), "after") >= 2     # the session's own setting is back
+
+
+def test_silver_files_carry_statistics_only_on_the_columns_rows_are_selected_by(spark,
+                                                                                tmp_path):
+    path = str(tmp_path / "changes")
+    ensure_table(spark, path, SILVER_CHANGES, "silver changes")
+    row = {name: None for name in SILVER_CHANGES.names}
+    row.update(commit_lsn=7, seq=1, tx_changes=1, lsn=6, op="I", schema_name="public",
+               table_name="notifications", id="n1", service_id="s1")
+    (local_frame(spark, [tuple(row.values())], SILVER_CHANGES)
+     .write.format("delta").mode("append").save(path))
+    [added] = pa.table(DeltaTable(path).get_add_actions(flatten=True)).to_pylist()
+    with_min = {key.removeprefix("min.") for key in added if key.startswith("min.")}
+    assert STATS_COLUMNS[:3] == ["commit_lsn", "seq", "tx_changes"]
+    assert {"commit_lsn", "schema_name", "table_name"} <= with_min <= set(STATS_COLUMNS)
+    assert added["min.commit_lsn"] == 7
+    assert not any(key.endswith(".service_id") for key in added)
