@@ -100,9 +100,8 @@ def local_frame(spark: SparkSession, rows: list[tuple], schema: StructType) -> D
 # reconstruction, statistics) run on it, not on the stream's copy.
 # Adaptive execution is off there too: it runs each exchange of a query as a Spark job of
 # its own, and a continuous batch's queries are small (a MERGE of a few hundred keys into
-# gold: 11 jobs with it, 5 without). Measured on 2 cores, with Postgres, traffic and three
-# mirrored neighbour tables beside it: at 200 changes/s 16.6 -> 9.0 jobs and 1.94 -> 1.74 s
-# per batch; a catch-up, where adaptive plans pay, keeps it.
+# gold: 11 jobs with it, 5 without); figures in docs/gold.md. A catch-up, where adaptive
+# plans pay, keeps it.
 LOW_LATENCY_CONF = {"spark.sql.codegen.wholeStage": "false",
                     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
                     "spark.sql.adaptive.enabled": "false"}

@@ -54,7 +54,7 @@ TABLE_PROPERTIES = {
     "delta.logRetentionDuration": "interval 30 days",
     # File statistics on the columns readers select silver rows by (``STATS_COLUMNS``), not
     # on the keys, maps and messages after them: Delta computes them row by row as it
-    # writes, a fifth of an append's time in a continuous stream (docs/silver.md).
+    # writes, a fifth to a third of an append's time in a continuous stream (docs/silver.md).
     "delta.dataSkippingNumIndexedCols": "9",
 }
 STATS_COLUMNS = SILVER_CHANGES.names[:int(TABLE_PROPERTIES["delta.dataSkippingNumIndexedCols"])]
