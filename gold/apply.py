@@ -51,7 +51,7 @@ from core.spark import local_frame, writer_session
 from core.tables import create_table
 from gold import deltas as D
 from gold.asof import gold_state
-from gold.plan import Plan, first_problem
+from gold.plan import Plan
 from gold.plan import plan as plan_batch
 
 log = logging.getLogger("lakecdc.gold")
@@ -115,6 +115,17 @@ class Planned:
     commit_lsn: int
     commit_ts: datetime | None
     key_deltas: list[tuple]
+
+
+@dataclass(frozen=True)
+class PendingHead:
+    """Steps (1)-(2) of a batch, read before its rows are needed (``GoldBatchWriter.head``):
+    ``_pending``'s version and newest batch id, and its rows at that version."""
+
+    version: int
+    last_batch: int | None
+    replayed: bool                      # step (1): the batch is already fully applied
+    stored: list[tuple]                 # the carried lines (CONTRIBUTIONS order)
 
 
 @dataclass(frozen=True)
@@ -236,37 +247,51 @@ class GoldBatchWriter:
         # Gold's watermark after this writer's last successful batch (None: read it again).
         self._watermark: int | None = None
 
-    def apply(self, batch: DataFrame, batch_id: int,
-              planned: Callable[[Planned], None] | None = None) -> GoldBatch:
-        """Steps (1)-(6) of the module docstring. ``planned`` is called with the batch's step
-        right before the MERGE (not when nothing is applied, nor on a replay that returns
-        at step (1))."""
-        watermark, self._watermark = self._watermark, None
-        started = time.monotonic()
-        spark = batch.sparkSession
+    def head(self, spark: SparkSession, batch_id: int) -> PendingHead:
+        """Steps (1)-(2) of batch ``batch_id``: what ``_pending`` holds. It does not depend
+        on the batch's rows, so the stream reads it while it parses them (a catch-up's
+        first batch reads the log of ``_pending`` and the table: seconds on a busy
+        machine)."""
         # Step (2) without reading the log when this writer's previous batch left _pending
         # empty and unwritten (the usual case: no transaction split across batches). Only
         # lakecdc writes _pending, under the gold lock this job holds; kept only after a
         # batch that succeeded, so a failure (or a new process) reads the table again.
         known_empty, self._pending_known_empty = self._pending_known_empty, None
         version, last_batch = known_empty or self._pending_head(spark)
-        if self.guard and last_batch is not None and last_batch >= batch_id:
-            return GoldBatch(batch_id, replayed=True, seconds=time.monotonic() - started)
+        replayed = self.guard and last_batch is not None and last_batch >= batch_id
         stored: list[tuple] = []
-        if not known_empty:
+        if not known_empty and not replayed:
             stored = [tuple(r.values()) for r in (
                 spark.read.format("delta").option("versionAsOf", version)
                 .load(self.paths.pending).toArrow().to_pylist())]
+        return PendingHead(version, last_batch, replayed, stored)
+
+    def apply(self, batch: DataFrame, batch_id: int,
+              planned: Callable[[Planned], None] | None = None,
+              head: PendingHead | None = None) -> GoldBatch:
+        """Steps (1)-(6) of the module docstring; ``head``: this batch's steps (1)-(2), read
+        by ``head`` (read here if None). ``planned`` is called with the batch's step right
+        before the MERGE (not when nothing is applied, nor on a replay that returns at step
+        (1))."""
+        watermark, self._watermark = self._watermark, None
+        started = time.monotonic()
+        spark = batch.sparkSession
+        if head is None:
+            head = self.head(spark, batch_id)
+        if head.replayed:
+            return GoldBatch(batch_id, replayed=True, seconds=time.monotonic() - started)
+        stored = head.stored
         # Carried rows below the floor are inside a baseline a rebuild wrote since.
         carried = [line for line in stored if line[0] >= self.floor_lsn]
-        # Step (3) from one Spark job: the batch's contribution lines, and the first row
-        # gold must stop on (``gold.deltas.lines``); the rest is decided on the driver.
+        # Step (3) from one Spark job: the batch's contribution lines, and whether a row
+        # stops gold (``gold.deltas.lines``); the rest is decided on the driver.
         silver = batch.where(F.col("commit_lsn") >= F.lit(self.floor_lsn))
-        found = D.lines(silver, self.tables, self.accept_errors_upto).toArrow().to_pylist()
-        problem = first_problem(r.pop("problem") for r in found)
-        if problem is not None:
-            raise D.stop_error(problem, self.tables)
-        batch_lines = [tuple(r.values()) for r in found]
+        found = D.lines(silver, self.tables, self.accept_errors_upto).toArrow()
+        if found.column("problem_rank").null_count < found.num_rows:
+            problem = D.problems(silver, self.tables, self.accept_errors_upto).first()
+            raise D.stop_error(problem.asDict(), self.tables)
+        batch_lines = list(zip(*(column.to_pylist() for column in
+                                 found.drop_columns(["problem_rank"]).columns)))
         plan = plan_batch(batch_lines + carried)
         if plan.broken_at is not None:
             raise D.GoldInputError(
@@ -292,8 +317,8 @@ class GoldBatchWriter:
             self._write_pending(local_frame(spark, plan.carried, D.CONTRIBUTIONS),
                                 batch_id, plan.carried_transactions)
             self.faults.hit("after_gold_pending")
-        else:
-            self._pending_known_empty = (version, last_batch)    # _pending was not written
+        else:                                           # _pending was not written
+            self._pending_known_empty = (head.version, head.last_batch)
         self._watermark = plan.commit_lsn if plan.applied else watermark
         return GoldBatch(**result, seconds=time.monotonic() - started)
 

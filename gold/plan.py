@@ -92,9 +92,3 @@ def plan(lines: Iterable[Line]) -> Plan:
                             if delta != 0],
                 carried=carried, broken_at=min(broken, default=None))
 
-
-def first_problem(problems: Iterable[dict | None]) -> dict | None:
-    """The most important of the problems found (``gold.deltas.PROBLEMS`` order), then the
-    oldest: the one gold stops on."""
-    found = [p for p in problems if p is not None]
-    return min(found, key=lambda p: (p["rank"], p["commit_lsn"], p["seq"])) if found else None

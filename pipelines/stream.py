@@ -3,7 +3,8 @@
 One query reads bronze; its ``foreachBatch`` (``OnePass``) does, per micro-batch ``b``:
 
 1. parse the batch once (``silver.writer``, persisted for both halves);
-2. at the same time, in two threads:
+2. at the same time, in two threads (gold's reading what ``_pending`` holds already while
+   the batch is parsed):
    - silver: append ``silver/changes`` and the batch's failed rows to ``silver/quarantine``
      (Delta app transactions ``lakecdc-silver`` / ``lakecdc-quarantine``, version ``b``);
    - gold (``gold.apply``): the parsed rows' signed deltas of whole source transactions,
@@ -31,6 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -108,13 +110,8 @@ class OnePass:
     def __call__(self, bronze: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         try:
-            parsed, figures = self.silver.parse(bronze)
-            parse_seconds = time.monotonic() - started
-            try:
-                written, applied, silver_seconds = self._both(bronze, parsed, figures,
-                                                              batch_id, started)
-            finally:
-                parsed.unpersist()
+            written, applied, parse_seconds, silver_seconds = self._both(bronze, batch_id,
+                                                                         started)
         except BaseException as exc:
             self.failure = exc
             raise
@@ -132,18 +129,21 @@ class OnePass:
             except Exception:                # an observer never fails the batch
                 log.warning("batch %d: a pass callback failed", batch_id, exc_info=True)
 
-    def _both(self, bronze, parsed, figures, batch_id: int, started: float):
-        """Silver's appends and gold's MERGE of the parsed batch, at the same time: they are
-        independent writes, each idempotent on its own, and most of their time is spent on
-        the driver (Delta log work), so two threads keep both cores busy. Both always run to
-        the end; the first error (silver's, else gold's) is raised after. The gold thread
-        inherits the batch's Spark job properties (its query's job group: stopping the query
-        cancels its jobs too).
+    def _both(self, bronze: DataFrame, batch_id: int, started: float):
+        """The parse, then silver's appends and gold's MERGE of the parsed batch at the same
+        time: they are independent writes, each idempotent on its own, and most of their time
+        is spent on the driver (Delta log work), so two threads keep both cores busy. The
+        gold thread starts with the batch: it reads what ``_pending`` holds
+        (``GoldBatchWriter.head``) while the batch is parsed. Both always run to the end;
+        the first error (the parse's or silver's, else gold's) is raised after. The gold
+        thread inherits the batch's Spark job properties (its query's job group: stopping
+        the query cancels its jobs too).
 
         With ``ahead``, the gold thread pushes its step to the dashboard as soon as it is
         planned, before the MERGE and whether or not silver's appends are done (``verify``
         waits for silver to hold what the dashboard holds before reading it)."""
         gold: dict = {}
+        parsed_batch: Future = Future()
 
         def plan(step: Planned) -> None:
             if self._push_ahead(step):
@@ -151,22 +151,34 @@ class OnePass:
 
         def apply() -> None:
             try:
-                gold["result"] = self.gold.apply(parsed.select(*GOLD_COLUMNS), batch_id,
-                                                 plan if self.ahead is not None else None)
+                head = self.gold.head(bronze.sparkSession, batch_id)
+                gold["result"] = self.gold.apply(
+                    parsed_batch.result().select(*GOLD_COLUMNS), batch_id,
+                    plan if self.ahead is not None else None, head)
             except BaseException as exc:
                 gold["error"] = exc
 
         thread = InheritableThread(target=apply, name=f"lakecdc-gold-{batch_id}", daemon=True)
         thread.start()
+        parsed = None
         try:
+            try:
+                parsed, figures = self.silver.parse(bronze)
+            except BaseException as exc:
+                parsed_batch.set_exception(exc)
+                raise
+            parsed_batch.set_result(parsed)
+            parse_seconds = time.monotonic() - started
             written = self.silver.append(bronze, parsed, figures, batch_id)
             silver_seconds = time.monotonic() - started
             self.faults.hit("after_silver_append")
         finally:
             thread.join()
+            if parsed is not None:
+                parsed.unpersist()
         if "error" in gold:
             raise gold["error"]
-        return written, gold["result"], silver_seconds
+        return written, gold["result"], parse_seconds, silver_seconds
 
     def _push_ahead(self, step: Planned) -> bool:
         try:

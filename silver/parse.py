@@ -86,9 +86,12 @@ def _change_columns() -> list[Column]:
         **{f"old_{c}": F.col(_OLD + c) for c in KEY_COLUMNS},
         "columns": new,
         "identity": F.col("_old"),
+        # ``_new``/``_old`` are set exactly when those names are well formed: not checked
+        # again (the check hashes every name of every row).
         "column_types": F.when(F.col("_j.columns").isNotNull(),
-                               _name_map(F.col("_j.columns"), "type"))
-                         .otherwise(_name_map(F.col("_j.identity"), "type")),
+                               F.when(new.isNotNull(), _types(F.col("_j.columns"))))
+                         .otherwise(F.when(F.col("_old").isNotNull(),
+                                           _types(F.col("_j.identity")))),
         "message_prefix": F.when(message, F.col("_j.prefix")),
         "message_content": F.when(message, F.col("_j.content")),
     }
@@ -156,9 +159,9 @@ def _parse_steps(known_tables: tuple[str, ...],
     ]
 
 
-def _name_map(entries: Column, field: str = "value") -> Column:
-    """``[{name, value}, ...]`` as a name → ``field`` map (``value``, or ``type`` for
-    ``column_types``); NULL if names are missing or repeat.
+def _name_map(entries: Column) -> Column:
+    """``[{name, value}, ...]`` as a name → value map; NULL if names are missing or
+    repeat.
 
     ``map_from_arrays`` raises on a NULL or duplicate key under Spark's default
     ``mapKeyDedupPolicy``; the guard keeps poison input from failing the whole stream. No
@@ -166,7 +169,13 @@ def _name_map(entries: Column, field: str = "value") -> Column:
     """
     names = entries["name"]
     well_named = F.size(F.array_distinct(F.array_compact(names))) == F.size(entries)
-    return F.when(well_named, F.map_from_arrays(names, entries[field]))
+    return F.when(well_named, F.map_from_arrays(names, entries["value"]))
+
+
+def _types(entries: Column) -> Column:
+    """``[{name, type}, ...]`` as a name → type map, for entries whose names ``_name_map``
+    found well formed."""
+    return F.map_from_arrays(entries["name"], entries["type"])
 
 
 def _missing(prefix: str) -> Column:

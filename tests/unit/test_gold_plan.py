@@ -5,7 +5,7 @@ every expected value is worked out by hand from the rules in gold.plan's docstri
 
 from datetime import datetime, timezone
 
-from gold.plan import aggregate, first_problem, plan
+from gold.plan import aggregate, plan
 
 T1 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 T2 = datetime(2026, 1, 2, tzinfo=timezone.utc)
@@ -68,9 +68,3 @@ def test_aggregate_is_associative_so_carried_lines_combine_with_new_ones():
     assert ordered(aggregate(a + b)) == ordered(aggregate(aggregate(a) + aggregate(b))) == \
         ordered([count_line(10, 3, 3, T2), key_line(10, 3, A, +2, T2)])
 
-
-def test_the_first_problem_is_the_most_important_then_the_oldest():
-    problems = [None, {"rank": 2, "commit_lsn": 5, "seq": 0},
-                {"rank": 1, "commit_lsn": 9, "seq": 3}, {"rank": 1, "commit_lsn": 9, "seq": 1}]
-    assert first_problem(problems) == {"rank": 1, "commit_lsn": 9, "seq": 1}
-    assert first_problem([None, None]) is None
