@@ -183,7 +183,8 @@ def lines(silver: DataFrame, tables: CountedTables = COUNTED,
     context (``core.spark.built_once``): the stream calls it every batch.
 
     The rank is an integer so that Spark sums the lines in a hash aggregate: a struct
-    aggregate (the whole problem row) made it sort them, a third of the job's time."""
+    aggregate (the whole problem row) made it sort them (on 308,289 persisted rows, warm:
+    2.0 s, against 1.1 s for the same lines without it; docs/gold.md)."""
     exploded, sums, out = built_once(("gold.lines", tables, accept_errors_upto), lambda: (
         _exploded(tables, accept_errors_upto, with_problem=True),
         [*_sums(), F.min("problem_rank").alias("problem_rank")],

@@ -201,7 +201,7 @@ def test_the_batch_lines_flag_problems_and_problems_names_the_row_to_stop_on(spa
 
 def test_the_batch_lines_are_summed_in_a_hash_aggregate(spark):
     """No sort of a batch's lines: an aggregate of a struct (the whole problem row, as
-    ``lines`` once carried) made Spark sort them, a third of the job's time."""
+    ``lines`` once carried) made Spark sort them (docs/gold.md)."""
     rows = silver(spark, change(10, 0, 1, "I", LIVE, new=CREATED))
     plan = D.lines(rows)._jdf.queryExecution().executedPlan().toString()
     assert "HashAggregate" in plan and "SortAggregate" not in plan
