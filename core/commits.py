@@ -84,3 +84,31 @@ def last_metadata(spark, path: str, layer: str = "gold", limit: int | None = 100
     """The newest lakecdc metadata of ``layer`` in the latest ``limit`` commits of the Delta
     table at ``path`` (all of them if None); None if there is none or no table."""
     return newest(read_commits(spark, path, layer, limit))
+
+
+def rs_commit(meta: str, app_id: str | None = None, version: int | None = None):
+    """delta-rs's ``CommitProperties`` for a commit carrying lakecdc's metadata ``meta`` (as
+    ``userMetadata``, where Spark's readers find it too) and, with ``app_id``, the Delta app
+    transaction ``(app_id, version)``."""
+    from deltalake import CommitProperties, Transaction
+
+    return CommitProperties(
+        custom_metadata={"userMetadata": meta},
+        app_transactions=None if app_id is None else [Transaction(app_id, version)])
+
+
+def merge_recorded(table, merge, commit) -> dict:
+    """Execute ``merge`` (a delta-rs MERGE into ``table``, built with ``commit``) and return
+    its metrics. delta-rs commits a MERGE only when it changes a row (Spark commits one
+    either way); when it changes none, an empty append carries ``commit`` instead, so the
+    table still records the batch: its metadata (a watermark, a batch id) and its app
+    transaction."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    before = table.version()
+    metrics = merge.execute()
+    if table.version() == before:
+        write_deltalake(table, pa.schema(table.schema().to_arrow()).empty_table(),
+                        mode="append", commit_properties=commit)
+    return metrics

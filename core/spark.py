@@ -73,21 +73,24 @@ def built_once(key: tuple, build: Callable[[], T]) -> T:
     return found[2]
 
 
+def arrow_rows(rows: list[tuple], schema: StructType) -> pa.Table:
+    """``rows`` (tuples in ``schema``'s column order) as an Arrow table of ``schema``'s
+    Arrow types (timestamps in UTC microseconds, as Spark and Delta keep them)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return pa.Table.from_pydict(
+        {name: [row[i] for row in rows] for i, name in enumerate(schema.names)},
+        schema=to_arrow_schema(schema))
+
+
 def local_frame(spark: SparkSession, rows: list[tuple], schema: StructType) -> DataFrame:
     """``rows`` (tuples in ``schema``'s column order) as a DataFrame over a local relation.
 
     Through Arrow: ``createDataFrame`` of a Python list makes an RDD that Python workers
-    unpickle at every scan (a MERGE scans its source twice), 0.45-0.6 s per scan of 500 rows
-    against 0.06 s for the same rows as an Arrow table, which Spark holds as a
-    ``LocalRelation`` (measured 2026-11-26, idle machine): the deterministic source
-    ``merge.materializeSource=none`` asks for."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    arrow_schema = to_arrow_schema(schema)
-    table = pa.Table.from_pydict(
-        {name: [row[i] for row in rows] for i, name in enumerate(schema.names)},
-        schema=arrow_schema)
-    return spark.createDataFrame(table, schema)
+    unpickle at every scan, 0.45-0.6 s per scan of 500 rows against 0.06 s for the same rows
+    as an Arrow table, which Spark holds as a ``LocalRelation`` (measured 2026-11-26, idle
+    machine)."""
+    return spark.createDataFrame(arrow_rows(rows, schema), schema)
 
 
 # A continuous stream's micro-batches are small and each one plans its queries afresh, so
@@ -99,8 +102,8 @@ def local_frame(spark: SparkSession, rows: list[tuple], schema: StructType) -> D
 # session the process started with, for as long as the stream runs: Delta's own jobs (state
 # reconstruction, statistics) run on it, not on the stream's copy.
 # Adaptive execution is off there too: it runs each exchange of a query as a Spark job of
-# its own, and a continuous batch's queries are small (a MERGE of a few hundred keys into
-# gold: 11 jobs with it, 5 without); figures in docs/gold.md. A catch-up, where adaptive
+# its own, and a continuous batch's queries are small (a Spark MERGE of a few hundred keys
+# into gold was 11 jobs with it, 5 without); figures in docs/gold.md. A catch-up, where adaptive
 # plans pay, keeps it.
 LOW_LATENCY_CONF = {"spark.sql.codegen.wholeStage": "false",
                     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
@@ -112,17 +115,6 @@ def low_latency(spark: SparkSession, continuous: bool):
     session, nothing otherwise."""
     return session_conf(spark, LOW_LATENCY_CONF if continuous and not _on_databricks()
                         else {})
-
-
-def writer_session(spark: SparkSession) -> SparkSession:
-    """A new session for a ``foreachBatch`` writer's own writes (the Delta txn and metadata
-    confs it sets then reach no other write), run as ``spark``, the batch's session, runs:
-    with its ``LOW_LATENCY_CONF`` values. A new session starts from the defaults, so
-    without them a continuous stream's MERGEs would compile code every batch."""
-    session = spark.newSession()
-    for key in LOW_LATENCY_CONF:
-        session.conf.set(key, spark.conf.get(key))
-    return session
 
 
 @contextmanager

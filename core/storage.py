@@ -4,7 +4,7 @@ Users write one root, ``LAKECDC_LAKEHOUSE`` (``./lakehouse``, ``/data/lakehouse`
 ``s3://bucket/prefix``). Two engines read and write the tables under it, and this module is
 the one place that turns the root into each engine's terms:
 
-- **delta-rs** (shipper, setup, push, status; no JVM) takes ``s3://`` URIs with storage
+- **delta-rs** (shipper, setup, gold's MERGE, push, status; no JVM) takes ``s3://`` URIs with storage
   options: the endpoint and region, and plain HTTP allowed when the endpoint is ``http://``
   (a local S3-compatible server). Commits use S3's put-if-absent (conditional writes), so
   no DynamoDB lock is needed; every lakecdc table has a single writer anyway.
@@ -189,11 +189,17 @@ def is_remote(uri: str) -> bool:
     return "://" in uri and not uri.startswith("file://")
 
 
+def delta_rs_uri(path: str) -> str:
+    """What delta-rs is given for a table Spark knows as ``path``: its absolute local path,
+    or its URI in one spelling (``s3://``)."""
+    if is_remote(path):
+        return canonical(path.rstrip("/"))
+    return os.path.abspath(path.removeprefix("file://").removeprefix("file:"))
+
+
 def gold_key(gold_path: str) -> str:
     """How the progress table names a gold table: its absolute path, or its URI."""
-    if is_remote(gold_path):
-        return canonical(gold_path.rstrip("/"))
-    return os.path.abspath(gold_path.removeprefix("file://").removeprefix("file:"))
+    return delta_rs_uri(gold_path)
 
 
 def check_writable(uri: str, lakehouse: Lakehouse | None = None) -> None:

@@ -44,9 +44,10 @@ def applied_batch(spark: SparkSession, paths: GoldPaths) -> int | None:
 
 def gold_writer(spark: SparkSession, paths: GoldPaths, *, tables: CountedTables = COUNTED,
                 accept_errors_upto: int = 0, guard: bool = True, faults=None,
-                ) -> GoldBatchWriter:
+                storage_options: dict | None = None) -> GoldBatchWriter:
     """The gold half of a stream batch, floored at gold's baseline (its seed or rebuild)."""
     state = gold_state(spark, paths.gold)
     return GoldBatchWriter(paths, tables, floor_lsn=state.floor if state else 0,
                            epoch=state.epoch if state else None,
-                           accept_errors_upto=accept_errors_upto, guard=guard, faults=faults)
+                           accept_errors_upto=accept_errors_upto, guard=guard, faults=faults,
+                           storage_options=storage_options)

@@ -203,7 +203,8 @@ class Pipeline:
         self.require_no_gap()
         gold = gold_writer(self.spark, paths.gold, tables=self.config.counted,
                            accept_errors_upto=accept_errors_upto or 0,
-                           guard=self.config.guard_on("gold_txn"), faults=self.faults)
+                           guard=self.config.guard_on("gold_txn"), faults=self.faults,
+                           storage_options=self._delta_rs_options)
         callbacks = [self.marks.on_pass, *self.on_pass, *(on_pass or [])]
         if self.metrics is not None:
             callbacks.append(self.metrics.on_pass)
@@ -256,7 +257,7 @@ class Pipeline:
         writer = MirrorWriter(paths, accept_errors_upto or 0, floors,
                               discover=mirror_discovery(self.spark, self.config, options),
                               on_marker=record_marker(self.config.lakehouse, options),
-                              faults=self.faults)
+                              faults=self.faults, storage_options=options)
         query = start_mirrors(self.spark, self.where.silver.silver_path,
                               checkpoint_path(self.config), writer, once,
                               self.config.mirror_interval_s)

@@ -11,10 +11,13 @@ docs/silver.md, "Mirrors", is the user's account; the rules, per micro-batch of 
   omits it) keeps the mirror's value. An UPDATE that changes the key deletes the old key.
 - A TRUNCATE empties the mirror: changes before the batch's last TRUNCATE of the table are
   dropped and the MERGE deletes every row its source does not name.
-- One MERGE per changed table. It sets final rows, not increments, so re-applying a batch
-  after a kill (before the query's checkpoint commit) leaves the same mirror; its
-  ``txnAppId`` ``lakecdc-mirror`` / ``txnVersion`` = batch id lets Delta skip the tables
-  already merged without writing.
+- One MERGE per changed table: Spark folds and types the changes into the MERGE's source,
+  which comes to the driver as Arrow, and delta-rs runs the MERGE (a Spark MERGE cost 1-2
+  s and a few CPU-seconds per table per batch, whatever its size; docs/silver.md). It sets
+  final rows, not increments, so re-applying a batch after a kill (before the query's
+  checkpoint commit) leaves the same mirror; its Delta app transaction ``lakecdc-mirror``,
+  version = batch id (times ``PARTS``, plus the part), is checked first, so the tables
+  already merged are skipped without writing.
 - A column added to the source appears in the mirror (``ALTER TABLE ADD COLUMNS`` before the
   MERGE, repeated harmlessly on a replay); a column whose type changed, a value that does not
   convert, or a change silver could not parse stops the mirrors with one sentence.
@@ -41,11 +44,11 @@ from pyspark.sql.types import (
 )
 
 from core.captured import MARKER_PREFIX
-from core.commits import commit_metadata
+from core.commits import commit_metadata, merge_recorded, rs_commit
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.lsn import fmt
-from core.spark import writer_session
+from core.storage import delta_rs_uri
 from core.tables import create_table
 from silver.mirror_types import BAD_VALUE, spark_type, typed
 from silver.parse import MESSAGE_ACTION
@@ -64,10 +67,7 @@ PROPERTIES = {"delta.enableDeletionVectors": "false",
               "delta.logRetentionDuration": "interval 30 days"}
 MIRRORED_OPS = ("I", "U", "D", "R")
 
-_TXN_APP = "spark.databricks.delta.write.txnAppId"
-_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
-PARTS = 1_000_000       # txnVersion = batch id * PARTS + the part of the batch (chain_cuts)
-_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+PARTS = 1_000_000       # txn version = batch id * PARTS + the part of the batch (chain_cuts)
 _EXISTS, _HAS = "__lakecdc_exists", "__lakecdc_has_"
 _TEXT_MAP = MapType(StringType(), StringType())
 
@@ -337,8 +337,10 @@ class MirrorWriter:
                  floors: dict[str, int] | None = None,
                  discover: Callable[[str], str | None] | None = None,
                  on_marker: Callable[[int, int], None] | None = None,
-                 faults: FaultPoints | None = None) -> None:
+                 faults: FaultPoints | None = None,
+                 storage_options: dict | None = None) -> None:
         self.paths = dict(paths)
+        self.storage_options = storage_options       # delta-rs's, for a lakehouse on S3
         self.faults = faults or FaultPoints()
         # Called with (LSN, batch id) of the newest verify marker of a batch once every
         # mirror holds that batch (``pipelines.verify_mirrors``).
@@ -353,7 +355,6 @@ class MirrorWriter:
         self.floors = dict(floors or {})
         self.accept_errors_upto = accept_errors_upto
         self.failure: BaseException | None = None
-        self._session: SparkSession | None = None
         self.merged: dict[str, int] = {}        # table -> batches merged by this writer
         self.run = self.merged                  # what ``pipelines.stream.await_stream`` returns
 
@@ -374,7 +375,7 @@ class MirrorWriter:
                 f"({failed[0].error}), so no mirror can say it holds it; mirrors stopped. "
                 "Check silver/quarantine, then pass over it with `lakecdc mirrors "
                 "--accept-errors-upto` (docs/silver.md, \"Mirrors\").")
-        spark = self._merge_session(batch.sparkSession)
+        spark = batch.sparkSession
         found_tables, marker = tables_in_batch(batch, {
             name: self._shape(spark, path)[0] for name, path in self.paths.items()})
         for found in found_tables:
@@ -393,7 +394,7 @@ class MirrorWriter:
             self.on_marker(marker, batch_id)     # every mirror holds the batch now
 
     def _table(self, batch: DataFrame, batch_id: int, found: TableInBatch, path: str) -> None:
-        spark = self._merge_session(batch.sparkSession)
+        spark = batch.sparkSession
         key, types = self._evolve(spark, path, found)
         mine = (F.col("schema_name") == found.schema) & (F.col("table_name") == found.table) \
             & F.col("op").isin(*MIRRORED_OPS) \
@@ -418,37 +419,37 @@ class MirrorWriter:
         """One MERGE of ``changes`` (part ``part`` of the batch's changes of the table;
         ``moved``: some of the batch's changes move a row to another key)."""
         from delta.tables import DeltaTable
+        from deltalake import DeltaTable as RsTable
 
+        version = batch_id * PARTS + part
+        table = RsTable(delta_rs_uri(path), storage_options=self.storage_options)
+        recorded = table.transaction_version(APP_ID)
+        if recorded is not None and recorded >= version:
+            return                                  # merged before a kill: a replay
         final = final_rows(changes, key, key_moves=moved)
         mirror = DeltaTable.forPath(spark, path).toDF() if moved else None
-        source = merge_source(final, key, types, mirror)
+        with bad_values_stop(found.name):
+            source = merge_source(final, key, types, mirror).toArrow()
         on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key)
         others = [n for n in types if n not in key]
         update = {q(n): f"CASE WHEN s.{q(f'{_HAS}{i}')} THEN s.{q(n)} ELSE t.{q(n)} END"
                   for i, n in enumerate(others)}
         meta = {COMMIT_LSN: f"s.{COMMIT_LSN}", COMMIT_TS: f"s.{COMMIT_TS}"}
-        merge = (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), on)
-                 .whenMatchedDelete(condition=f"NOT s.{_EXISTS}")
-                 .whenMatchedUpdate(condition=f"s.{_EXISTS}", set={**update, **meta})
-                 .whenNotMatchedInsert(condition=f"s.{_EXISTS}",
-                                       values={**{q(n): f"s.{q(n)}" for n in types}, **meta}))
-        if truncate:
-            merge = merge.whenNotMatchedBySourceDelete()
         # ``newest``: the mirror now holds every change of its table up to this LSN
         # (``pipelines.verify_mirrors``); not after a batch's part but the last, which may
         # end inside a transaction. A batch's parts are told apart by the version.
         held = {"newest": found.newest} if last else {"partial": True}
-        confs = {_USER_METADATA: commit_metadata("mirror", batch_id=batch_id, part=part,
-                                                 truncated=truncate, **held),
-                 _TXN_APP: APP_ID, _TXN_VERSION: str(batch_id * PARTS + part)}
-        for k, v in confs.items():
-            spark.conf.set(k, v)
-        try:
-            with bad_values_stop(found.name):
-                merge.execute()
-        finally:
-            for k in confs:
-                spark.conf.unset(k)
+        commit = rs_commit(commit_metadata("mirror", batch_id=batch_id, part=part,
+                                           truncated=truncate, **held), APP_ID, version)
+        merge = (table.merge(source, on, source_alias="s", target_alias="t",
+                             commit_properties=commit)
+                 .when_matched_delete(predicate=f"NOT s.{_EXISTS}")
+                 .when_matched_update(updates={**update, **meta}, predicate=f"s.{_EXISTS}")
+                 .when_not_matched_insert(updates={**{q(n): f"s.{q(n)}" for n in types},
+                                                   **meta}, predicate=f"s.{_EXISTS}"))
+        if truncate:
+            merge = merge.when_not_matched_by_source_delete()
+        merge_recorded(table, merge, commit)
         self.faults.hit("after_mirror_merge")
 
     def _evolve(self, spark: SparkSession, path: str,
@@ -483,13 +484,6 @@ class MirrorWriter:
         if path not in self._shapes:
             self._shapes[path] = mirror_shape(spark, path)
         return self._shapes[path]
-
-    def _merge_session(self, spark: SparkSession) -> SparkSession:
-        """A session of the writer's own (``core.spark.writer_session``): the txn confs it
-        sets reach no other write."""
-        if self._session is None or self._session.sparkContext is not spark.sparkContext:
-            self._session = writer_session(spark)
-        return self._session
 
 
 def mirror_shape(spark: SparkSession, path: str) -> tuple[tuple[str, ...], dict[str, str]]:

@@ -238,6 +238,30 @@ def test_killed_after_merge_before_pending_replays_without_double_count(spark, p
                                for k in {*before_last, *final}})
 
 
+def test_a_batch_that_changes_no_count_still_records_its_watermark_and_transaction(
+        spark, paths):
+    """An archival move nets 0 on every key, so the MERGE of its batch changes no gold row,
+    and delta-rs commits no such MERGE: gold must still record the batch (its watermark,
+    which the dashboard and ``verify`` wait for, and its app transaction, which skips it on
+    a replay)."""
+    from deltalake import DeltaTable
+
+    sim = Sim()
+    ids = sim.create(("svc-a", "tpl-1", "email", "delivered"))
+    writer = GoldBatchWriter(paths)
+    writer.apply(df(spark, sim.rows), 0)
+    version = DeltaTable(paths.gold).version()
+    sim.archive(ids)
+    moved = writer.apply(df(spark, sim.txs[-1]), 1)
+    assert (moved.applied_transactions, moved.merged_keys) == (1, 0)
+    meta = last_metadata(spark, paths.gold)
+    assert (meta["batch_id"], meta["commit_lsn"]) == (1, sim.lsn)
+    gold = DeltaTable(paths.gold)
+    assert gold.version() == version + 1
+    assert gold.transaction_version(writer.app_id) == 1
+    assert nonzero(gold_counts(spark, paths.gold)) == sim.truth()
+
+
 def test_killed_after_pending_write_replay_is_a_no_op(spark, paths):
     sim, _ = busy_sim()
     a = ("svc-a", "tpl-1", "email", "created")

@@ -313,10 +313,17 @@ def test_verify_checks_each_mirror_against_its_source_under_traffic_and_names_a_
     assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
     assert "mirror public.typed_rows: exact" in verified.stdout, verified.stdout
 
+    # Verify compares a mirror as of its newest lakecdc commit: the churn still on its way is
+    # merged first, then a row is changed behind the pipeline's back, then another row of the
+    # source changes, so the mirror's next commit comes after the tampered one.
+    assert cli_here(["run", "--once"], env).returncode == 0
     mirror = DeltaTable(mirror_path(config.lakehouse, TABLE))
     k1, k2 = next((r["k1"], r["k2"]) for r in mirror.to_pyarrow_table(
         columns=["k1", "k2"]).to_pylist())
     mirror.update(updates={"label": "'changed'"}, predicate=f"k1 = {k1} AND k2 = '{k2}'")
+    with source_db.connect() as conn:
+        conn.execute("UPDATE typed_rows SET big = big + 1 WHERE (k1, k2) = (SELECT k1, k2 "
+                     "FROM typed_rows WHERE NOT (k1 = %s AND k2 = %s) LIMIT 1)", [k1, k2])
     drift = cli_here(["verify"], env)
     assert drift.returncode == 1, drift.stdout[-3000:] + drift.stderr[-3000:]
     line = next(ln for ln in drift.stdout.splitlines() if ln.startswith(f"mirror {TABLE}:"))

@@ -8,7 +8,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
-from core.spark import built_once, local_frame, low_latency, writer_session
+from core.spark import built_once, local_frame, low_latency
 from gold.apply import MERGE_SOURCE
 from gold.deltas import CONTRIBUTIONS
 from silver.schema import SILVER_CHANGES
@@ -31,7 +31,7 @@ def test_built_once_per_key_and_again_when_the_key_changes():
 
 
 def test_local_frame_is_a_local_relation_with_the_rows_and_schema_given(spark):
-    """The gold MERGE's source: no Python RDD (a Python worker per scan), the same rows and
+    """``_pending``'s rows: no Python RDD (a Python worker per scan), the same rows and
     types ``createDataFrame`` of the list would give, NULLs and timestamps included."""
     now = datetime(2026, 11, 26, 20, 5, 34, 43861, tzinfo=timezone.utc)
     rows = [("s1", "t", "email", "created", -3, 100, now),
@@ -60,8 +60,7 @@ def _jobs_of(spark, frame, group: str) -> int:
 
 def test_a_continuous_stream_runs_a_small_query_with_a_shuffle_as_one_spark_job(spark):
     """Adaptive execution runs each exchange as a job of its own, every batch; the continuous
-    stream's session (and a writer's own, copied from it) plans without it, and a catch-up
-    (``continuous=False``) keeps it."""
+    stream's session plans without it, and a catch-up (``continuous=False``) keeps it."""
     def counts(session):        # a new query each time (a plan is kept once executed)
         return session.range(200).groupBy((F.col("id") % 7).alias("k")).count()
 
@@ -69,8 +68,6 @@ def test_a_continuous_stream_runs_a_small_query_with_a_shuffle_as_one_spark_job(
         assert _jobs_of(spark, counts(spark), "catch-up") >= 2
     with low_latency(spark, continuous=True):
         assert _jobs_of(spark, counts(spark), "continuous") == 1
-        writer = writer_session(spark)
-        assert _jobs_of(writer, counts(writer), "writer") == 1
     assert _jobs_of(spark, counts(spark), "after") >= 2     # the session's own setting is back
 
 
