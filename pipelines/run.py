@@ -196,7 +196,8 @@ class Pipeline:
         silver = SilverWriter(paths.silver, paths.quarantine, self.config.tables,
                               refresh_known=known_tables(self.config, self._delta_rs_options),
                               guard=self.config.guard_on("silver_txn"),
-                              counted_tables=self.config.counted.names)
+                              counted_tables=self.config.counted.names,
+                              storage_options=self._delta_rs_options)
         self._observe_streams()
         prepare(self.spark, paths, silver, self.faults)
         self.seed_gold_from_baseline()

@@ -6,9 +6,13 @@ appends one row per bronze row to ``silver/changes`` and the batch's failed rows
 and the error) to ``silver/quarantine``.
 
 - **Exactly once per table.** Each append carries a Delta app transaction
-  (``txnAppId`` ``lakecdc-silver`` / ``lakecdc-quarantine``, ``txnVersion`` = the stream's
-  batch id): a batch that re-runs after a kill between the append and Spark's checkpoint
-  commit is recognised by Delta and skipped. The stream's checkpoint is the record of which
+  (``lakecdc-silver`` / ``lakecdc-quarantine``, version = the stream's batch id) and the
+  batch id in its metadata: a batch that re-runs after a kill between the append and
+  Spark's checkpoint commit is recognised (``last_batch``) and skipped.
+- **Small batches through delta-rs.** A batch of at most ``DRIVER_APPEND_ROWS`` rows (a
+  continuous stream's) comes to the driver as Arrow and delta-rs appends it: a Spark append
+  cost 0.6 s and most of a core per batch, whatever its size (docs/silver.md). A bigger
+  batch (a catch-up) is appended by Spark, out of the driver's memory. The stream's checkpoint is the record of which
   bronze rows a batch id covers, so ``require_checkpoint`` refuses to stream into a table
   that holds streamed batches its checkpoint does not know (F18).
 - **Append-only.** Both tables are created up front with an explicit schema and
@@ -28,14 +32,16 @@ from datetime import datetime
 from typing import Callable, Iterable
 
 from delta.tables import DeltaTable
+from deltalake import write_deltalake
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from core.commits import commit_metadata, last_metadata
+from core.commits import commit_metadata, last_metadata, rs_commit
 from core.errors import UserError
 from core.layout import QUARANTINE, SILVER, Table
 from core.snapshots import warm_in_background
+from core.storage import delta_rs_uri
 from core.tables import create_table
 from silver.parse import parse_changes, quarantine_rows
 from silver.schema import SILVER_ADDED, SILVER_CHANGES, SILVER_QUARANTINE
@@ -58,6 +64,9 @@ TABLE_PROPERTIES = {
     "delta.dataSkippingNumIndexedCols": "9",
 }
 STATS_COLUMNS = SILVER_CHANGES.names[:int(TABLE_PROPERTIES["delta.dataSkippingNumIndexedCols"])]
+# Up to this many rows, a batch is appended from Arrow on the driver (about 2.5 KB a row
+# there, column maps included: 0.12 GB at most).
+DRIVER_APPEND_ROWS = 50_000
 
 
 @dataclass(frozen=True)
@@ -95,8 +104,10 @@ class SilverWriter:
     def __init__(self, silver_path: str, quarantine_path: str,
                  known_tables: Iterable[str], guard: bool = True,
                  counted_tables: Iterable[str] | None = None,
-                 refresh_known: Callable[[], Iterable[str]] | None = None) -> None:
+                 refresh_known: Callable[[], Iterable[str]] | None = None,
+                 storage_options: dict | None = None) -> None:
         self.silver_path = silver_path
+        self.storage_options = storage_options      # delta-rs's, for a lakehouse on S3
         self.quarantine_path = quarantine_path
         self.known_tables = tuple(known_tables)
         # Read before each batch when the captured set can change while running (``lakecdc
@@ -168,15 +179,20 @@ class SilverWriter:
                 self._written[path] = -1 if found is None else found
             if self._written[path] >= batch_id:
                 return 0
-        writer = (rows.write.format("delta").mode("append")
-                  .option("userMetadata", commit_metadata("silver", batch_id=batch_id,
-                                                          rows=count)))
-        if self.guard:
-            writer = writer.option("txnAppId", app_id).option("txnVersion", batch_id)
-        writer.save(path)
+        meta = commit_metadata("silver", batch_id=batch_id, rows=count)
+        if count <= DRIVER_APPEND_ROWS:
+            write_deltalake(delta_rs_uri(path), rows.toArrow(), mode="append",
+                            commit_properties=rs_commit(meta, app_id if self.guard else None,
+                                                        batch_id),
+                            storage_options=self.storage_options)
+        else:
+            writer = rows.write.format("delta").mode("append").option("userMetadata", meta)
+            if self.guard:
+                writer = writer.option("txnAppId", app_id).option("txnVersion", batch_id)
+            writer.save(path)
+            if self.guard:
+                warm_in_background(spark, path)      # for a next batch's app transaction
         self._written[path] = batch_id
-        if self.guard:
-            warm_in_background(spark, path)      # for the next batch's app transaction
         return count
 
 
