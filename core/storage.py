@@ -4,9 +4,10 @@ Users write one root, ``LAKECDC_LAKEHOUSE`` (``./lakehouse``, ``/data/lakehouse`
 ``s3://bucket/prefix``). Two engines read and write the tables under it, and this module is
 the one place that turns the root into each engine's terms:
 
-- **delta-rs** (shipper, setup, gold's MERGE, push, status; no JVM) takes ``s3://`` URIs with storage
-  options: the endpoint and region, and plain HTTP allowed when the endpoint is ``http://``
-  (a local S3-compatible server). Commits use S3's put-if-absent (conditional writes), so
+- **delta-rs** (shipper, setup, push, status; no JVM; and in the stream, gold's and the
+  mirrors' MERGEs and silver's small appends) takes ``s3://`` URIs with storage options:
+  the endpoint and region, and plain HTTP allowed when the endpoint is ``http://`` (a local
+  S3-compatible server). Commits use S3's put-if-absent (conditional writes), so
   no DynamoDB lock is needed; every lakecdc table has a single writer anyway.
 - **Spark outside Databricks** reaches S3 through Hadoop's ``s3a`` connector: paths become
   ``s3a://`` (``spark_path``), the session loads ``hadoop-aws`` of the Hadoop version inside

@@ -13,7 +13,7 @@ docs/silver.md, "Mirrors", is the user's account; the rules, per micro-batch of 
   dropped and the MERGE deletes every row its source does not name.
 - One MERGE per changed table: Spark folds and types the changes into the MERGE's source,
   which comes to the driver as Arrow, and delta-rs runs the MERGE (a Spark MERGE cost 1-2
-  s and a few CPU-seconds per table per batch, whatever its size; docs/silver.md). It sets
+  s and a few CPU-seconds per table per batch, whatever its size; docs/gold.md). It sets
   final rows, not increments, so re-applying a batch after a kill (before the query's
   checkpoint commit) leaves the same mirror; its Delta app transaction ``lakecdc-mirror``,
   version = batch id (times ``PARTS``, plus the part), is checked first, so the tables
