@@ -8,13 +8,14 @@ and the error) to ``silver/quarantine``.
 - **Exactly once per table.** Each append carries a Delta app transaction
   (``lakecdc-silver`` / ``lakecdc-quarantine``, version = the stream's batch id) and the
   batch id in its metadata: a batch that re-runs after a kill between the append and
-  Spark's checkpoint commit is recognised (``last_batch``) and skipped.
+  Spark's checkpoint commit is recognised (``last_batch``) and skipped. The stream's
+  checkpoint is the record of which bronze rows a batch id covers, so
+  ``require_checkpoint`` refuses to stream into a table that holds streamed batches its
+  checkpoint does not know (F18).
 - **Small batches through delta-rs.** A batch of at most ``DRIVER_APPEND_ROWS`` rows (a
   continuous stream's) comes to the driver as Arrow and delta-rs appends it: a Spark append
-  cost 0.6 s and most of a core per batch, whatever its size (docs/silver.md). A bigger
-  batch (a catch-up) is appended by Spark, out of the driver's memory. The stream's checkpoint is the record of which
-  bronze rows a batch id covers, so ``require_checkpoint`` refuses to stream into a table
-  that holds streamed batches its checkpoint does not know (F18).
+  took 0.6-0.75 s of such a batch, whatever its size (docs/silver.md, "Delivery"). A
+  bigger batch (a catch-up's) is appended by Spark, out of the driver's memory.
 - **Append-only.** Both tables are created up front with an explicit schema and
   ``delta.appendOnly=true``, so analysts and other engines can read them as streams.
 - **Never raises on data.** A row that cannot be parsed becomes an ``error`` row in
