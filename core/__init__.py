@@ -9,9 +9,9 @@
   logical message lakecdc writes (``emit_message``);
 - ``locks``: advisory locks (the gold writer, the shipper) and who holds them;
 - ``storage``: where the lakehouse is (local or S3), its writability check,
-  how a gold table is named across engines (``gold_key``);
+  how a table is named across engines (``delta_rs_uri``, ``gold_key``);
 - ``spark``: the one Spark session factory;
-- ``commits``: lakecdc's metadata in Delta commits; ``tables``: creating its Delta tables;
+- ``commits``: lakecdc's metadata in Delta commits, and delta-rs commits carrying it; ``tables``: creating its Delta tables;
 - ``snapshots``: Delta snapshot prewarm after a write;
 - ``checkpoints``: reading a streaming checkpoint's offsets and commits;
 - ``faults``: named fault points for the kill tests;

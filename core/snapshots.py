@@ -1,6 +1,7 @@
 """Delta snapshot state computed ahead of the next write: a speed-up, nothing else.
 
-A Delta write carrying an app transaction (``txnAppId``: silver's appends, gold's MERGE)
+A Spark Delta write carrying an app transaction (``txnAppId``: silver's appends of batches
+too big for delta-rs from the driver; gold's MERGE until it moved to delta-rs)
 asks its snapshot for the table's app transactions, and Delta 4.x answers by reconstructing
 the snapshot's whole state - a few Spark jobs, about 0.4-0.6 s on 2 cores - on the write's
 path. Right after a commit of this process, the table's new snapshot is the one its next
