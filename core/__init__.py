@@ -12,7 +12,6 @@
   how a table is named across engines (``delta_rs_uri``, ``gold_key``);
 - ``spark``: the one Spark session factory;
 - ``commits``: lakecdc's metadata in Delta commits, and delta-rs commits carrying it; ``tables``: creating its Delta tables;
-- ``snapshots``: Delta snapshot prewarm after a write;
 - ``checkpoints``: reading a streaming checkpoint's offsets and commits;
 - ``faults``: named fault points for the kill tests;
 - ``progress``: a progress bar or log line for long counts and copies; ``units``: byte

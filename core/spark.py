@@ -15,8 +15,9 @@ with one sentence rather than failing later inside a stream.
 
 from __future__ import annotations
 
+import os
+import sys
 from contextlib import contextmanager
-from typing import Callable, TypeVar
 
 import pyarrow as pa
 from pyspark import SparkContext
@@ -50,28 +51,6 @@ _LOCAL_CONF = {
     "spark.driver.extraJavaOptions": "-Dio.netty.tryReflectionSetAccessible=true -Xss16m "
                                      "-XX:+UseParallelGC",
 }
-
-T = TypeVar("T")
-_BUILT: dict = {}
-
-
-def built_once(key: tuple, build: Callable[[], T]) -> T:
-    """``build()``'s result for ``key``, built once per Spark context (again after the context
-    changes, or when ``key`` does): for column expressions a transform applies to every
-    micro-batch.
-
-    A ``Column`` is an unresolved expression, valid on any DataFrame with the columns it
-    names; but building one costs a round trip to the JVM per function call, and a parse of
-    a batch calls hundreds: 0.7-1 s of every stream batch on 2 busy cores (measured
-    2026-11-26), before any Spark job. ``key[0]`` names the transform; one entry is kept per
-    name."""
-    context = SparkContext._active_spark_context
-    name, found = key[0], _BUILT.get(key[0])
-    if found is None or found[0] is not context or found[1] != key:
-        found = (context, key, build())
-        _BUILT[name] = found
-    return found[2]
-
 
 def arrow_rows(rows: list[tuple], schema: StructType) -> pa.Table:
     """``rows`` (tuples in ``schema``'s column order) as an Arrow table of ``schema``'s
@@ -152,6 +131,9 @@ def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None =
 
     s3 = lakehouse is not None and lakehouse.is_s3
     running = SparkContext._active_spark_context
+    # Python workers (``silver.parse.parse_changes``) run this process's interpreter, which
+    # has lakecdc's dependencies, not whatever ``python3`` is first on the PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (SparkSession.builder.appName(app_name)
                .master("local[2]")
                .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")

@@ -15,7 +15,7 @@ Tables (both Delta, both written only here):
 Batch ``b`` takes the six steps of docs/gold.md, "Exactly once: order of writes and
 replay": (1) return if ``_pending``'s newest commit is ``b``'s; (2) read ``_pending`` at a
 pinned version (known empty, and not read, after this writer's own empty ``b-1``); (3) the
-batch's contribution lines in one Spark job, planned (``gold.plan``) and checked for stop
+batch's contribution lines (Arrow, on the driver), planned (``gold.plan``) and checked for stop
 conditions before any write; (4) MERGE the net key deltas of the complete prefix, with
 the app transaction ``b`` and the watermark, through delta-rs (skipped when gold records
 ``b`` already); (5) overwrite ``_pending`` with the carried rest (Spark, ``txnAppId``/
@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from delta.tables import DeltaTable
 from deltalake import DeltaTable as RsTable
 from pyspark.sql import DataFrame, SparkSession
@@ -269,16 +271,16 @@ class GoldBatchWriter:
                 .load(self.paths.pending).toArrow().to_pylist())]
         return PendingHead(version, last_batch, replayed, stored)
 
-    def apply(self, batch: DataFrame, batch_id: int,
+    def apply(self, spark: SparkSession, batch: pa.Table, batch_id: int,
               planned: Callable[[Planned], None] | None = None,
               head: PendingHead | None = None) -> GoldBatch:
-        """Steps (1)-(6) of the module docstring; ``head``: this batch's steps (1)-(2), read
-        by ``head`` (read here if None). ``planned`` is called with the batch's step right
+        """Steps (1)-(6) of the module docstring for the silver rows ``batch`` (Arrow, the
+        columns ``gold.deltas`` reads); ``head``: this batch's steps (1)-(2), read by
+        ``head`` (read here if None). ``planned`` is called with the batch's step right
         before the MERGE (not when nothing is applied, nor on a replay that returns at step
         (1))."""
         watermark, self._watermark = self._watermark, None
         started = time.monotonic()
-        spark = batch.sparkSession
         if head is None:
             head = self.head(spark, batch_id)
         if head.replayed:
@@ -286,13 +288,13 @@ class GoldBatchWriter:
         stored = head.stored
         # Carried rows below the floor are inside a baseline a rebuild wrote since.
         carried = [line for line in stored if line[0] >= self.floor_lsn]
-        # Step (3) from one Spark job: the batch's contribution lines, and whether a row
-        # stops gold (``gold.deltas.lines``); the rest is decided on the driver.
-        silver = batch.where(F.col("commit_lsn") >= F.lit(self.floor_lsn))
-        found = D.lines(silver, self.tables, self.accept_errors_upto).toArrow()
+        # Step (3) on the driver: the batch's contribution lines, and whether a row stops
+        # gold (``gold.deltas.line_table``), then the plan.
+        silver = batch.filter(pc.greater_equal(batch.column("commit_lsn"), self.floor_lsn))
+        found = D.line_table(silver, self.tables, self.accept_errors_upto)
         if found.column("problem_rank").null_count < found.num_rows:
-            problem = D.problems(silver, self.tables, self.accept_errors_upto).first()
-            raise D.stop_error(problem.asDict(), self.tables)
+            problem = D.problem_rows(silver, self.tables, self.accept_errors_upto)
+            raise D.stop_error(problem.slice(0, 1).to_pylist()[0], self.tables)
         batch_lines = list(zip(*(column.to_pylist() for column in
                                  found.drop_columns(["problem_rank"]).columns)))
         plan = plan_batch(batch_lines + carried)

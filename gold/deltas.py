@@ -1,4 +1,6 @@
-"""silver → signed count deltas: pure DataFrame transforms, no I/O (docs/gold.md).
+"""silver → signed count deltas: pure transforms, no I/O (docs/gold.md). The rules are
+evaluated in Arrow (``line_table``, ``problem_rows``); the Spark functions run them in each
+task (``mapInArrow``) for whole-table jobs (``gold.asof``).
 
 Per silver row, with dims = (service_id, template_id, notification_type, notification_status):
 
@@ -34,8 +36,12 @@ transaction carried between micro-batches is just its aggregated contributions (
 
 from __future__ import annotations
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     IntegerType,
     LongType,
@@ -48,7 +54,6 @@ from pyspark.sql.types import (
 from core.captured import COUNTED, DIMS, CountedTables  # noqa: F401 (re-exported)
 from core.errors import UserError
 from core.lsn import fmt
-from core.spark import built_once
 
 REBUILD = "rebuild gold from the source with `lakecdc backfill rebuild-gold`"
 
@@ -63,6 +68,22 @@ CONTRIBUTIONS = StructType([
     StructField("delta", LongType(), False),
     StructField("rows", LongType(), False),
 ])
+
+_KEY = ("commit_lsn", "tx_changes", *DIMS)
+# The lines of ``line_table``: CONTRIBUTIONS and each line's most important problem.
+_LINES_SPARK = StructType([*CONTRIBUTIONS.fields,
+                           StructField("problem_rank", IntegerType(), True)])
+_LINES = to_arrow_schema(_LINES_SPARK)
+_PROBLEM_ROWS = StructType([
+    StructField("problem", StringType(), False),
+    StructField("commit_lsn", LongType(), False),
+    StructField("seq", IntegerType(), False),
+    *[StructField(c, StringType(), True) for c in ("schema_name", "table_name", "op",
+                                                   "error")],
+])
+# The silver columns the rules read.
+_GOLD_READS = ("commit_lsn", "seq", "tx_changes", "commit_ts", "op", "schema_name",
+               "table_name", *DIMS, "old_id", *[f"old_{c}" for c in DIMS], "error")
 
 KEY_DELTAS = StructType([
     *[StructField(c, StringType(), False) for c in DIMS],
@@ -88,52 +109,81 @@ class GoldInputError(RuntimeError):
     """Silver broke its contract (more rows for a transaction than it has, ...): a bug."""
 
 
-def _is(table: tuple[str, str]) -> Column:
-    return (F.col("schema_name") == table[0]) & (F.col("table_name") == table[1])
-
-
-def _all_set(cols: list[str]) -> Column:
-    cond = F.lit(True)
-    for c in cols:
-        cond = cond & F.col(c).isNotNull()
-    return cond
-
-
 class _Rules:
-    """The row predicates of the table above, as Spark columns (NULL-safe via coalesce)."""
+    """The row predicates of the table above, over an Arrow table of silver rows, as numpy
+    masks (NULL never matches: a NULL op or table is no I, U, D or counted table)."""
 
-    def __init__(self, tables: CountedTables, accept_errors_upto: int) -> None:
-        op = F.col("op")
-        live = F.coalesce(_is(tables.live), F.lit(False))
-        counted = live | F.coalesce(_is(tables.history), F.lit(False))
-        self.error = F.col("error").isNotNull()
-        self.error_stops = self.error & (F.col("commit_lsn") > F.lit(accept_errors_upto))
+    def __init__(self, silver: pa.Table, tables: CountedTables, accept_errors_upto: int):
+        op = silver.column("op")
+
+        def is_op(*ops: str) -> np.ndarray:
+            return _np(pc.is_in(op, value_set=pa.array(ops)))
+
+        def is_table(table: tuple[str, str]) -> np.ndarray:
+            return _np(pc.and_(pc.equal(silver.column("schema_name"), table[0]),
+                               pc.equal(silver.column("table_name"), table[1])))
+
+        def all_set(cols: list[str]) -> np.ndarray:
+            found = np.ones(silver.num_rows, bool)
+            for c in cols:
+                found &= np.asarray(pc.is_valid(silver.column(c)))
+            return found
+
+        live = is_table(tables.live)
+        counted = live | is_table(tables.history)
+        self.error = np.asarray(pc.is_valid(silver.column("error")))
+        error_stops = self.error & (silver.column("commit_lsn").to_numpy()
+                                    > accept_errors_upto)
         clean = ~self.error
-        has_identity = F.col("old_id").isNotNull()
-        for c in DIMS:
-            has_identity = has_identity | F.col(f"old_{c}").isNotNull()
-        self.plus_new = clean & counted & ((op == "I") | ((op == "U") & has_identity))
-        self.minus_old = clean & counted & (((op == "U") & has_identity)
-                                            | ((op == "D") & live))
-        self.problem = (
-            F.when(clean & live & (op == "T"), F.lit(TRUNCATE))
-            .when(self.error_stops, F.lit(ERROR_ROW))
-            .when(self.minus_old & ~_all_set([f"old_{c}" for c in DIMS]), F.lit(NO_OLD_DIMS))
-            .when(self.plus_new & ~_all_set(list(DIMS)), F.lit(NO_NEW_DIMS))
-            .when(clean & (op.isNull() | ~op.isin(*OPS)), F.lit(BAD_OP)))
+        has_identity = np.zeros(silver.num_rows, bool)
+        for c in ("id", *DIMS):
+            has_identity |= np.asarray(pc.is_valid(silver.column(f"old_{c}")))
+        self.plus_new = clean & counted & (is_op("I") | (is_op("U") & has_identity))
+        self.minus_old = clean & counted & ((is_op("U") & has_identity)
+                                            | (is_op("D") & live))
+        # The most important problem of each row, as its 1-based rank in PROBLEMS (0: none).
+        found = [clean & live & is_op("T"),
+                 error_stops,
+                 self.minus_old & ~all_set([f"old_{c}" for c in DIMS]),
+                 self.plus_new & ~all_set(list(DIMS)),
+                 clean & ~is_op(*OPS)]
+        self.rank = np.zeros(silver.num_rows, np.int32)
+        for rank, matches in reversed(list(enumerate(found, 1))):
+            self.rank[matches] = rank
 
 
-def problems(silver: DataFrame, tables: CountedTables = COUNTED,
-             accept_errors_upto: int = 0) -> DataFrame:
+def _np(mask) -> np.ndarray:
+    """A boolean Arrow array as numpy, NULL as False."""
+    return np.asarray(pc.fill_null(mask, False))
+
+
+def problem_rows(silver: pa.Table, tables: CountedTables = COUNTED,
+                 accept_errors_upto: int = 0) -> pa.Table:
     """Silver rows gold refuses to count, most important problem first, then by key.
 
     Columns: problem, commit_lsn, seq, schema_name, table_name, op, error.
     """
-    rules = _Rules(tables, accept_errors_upto)
+    rank = _Rules(silver, tables, accept_errors_upto).rank
+    rows = silver.filter(pa.array(rank > 0)).select(
+        ["commit_lsn", "seq", "schema_name", "table_name", "op", "error"])
+    rank = rank[rank > 0]
+    rows = rows.append_column("_rank", pa.array(rank)).sort_by(
+        [("_rank", "ascending"), ("commit_lsn", "ascending"), ("seq", "ascending")])
+    problem = pa.array(PROBLEMS).take(pc.subtract(rows.column("_rank"), 1))
+    return rows.drop_columns(["_rank"]).add_column(0, "problem", problem).cast(
+        to_arrow_schema(_PROBLEM_ROWS))
+
+
+def problems(silver: DataFrame, tables: CountedTables = COUNTED,
+             accept_errors_upto: int = 0) -> DataFrame:
+    """``problem_rows`` over a Spark DataFrame of silver rows."""
+    def found(batches):
+        for batch in batches:
+            yield from problem_rows(pa.Table.from_batches([batch]), tables,
+                                    accept_errors_upto).to_batches()
+
     rank = F.array_position(F.array(*[F.lit(p) for p in PROBLEMS]), F.col("problem"))
-    return (silver.select(rules.problem.alias("problem"), "commit_lsn", "seq", "schema_name",
-                          "table_name", "op", "error")
-            .where(F.col("problem").isNotNull())
+    return (silver.select(*_GOLD_READS).mapInArrow(found, _PROBLEM_ROWS)
             .orderBy(rank, "commit_lsn", "seq"))
 
 
@@ -163,58 +213,63 @@ def stop_error(problem: dict, tables: CountedTables = COUNTED) -> Exception:
                           "silver broke its contract (op in I/U/D/T/M/R, or error set).")
 
 
-def contributions(silver: DataFrame, tables: CountedTables = COUNTED) -> DataFrame:
-    """Signed contributions of silver rows, aggregated per (commit_lsn, tx_changes, dims).
+def line_table(silver: pa.Table, tables: CountedTables = COUNTED,
+               accept_errors_upto: int = 0) -> pa.Table:
+    """Signed contribution lines of silver rows (an Arrow table), summed per
+    (commit_lsn, tx_changes, dims): ``CONTRIBUTIONS`` plus ``problem_rank``, per line the
+    most important problem among the rows it sums (its 1-based rank in ``PROBLEMS``), NULL
+    if none. Everything a gold batch decides on (``gold.plan``); when a line has a problem,
+    ``problem_rows`` names the row to stop on.
 
-    Each row gives one row-count line (dims NULL, rows 1) plus its +1 / -1 dims lines;
-    stop-worthy rows (see ``problems``) are not excluded here - check them first. Lines
-    whose delta sums to 0 are kept: the row counts are what completeness is judged on, and
-    a zero key line is dropped later, in ``key_deltas``.
-    """
-    return aggregate(silver.select(*_exploded(tables, 0, with_problem=False)))
+    Each row gives one row-count line (dims NULL, rows 1, the row's problem) plus its +1 /
+    -1 dims lines. Lines whose delta sums to 0 are kept: the row counts are what
+    completeness is judged on, and a zero key line is dropped later, in ``key_deltas``.
+    In Arrow, not Spark: the Spark aggregate took 1.7-2.1 s of a 308,289-row catch-up batch,
+    this about a tenth of it (docs/gold.md)."""
+    rules = _Rules(silver, tables, accept_errors_upto)
+    n = silver.num_rows
+    take_new, take_old = np.flatnonzero(rules.plus_new), np.flatnonzero(rules.minus_old)
+    parts = [pa.table({
+        "commit_lsn": silver.column("commit_lsn"), "tx_changes": silver.column("tx_changes"),
+        **{c: pa.nulls(n, pa.string()) for c in DIMS},
+        "commit_ts": silver.column("commit_ts"),
+        "delta": pa.array(np.zeros(n, np.int64)), "rows": pa.array(np.ones(n, np.int64)),
+        "problem_rank": pa.array(rules.rank, mask=rules.rank == 0)})]
+    for at, prefix, delta in ((take_new, "", 1), (take_old, "old_", -1)):
+        rows = silver.take(at)
+        parts.append(pa.table({
+            "commit_lsn": rows.column("commit_lsn"), "tx_changes": rows.column("tx_changes"),
+            **{c: rows.column(prefix + c) for c in DIMS},
+            "commit_ts": rows.column("commit_ts"),
+            "delta": pa.array(np.full(len(at), delta, np.int64)),
+            "rows": pa.array(np.zeros(len(at), np.int64)),
+            "problem_rank": pa.nulls(len(at), pa.int32())}))
+    lines = pa.concat_tables([p.cast(_LINES) for p in parts])
+    summed = lines.group_by(list(_KEY), use_threads=False).aggregate(
+        [("commit_ts", "max"), ("delta", "sum"), ("rows", "sum"), ("problem_rank", "min")])
+    return summed.rename_columns(
+        {f"{c}_{f}": c for c, f in (("commit_ts", "max"), ("delta", "sum"), ("rows", "sum"),
+                                    ("problem_rank", "min"))}).select(_LINES.names).cast(_LINES)
+
+
+def contributions(silver: DataFrame, tables: CountedTables = COUNTED) -> DataFrame:
+    """``line_table`` over a Spark DataFrame of silver rows, without ``problem_rank``
+    (stop-worthy rows are not excluded: check ``problems`` first)."""
+    return aggregate(lines(silver, tables).drop("problem_rank"))
 
 
 def lines(silver: DataFrame, tables: CountedTables = COUNTED,
           accept_errors_upto: int = 0) -> DataFrame:
-    """``contributions`` plus ``problem_rank``: per line, the most important problem among
-    the rows it aggregates (its 1-based rank in ``PROBLEMS``), NULL if none. Everything a
-    gold batch decides on (``gold.plan``), from one pass over the batch; when a line has a
-    problem, ``problems`` names the row to stop on. Its columns are built once per Spark
-    context (``core.spark.built_once``): the stream calls it every batch.
+    """``line_table`` over a Spark DataFrame of silver rows: each task's rows summed in
+    Arrow, then summed again across tasks (the sums are associative)."""
+    def summed(batches):
+        for batch in batches:
+            yield from line_table(pa.Table.from_batches([batch]), tables,
+                                  accept_errors_upto).to_batches()
 
-    The rank is an integer so that Spark sums the lines in a hash aggregate: a struct
-    aggregate (the whole problem row) made it sort them (on 308,289 persisted rows, warm:
-    2.0 s, against 1.1 s for the same lines without it; docs/gold.md)."""
-    exploded, sums, out = built_once(("gold.lines", tables, accept_errors_upto), lambda: (
-        _exploded(tables, accept_errors_upto, with_problem=True),
-        [*_sums(), F.min("problem_rank").alias("problem_rank")],
-        [*[F.col(f.name).cast(f.dataType) for f in CONTRIBUTIONS.fields],
-         F.col("problem_rank")]))
-    return (silver.select(*exploded).groupBy("commit_lsn", "tx_changes", *DIMS)
-            .agg(*sums).select(*out))
-
-
-def _exploded(tables: CountedTables, accept_errors_upto: int,
-              with_problem: bool) -> list[Column]:
-    """The columns of a silver batch's contribution lines, one row per line."""
-    rules = _Rules(tables, accept_errors_upto)
-    null_dims = [F.lit(None).cast("string").alias(c) for c in DIMS]
-    rank = F.array_position(F.array(*[F.lit(p) for p in PROBLEMS]), rules.problem)
-    no_rank = F.lit(None).cast("int")
-
-    def line(dims: list[Column], delta: int, rows: int, flagged: bool = False) -> Column:
-        extra = [(rank.cast("int") if flagged else no_rank).alias("problem_rank")] \
-            if with_problem else []
-        return F.struct(*dims, F.lit(delta).cast("long").alias("delta"),
-                        F.lit(rows).cast("long").alias("rows"), *extra)
-
-    lines_ = F.array(
-        line(null_dims, 0, 1, flagged=True),
-        F.when(rules.plus_new, line([F.col(c).alias(c) for c in DIMS], +1, 0)),
-        F.when(rules.minus_old, line([F.col(f"old_{c}").alias(c) for c in DIMS], -1, 0)))
-    # array_compact, not a filter lambda: Spark runs higher-order functions interpreted.
-    return [F.col("commit_lsn"), F.col("tx_changes"), F.col("commit_ts"),
-            F.inline(F.array_compact(lines_))]
+    return (silver.select(*_GOLD_READS).mapInArrow(summed, _LINES_SPARK)
+            .groupBy(*_KEY).agg(*_sums(), F.min("problem_rank").alias("problem_rank"))
+            .select(*[F.col(f.name).cast(f.dataType) for f in _LINES_SPARK.fields]))
 
 
 def _sums() -> list[Column]:
@@ -223,12 +278,18 @@ def _sums() -> list[Column]:
             F.sum("rows").cast("long").alias("rows")]
 
 
+def _history_change(silver: DataFrame, tables: CountedTables, op: str) -> Column:
+    """A clean (parsed) ``op`` on the history table."""
+    return (F.col("error").isNull() & (F.col("op") == op)
+            & F.coalesce((F.col("schema_name") == tables.history[0])
+                         & (F.col("table_name") == tables.history[1]), F.lit(False)))
+
+
 def history_purges(silver: DataFrame, tables: CountedTables = COUNTED) -> DataFrame:
     """Rows deleted from ``notification_history`` (retention purges), counted per old dims
     (dims, ``purged``). Gold keeps counting them (delta 0), the source no longer has them:
     ``verify`` adds them back to the source's ``GROUP BY`` to get the truth."""
-    rules = _Rules(tables, accept_errors_upto=0)
-    purge = ~rules.error & F.coalesce(_is(tables.history), F.lit(False)) & (F.col("op") == "D")
+    purge = _history_change(silver, tables, "D")
     return (silver.where(purge)
             .groupBy(*[F.col(f"old_{c}").alias(c) for c in DIMS])
             .agg(F.count(F.lit(1)).cast("long").alias("purged")))
@@ -236,9 +297,7 @@ def history_purges(silver: DataFrame, tables: CountedTables = COUNTED) -> DataFr
 
 def history_truncates(silver: DataFrame, tables: CountedTables = COUNTED) -> DataFrame:
     """TRUNCATEs of ``notification_history`` (commit_lsn): rows gone without their dims."""
-    rules = _Rules(tables, accept_errors_upto=0)
-    return silver.where(~rules.error & F.coalesce(_is(tables.history), F.lit(False))
-                        & (F.col("op") == "T")).select("commit_lsn")
+    return silver.where(_history_change(silver, tables, "T")).select("commit_lsn")
 
 
 def aggregate(lines: DataFrame) -> DataFrame:

@@ -1,7 +1,7 @@
 """What one gold batch applies, from its aggregated contributions: pure Python, no I/O.
 
-The stream's batch reaches the driver as its contribution lines (``gold.deltas.lines``: a
-few per source transaction and key, one Spark job), joined by the lines ``_pending``
+The stream's batch becomes its contribution lines on the driver (``gold.deltas.line_table``:
+a few per source transaction and key), joined by the lines ``_pending``
 carried from earlier batches. ``plan`` then decides, as ``gold.apply`` documents:
 
 - a source transaction is *complete* when its lines hold ``tx_changes`` rows, and *broken*

@@ -1,9 +1,11 @@
 """One micro-batch of bronze rows into silver, exactly once (docs/silver.md).
 
 ``SilverWriter`` is the silver half of the one-pass stream (``pipelines.stream``):
-``parse`` parses the batch once (``silver.parse``) for silver and gold alike; ``append``
-appends one row per bronze row to ``silver/changes`` and the batch's failed rows (raw JSON
-and the error) to ``silver/quarantine``.
+``parse`` collects the batch's bronze rows to the driver as Arrow and parses them once
+(``silver.parse``) for silver and gold alike; ``append`` appends one row per bronze row to
+``silver/changes`` and the batch's failed rows (raw JSON and the error) to
+``silver/quarantine``, both with delta-rs. The stream bounds a batch's size, and so the
+driver's memory (``pipelines.stream.BATCH_BYTES``).
 
 - **Exactly once per table.** Each append carries a Delta app transaction
   (``lakecdc-silver`` / ``lakecdc-quarantine``, version = the stream's batch id) and the
@@ -12,10 +14,9 @@ and the error) to ``silver/quarantine``.
   checkpoint is the record of which bronze rows a batch id covers, so
   ``require_checkpoint`` refuses to stream into a table that holds streamed batches its
   checkpoint does not know (F18).
-- **Small batches through delta-rs.** A batch of at most ``DRIVER_APPEND_ROWS`` rows (a
-  continuous stream's) comes to the driver as Arrow and delta-rs appends it: a Spark append
-  took 0.6-0.75 s of such a batch, whatever its size (docs/silver.md, "Delivery"). A
-  bigger batch (a catch-up's) is appended by Spark, out of the driver's memory.
+- **Arrow and delta-rs, not Spark jobs.** A Spark parse and append cost a continuous
+  batch 0.6-0.75 s whatever its size, and a catch-up about 45 CPU-µs a row; the Arrow parse
+  and delta-rs append cost a fraction of either (docs/silver.md, "Delivery").
 - **Append-only.** Both tables are created up front with an explicit schema and
   ``delta.appendOnly=true``, so analysts and other engines can read them as streams.
 - **Never raises on data.** A row that cannot be parsed becomes an ``error`` row in
@@ -32,19 +33,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable, Iterable
 
+import numpy as np
+import pyarrow as pa
 from delta.tables import DeltaTable
 from deltalake import write_deltalake
-from pyspark.sql import DataFrame, Row, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from core.commits import commit_metadata, last_metadata, rs_commit
 from core.errors import UserError
 from core.layout import QUARANTINE, SILVER, Table
-from core.snapshots import warm_in_background
 from core.storage import delta_rs_uri
 from core.tables import create_table
-from silver.parse import parse_changes, quarantine_rows
+from silver.parse import BRONZE_COLUMNS, parse_table, quarantine_table
 from silver.schema import SILVER_ADDED, SILVER_CHANGES, SILVER_QUARANTINE
 
 log = logging.getLogger("lakecdc.silver")
@@ -65,9 +66,6 @@ TABLE_PROPERTIES = {
     "delta.dataSkippingNumIndexedCols": "9",
 }
 STATS_COLUMNS = SILVER_CHANGES.names[:int(TABLE_PROPERTIES["delta.dataSkippingNumIndexedCols"])]
-# Up to this many rows, a batch is appended from Arrow on the driver (about 2.5 KB a row
-# there, column maps included: 0.12 GB at most).
-DRIVER_APPEND_ROWS = 50_000
 
 
 @dataclass(frozen=True)
@@ -89,6 +87,17 @@ class SilverLocations:
         return cls(bronze_path=spark_path(config.bronze_path, on_databricks()),
                    silver_path=path(SILVER),
                    quarantine_path=path(QUARANTINE))
+
+
+@dataclass(frozen=True)
+class ParsedBatch:
+    """One micro-batch on the driver: its bronze rows and their silver rows, row for row."""
+
+    bronze: pa.Table
+    rows: pa.Table              # ``silver.parse.CHANGES_ARROW``
+    errors: int                 # rows with ``error`` set
+    commit_lsn: int | None      # the newest source commit among the rows
+    commit_ts: datetime | None
 
 
 @dataclass(frozen=True)
@@ -128,73 +137,56 @@ class SilverWriter:
         ensure_table(spark, self.quarantine_path, SILVER_QUARANTINE,
                      "lakecdc silver/quarantine")
 
-    def parse(self, bronze: DataFrame) -> tuple[DataFrame, Row]:
-        """The batch parsed once and persisted (the caller unpersists it), and its figures:
-        rows, errors, the newest commit (``lsn``, ``ts``). One Spark job."""
+    def parse(self, bronze: DataFrame) -> ParsedBatch:
+        """The batch's bronze rows collected to the driver (one Spark job), parsed once."""
         if self.refresh_known is not None:
             self.known_tables = tuple(self.refresh_known())
-        parsed = parse_changes(bronze, self.known_tables, self.counted_tables).persist()
-        try:
-            figures = parsed.agg(
-                F.count(F.lit(1)).alias("rows"),
-                F.count("error").alias("errors"),
-                F.max("commit_lsn").alias("lsn"),
-                F.max_by("commit_ts", "commit_lsn").alias("ts")).first()
-        except BaseException:
-            parsed.unpersist()
-            raise
-        return parsed, figures
+        table = bronze.select(*BRONZE_COLUMNS).toArrow()
+        rows = parse_table(table, self.known_tables, self.counted_tables)
+        lsn = rows.column("commit_lsn").to_numpy()
+        newest = int(np.argmax(lsn)) if len(lsn) else None
+        return ParsedBatch(
+            table, rows, rows.num_rows - rows.column("error").null_count,
+            None if newest is None else int(lsn[newest]),
+            None if newest is None else rows.column("commit_ts")[newest].as_py())
 
-    def append(self, bronze: DataFrame, parsed: DataFrame, figures: Row,
-               batch_id: int) -> SilverBatch:
+    def append(self, spark: SparkSession, parsed: ParsedBatch, batch_id: int) -> SilverBatch:
         """Append the parsed batch to ``silver/changes`` and its failed rows to
-        ``silver/quarantine``; returns what was written (one Spark job each).
+        ``silver/quarantine``; returns what was written.
 
         A replay (the batch id is already in a table's commits) appends nothing to that
-        table; Delta's app transaction would skip it anyway, this only saves the work and
-        reports the batch truthfully."""
-        spark = bronze.sparkSession
+        table; the app transaction records the batch for other writers, this check is what
+        skips it (delta-rs does not)."""
         try:
-            rows = self._append(spark, parsed, self.silver_path, APP_ID, batch_id,
-                                figures.rows)
+            rows = self._append(spark, parsed.rows, self.silver_path, APP_ID, batch_id)
             quarantined = 0
-            if figures.errors:
-                quarantined = self._append(spark, quarantine_rows(bronze, self.known_tables,
-                                                           self.counted_tables),
-                                           self.quarantine_path, QUARANTINE_APP_ID, batch_id,
-                                           figures.errors)
+            if parsed.errors:
+                quarantined = self._append(spark, quarantine_table(parsed.bronze, parsed.rows),
+                                           self.quarantine_path, QUARANTINE_APP_ID, batch_id)
                 log.warning("silver batch %d: %d bronze rows failed to parse; see %s",
-                            batch_id, figures.errors, self.quarantine_path)
+                            batch_id, parsed.errors, self.quarantine_path)
         except BaseException:
             self._written.clear()          # a failed append may have committed: read again
             raise
-        return SilverBatch(rows, quarantined, figures.lsn, figures.ts)
+        return SilverBatch(rows, quarantined, parsed.commit_lsn, parsed.commit_ts)
 
-    def _append(self, spark: SparkSession, rows: DataFrame, path: str, app_id: str,
-                batch_id: int, count: int) -> int:
-        """Append ``count`` rows as batch ``batch_id``; returns the rows written (0: the
-        table already holds the batch)."""
+    def _append(self, spark: SparkSession, rows: pa.Table, path: str, app_id: str,
+                batch_id: int) -> int:
+        """Append ``rows`` as batch ``batch_id``; returns the rows written (0: the table
+        already holds the batch)."""
         if self.guard:
             if path not in self._written:
                 found = last_batch(spark, path)
                 self._written[path] = -1 if found is None else found
             if self._written[path] >= batch_id:
                 return 0
-        meta = commit_metadata("silver", batch_id=batch_id, rows=count)
-        if count <= DRIVER_APPEND_ROWS:
-            write_deltalake(delta_rs_uri(path), rows.toArrow(), mode="append",
-                            commit_properties=rs_commit(meta, app_id if self.guard else None,
-                                                        batch_id),
-                            storage_options=self.storage_options)
-        else:
-            writer = rows.write.format("delta").mode("append").option("userMetadata", meta)
-            if self.guard:
-                writer = writer.option("txnAppId", app_id).option("txnVersion", batch_id)
-            writer.save(path)
-            if self.guard:
-                warm_in_background(spark, path)      # for a next batch's app transaction
+        meta = commit_metadata("silver", batch_id=batch_id, rows=rows.num_rows)
+        write_deltalake(delta_rs_uri(path), rows, mode="append",
+                        commit_properties=rs_commit(meta, app_id if self.guard else None,
+                                                    batch_id),
+                        storage_options=self.storage_options)
         self._written[path] = batch_id
-        return count
+        return rows.num_rows
 
 
 def ensure_table(spark: SparkSession, path: str, schema: StructType, description: str,

@@ -127,7 +127,7 @@ def run_gold_over_silver(spark, silver: str, gold: str, checkpoint: str, *,
 
     def batch(frame, batch_id: int) -> None:
         try:
-            results.append(apply(frame, batch_id))
+            results.append(apply(frame.sparkSession, frame.toArrow(), batch_id))
         except BaseException as exc:
             failures.append(exc)
             raise

@@ -184,14 +184,14 @@ def test_only_complete_transactions_are_applied_and_the_rest_is_carried(spark, p
     second = [r for r in rows if r not in first]
     writer = GoldBatchWriter(paths)
 
-    r0 = writer.apply(df(spark, first), 0)
+    r0 = writer.apply(spark, df(spark, first).toArrow(), 0)
     assert r0.applied_transactions == 4 and r0.pending_transactions == 1
     assert r0.commit_lsn == sim.txs[3][0]["commit_lsn"]
     assert gold_counts(spark, paths.gold) == sim.truths[3]
     # The MERGE's own metrics: one gold row per key whose net delta is not 0.
     assert r0.merged_keys == len(nonzero(sim.truths[3]))
 
-    r1 = writer.apply(df(spark, second), 1)
+    r1 = writer.apply(spark, df(spark, second).toArrow(), 1)
     assert r1.pending_transactions == 0
     assert r1.merged_keys == sum(1 for k in set(sim.truth()) | set(sim.truths[3])
                                  if sim.truth().get(k, 0) != sim.truths[3].get(k, 0))
@@ -209,10 +209,10 @@ def test_a_later_complete_transaction_waits_for_an_earlier_incomplete_one(spark,
     sim.create(a, a)                          # tx 1: two rows
     sim.create(a)                             # tx 2: one row
     writer = GoldBatchWriter(paths)
-    r0 = writer.apply(df(spark, [sim.txs[0][0], sim.txs[1][0]]), 0)
+    r0 = writer.apply(spark, df(spark, [sim.txs[0][0], sim.txs[1][0]]).toArrow(), 0)
     assert (r0.applied_transactions, r0.pending_transactions) == (0, 2)
     assert gold_counts(spark, paths.gold) == {}
-    writer.apply(df(spark, [sim.txs[0][1]]), 1)
+    writer.apply(spark, df(spark, [sim.txs[0][1]]).toArrow(), 1)
     assert gold_counts(spark, paths.gold) == sim.truth() == {a: 3}
 
 
@@ -223,10 +223,10 @@ def test_killed_after_merge_before_pending_replays_without_double_count(spark, p
     split = len(rows) - 1                     # the last transaction arrives in batch 1
     with pytest.raises(Crash):
         GoldBatchWriter(paths, guard=guard, faults=CrashAt("after_gold_merge")).apply(
-            df(spark, rows[:split]), 0)
+            spark, df(spark, rows[:split]).toArrow(), 0)
     restarted = GoldBatchWriter(paths, guard=guard)
-    restarted.apply(df(spark, rows[:split]), 0)          # Spark re-runs batch 0
-    restarted.apply(df(spark, rows[split:]), 1)
+    restarted.apply(spark, df(spark, rows[:split]).toArrow(), 0)      # Spark re-runs batch 0
+    restarted.apply(spark, df(spark, rows[split:]).toArrow(), 1)
     got = nonzero(gold_counts(spark, paths.gold))
     if guard:
         assert got == sim.truth()
@@ -249,10 +249,10 @@ def test_a_batch_that_changes_no_count_still_records_its_watermark_and_transacti
     sim = Sim()
     ids = sim.create(("svc-a", "tpl-1", "email", "delivered"))
     writer = GoldBatchWriter(paths)
-    writer.apply(df(spark, sim.rows), 0)
+    writer.apply(spark, df(spark, sim.rows).toArrow(), 0)
     version = DeltaTable(paths.gold).version()
     sim.archive(ids)
-    moved = writer.apply(df(spark, sim.txs[-1]), 1)
+    moved = writer.apply(spark, df(spark, sim.txs[-1]).toArrow(), 1)
     assert (moved.applied_transactions, moved.merged_keys) == (1, 0)
     meta = last_metadata(spark, paths.gold)
     assert (meta["batch_id"], meta["commit_lsn"]) == (1, sim.lsn)
@@ -270,12 +270,12 @@ def test_killed_after_pending_write_replay_is_a_no_op(spark, paths):
     split = len(rows) - 1
     with pytest.raises(Crash):
         GoldBatchWriter(paths, faults=CrashAt("after_gold_pending")).apply(
-            df(spark, rows[:split]), 0)
+            spark, df(spark, rows[:split]).toArrow(), 0)
     restarted = GoldBatchWriter(paths)
     # Recomputing would add the carried 2 rows to the same 2 rows again (4 of 3: a stop);
     # the recorded batch id in _pending says batch 0 is done.
-    assert restarted.apply(df(spark, rows[:split]), 0).replayed
-    restarted.apply(df(spark, rows[split:]), 1)
+    assert restarted.apply(spark, df(spark, rows[:split]).toArrow(), 0).replayed
+    restarted.apply(spark, df(spark, rows[split:]).toArrow(), 1)
     assert nonzero(gold_counts(spark, paths.gold)) == sim.truth()
 
 
@@ -285,7 +285,7 @@ def test_failure_path_truncate_stops_before_writing_anything(spark, paths):
     sim.create(a)
     sim.truncate_live()
     with pytest.raises(GoldStopped, match="rebuild-gold"):
-        GoldBatchWriter(paths).apply(df(spark, sim.rows), 0)
+        GoldBatchWriter(paths).apply(spark, df(spark, sim.rows).toArrow(), 0)
     assert gold_counts(spark, paths.gold) == {}
     assert last_metadata(spark, paths.gold) is None
 

@@ -125,18 +125,9 @@ def expected_quarantine(spark):
 ACCEPT_POISON = max(POISON)           # the operator checked quarantine: count them 0
 
 
-@pytest.fixture(params=["delta-rs", "spark"], ids=["delta-rs append", "spark append"])
-def append_by(request, monkeypatch) -> str:
-    """Silver appends a small batch from the driver with delta-rs, a big one with Spark
-    (``silver.writer.DRIVER_APPEND_ROWS``): the tests taking this run once each way."""
-    if request.param == "spark":
-        monkeypatch.setattr("silver.writer.DRIVER_APPEND_ROWS", 0)
-    return request.param
-
-
 @pytest.mark.spark
 @pytest.mark.integration
-def test_shipped_changes_reach_silver_once(spark, source_db, config, append_by):
+def test_shipped_changes_reach_silver_once(spark, source_db, config):
     from bronze.ship import Shipper
     from pipelines.run import Locations
     from pipelines.setup_source import setup
@@ -248,7 +239,7 @@ def _drop_last_commit(checkpoint: Path) -> Path:
 
 
 @pytest.mark.spark
-def test_a_replayed_batch_is_skipped_by_every_sink(spark, paths, append_by):
+def test_a_replayed_batch_is_skipped_by_every_sink(spark, paths):
     """F11: killed after the batch's Delta commits, before the checkpoint's commit file."""
     append_bronze(paths.bronze, FIRST)
     append_bronze(paths.bronze, SECOND)
@@ -292,7 +283,7 @@ def test_refuses_missing_bronze_and_foreign_tables(spark, paths):
 
 @pytest.mark.spark
 def test_negative_control_without_the_silver_guard_a_replayed_batch_appends_twice(
-        spark, paths, append_by):
+        spark, paths):
     """The replay of the test above with silver's guard off (no app transaction, no replay
     check): the batch's rows land in silver a second time."""
     append_bronze(paths.bronze, SECOND)

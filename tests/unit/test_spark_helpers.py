@@ -1,33 +1,19 @@
-"""``core.spark``'s helpers for what the stream does every batch: columns built once
-(``built_once``), small driver-side rows as a local relation (``local_frame``), the
-continuous stream's session (``low_latency``), and silver's file statistics."""
+"""``core.spark``'s helpers for what the stream does every batch: small driver-side rows
+as a local relation (``local_frame``), the continuous stream's session (``low_latency``),
+and silver's file statistics."""
 
 from datetime import datetime, timezone
 
 import pyarrow as pa
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
-from core.spark import built_once, local_frame, low_latency
+from core.spark import local_frame, low_latency
 from gold.apply import MERGE_SOURCE
 from gold.deltas import CONTRIBUTIONS
+from silver.parse import CHANGES_ARROW
 from silver.schema import SILVER_CHANGES
 from silver.writer import STATS_COLUMNS, ensure_table
-
-
-def test_built_once_per_key_and_again_when_the_key_changes():
-    builds = []
-
-    def build(n):
-        return lambda: builds.append(n) or f"columns {n}"
-
-    assert built_once(("test-transform", 1), build(1)) == "columns 1"
-    assert built_once(("test-transform", 1), build(1)) == "columns 1"
-    assert builds == [1]
-    assert built_once(("test-transform", 2), build(2)) == "columns 2"
-    assert built_once(("test-transform", 2), build(2)) == "columns 2"
-    assert built_once(("test-transform", 1), build(1)) == "columns 1"
-    assert builds == [1, 2, 1]
 
 
 def test_local_frame_is_a_local_relation_with_the_rows_and_schema_given(spark):
@@ -78,8 +64,7 @@ def test_silver_files_carry_statistics_only_on_the_columns_rows_are_selected_by(
     row = {name: None for name in SILVER_CHANGES.names}
     row.update(commit_lsn=7, seq=1, tx_changes=1, lsn=6, op="I", schema_name="public",
                table_name="notifications", id="n1", service_id="s1")
-    (local_frame(spark, [tuple(row.values())], SILVER_CHANGES)
-     .write.format("delta").mode("append").save(path))
+    write_deltalake(path, pa.Table.from_pylist([row], schema=CHANGES_ARROW), mode="append")
     [added] = pa.table(DeltaTable(path).get_add_actions(flatten=True)).to_pylist()
     with_min = {key.removeprefix("min.") for key in added if key.startswith("min.")}
     assert STATS_COLUMNS[:3] == ["commit_lsn", "seq", "tx_changes"]
