@@ -290,6 +290,7 @@ class GoldBatchWriter:
         carried = [line for line in stored if line[0] >= self.floor_lsn]
         # Step (3) on the driver: the batch's contribution lines, and whether a row stops
         # gold (``gold.deltas.line_table``), then the plan.
+        batch = batch.select(list(D.GOLD_READS))       # rows are copied: not the maps
         silver = batch.filter(pc.greater_equal(batch.column("commit_lsn"), self.floor_lsn))
         found = D.line_table(silver, self.tables, self.accept_errors_upto)
         if found.column("problem_rank").null_count < found.num_rows:

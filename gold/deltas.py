@@ -81,8 +81,8 @@ _PROBLEM_ROWS = StructType([
     *[StructField(c, StringType(), True) for c in ("schema_name", "table_name", "op",
                                                    "error")],
 ])
-# The silver columns the rules read.
-_GOLD_READS = ("commit_lsn", "seq", "tx_changes", "commit_ts", "op", "schema_name",
+# The silver columns the rules read (not the column maps).
+GOLD_READS = ("commit_lsn", "seq", "tx_changes", "commit_ts", "op", "schema_name",
                "table_name", *DIMS, "old_id", *[f"old_{c}" for c in DIMS], "error")
 
 KEY_DELTAS = StructType([
@@ -183,7 +183,7 @@ def problems(silver: DataFrame, tables: CountedTables = COUNTED,
                                     accept_errors_upto).to_batches()
 
     rank = F.array_position(F.array(*[F.lit(p) for p in PROBLEMS]), F.col("problem"))
-    return (silver.select(*_GOLD_READS).mapInArrow(found, _PROBLEM_ROWS)
+    return (silver.select(*GOLD_READS).mapInArrow(found, _PROBLEM_ROWS)
             .orderBy(rank, "commit_lsn", "seq"))
 
 
@@ -226,6 +226,7 @@ def line_table(silver: pa.Table, tables: CountedTables = COUNTED,
     completeness is judged on, and a zero key line is dropped later, in ``key_deltas``.
     In Arrow, not Spark: the Spark aggregate took 1.7-2.1 s of a 308,289-row catch-up batch,
     this about a tenth of it (docs/gold.md)."""
+    silver = silver.select(list(GOLD_READS))
     rules = _Rules(silver, tables, accept_errors_upto)
     n = silver.num_rows
     take_new, take_old = np.flatnonzero(rules.plus_new), np.flatnonzero(rules.minus_old)
@@ -267,7 +268,7 @@ def lines(silver: DataFrame, tables: CountedTables = COUNTED,
             yield from line_table(pa.Table.from_batches([batch]), tables,
                                   accept_errors_upto).to_batches()
 
-    return (silver.select(*_GOLD_READS).mapInArrow(summed, _LINES_SPARK)
+    return (silver.select(*GOLD_READS).mapInArrow(summed, _LINES_SPARK)
             .groupBy(*_KEY).agg(*_sums(), F.min("problem_rank").alias("problem_rank"))
             .select(*[F.col(f.name).cast(f.dataType) for f in _LINES_SPARK.fields]))
 
