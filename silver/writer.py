@@ -234,25 +234,34 @@ def batch_files(bronze: DataFrame) -> list[str] | None:
             rdd = dependencies.apply(0).rdd()
         if rdd.getClass().getName() != _FILE_SCAN_RDD:
             return None
-        splits: dict[str, list[tuple[int, int]]] = {}
-        sizes: dict[str, int] = {}
         partitions = rdd.filePartitions()
-        for i in range(partitions.size()):
-            for split in partitions.apply(i).files():
-                path = split.filePath().toString()
-                splits.setdefault(path, []).append((split.start(), split.length()))
-                sizes[path] = split.fileSize()
+        splits = [(split.filePath().toString(), split.start(), split.length(),
+                   split.fileSize())
+                  for i in range(partitions.size()) for split in partitions.apply(i).files()]
     except Exception:                                   # not a classic session, or no plan
         return None
-    for path, parts in splits.items():
+    return whole_local_files(splits)
+
+
+def whole_local_files(splits: list[tuple[str, int, int, int]]) -> list[str] | None:
+    """The local paths of the files a scan's splits ``(uri, start, length, file size)``
+    read whole, or None when a split is not local or a byte of a file is left out."""
+    spans: dict[str, list[tuple[int, int]]] = {}
+    sizes: dict[str, set[int]] = {}
+    for uri, start, length, size in splits:
+        spans.setdefault(uri, []).append((start, length))
+        sizes.setdefault(uri, set()).add(size)
+    for uri, parts in spans.items():
+        if urlparse(uri).scheme != "file" or len(sizes[uri]) != 1:
+            return None
         end = 0
         for start, length in sorted(parts):
-            if start != end:
+            if start != end:                # a gap, or bytes read twice
                 return None
             end = start + length
-        if end != sizes[path] or urlparse(path).scheme != "file":
+        if end != sizes[uri].pop():
             return None
-    return [unquote(urlparse(path).path) for path in splits]
+    return [unquote(urlparse(uri).path) for uri in spans]
 
 
 def ensure_table(spark: SparkSession, path: str, schema: StructType, description: str,

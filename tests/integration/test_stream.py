@@ -292,3 +292,36 @@ def test_negative_control_without_the_silver_guard_a_replayed_batch_appends_twic
     run_once(spark, paths, silver_guard=False)
     keys = [tuple(r) for r in read(spark, paths.silver).select(KEY).collect()]
     assert len(keys) == 2 * len(SECOND) and len(set(keys)) == len(SECOND)
+
+
+@pytest.mark.spark
+def test_a_batch_is_read_from_exactly_its_own_bronze_files(spark, paths):
+    """``silver.writer.batch_rows`` reads a stream batch's bronze files with pyarrow when the
+    batch is exactly those files (``batch_files``); the rows are the ones Spark collects, in
+    every batch, also when Spark splits a file in several reads. Anything but the batch's
+    own plan (here: a filter on it, a plain table read) is left to Spark."""
+    from silver.writer import batch_files, batch_rows
+
+    append_bronze(paths.bronze, FIRST)
+    append_bronze(paths.bronze, SECOND)
+    seen = []
+
+    def keys(table: pa.Table) -> list[dict]:
+        return table.select(KEY).sort_by([(k, "ascending") for k in KEY]).to_pylist()
+
+    def batch(frame, batch_id: int) -> None:
+        seen.append((batch_files(frame), keys(batch_rows(frame)) == keys(frame.toArrow()),
+                     batch_files(frame.where(F.col("seq") == 0))))
+
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "1k")     # files read in splits
+    try:
+        (spark.readStream.format("delta").option("maxFilesPerTrigger", "1").load(paths.bronze)
+         .writeStream.option("checkpointLocation", paths.checkpoint).foreachBatch(batch)
+         .trigger(availableNow=True).start().awaitTermination())
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    bronze_files = sorted(str(p) for p in Path(paths.bronze).glob("*.parquet"))
+    assert len(seen) == 2 and len(bronze_files) == 2
+    assert sorted(files[0] for files, _, _ in seen) == bronze_files
+    assert all(len(files) == 1 and same and filtered is None for files, same, filtered in seen)
+    assert batch_files(read(spark, paths.bronze)) is None
