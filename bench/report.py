@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 from string import Template
 
-QUERY = "lakecdc_stream"              # the one streaming query (pipelines/stream.py)
+from core.layout import STREAM_QUERY
+
+QUERY = STREAM_QUERY                  # the one streaming query (pipelines/stream.py)
 FAST_RATE, SLOW_RATE = 2000.0, 200.0    # the freshness targets' rates (changes/s)
 
 
@@ -213,8 +215,10 @@ def _trigger_s(run: dict) -> float | None:
 
 
 def _rows_per_batch(run: dict) -> float | None:
-    q = _stream_progress(run)
-    return round(q.get("input_rows", 0) / q["batches"]) if q.get("batches") else None
+    """lakecdc's own count (Spark's ``numInputRows`` misses the bronze files the stream
+    reads itself: ``silver.writer.batch_rows``)."""
+    per = run.get("per_batch") or {}
+    return round(per["rows"]) if per.get("batches") else None
 
 
 def _neighbours(run: dict) -> str:
@@ -414,9 +418,9 @@ def fresh_progress(doc: dict) -> str:
     for run in doc["freshness"]["runs"]:
         for name, q in sorted((run.get("spark_progress") or {}).items()):
             n = max(q.get("batches", 0), 1)
+            rows = _rows_per_batch(run) if name == QUERY else round(q.get("input_rows", 0) / n)
             lines.append(f"| {_n(run['rate'])} changes/s | `{name}` | "
-                         f"{_n(q.get('batches', 0))} | "
-                         f"{_n(round(q.get('input_rows', 0) / n))} | "
+                         f"{_n(q.get('batches', 0))} | {_n(rows)} | "
                          f"{_n(q.get('triggerExecution_ms', 0) / 1000 / n)} | "
                          f"{_n(q.get('addBatch_ms', 0) / 1000 / n)} | "
                          f"{_n(q.get('queryPlanning_ms', 0) / 1000 / n)} | "

@@ -19,6 +19,7 @@ GOLD: Table = ("gold", "service_stats")
 GOLD_PENDING: Table = ("gold", "_pending")
 GOLD_BASELINE: Table = ("gold", "_baseline")
 STREAM_CHECKPOINT: Table = ("_checkpoints", "stream")     # the stream's checkpoint
+STREAM_QUERY = "lakecdc_stream"         # the stream's Spark query name (bronze → gold)
 MIRRORS: Table = ("silver", "tables")           # one mirror per captured table below it
 MIRROR_CHECKPOINT: Table = ("_checkpoints", "mirrors")
 MIRROR_BASELINES: Table = ("silver", "_mirror_baselines")    # setup's initial rows per table

@@ -41,6 +41,7 @@ from prometheus_client.process_collector import ProcessCollector
 from bronze.session_loss import RECONNECT_REASONS
 from core.config import Config
 from core.errors import UserError
+from core.layout import STREAM_QUERY
 from gold.push import LAYERS
 from pipelines.metrics_state import STATE_PARTS, StateCollector, read_state
 
@@ -170,8 +171,12 @@ class PipelineMetrics:
         _safely(record)
 
     def on_pass(self, result) -> None:
-        """A ``pipelines.stream.PassResult``: one stream batch through silver and gold."""
+        """A ``pipelines.stream.PassResult``: one stream batch through silver and gold, and
+        the stream query's input rows (lakecdc reads them, not Spark: ``on_stream_progress``)."""
         def record():
+            self.stream_rows.labels(STREAM_QUERY).inc(result.input_rows)
+            self.stream_rate.labels(STREAM_QUERY).set(
+                result.input_rows / result.seconds if result.seconds > 0 else 0.0)
             self._batch("silver", result.silver.rows, result.silver_seconds)
             gold = result.gold
             self._batch("gold", gold.silver_rows, gold.seconds, gold.applied_transactions)
@@ -193,11 +198,12 @@ class PipelineMetrics:
         """A ``StreamingQueryProgress``, per query."""
         def record():
             name = progress.name or str(progress.id)
-            rows = int(progress.numInputRows or 0)
             seconds = (progress.batchDuration or 0) / 1000.0
-            self.stream_rows.labels(name).inc(rows)
             self.stream_seconds.labels(name).observe(seconds)
-            self.stream_rate.labels(name).set(float(progress.processedRowsPerSecond or 0.0))
+            if name != STREAM_QUERY:        # its rows are counted by ``on_pass``
+                self.stream_rows.labels(name).inc(int(progress.numInputRows or 0))
+                self.stream_rate.labels(name).set(
+                    float(progress.processedRowsPerSecond or 0.0))
         _safely(record)
 
     def stream_listener(self):

@@ -45,6 +45,7 @@ from pyspark.sql.streaming import StreamingQuery
 from core.checkpoints import has_metadata, latest_planned_batch, remove_incomplete_writes
 from core.errors import UserError
 from core.faults import FaultPoints
+from core.layout import STREAM_QUERY
 from gold.apply import GoldBatch, GoldBatchWriter, GoldPaths, Planned
 from gold.deltas import REBUILD
 from gold.start import applied_batch, prepare_gold
@@ -52,7 +53,7 @@ from silver.writer import SilverBatch, SilverWriter, last_batch
 
 log = logging.getLogger("lakecdc.stream")
 
-QUERY_NAME = "lakecdc_stream"
+QUERY_NAME = STREAM_QUERY
 # The most compressed bronze bytes one micro-batch reads (Delta's ``maxBytesPerTrigger``; a
 # bigger file is read alone). A batch is parsed on the driver (``silver.writer``), so this
 # bounds the driver's memory: 16 MB of the benchmark's bronze is about 380,000 changes and
@@ -69,7 +70,10 @@ class PassResult:
     gold: GoldBatch
     seconds: float
     silver_seconds: float           # parse and the silver appends
-    parse_seconds: float = 0.0      # of which the parse (its figures job included)
+    parse_seconds: float = 0.0      # of which the parse (and reading the batch)
+    # The batch's bronze rows. Spark's progress does not count them (its ``numInputRows``
+    # is 0 when the batch's files are read by pyarrow: ``silver.writer.batch_rows``).
+    input_rows: int = 0
 
 
 @dataclass
@@ -112,13 +116,13 @@ class OnePass:
     def __call__(self, bronze: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         try:
-            written, applied, parse_seconds, silver_seconds = self._both(bronze, batch_id,
-                                                                         started)
+            written, applied, parse_seconds, silver_seconds, rows = self._both(
+                bronze, batch_id, started)
         except BaseException as exc:
             self.failure = exc
             raise
         result = PassResult(batch_id, written, applied, time.monotonic() - started,
-                            silver_seconds, parse_seconds)
+                            silver_seconds, parse_seconds, rows)
         self.run.add(result)
         log.info("batch %d: %d rows to silver (%d quarantined), %d transactions applied to "
                  "gold (%d keys), %d carried, %.2fs%s", batch_id, written.rows,
@@ -179,7 +183,7 @@ class OnePass:
             thread.join()
         if "error" in gold:
             raise gold["error"]
-        return written, gold["result"], parse_seconds, silver_seconds
+        return written, gold["result"], parse_seconds, silver_seconds, parsed.rows.num_rows
 
     def _push_ahead(self, step: Planned) -> bool:
         try:

@@ -65,8 +65,8 @@ def dash(source_db):
 
 def apply(spark, paths, sim, start, batch_id):
     """Apply the sim's transactions from index ``start`` on as batch ``batch_id``."""
-    GoldBatchWriter(paths).apply(df(spark, [r for tx in sim.txs[start:] for r in tx]),
-                                 batch_id)
+    GoldBatchWriter(paths).apply(
+        spark, df(spark, [r for tx in sim.txs[start:] for r in tx]).toArrow(), batch_id)
     return len(sim.txs)
 
 
@@ -141,8 +141,9 @@ def planned_step(spark, paths, sim, start, batch_id):
         raise Crash("before the MERGE")
 
     with pytest.raises(Crash):
-        GoldBatchWriter(paths).apply(df(spark, [r for tx in sim.txs[start:] for r in tx]),
-                                     batch_id, planned=stop_before_merge)
+        GoldBatchWriter(paths).apply(
+            spark, df(spark, [r for tx in sim.txs[start:] for r in tx]).toArrow(), batch_id,
+            planned=stop_before_merge)
     return steps[0]
 
 

@@ -325,3 +325,15 @@ def test_a_batch_is_read_from_exactly_its_own_bronze_files(spark, paths):
     assert sorted(files[0] for files, _, _ in seen) == bronze_files
     assert all(len(files) == 1 and same and filtered is None for files, same, filtered in seen)
     assert batch_files(read(spark, paths.bronze)) is None
+
+
+@pytest.mark.spark
+def test_a_batch_reads_at_most_batch_bytes_of_bronze(spark, paths, monkeypatch):
+    """The driver holds a whole batch, so a batch is bounded (``BATCH_BYTES``): two bronze
+    files bigger than the bound are two batches, each row still landing once."""
+    monkeypatch.setattr("pipelines.stream.BATCH_BYTES", "1b")
+    append_bronze(paths.bronze, FIRST)
+    append_bronze(paths.bronze, SECOND)
+    run = run_once(spark, paths, accept_errors_upto=ACCEPT_POISON)
+    assert run.batches == 2
+    assert_one_silver_row_per_bronze_row(spark, paths)
