@@ -60,13 +60,24 @@ def test_counting_does_not_block_writers(source_db):
     _populate(source_db, 2000, 4)
     committed = []
     stop = threading.Event()
+    wrote = threading.Condition()
 
     def write():
         rng = random.Random(5)
         with source_db.connect() as conn:
             while not stop.is_set():
                 insert(conn, rng, 1)
-                committed.append(1)
+                with wrote:
+                    committed.append(1)
+                    wrote.notify_all()
+
+    def chunk_counted(_rows) -> None:
+        """After each chunk, wait (up to 30 s) for a writer commit: a count that blocked
+        writers would time out here."""
+        with wrote:
+            seen = len(committed)
+            wrote.wait_for(lambda: len(committed) > seen, timeout=30)
+            progress.append(len(committed))
 
     with consistent_point(source_db.dsn) as point:
         writer = threading.Thread(target=write)
@@ -77,8 +88,7 @@ def test_counting_does_not_block_writers(source_db):
                 conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
                     sql.Literal(point.snapshot_name)))
                 progress = []
-                counts = count_truth(conn, COUNTED, lambda n: progress.append(len(committed)),
-                                     chunk_rows=50)
+                counts = count_truth(conn, COUNTED, chunk_counted, chunk_rows=50)
                 conn.rollback()
         finally:
             stop.set()
