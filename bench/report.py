@@ -463,26 +463,26 @@ options, the standby status update sent only after the bronze commit holding the
 which replaces the design contract's bounded peek - a decision for the maintainers, asked
 for and not built."""),
     "catch_up": (
-        "**Catch-up (met, ${catch_up} changes/s).**",
+        """**Catch-up (met, ${catch_up} changes/s).** The stream ran ${stream_rate}
+changes/s on the backlog: ${stream_batches} batch(es) of ${bl_seconds} s on average (parse
++ silver's appends ${bl_silver_s} s, the gold half ${bl_gold_s} s beside the appends, of
+which the MERGE ${bl_merge_s} s, ${bl_jobs} Spark jobs per batch). A batch's rows never
+enter Spark: pyarrow reads its bronze files, the parse and gold's contribution lines are
+Arrow, the appends and the MERGE delta-rs (docs/silver.md, "Parsing"; docs/gold.md, "The
+catch-up in Arrow").""",
         """**Stream + push catch-up (${catch_up} changes/s, target 30,000).** Almost all of it
 is the stream: ${stream_rate} changes/s on the backlog, ${stream_batches} batch(es) of
 ${bl_seconds} s on average, each parsing bronze once (parse + silver's appends
 ${bl_silver_s} s), with the gold half (${bl_gold_s} s, of which the MERGE ${bl_merge_s} s)
 running next to silver's appends, and ${bl_jobs} Spark jobs per batch; the push
-${push_rate} changes/s (it moves keys, not changes: it is not a limit). *Fixed since the
-first report*: silver and gold are one pass, so bronze is parsed once and gold no longer
-waits for a second query to read silver back; gold's batch no longer reads `_pending`'s log
-and rows when the previous batch left it empty, and takes the merged key count from the
-MERGE's own metrics instead of a separate Spark job. *What limits the rest*, profiled with
-the warm JVM on the 212,871-row backlog (one run, quiet machine): reading bronze's `data`
-column alone took 2.3 s, the number quoting and `from_json` about 2 s more, the column maps
-and error rules of `silver.parse` 3-5 s more, writing Delta about 2 s - ~40 µs of core time
-per row for read + parse alone, so two cores top out near 50,000 rows/s for the parse with
-nothing else running, and silver's appends and gold's MERGE share the same two cores. What
-would move it further, not built: parsing only the fields silver keeps (a narrower
-`from_json` schema and no per-row maps for the identity), fewer Delta commits per batch
-(each costs a snapshot state reconstruction, see freshness), and more cores - the stream
-scales with cores, the shipper does not need them."""),
+${push_rate} changes/s (it moves keys, not changes: it is not a limit). A batch's rows never
+enter Spark: pyarrow reads its bronze files, the parse and gold's contribution lines are
+Arrow, the appends and the MERGE delta-rs. *What limits the rest*, measured on 308,289
+rows, warm (docs/silver.md, "Parsing"): the parse costs about 12 core-µs a row (the JSON
+read about half of it, the number quoting about a fifth) in two threads, and silver's
+append 1.6-2.0 s; everything else on the machine shares the same two cores. What would
+move it further, not built: writing silver while the parse goes on (0.3-0.5 s measured),
+and more cores - the parse runs in as many threads as there are chunks."""),
     "freshness": (
         "**Freshness at 2,000 changes/s (met, p95 ${fast_p95} s).** " + _CHANGE_PATH,
         """**Freshness at 2,000 changes/s (p95 ${fast_p95} s at ${fast_rate} changes/s,
@@ -496,18 +496,12 @@ it took ${slow_batch_s} s (Spark's trigger time, ${slow_batches} batches): the f
 a batch. A change waits for up to one batch and then for the parse and plan of its own
 (${slow_batch_s} + ${slow_plan_s} = ${slow_floor} s here) before the shipper's poll and the
 push; that floor does not fall with the rate. The ${slow_probes} probes saw p50
-${slow_p50} s, max ${slow_pmax} s. *The two cores are the limit*, not the order of the
-work: the JVM is busy for most of each batch (Java Flight Recorder, 200 changes/s:
-Catalyst's analysis and optimisation of each batch's queries about a quarter of its CPU,
-caching the parsed batch for both halves ~12%, Parquet writes ~10%, Delta's log and
-snapshot state ~9%), and a 100-key MERGE with the snapshot state computed after it costs
-~1.5 CPU-seconds (`MERGE` alone ~1 CPU-second in 0.9 s). Tried and not kept: running each
-batch's MERGE beside the next batch (batches 2.0 -> 1.7 s, but freshness p50 2.7 -> 3.3 s
-at 200 changes/s: the MERGE took the cores the next batch needed). Kept: the parallel
-collector instead of G1 (`core/spark.py`: G1's concurrent work took CPU from the
-stream; batch 2.2 -> 1.9-2.0 s at 200 changes/s). What would close it, not built: fewer
-Spark queries and Delta commits per batch (each query is planned afresh, each commit with
-an app transaction needs the table's snapshot state)."""),
+${slow_p50} s, max ${slow_pmax} s. A batch's rows no longer enter Spark (the parse,
+gold's lines, the appends and the MERGE run on the driver, in Arrow and delta-rs); what
+stays in Spark is the stream's own trigger (offsets, the checkpoint) and the mirrors'
+query, which every 30 s folds that time's changes of every captured table in Spark and
+takes the cores meanwhile (docs/gold.md). The two cores, shared with Postgres and the
+traffic, are the limit."""),
     "gold_growth": (
         """**Gold half of the pass vs source size (met, ${batch_growth}× over
 ${source_growth}×).** Gold never reads the source: it aggregates the batch's signed deltas
