@@ -279,7 +279,7 @@ def _sums() -> list[Column]:
             F.sum("rows").cast("long").alias("rows")]
 
 
-def _history_change(silver: DataFrame, tables: CountedTables, op: str) -> Column:
+def _history_change(tables: CountedTables, op: str) -> Column:
     """A clean (parsed) ``op`` on the history table."""
     return (F.col("error").isNull() & (F.col("op") == op)
             & F.coalesce((F.col("schema_name") == tables.history[0])
@@ -290,7 +290,7 @@ def history_purges(silver: DataFrame, tables: CountedTables = COUNTED) -> DataFr
     """Rows deleted from ``notification_history`` (retention purges), counted per old dims
     (dims, ``purged``). Gold keeps counting them (delta 0), the source no longer has them:
     ``verify`` adds them back to the source's ``GROUP BY`` to get the truth."""
-    purge = _history_change(silver, tables, "D")
+    purge = _history_change(tables, "D")
     return (silver.where(purge)
             .groupBy(*[F.col(f"old_{c}").alias(c) for c in DIMS])
             .agg(F.count(F.lit(1)).cast("long").alias("purged")))
@@ -298,7 +298,7 @@ def history_purges(silver: DataFrame, tables: CountedTables = COUNTED) -> DataFr
 
 def history_truncates(silver: DataFrame, tables: CountedTables = COUNTED) -> DataFrame:
     """TRUNCATEs of ``notification_history`` (commit_lsn): rows gone without their dims."""
-    return silver.where(_history_change(silver, tables, "T")).select("commit_lsn")
+    return silver.where(_history_change(tables, "T")).select("commit_lsn")
 
 
 def aggregate(lines: DataFrame) -> DataFrame:

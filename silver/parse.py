@@ -89,13 +89,13 @@ def parse_table(bronze: pa.Table, known_tables: Iterable[str],
     """Bronze rows (``BRONZE_COLUMNS`` at least) as silver change rows (``CHANGES_ARROW``),
     row for row. ``counted_tables``: the known tables whose changes must carry ``id`` and
     the dims (gold counts them); None: every known table."""
-    rules = _Rules(tuple(known_tables),
-                   None if counted_tables is None else tuple(counted_tables))
+    tables = _Tables(tuple(known_tables),
+                     None if counted_tables is None else tuple(counted_tables))
     chunks = [bronze.slice(at, CHUNK_ROWS) for at in range(0, bronze.num_rows, CHUNK_ROWS)]
     if len(chunks) <= 1:
-        return _parse_chunk(bronze, rules)
+        return _parse_chunk(bronze, tables)
     with ThreadPoolExecutor(2, thread_name_prefix="lakecdc-parse") as pool:
-        return pa.concat_tables(pool.map(lambda chunk: _parse_chunk(chunk, rules), chunks))
+        return pa.concat_tables(pool.map(lambda chunk: _parse_chunk(chunk, tables), chunks))
 
 
 def quarantine_table(bronze: pa.Table, parsed: pa.Table) -> pa.Table:
@@ -139,7 +139,7 @@ def _sets(known_tables, counted_tables) -> tuple:
     return tuple(known_tables), None if counted_tables is None else tuple(counted_tables)
 
 
-class _Rules:
+class _Tables:
     """The captured tables as Arrow value sets."""
 
     def __init__(self, known: tuple[str, ...], counted: tuple[str, ...] | None) -> None:
@@ -147,14 +147,14 @@ class _Rules:
         self.counted = None if counted is None else pa.array(counted, pa.string())
 
 
-def _parse_chunk(bronze: pa.Table, rules: _Rules) -> pa.Table:
+def _parse_chunk(bronze: pa.Table, tables: _Tables) -> pa.Table:
     n = bronze.num_rows
     doc = _documents(bronze.column("data").combine_chunks())
     action, schema, table, columns, identity, _, prefix, content = doc.flatten()
     new = _NameMap(columns, n)
     old = _NameMap(identity, n)
     error = _errors(bronze.column("action").combine_chunks(), doc, action, schema, table,
-                    columns, identity, new, old, rules)
+                    columns, identity, new, old, tables)
     ok = np.asarray(pc.is_null(error))
     change = _np(pc.is_in(action, value_set=pa.array(CHANGE_ACTIONS)))
     message = _np(pc.equal(action, MESSAGE_ACTION))
@@ -294,7 +294,7 @@ class _NameMap:
 
 
 def _errors(bronze_action, doc, action, schema, table, columns, identity,
-            new: _NameMap, old: _NameMap, tables: _Rules) -> pa.Array:
+            new: _NameMap, old: _NameMap, tables: _Tables) -> pa.Array:
     """Each row's error text (NULL if none): the first rule that matches, in this order.
     Every test is NULL-safe: a NULL never lets a bad row through as a good one."""
     n = len(action)
