@@ -1,24 +1,23 @@
 """The shipper's memory does not grow with the size of a transaction.
 
 ``lakecdc ship --once`` drains one transaction of 200,000 inserts (~180 MB of wal2json) in a
-child process whose own peak RSS comes from ``wait4`` (as ``bench.decode.ship_once``
-measures it), against the same command with nothing to ship. The difference is what the
+child process whose own peak RSS is the kernel's high-water mark of its memory
+(``bench.decode.ship_once``: not ``wait4``'s, which reports this test process's size for a
+child it spawned), against the same command with nothing to ship. The difference is what the
 transaction cost: ~50 MB (187 → 239 MB); the shipper that wrote bronze with delta-rs's
 writer and 16 MB chunks held ~220 MB more than its base for it (182 → 403 MB).
 """
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 
 import pytest
 from deltalake import DeltaTable
 
+from bench.decode import ship_once
 from pipelines.setup_source import setup
-from tests.tests_support import ROOT, cli_env
+from tests.tests_support import cli_env
 from tests.integration.workload import multi_row_insert
 
 pytestmark = pytest.mark.integration
@@ -28,14 +27,7 @@ MAX_GROWTH_MB = 150
 
 
 def ship_once_peak_rss_mb(config) -> float:
-    with subprocess.Popen([sys.executable, "-m", "pipelines", "ship", "--once"],
-                          env=cli_env(config), cwd=ROOT, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE) as proc:
-        err = proc.stderr.read()              # before wait4: a full pipe would block it
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
-    return usage.ru_maxrss / 1024
+    return ship_once(config, env=cli_env(config)).peak_rss_mb
 
 
 def test_peak_rss_through_a_200k_row_transaction_stays_near_the_base(source_db, config):
