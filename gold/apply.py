@@ -55,7 +55,7 @@ from core.storage import delta_rs_uri
 from core.tables import create_table
 from gold import deltas as D
 from gold.asof import gold_state
-from gold.plan import Plan
+from gold.plan import LINES, Plan, lines_table
 from gold.plan import plan as plan_batch
 
 log = logging.getLogger("lakecdc.gold")
@@ -296,15 +296,15 @@ class GoldBatchWriter:
         if found.column("problem_rank").null_count < found.num_rows:
             problem = D.problem_rows(silver, self.tables, self.accept_errors_upto)
             raise D.stop_error(problem.slice(0, 1).to_pylist()[0], self.tables)
-        batch_lines = list(zip(*(column.to_pylist() for column in
-                                 found.drop_columns(["problem_rank"]).columns)))
-        plan = plan_batch(batch_lines + carried)
+        lines = found.drop_columns(["problem_rank"]).cast(LINES)
+        plan = plan_batch(pa.concat_tables([lines, lines_table(carried)]) if carried
+                          else lines)
         if plan.broken_at is not None:
             raise D.GoldInputError(
                 f"silver delivered more rows than the transaction at commit LSN "
                 f"{fmt(plan.broken_at)} has (or rows disagreeing about its size); "
                 f"gold stopped: {D.REBUILD}.")
-        result = dict(batch_id=batch_id, silver_rows=sum(line[8] for line in batch_lines),
+        result = dict(batch_id=batch_id, silver_rows=pc.sum(lines.column("rows")).as_py() or 0,
                       applied_transactions=plan.applied,
                       pending_transactions=plan.carried_transactions)
         if plan.applied:

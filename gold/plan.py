@@ -1,4 +1,4 @@
-"""What one gold batch applies, from its aggregated contributions: pure Python, no I/O.
+"""What one gold batch applies, from its aggregated contributions: pure Arrow, no I/O.
 
 The stream's batch becomes its contribution lines on the driver (``gold.deltas.line_table``:
 a few per source transaction and key), joined by the lines ``_pending``
@@ -12,9 +12,10 @@ carried from earlier batches. ``plan`` then decides, as ``gold.apply`` documents
 - the applied transactions' net delta per key (zero nets dropped), each with the newest
   applied commit that touched it; the lines at or past the cutoff are carried.
 
-Lines are tuples in ``gold.deltas.CONTRIBUTIONS`` order: ``(commit_lsn, tx_changes,
+Lines are rows in ``gold.deltas.CONTRIBUTIONS`` order: ``(commit_lsn, tx_changes,
 service_id, template_id, notification_type, notification_status, commit_ts, delta, rows)``,
-dims all None on a transaction's row-count line.
+dims all None on a transaction's row-count line; ``plan`` takes them as an Arrow table
+(``lines_table`` makes one of tuples) and returns key deltas and carried lines as tuples.
 """
 
 from __future__ import annotations
@@ -23,7 +24,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Iterable
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from core.captured import DIMS
+from gold.deltas import CONTRIBUTIONS
+
 Line = tuple   # CONTRIBUTIONS order, see the module docstring
+LINES = to_arrow_schema(CONTRIBUTIONS)
+_KEY = ["commit_lsn", "tx_changes", *DIMS]
 
 
 @dataclass(frozen=True)
@@ -41,54 +52,52 @@ class Plan:
         return self.transactions - self.applied
 
 
-def aggregate(lines: Iterable[Line]) -> list[Line]:
+def lines_table(lines: Iterable[Line]) -> pa.Table:
+    """Lines (tuples in ``CONTRIBUTIONS`` order) as an Arrow table of ``LINES``."""
+    rows = list(lines)
+    return pa.Table.from_pydict({name: [row[i] for row in rows]
+                                 for i, name in enumerate(LINES.names)}, schema=LINES)
+
+
+def aggregate(lines: pa.Table) -> pa.Table:
     """Sum lines per (commit_lsn, tx_changes, dims): associative, so the carried lines of
     earlier batches combine with a new batch's by concatenation and this."""
-    sums: dict[tuple, list] = {}
-    for lsn, tx_changes, s, t, y, st, ts, delta, rows in lines:
-        key = (lsn, tx_changes, s, t, y, st)
-        got = sums.get(key)
-        if got is None:
-            sums[key] = [ts, delta, rows]
-        else:
-            if ts is not None and (got[0] is None or ts > got[0]):
-                got[0] = ts
-            got[1] += delta
-            got[2] += rows
-    return [(*key, ts, delta, rows) for key, (ts, delta, rows) in sums.items()]
+    summed = lines.group_by(_KEY, use_threads=False).aggregate(
+        [("commit_ts", "max"), ("delta", "sum"), ("rows", "sum")])
+    return summed.rename_columns({"commit_ts_max": "commit_ts", "delta_sum": "delta",
+                                  "rows_sum": "rows"}).select(LINES.names).cast(LINES)
 
 
-def plan(lines: Iterable[Line]) -> Plan:
+def plan(lines: pa.Table) -> Plan:
+    """The plan for ``lines`` (``LINES``: a batch's and the carried ones), in Arrow: the
+    work follows the lines' count, and a catch-up's batch has hundreds of thousands."""
     lines = aggregate(lines)
-    txs: dict[int, list] = {}          # lsn -> [rows, min tx_changes, max tx_changes, ts]
-    for lsn, tx_changes, *_dims, ts, _delta, rows in lines:
-        tx = txs.get(lsn)
-        if tx is None:
-            txs[lsn] = [rows, tx_changes, tx_changes, ts]
-        else:
-            tx[0] += rows
-            tx[1], tx[2] = min(tx[1], tx_changes), max(tx[2], tx_changes)
-            if ts is not None and (tx[3] is None or ts > tx[3]):
-                tx[3] = ts
-    broken = [lsn for lsn, (rows, lo, hi, _) in txs.items()
-              if rows > lo or lo != hi or lo < 1]
-    waiting = [lsn for lsn, (rows, lo, _, _) in txs.items() if rows != lo]
-    cutoff = min(broken + waiting, default=None)
-    applied = [lsn for lsn in txs if cutoff is None or lsn < cutoff]
-    newest = max(applied, default=None)
-    deltas: dict[tuple, list] = {}
-    carried = []
-    for line in lines:
-        lsn, _, *dims = line[:6]
-        if cutoff is not None and lsn >= cutoff:
-            carried.append(line)
-        elif dims[0] is not None:
-            got = deltas.setdefault(tuple(dims), [0, lsn])
-            got[0] += line[7]
-            got[1] = max(got[1], lsn)
-    return Plan(transactions=len(txs), applied=len(applied), commit_lsn=newest,
-                commit_ts=txs[newest][3] if newest is not None else None,
-                key_deltas=[(*dims, delta, last) for dims, (delta, last) in deltas.items()
-                            if delta != 0],
-                carried=carried, broken_at=min(broken, default=None))
-
+    txs = lines.group_by("commit_lsn", use_threads=False).aggregate(
+        [("rows", "sum"), ("tx_changes", "min"), ("tx_changes", "max"), ("commit_ts", "max")])
+    lsn = txs.column("commit_lsn").to_numpy()
+    rows = txs.column("rows_sum").to_numpy()
+    lo, hi = (txs.column(f"tx_changes_{f}").to_numpy() for f in ("min", "max"))
+    broken = (rows > lo) | (lo != hi) | (lo < 1)
+    waiting = rows != lo
+    stops = lsn[broken | waiting]
+    cutoff = int(stops.min()) if len(stops) else None
+    applied = lsn < cutoff if cutoff is not None else np.ones(len(lsn), bool)
+    newest = int(np.argmax(np.where(applied, lsn, np.iinfo(np.int64).min))) \
+        if applied.any() else None
+    at = lines.column("commit_lsn").to_numpy()
+    later = at >= cutoff if cutoff is not None else np.zeros(len(at), bool)
+    keyed = lines.filter(pa.array(~later & np.asarray(
+        pc.is_valid(lines.column("service_id")))))
+    deltas = keyed.group_by(list(DIMS), use_threads=False).aggregate(
+        [("delta", "sum"), ("commit_lsn", "max")])
+    deltas = deltas.filter(pc.not_equal(deltas.column("delta_sum"), 0))
+    key_deltas = list(zip(*(deltas.column(c).to_pylist()
+                            for c in (*DIMS, "delta_sum", "commit_lsn_max"))))
+    carried = lines.filter(pa.array(later))
+    return Plan(transactions=len(lsn), applied=int(applied.sum()),
+                commit_lsn=None if newest is None else int(lsn[newest]),
+                commit_ts=None if newest is None else
+                txs.column("commit_ts_max")[newest].as_py(),
+                key_deltas=key_deltas,
+                carried=list(zip(*(carried.column(c).to_pylist() for c in LINES.names))),
+                broken_at=int(lsn[broken].min()) if broken.any() else None)

@@ -11,7 +11,7 @@ from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
 from gold import deltas as D
-from gold.plan import plan
+from gold.plan import lines_table, plan
 from core.errors import UserError
 from silver.schema import SILVER_CHANGES
 
@@ -151,8 +151,8 @@ def test_contributions_of_a_split_transaction_add_up_to_the_whole(spark):
 def _plan(spark, rows, carried=()):
     """``gold.plan`` over the batch's collected ``lines`` (and lines carried before)."""
     found = D.lines(rows).toArrow().to_pylist()
-    return plan([tuple(v for k, v in r.items() if k != "problem_rank") for r in found]
-                + list(carried))
+    return plan(lines_table([tuple(v for k, v in r.items() if k != "problem_rank")
+                             for r in found] + list(carried)))
 
 
 def test_completeness_cuts_at_the_first_incomplete_transaction(spark):
@@ -185,7 +185,8 @@ def test_failure_path_too_many_rows_or_disagreeing_sizes_are_broken(spark):
                   change(20, 1, 3, "I", LIVE, new=SMS))           # sizes disagree
     got = _plan(spark, rows)
     assert (got.broken_at, got.applied) == (10, 0)
-    assert plan([(20, 2, *NO_DIMS, None, 0, 1), (20, 3, *NO_DIMS, None, 0, 1)]).broken_at == 20
+    assert plan(lines_table([(20, 2, *NO_DIMS, None, 0, 1),
+                             (20, 3, *NO_DIMS, None, 0, 1)])).broken_at == 20
 
 
 def test_the_batch_lines_flag_problems_and_problems_names_the_row_to_stop_on(spark):

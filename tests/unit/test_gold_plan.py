@@ -5,7 +5,19 @@ every expected value is worked out by hand from the rules in gold.plan's docstri
 
 from datetime import datetime, timezone
 
-from gold.plan import aggregate, plan
+from gold import plan as P
+from gold.plan import lines_table
+
+
+def plan(lines):
+    """``gold.plan.plan`` of lines given as tuples."""
+    return P.plan(lines_table(lines))
+
+
+def aggregate(lines):
+    """``gold.plan.aggregate`` of lines given as tuples, as tuples."""
+    return [tuple(r.values()) for r in P.aggregate(lines_table(lines)).to_pylist()]
+
 
 T1 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 T2 = datetime(2026, 1, 2, tzinfo=timezone.utc)
