@@ -7,8 +7,8 @@
   any client of the slot pays (decoding + wal2json's JSON), the limit the shipper is
   measured against.
 - ``ship_once``: ``lakecdc ship --once`` as a child process (the command an operator runs),
-  timed from spawn to exit, with that child's own peak RSS from ``wait4`` (not the
-  maximum over every child this process ever had).
+  timed from spawn to exit, with that child's own peak RSS (``PeakRss``: the high-water
+  mark of its own memory, not ``wait4``'s figure, which counts this process's).
 """
 
 from __future__ import annotations

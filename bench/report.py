@@ -510,7 +510,9 @@ small files), so its cost follows the batch and gold's key count, not the rows b
 The 1-min load average at the points was ${scale_loads}.""",
         """**Gold half of the pass vs source size (${batch_growth}× over ${source_growth}×,
 target 1.5×).** Its median went ${scale_medians} s while gold's keys went ${scale_keys}
-(load ${scale_loads}). Gold never reads the source: it aggregates the batch's signed deltas
+(load ${scale_loads}): about a tenth of a second, most of it the delta-rs MERGE rewriting gold's
+one file, which grows with the keys, so a few hundredths of noise move the ratio. Gold
+never reads the source: it aggregates the batch's signed deltas
 and MERGEs them into gold, one row per key, so the source's rows cannot be what grows it -
 gold's key count can. A fixed batch of status changes lands on more distinct keys when
 there are more keys (at few keys its deltas collapse onto the same rows), so the MERGE's
