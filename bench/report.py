@@ -480,9 +480,10 @@ enter Spark: pyarrow reads its bronze files, the parse and gold's contribution l
 Arrow, the appends and the MERGE delta-rs. *What limits the rest*, measured on 308,289
 rows, warm (docs/silver.md, "Parsing"): the parse costs about 12 core-µs a row (the JSON
 read about half of it, the number quoting about a fifth) in two threads, and silver's
-append 1.1-1.5 s inside the stream; everything else on the machine shares the same two cores. What would
-move it further, not built: writing silver while the parse goes on (0.3-0.5 s measured),
-and more cores - the parse runs in as many threads as there are chunks."""),
+append 1.1-1.5 s inside the stream; everything else on the machine shares the same two
+cores. What would move it further, not built: writing silver while the parse goes on
+(0.3-0.5 s measured), and more cores - the parse runs in as many threads as there are
+chunks."""),
     "freshness": (
         "**Freshness at 2,000 changes/s (met, p95 ${fast_p95} s).** " + _CHANGE_PATH,
         """**Freshness at 2,000 changes/s (p95 ${fast_p95} s at ${fast_rate} changes/s,
