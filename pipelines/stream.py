@@ -57,7 +57,7 @@ QUERY_NAME = STREAM_QUERY
 # The most compressed bronze bytes one micro-batch reads (Delta's ``maxBytesPerTrigger``; a
 # bigger file is read alone). A batch is parsed on the driver (``silver.writer``), so this
 # bounds the driver's memory: 16 MB of the benchmark's bronze is about 380,000 changes and
-# 450 MB of JSON, and a 308,289-row batch peaked at 1.4-1.8 GB of Python memory.
+# 450 MB of JSON, and a 308,289-row batch peaked at 1.7 GB of Python memory.
 BATCH_BYTES = "16m"
 
 
