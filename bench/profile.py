@@ -13,7 +13,7 @@ import threading
 from collections import defaultdict
 from contextlib import contextmanager
 
-from pipelines.stream import QUERY_NAME as STREAM_QUERY
+from core.layout import STREAM_QUERY
 
 
 class ProgressLog:

@@ -58,7 +58,11 @@ def read_commits(spark, path: str, layer: str = "gold", limit: int | None = None
     from core.storage import delta_rs_uri, on_databricks
 
     if path.startswith(("/", "file:")) and not on_databricks():
-        return _read_commits_local(delta_rs_uri(path), layer, limit, up_to, mentioning)
+        from deltalake import DeltaTable as RsTable
+
+        uri = delta_rs_uri(path)
+        return read_commits_rs(uri, layer=layer, limit=limit, up_to=up_to,
+                               mentioning=mentioning) if RsTable.is_deltatable(uri) else []
     if not DeltaTable.isDeltaTable(spark, path):
         return []
     history = DeltaTable.forPath(spark, path).history(limit)
@@ -70,29 +74,18 @@ def read_commits(spark, path: str, layer: str = "gold", limit: int | None = None
     return [Commit(r.version, parse_commit_metadata(r.userMetadata, layer)) for r in rows]
 
 
-def _read_commits_local(uri: str, layer: str, limit: int | None, up_to: int | None,
-                        mentioning: str | None) -> list[Commit]:
-    from deltalake import DeltaTable
-
-    if not DeltaTable.is_deltatable(uri):
-        return []
-    entries = sorted(DeltaTable(uri).history(limit), key=lambda e: -e["version"])
-    return [Commit(e["version"], parse_commit_metadata(e.get("userMetadata"), layer))
-            for e in entries
-            if (up_to is None or e["version"] <= up_to)
-            and (mentioning is None or mentioning in (e.get("userMetadata") or ""))]
-
-
 def read_commits_rs(uri: str, storage_options: dict | None = None, layer: str = "gold",
-                    limit: int | None = None, up_to: int | None = None) -> list[Commit]:
+                    limit: int | None = None, up_to: int | None = None,
+                    mentioning: str | None = None) -> list[Commit]:
     """Like ``read_commits``, with delta-rs. It always reads the newest version's history:
     delta-rs (1.6) labels the history of a table loaded at an older version wrongly (the
     newest commits, numbered down from the loaded version)."""
     from deltalake import DeltaTable
 
-    commits = [Commit(entry["version"], parse_commit_metadata(entry.get("userMetadata"), layer))
-               for entry in DeltaTable(uri, storage_options=storage_options).history(limit)]
-    return [c for c in commits if up_to is None or c.version <= up_to]
+    return [Commit(e["version"], parse_commit_metadata(e.get("userMetadata"), layer))
+            for e in DeltaTable(uri, storage_options=storage_options).history(limit)
+            if (up_to is None or e["version"] <= up_to)
+            and (mentioning is None or mentioning in (e.get("userMetadata") or ""))]
 
 
 def newest(commits: list[Commit]) -> dict | None:

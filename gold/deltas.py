@@ -69,7 +69,8 @@ CONTRIBUTIONS = StructType([
     StructField("rows", LongType(), False),
 ])
 
-_KEY = ("commit_lsn", "tx_changes", *DIMS)
+# What contribution lines are summed per.
+LINE_KEY = ("commit_lsn", "tx_changes", *DIMS)
 # The lines of ``line_table``: CONTRIBUTIONS and each line's most important problem.
 _LINES_SPARK = StructType([*CONTRIBUTIONS.fields,
                            StructField("problem_rank", IntegerType(), True)])
@@ -246,7 +247,7 @@ def line_table(silver: pa.Table, tables: CountedTables = COUNTED,
             "rows": pa.array(np.zeros(len(at), np.int64)),
             "problem_rank": pa.nulls(len(at), pa.int32())}))
     lines = pa.concat_tables([p.cast(_LINES) for p in parts])
-    summed = lines.group_by(list(_KEY), use_threads=False).aggregate(
+    summed = lines.group_by(list(LINE_KEY), use_threads=False).aggregate(
         [("commit_ts", "max"), ("delta", "sum"), ("rows", "sum"), ("problem_rank", "min")])
     return summed.rename_columns(
         {f"{c}_{f}": c for c, f in (("commit_ts", "max"), ("delta", "sum"), ("rows", "sum"),
@@ -269,7 +270,7 @@ def lines(silver: DataFrame, tables: CountedTables = COUNTED,
                                   accept_errors_upto).to_batches()
 
     return (silver.select(*GOLD_READS).mapInArrow(summed, _LINES_SPARK)
-            .groupBy(*_KEY).agg(*_sums(), F.min("problem_rank").alias("problem_rank"))
+            .groupBy(*LINE_KEY).agg(*_sums(), F.min("problem_rank").alias("problem_rank"))
             .select(*[F.col(f.name).cast(f.dataType) for f in _LINES_SPARK.fields]))
 
 
@@ -307,7 +308,7 @@ def aggregate(lines: DataFrame) -> DataFrame:
     Associative, so ``aggregate(a ∪ b) == aggregate(aggregate(a) ∪ aggregate(b))``: the
     pending state of earlier batches combines with a new batch by union + aggregate.
     """
-    return (lines.groupBy("commit_lsn", "tx_changes", *DIMS).agg(*_sums())
+    return (lines.groupBy(*LINE_KEY).agg(*_sums())
             .select(*[F.col(f.name).cast(f.dataType) for f in CONTRIBUTIONS.fields]))
 
 

@@ -30,11 +30,10 @@ import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from core.captured import DIMS
-from gold.deltas import CONTRIBUTIONS
+from gold.deltas import CONTRIBUTIONS, LINE_KEY
 
 Line = tuple   # CONTRIBUTIONS order, see the module docstring
 LINES = to_arrow_schema(CONTRIBUTIONS)
-_KEY = ["commit_lsn", "tx_changes", *DIMS]
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ def lines_table(lines: Iterable[Line]) -> pa.Table:
 def aggregate(lines: pa.Table) -> pa.Table:
     """Sum lines per (commit_lsn, tx_changes, dims): associative, so the carried lines of
     earlier batches combine with a new batch's by concatenation and this."""
-    summed = lines.group_by(_KEY, use_threads=False).aggregate(
+    summed = lines.group_by(list(LINE_KEY), use_threads=False).aggregate(
         [("commit_ts", "max"), ("delta", "sum"), ("rows", "sum")])
     return summed.rename_columns({"commit_ts_max": "commit_ts", "delta_sum": "delta",
                                   "rows_sum": "rows"}).select(LINES.names).cast(LINES)

@@ -53,7 +53,6 @@ from silver.writer import SilverBatch, SilverWriter, last_batch
 
 log = logging.getLogger("lakecdc.stream")
 
-QUERY_NAME = STREAM_QUERY
 # The most compressed bronze bytes one micro-batch reads (Delta's ``maxBytesPerTrigger``; a
 # bigger file is read alone). A batch is parsed on the driver (``silver.writer``), so this
 # bounds the driver's memory: 16 MB of the benchmark's bronze is about 380,000 changes and
@@ -255,7 +254,7 @@ def start_stream(spark: SparkSession, paths: StreamPaths, writer: OnePass, once:
     reader = spark.readStream.format("delta").option("maxBytesPerTrigger", BATCH_BYTES)
     if max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", str(max_files_per_trigger))
-    stream = (reader.load(paths.bronze).writeStream.queryName(QUERY_NAME)
+    stream = (reader.load(paths.bronze).writeStream.queryName(STREAM_QUERY)
               .option("checkpointLocation", paths.checkpoint).foreachBatch(writer))
     stream = stream.trigger(availableNow=True) if once \
         else stream.trigger(processingTime=trigger_interval)

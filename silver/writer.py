@@ -140,7 +140,7 @@ class SilverWriter:
                      "lakecdc silver/quarantine")
 
     def parse(self, bronze: DataFrame) -> ParsedBatch:
-        """The batch's bronze rows collected to the driver (one Spark job), parsed once."""
+        """The batch's bronze rows on the driver (``batch_rows``), parsed once."""
         if self.refresh_known is not None:
             self.known_tables = tuple(self.refresh_known())
         table = batch_rows(bronze)
