@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import signal
 import sys
 import threading
 import traceback
@@ -24,19 +23,7 @@ from core.layout import GOLD
 from core.storage import on_databricks
 from pipelines.cli_tables import tables
 from pipelines.logs import configure_logging
-
-
-def _stop_on_signals() -> threading.Event:
-    """SIGTERM and Ctrl-C set an event the loops check between batches."""
-    stop = threading.Event()
-
-    def handler(signum, frame):
-        stop.set()
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
-    return stop
+from pipelines.signals import stop_on_signals
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -174,7 +161,7 @@ def ship(ctx, once, metrics_port, **flags):
     with pipeline_exporter(config, metrics_port, stage="ship") as metrics:
         shipper = Shipper(config, on_batch=metrics.on_ship_batch
                           if metrics is not None else None)
-        totals = shipper.run(once=once, stop=_stop_on_signals())
+        totals = shipper.run(once=once, stop=stop_on_signals())
     click.echo(f"shipped {totals.changes} changes in {totals.transactions} transactions "
                f"({totals.commits} bronze commits)")
 
@@ -216,7 +203,7 @@ def stream(ctx, once, accept_errors_upto, wait_s, metrics_port):
     """bronze → silver → gold service_stats: one Spark Structured Streaming query, idempotent
     appends and MERGE of whole transactions."""
     accept = _accepted(accept_errors_upto)
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     _await_input(ctx, "stream", wait_s, stop)
     with _stage_metrics(_pipeline(ctx), metrics_port, "stream") as pipeline:
         result = pipeline.stream(once=once, stop=stop, accept_errors_upto=accept)
@@ -235,7 +222,7 @@ def stream(ctx, once, accept_errors_upto, wait_s, metrics_port):
 def mirrors(ctx, once, accept_errors_upto, wait_s):
     """silver → typed current-state mirrors of the captured tables
     (silver/tables/<schema>/<table>); `run` keeps them too."""
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     _await_input(ctx, "mirrors", wait_s, stop)
     merged = _pipeline(ctx).mirrors(once=once, stop=stop,
                                     accept_errors_upto=_accepted(accept_errors_upto))
@@ -270,7 +257,7 @@ def push(ctx, once, take_over, wait_s, metrics_port):
     config = _config(ctx)
     gold_path = config.table_path(GOLD)
     sole = config.guard_on("sole_dashboard")
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     _await_input(ctx, "push", wait_s, stop)
     with pipeline_exporter(config, metrics_port, stage="push") as metrics:
         on_result = metrics.on_push if metrics is not None else None
@@ -303,7 +290,7 @@ def run(ctx, once, metrics_port, **flags):
                        f"transactions, dashboard at gold version {report.pushed_version} "
                        f"({timing})")
         else:
-            pipeline.run_continuous(_stop_on_signals())
+            pipeline.run_continuous(stop_on_signals())
 
 
 @cli.command()
@@ -368,7 +355,7 @@ def backfill_snapshot(ctx, tables, chunk_rows, new_run, timeout_s):
     config = config.with_(tables=captured_tables(config, options))
     report = run_snapshot_backfill(config, tables=tables or None, chunk_rows=chunk_rows,
                                    storage_options=options,
-                                   stop=_stop_on_signals(), new_run=new_run,
+                                   stop=stop_on_signals(), new_run=new_run,
                                    timeout_s=timeout_s)
     click.echo(report.summary())
 
@@ -419,7 +406,7 @@ def demo(ctx, seconds, out):
     from pipelines.demo import run_demo
 
     level = "WARN" if ctx.obj["verbose"] else "FATAL"
-    run_demo(seconds=seconds, out_dir=out, stop=_stop_on_signals(),
+    run_demo(seconds=seconds, out_dir=out, stop=stop_on_signals(),
              spark_factory=lambda: get_or_create(log_level=level))
 
 
@@ -485,7 +472,7 @@ def metrics(ctx, listen):
     the source and the tables on scrape, wherever the pipeline runs (no Spark needed)."""
     from pipelines.metrics import serve_state
 
-    serve_state(_config(ctx), listen, _stop_on_signals())
+    serve_state(_config(ctx), listen, stop_on_signals())
 
 
 cli.add_command(tables)

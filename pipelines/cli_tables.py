@@ -47,11 +47,11 @@ def add_command(ctx, table, chunk_rows, timeout_s):
     """Capture SCHEMA.TABLE from now on and read its current rows into the change stream
     (a watermark backfill, while streaming goes on); its mirror follows. Needs a running
     shipper (`lakecdc run` or `lakecdc ship`). Rerun after an interruption: it continues."""
-    from pipelines.cli import _stop_on_signals
+    from pipelines.signals import stop_on_signals
     from pipelines.tables import add_table
 
     config, options = _context(ctx)
-    click.echo(add_table(config, table, options, _stop_on_signals(), chunk_rows, timeout_s))
+    click.echo(add_table(config, table, options, stop_on_signals(), chunk_rows, timeout_s))
 
 
 @tables.command("remove")
@@ -59,8 +59,8 @@ def add_command(ctx, table, chunk_rows, timeout_s):
 @click.pass_context
 def remove_command(ctx, table):
     """Stop capturing SCHEMA.TABLE. Its mirror is kept as it was, no longer updated."""
-    from pipelines.cli import _stop_on_signals
+    from pipelines.signals import stop_on_signals
     from pipelines.tables import remove_table
 
     config, options = _context(ctx)
-    click.echo(remove_table(config, table, options, _stop_on_signals()))
+    click.echo(remove_table(config, table, options, stop_on_signals()))

@@ -152,7 +152,11 @@ def start_shipper(config, guards: str = "") -> subprocess.Popen:
 def stop_shipper(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
-    code = proc.wait(timeout=60)
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"the shipper ignored SIGTERM for 60 s:\n{proc.communicate()[1]}")
     assert code == 0, proc.stderr.read()
 
 
