@@ -70,7 +70,7 @@ class Params:
     freshness_s: float = 120.0        # freshness: seconds of steady traffic
     scale_rows: tuple[int, ...] = (100_000, 300_000, 1_000_000)
     scale_batch: int = 10_000         # gold scaling: changes per measured batch
-    scale_repeats: int = 2
+    scale_repeats: int = 7            # the median of 7: a batch of ~0.1 s moves with the load
     big_tx_rows: int = 1_000_000
     quick: bool = False
 

@@ -41,6 +41,7 @@ from delta.tables import DeltaTable
 from deltalake import DeltaTable as RsTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from core.captured import DIMS
@@ -50,7 +51,7 @@ from core.errors import UserError
 from core.faults import FaultPoints
 from core.layout import GOLD_PENDING
 from core.lsn import fmt
-from core.spark import arrow_rows, local_frame
+from core.spark import local_frame
 from core.storage import delta_rs_uri
 from core.tables import create_table
 from gold import deltas as D
@@ -89,7 +90,8 @@ PENDING_PROPERTIES = {"delta.checkpointInterval": "20",
                       "delta.enableDeletionVectors": "false",
                       "delta.logRetentionDuration": "interval 7 days"}
 
-MERGE_SOURCE = StructType([*D.KEY_DELTAS.fields, StructField("updated_at", TimestampType())])
+# The MERGE's source: the plan's key deltas and gold's updated_at.
+_UPDATED_AT = to_arrow_schema(GOLD_SCHEMA).field("updated_at")
 _ON = " AND ".join(f"g.{c} = s.{c}" for c in DIMS)
 
 
@@ -107,15 +109,16 @@ class GoldPaths:
 @dataclass(frozen=True)
 class Planned:
     """A batch's step of gold, known before its MERGE commits: gold moves from watermark
-    ``after_lsn`` to ``commit_lsn`` by adding ``key_deltas`` (``(dims..., delta,
-    last_commit_lsn)``). A replay of the batch plans the same step (its inputs are fixed),
-    so the dashboard may take it ahead of gold (``gold.push.push_ahead``)."""
+    ``after_lsn`` to ``commit_lsn`` by adding ``key_deltas`` (Arrow, ``gold.plan``'s
+    ``KEY_DELTA_COLUMNS``: dims, delta, last_commit_lsn). A replay of the batch plans the
+    same step (its inputs are fixed), so the dashboard may take it ahead of gold
+    (``gold.push.push_ahead``)."""
 
     batch_id: int
     after_lsn: int
     commit_lsn: int
     commit_ts: datetime | None
-    key_deltas: list[tuple]
+    key_deltas: pa.Table
 
 
 @dataclass(frozen=True)
@@ -342,8 +345,9 @@ class GoldBatchWriter:
         recorded = table.transaction_version(self.app_id)
         if self.guard and recorded is not None and recorded >= batch_id:
             return 0
-        now = datetime.now(timezone.utc)
-        source = arrow_rows([(*k, now) for k in plan.key_deltas], MERGE_SOURCE)
+        deltas = plan.key_deltas
+        source = deltas.append_column(_UPDATED_AT, pa.repeat(
+            pa.scalar(datetime.now(timezone.utc), _UPDATED_AT.type), deltas.num_rows))
         ts = plan.commit_ts
         commit = rs_commit(metadata(
             batch_id=batch_id, commit_lsn=plan.commit_lsn,

@@ -15,7 +15,8 @@ carried from earlier batches. ``plan`` then decides, as ``gold.apply`` documents
 Lines are rows in ``gold.deltas.CONTRIBUTIONS`` order: ``(commit_lsn, tx_changes,
 service_id, template_id, notification_type, notification_status, commit_ts, delta, rows)``,
 dims all None on a transaction's row-count line; ``plan`` takes them as an Arrow table
-(``lines_table`` makes one of tuples) and returns key deltas and carried lines as tuples.
+(``lines_table`` makes one of tuples) and returns the key deltas as an Arrow table of
+``KEY_DELTAS`` (the MERGE's source, as they are) and the carried lines as tuples.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from core.captured import DIMS
-from gold.deltas import CONTRIBUTIONS, LINE_KEY
+from gold.deltas import CONTRIBUTIONS, KEY_DELTAS, LINE_KEY
 
 Line = tuple   # CONTRIBUTIONS order, see the module docstring
 LINES = to_arrow_schema(CONTRIBUTIONS)
+KEY_DELTA_COLUMNS = to_arrow_schema(KEY_DELTAS)
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class Plan:
     applied: int                        # of them, applied now (below the cutoff)
     commit_lsn: int | None              # gold's watermark after this batch (None: unchanged)
     commit_ts: datetime | None
-    key_deltas: list[tuple]             # (dims..., delta, last_commit_lsn), nonzero deltas
+    key_deltas: pa.Table                # KEY_DELTA_COLUMNS: dims, delta, last_commit_lsn; none 0
     carried: list[Line]                 # lines of the transactions not applied yet
     broken_at: int | None = None        # the lowest broken transaction, if any
 
@@ -56,6 +58,11 @@ def lines_table(lines: Iterable[Line]) -> pa.Table:
     rows = list(lines)
     return pa.Table.from_pydict({name: [row[i] for row in rows]
                                  for i, name in enumerate(LINES.names)}, schema=LINES)
+
+
+def tuples(table: pa.Table) -> list[tuple]:
+    """``table``'s rows as tuples in its column order."""
+    return list(zip(*(column.to_pylist() for column in table.columns)))
 
 
 def aggregate(lines: pa.Table) -> pa.Table:
@@ -90,13 +97,13 @@ def plan(lines: pa.Table) -> Plan:
     deltas = keyed.group_by(list(DIMS), use_threads=False).aggregate(
         [("delta", "sum"), ("commit_lsn", "max")])
     deltas = deltas.filter(pc.not_equal(deltas.column("delta_sum"), 0))
-    key_deltas = list(zip(*(deltas.column(c).to_pylist()
-                            for c in (*DIMS, "delta_sum", "commit_lsn_max"))))
+    key_deltas = deltas.select([*DIMS, "delta_sum", "commit_lsn_max"]).rename_columns(
+        KEY_DELTA_COLUMNS.names).cast(KEY_DELTA_COLUMNS)
     carried = lines.filter(pa.array(later))
     return Plan(transactions=len(lsn), applied=int(applied.sum()),
                 commit_lsn=None if newest is None else int(lsn[newest]),
                 commit_ts=None if newest is None else
                 txs.column("commit_ts_max")[newest].as_py(),
                 key_deltas=key_deltas,
-                carried=list(zip(*(carried.column(c).to_pylist() for c in LINES.names))),
+                carried=tuples(carried.select(LINES.names)),
                 broken_at=int(lsn[broken].min()) if broken.any() else None)

@@ -268,7 +268,7 @@ def push_ahead(conn: psycopg.Connection, key: str, table_id: str, step,
         if fence and (row is None or row[0] < 0 or row[1] != table_id
                           or row[2] != step.after_lsn):
             return False
-        _stage(conn, [(*k[:4], k[4]) for k in step.key_deltas], [])
+        _stage(conn, [tuple(k.values()) for k in step.key_deltas.to_pylist()], [])
         _upsert(conn, step.commit_lsn, step.commit_ts, add=True)
         conn.execute(sql.SQL(
             "UPDATE {} SET source_commit_lsn = %s::bigint, source_commit_ts = %s::timestamptz, "

@@ -3,6 +3,7 @@
 Lines are (commit_lsn, tx_changes, service, template, type, status, commit_ts, delta, rows);
 every expected value is worked out by hand from the rules in gold.plan's docstring."""
 
+from dataclasses import replace
 from datetime import datetime, timezone
 
 from gold import plan as P
@@ -10,8 +11,10 @@ from gold.plan import lines_table
 
 
 def plan(lines):
-    """``gold.plan.plan`` of lines given as tuples."""
-    return P.plan(lines_table(lines))
+    """``gold.plan.plan`` of lines given as tuples, its key deltas as tuples."""
+    got = P.plan(lines_table(lines))
+    assert got.key_deltas.schema == P.KEY_DELTA_COLUMNS
+    return replace(got, key_deltas=P.tuples(got.key_deltas))
 
 
 def aggregate(lines):

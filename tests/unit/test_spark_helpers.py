@@ -7,13 +7,19 @@ from datetime import datetime, timezone
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from core.spark import local_frame, low_latency
-from gold.apply import MERGE_SOURCE
 from gold.deltas import CONTRIBUTIONS
 from silver.parse import CHANGES_ARROW
 from silver.schema import SILVER_CHANGES
 from silver.writer import STATS_COLUMNS, ensure_table
+
+
+KEYED = StructType([*[StructField(c, StringType(), False) for c in ("a", "b", "c", "d")],
+                    StructField("delta", LongType(), False),
+                    StructField("lsn", LongType(), False),
+                    StructField("at", TimestampType())])
 
 
 def test_local_frame_is_a_local_relation_with_the_rows_and_schema_given(spark):
@@ -22,10 +28,10 @@ def test_local_frame_is_a_local_relation_with_the_rows_and_schema_given(spark):
     now = datetime(2026, 11, 26, 20, 5, 34, 43861, tzinfo=timezone.utc)
     rows = [("s1", "t", "email", "created", -3, 100, now),
             ("s2", "t", "sms", "delivered", 7, 2**62, None)]
-    frame = local_frame(spark, rows, MERGE_SOURCE)
+    frame = local_frame(spark, rows, KEYED)
     assert frame._jdf.queryExecution().analyzed().toString().startswith("LocalRelation")
-    assert frame.schema == MERGE_SOURCE
-    assert frame.collect() == spark.createDataFrame(rows, MERGE_SOURCE).collect()
+    assert frame.schema == KEYED
+    assert frame.collect() == spark.createDataFrame(rows, KEYED).collect()
     carried = [(5, 3, None, None, None, None, now, 0, 1)]
     assert local_frame(spark, carried, CONTRIBUTIONS).collect() == \
         spark.createDataFrame(carried, CONTRIBUTIONS).collect()
