@@ -16,27 +16,40 @@ import threading
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
+_lock = threading.Lock()
+_target: threading.Event | None = None       # what the next signal sets
+_write_fd: int | None = None                 # the pipe's end the handler writes to
+
 
 def stop_on_signals() -> threading.Event:
-    """An event SIGTERM and SIGINT set (from the main thread only; elsewhere, an event
-    nothing but the caller sets)."""
+    """A new event the next SIGTERM or SIGINT sets (from the main thread only; elsewhere,
+    an event nothing but the caller sets). One pipe and one watcher thread serve the whole
+    process, however many commands run in it."""
+    global _target, _write_fd
     stop = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         return stop
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
-
-    def handler(signum, frame):
-        try:
-            os.write(write_fd, b"\0")
-        except BlockingIOError:
-            pass                          # the pipe is full: the watcher has bytes to read
-
-    def watch():
-        os.read(read_fd, 1)
-        stop.set()
-
-    threading.Thread(target=watch, name="lakecdc-stop-signal", daemon=True).start()
+    with _lock:
+        _target = stop
+        if _write_fd is None:
+            read_fd, _write_fd = os.pipe()
+            os.set_blocking(_write_fd, False)
+            threading.Thread(target=_watch, args=(read_fd,), name="lakecdc-stop-signal",
+                             daemon=True).start()
     for signum in STOP_SIGNALS:
-        signal.signal(signum, handler)
+        signal.signal(signum, _handler)
     return stop
+
+
+def _handler(signum, frame) -> None:
+    try:
+        os.write(_write_fd, b"\0")
+    except BlockingIOError:
+        pass                              # the pipe is full: the watcher has bytes to read
+
+
+def _watch(read_fd: int) -> None:
+    while os.read(read_fd, 1):
+        with _lock:
+            target = _target
+        target.set()

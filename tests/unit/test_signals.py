@@ -43,3 +43,20 @@ def test_ctrl_c_stops_the_same_way():
     done = run_child("SIGINT")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "stopped"
+
+
+def test_each_command_in_one_process_gets_the_next_signal_through_one_watcher():
+    """Tests run commands in their own process: one pipe and one thread serve them all."""
+    code = textwrap.dedent("""
+        import os, signal, threading
+        from pipelines.signals import stop_on_signals
+
+        first, second = stop_on_signals(), stop_on_signals()
+        watchers = [t for t in threading.enumerate() if t.name == "lakecdc-stop-signal"]
+        os.kill(os.getpid(), signal.SIGTERM)
+        print(len(watchers), second.wait(20), first.is_set(), flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "True", "False"]
