@@ -82,8 +82,14 @@ def group_members(pgid: int) -> list[int]:
 
 
 def _name(pid: int) -> str:
+    """The process's name; ``java-launcher`` for the short-lived JVM Spark's ``spark-class``
+    runs first to build the driver's command line (only the driver's JVM is ``java``)."""
     try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+        if name == "java" and b"org.apache.spark.launcher.Main" in \
+                Path(f"/proc/{pid}/cmdline").read_bytes():
+            return "java-launcher"
+        return name
     except OSError:
         return "?"
 
