@@ -78,6 +78,11 @@ def _n(x) -> str:
     return f"{int(x):,}" if x is not None else "n/a"
 
 
+def _ms(x: float) -> str:
+    """Seconds to the millisecond (the gold half's figures, whose ratio is a target)."""
+    return f"{x:.3f}"
+
+
 def _measured(v: dict) -> str:
     return "n/a" if v["value"] is None else _n(v["value"]) + v["unit"]
 
@@ -286,10 +291,10 @@ def _values(doc: dict, images: dict[str, str]) -> dict:
         if key in layers)
     scale_rows = "\n".join(
         f"| {_n(p['source_rows'])} | {_n(p['services'])} | {_n(p['gold_keys'])} | "
-        f"{', '.join(_n(s) for s in p['batch_s'])} | "
-        f"{', '.join(_n(s) for s in p.get('merge_s', [])) or '-'} | "
+        f"{', '.join(_ms(s) for s in p['batch_s'])} | "
+        f"{', '.join(_ms(s) for s in p.get('merge_s', [])) or '-'} | "
         f"{', '.join(_n(k) for k in p.get('merged_keys', [])) or '-'} | "
-        f"{_n(p['batch_s_median'])} | "
+        f"{_ms(p['batch_s_median'])} | "
         f"{_n(p['stage_s_median'])} | {p['load'][0]} | "
         f"{'exact' if p['lakecdc']['gold']['exact'] else 'DIFFERS'} |" for p in g["points"])
 
@@ -381,7 +386,7 @@ def _values(doc: dict, images: dict[str, str]) -> dict:
         "keys_first": _n(g["points"][0]["gold_keys"]),
         "keys_last": _n(g["points"][-1]["gold_keys"]),
         "scale_loads": " → ".join(str(p["load"][0]) for p in g["points"]),
-        "scale_medians": " → ".join(_n(p["batch_s_median"]) for p in g["points"]),
+        "scale_medians": " → ".join(_ms(p["batch_s_median"]) for p in g["points"]),
         "scale_keys": " → ".join(_n(p["gold_keys"]) for p in g["points"]),
         **images,
     }
@@ -524,9 +529,11 @@ gold's key count can. A fixed batch of status changes lands on more distinct key
 there are more keys (at few keys its deltas collapse onto the same rows), so the MERGE's
 source and the gold rows it rewrites (gold is unpartitioned: a MERGE rewrites every file
 holding a matched key) grow with the keys until the batch's own size bounds them. That is
-the reading the "keys merged" and MERGE columns of section 3 allow; a bound on it would be
-partitioning or clustering gold by service, so a batch rewrites only the files of the
-services it touches."""),
+the reading the "keys merged" and MERGE columns of section 3 allow. delta-rs MERGEs copy on
+write: a file with one matched row is rewritten whole (writing deletion vectors instead is
+delta-rs issue 4512, open). Spark's MERGE can write deletion vectors, but it cost 1.2-1.6 s a
+batch here (docs/gold.md), ten times the whole gold half. Partitioning or clustering gold
+would not bound it either: a batch's keys fall across all of gold's services."""),
     "rss": (
         """**Shipper memory (met, ${bigtx_rss} MB through ${bigtx_rows} rows in one
 transaction).** *Fixed since the first report* (659 MB): delta-rs's `write_deltalake` kept a
