@@ -57,6 +57,20 @@ def _redacted(value):
     return redact(str(value))
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to ``sys.stderr`` as it is at each record, not as it was when configured: a
+    process that runs commands in-process (the tests, a notebook) may swap it between them,
+    and a handler holding a closed stream loses every later line."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def configure_logging(verbose: bool, log_format: str = "text") -> None:
     """lakecdc's loggers at INFO (DEBUG with ``verbose``), other libraries' at WARNING, all
     to stderr through one redacting formatter: ``text`` or ``json`` (one object per line,
@@ -66,7 +80,7 @@ def configure_logging(verbose: bool, log_format: str = "text") -> None:
         "%(asctime)s %(name)s %(levelname)s %(message)s")
 
     def handler(level: int) -> logging.Handler:
-        h = logging.StreamHandler(sys.stderr)
+        h = _Stderr()
         h.setLevel(level)
         h.setFormatter(formatter)
         h._lakecdc = True            # ours: replaced, not stacked, when configured again

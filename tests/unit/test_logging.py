@@ -127,3 +127,21 @@ def test_unexpected_failure_exit_3_traceback_is_redacted(capsys, monkeypatch, fm
 def test_unknown_log_format_is_a_usage_error(capsys):
     assert main(["--log-format", "xml", "status"]) == 2
     assert "xml" in capsys.readouterr().err
+
+
+def test_logs_follow_stderr_when_it_is_swapped_after_configuring(monkeypatch):
+    """Commands run in one process (the tests, a notebook) see ``sys.stderr`` swapped
+    between them; a handler bound to the first stream would write to a closed file."""
+    import io
+
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr("sys.stderr", first)
+    configure_logging(verbose=False)
+    logging.getLogger("lakecdc.test").info("to the first")
+    first.close()
+    monkeypatch.setattr("sys.stderr", second)
+    logging.getLogger("lakecdc.test").info("to the second")
+    logging.getLogger("other.library").warning("a warning too")
+    lines = second.getvalue().splitlines()
+    assert [line.split(" ", 2)[2] for line in lines] == [
+        "lakecdc.test INFO to the second", "other.library WARNING a warning too"], lines
