@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from core.captured import DIMS
+from core.spark import arrow_rows
 from gold.deltas import CONTRIBUTIONS, KEY_DELTAS, LINE_KEY
 
 Line = tuple   # CONTRIBUTIONS order, see the module docstring
@@ -55,9 +56,7 @@ class Plan:
 
 def lines_table(lines: Iterable[Line]) -> pa.Table:
     """Lines (tuples in ``CONTRIBUTIONS`` order) as an Arrow table of ``LINES``."""
-    rows = list(lines)
-    return pa.Table.from_pydict({name: [row[i] for row in rows]
-                                 for i, name in enumerate(LINES.names)}, schema=LINES)
+    return arrow_rows(list(lines), CONTRIBUTIONS)
 
 
 def tuples(table: pa.Table) -> list[tuple]:
