@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from bench import workload
-from pipelines.traffic import FreshnessProbe
+from pipelines.demo.traffic import FreshnessProbe
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@
 - ``freshness``: per rate, ``lakecdc run`` (continuous) on ``bench``; once its streaming
   query is up, ``SteadyTraffic`` writes at that steady rate, ``NeighbourTraffic`` changes
   three other captured tables (mirrored, not counted) at 100 rows/s each, and a
-  ``pipelines.traffic.FreshnessProbe`` commits a never-seen service every 0.5 s and times
+  ``pipelines.demo.traffic.FreshnessProbe`` commits a never-seen service every 0.5 s and times
   each until its row is on the dashboard. Then everything is drained and checked, the
   neighbours' mirrors against their tables too.
 - ``gold_scaling``: per source size, a database populated before ``setup`` (so the rows
@@ -53,9 +53,9 @@ from core.captured import COUNTED
 from core.config import Config
 from core.layout import GOLD, mirror_path
 from infra.localpg import LocalPostgres, bin_dir
-from pipelines.run import Pipeline
-from pipelines.setup_source import setup
-from pipelines.source_truth import source_counts
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
+from pipelines.source.truth import source_counts
 
 SCHEMA = (Path(__file__).resolve().parents[1] / "infra" / "postgres" /
           "source_schema.sql").read_text()

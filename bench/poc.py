@@ -18,7 +18,7 @@ Per tick, all in SQL on the source:
 
 It does not tell the two tables apart (a history purge would count −1) and never checks
 the replica identity. Its drift is measured against the same ``GROUP BY`` lakecdc is
-checked against (``pipelines.source_truth``). Identifiers are quoted with ``psycopg.sql``.
+checked against (``pipelines.source.truth``). Identifiers are quoted with ``psycopg.sql``.
 """
 
 from __future__ import annotations

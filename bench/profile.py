@@ -71,7 +71,7 @@ class ProgressLog:
 
 
 class PassLog:
-    """lakecdc's own account of each stream batch (``pipelines.stream.PassResult``): rows,
+    """lakecdc's own account of each stream batch (``pipelines.run.stream.PassResult``): rows,
     seconds per step (parse + silver appends, gold, of which the MERGE) and the Spark jobs
     the batch ran (counted in the query's job group: Spark runs a micro-batch's jobs under
     the run id of its query; the session keeps enough finished jobs, see ``bench.measure``).

@@ -14,7 +14,7 @@ from string import Template
 
 from core.layout import STREAM_QUERY
 
-QUERY = STREAM_QUERY                  # the one streaming query (pipelines/stream.py)
+QUERY = STREAM_QUERY                  # the one streaming query (pipelines/run/stream.py)
 FAST_RATE, SLOW_RATE = 2000.0, 200.0    # the freshness targets' rates (changes/s)
 
 

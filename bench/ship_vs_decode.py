@@ -24,7 +24,7 @@ import psycopg
 from bench.decode import create_witness, raw_decode, ship_once
 from core.config import Config
 from infra.localpg import LocalPostgres
-from pipelines.setup_source import setup
+from pipelines.setup.prepare import setup
 
 SCHEMA = Path(__file__).resolve().parents[1] / "infra" / "postgres" / "source_schema.sql"
 

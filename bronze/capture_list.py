@@ -99,7 +99,7 @@ class CaptureList:
     def write(self, states: dict[str, str], previous: CaptureSet | None) -> CaptureSet:
         """Store a new version: ``states`` (table → state) in this order; a table whose
         state is unchanged keeps its time. Concurrent writers are kept apart by the caller's
-        lock (``pipelines.tables``)."""
+        lock (``pipelines.setup.tables``)."""
         now = datetime.now(timezone.utc)
         old = previous.states if previous is not None else {}
         rows = {t: (s, old[t][1] if t in old and old[t][0] == s else now)

@@ -9,7 +9,7 @@ transactions (``txn`` actions):
   transaction stored or passed over (transactions that touched only uncaptured tables). The
   slot is never advanced past it, so a slot ahead of it means someone else moved the slot.
 - app id ``<slot>:rebaseline``: where the newest ``setup --rebaseline`` restarted the slot;
-  gold refuses to run until it is rebuilt from a baseline past it (``pipelines.run``).
+  gold refuses to run until it is rebuilt from a baseline past it (``pipelines.run.pipeline``).
 - app id ``lakecdc-backfill:<run>`` (only once a snapshot backfill ran): the highest chunk of
   that run whose read rows are in bronze (``bronze/backfill.py``), written by the commit that
   holds them.

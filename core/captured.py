@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The prefix of verify's count-neutral marker transactions (``pipelines.consistent``): they
+# The prefix of verify's count-neutral marker transactions (``pipelines.source.consistent``): they
 # travel through every layer, so the shipper asks wal2json for them.
 MARKER_PREFIX = "lakecdc.marker"
 

@@ -36,7 +36,7 @@ TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
 # - ahead_fence: a batch's step reaches the dashboard ahead of gold only from the watermark
 #   it starts at, and a push of an older gold version never overwrites it (gold/push.py).
 # - capture_ack: `tables add` reads a table's rows only once the shipper peeks with the set
-#   that holds it (pipelines/tables.py); off, a change between the two is lost.
+#   that holds it (pipelines/setup/tables.py); off, a change between the two is lost.
 # - sole_dashboard: a push refuses a dashboard that holds another pipeline's counts
 #   (gold/push.py, claim); off, the second pipeline overwrites and deletes the first's.
 GUARDS = frozenset({"version_check", "commit_before_advance", "silver_txn", "gold_txn",
@@ -86,6 +86,11 @@ class Config:
     # low at no cost in speed.
     chunk_mb: float = 2.0
     spill_dir: str | None = None
+    # Where a Spark JVM this process starts writes its own output (Ivy's resolution report
+    # on a first start, log4j's banner and lines), appended; a log line names it when the
+    # JVM starts (core.spark). None: the terminal. LAKECDC_SPARK_LOG; the CLI's default is
+    # one file per user in the temporary directory (``default_spark_log``).
+    spark_log: str | None = None
     # S3 lakehouse (core.storage): a non-AWS endpoint (MinIO, moto) and the region.
     # Credentials are not configuration: each engine reads the standard AWS chain.
     s3_endpoint_url: str | None = None
@@ -104,6 +109,7 @@ class Config:
             "lakehouse": env.get("LAKECDC_LAKEHOUSE", cls.lakehouse),
             "slot": env.get("LAKECDC_SLOT", cls.slot),
             "faults": env.get("LAKECDC_FAULT", ""),
+            "spark_log": env.get("LAKECDC_SPARK_LOG") or default_spark_log(),
             "s3_endpoint_url": env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"),
             "s3_region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
             "disabled_guards": frozenset(
@@ -210,6 +216,14 @@ class Config:
 
     def with_(self, **changes) -> "Config":
         return replace(self, **changes)
+
+
+def default_spark_log() -> str:
+    """Spark's own output for a process that sets no ``LAKECDC_SPARK_LOG``: one file per
+    user (a file another user created is not theirs to append to)."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"lakecdc-spark-{os.getuid()}.log")
 
 
 def _seconds(name: str, text: str) -> float:

@@ -15,9 +15,12 @@ with one sentence rather than failing later inside a stream.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
 
 import pyarrow as pa
 from pyspark import SparkContext
@@ -26,6 +29,8 @@ from pyspark.sql.types import StructType
 
 from core.errors import UserError
 from core.storage import S3A_FILESYSTEM, SPARK_PACKAGES, Lakehouse, on_databricks
+
+log = logging.getLogger("lakecdc.spark")
 
 _LOCAL_CONF = {
     "spark.sql.shuffle.partitions": "2",
@@ -118,12 +123,18 @@ def _on_databricks() -> bool:
 
 
 def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None = None,
-                  log_level: str = "WARN", lakehouse: Lakehouse | None = None) -> SparkSession:
+                  log_level: str = "WARN", lakehouse: Lakehouse | None = None,
+                  output: str | Path | None = None) -> SparkSession:
     """A Spark session with Delta. Outside Databricks, starts ``local[2]`` with Delta jars,
     plus hadoop-aws and its s3a settings when ``lakehouse`` is on S3.
 
     ``log_level`` is Spark's own (log4j) level. The CLI uses FATAL unless ``-v``: errors
     that matter reach lakecdc as exceptions and are reported once, by lakecdc.
+
+    ``output``: a file the JVM's own stdout and stderr are appended to when this call starts
+    it: Ivy's resolution report on a first start, log4j's banner and lines, the Python
+    workers' output. The CLI passes one, so a terminal shows only lakecdc's own lines (and
+    one naming the file); ``None`` leaves them on this process's stdout and stderr.
     """
     if _on_databricks():
         return SparkSession.builder.getOrCreate()
@@ -143,12 +154,37 @@ def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None =
             **(extra_conf or {})}
     for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = configure_spark_with_delta_pip(
-        builder, extra_packages=list(SPARK_PACKAGES) if s3 else None).getOrCreate()
+    builder = configure_spark_with_delta_pip(
+        builder, extra_packages=list(SPARK_PACKAGES) if s3 else None)
+    if output is not None and SparkContext._gateway is None:
+        _launch_jvm(builder, Path(output))
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     if s3:
         _require_s3a(spark, lakehouse, started_here=running is None)
     return spark
+
+
+def _launch_jvm(builder: SparkSession.Builder, output: Path) -> None:
+    """Start the JVM that ``builder.getOrCreate()`` then uses, with its stdout and stderr
+    appended to ``output``. pyspark starts it through ``spark-submit`` with the builder's
+    settings as ``--conf`` (``spark.jars.packages`` among them: the Ivy resolution runs in
+    that JVM); only the stream it inherits differs. pyspark's ``launch_gateway`` takes the
+    ``Popen`` arguments for exactly this; the builder's settings are its ``_options``."""
+    from pyspark import SparkConf
+    from pyspark.java_gateway import launch_gateway
+
+    conf = SparkConf()
+    for key, value in builder._options.items():
+        conf.set(key, str(value))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with open(output, "ab") as sink:
+        sink.write(f"--- {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC: Spark started "
+                   f"by process {os.getpid()} ---\n".encode())
+        sink.flush()
+        gateway = launch_gateway(conf, popen_kwargs={"stdout": sink, "stderr": sink})
+    SparkContext._ensure_initialized(gateway=gateway)
+    log.info("Spark's own output (Ivy, log4j) goes to %s", output)
 
 
 def _require_s3a(spark: SparkSession, lakehouse: Lakehouse, started_here: bool) -> None:

@@ -10,5 +10,5 @@ Imports ``silver`` and ``core``, never ``bronze``.
 - ``push``: gold's change data feed → Postgres ``service_stats`` (``lakecdc push``),
   JVM-free (delta-rs + psycopg).
 
-The stream that drives them is ``pipelines.stream`` (one pass: bronze → silver → gold).
+The stream that drives them is ``pipelines.run.stream`` (one pass: bronze → silver → gold).
 """

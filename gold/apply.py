@@ -24,7 +24,7 @@ and completes the rest (the table there). With ``guard=False`` (negative control
 txn is set and (1) is skipped: a replay after (4) counts twice.
 
 Limits, stated: one gold writer per table (two concurrent jobs would interleave batch ids);
-a lost or older checkpoint is refused by ``pipelines.stream`` rather than replayed blindly.
+a lost or older checkpoint is refused by ``pipelines.run.stream`` rather than replayed blindly.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ SEED_APP_ID = "lakecdc-gold-seed"
 
 def txn_app_id(epoch: int | None) -> str:
     """The Delta app id of the stream's writes. A rebuild starts the stream's checkpoint
-    afresh (``pipelines.rebuild``), so batch ids restart at 0: each such *epoch* (the rebuild's
+    afresh (``pipelines.backfill.rebuild``), so batch ids restart at 0: each such *epoch* (the rebuild's
     floor) gets an app id of its own, whose versions Delta has not seen yet."""
     return APP_ID if epoch is None else f"{APP_ID}@{epoch}"
 

@@ -77,7 +77,7 @@ def silver_holds(spark: SparkSession, silver_path: str, lsn: int) -> bool:
     Silver appends bronze in commit order, so a row of a later commit means it does; else
     the transaction at ``lsn`` must be whole (its rows against its ``tx_changes``). The
     stream's two halves commit side by side and the dashboard takes gold's step before
-    either (``pipelines.stream``), so gold and the dashboard may briefly hold a batch silver
+    either (``pipelines.run.stream``), so gold and the dashboard may briefly hold a batch silver
     has not appended yet."""
     at = F.col("commit_lsn") == F.lit(lsn)
     row = (spark.read.format("delta").load(silver_path)

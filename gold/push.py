@@ -280,7 +280,7 @@ def push_ahead(conn: psycopg.Connection, key: str, table_id: str, step,
 
 
 class AheadPush:
-    """``push_ahead`` for one stream (``pipelines.stream.OnePass``'s ``ahead``): one
+    """``push_ahead`` for one stream (``pipelines.run.stream.OnePass``'s ``ahead``): one
     connection kept between batches, gold's table id read once. Never raises: a dashboard
     it cannot reach is left to the push loop, which catches it up from gold."""
 

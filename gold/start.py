@@ -1,7 +1,7 @@
-"""Gold's part of the stream's start (``pipelines.stream``): its tables, what it has applied,
+"""Gold's part of the stream's start (``pipelines.run.stream``): its tables, what it has applied,
 and its ``foreachBatch`` writer, floored at gold's baseline.
 
-- gold seeded at a source LSN (``seed_gold``) or rebuilt at one (``pipelines.rebuild``): silver
+- gold seeded at a source LSN (``seed_gold``) or rebuilt at one (``pipelines.backfill.rebuild``): silver
   rows below it are already counted, so the writer skips them (``floor_lsn``). This is what
   lets a rebuilt gold go on from the stream's checkpoint: the rows of every batch the
   stream replays or plays next that are older than the rebuild's baseline are inside it.
@@ -25,7 +25,7 @@ log = logging.getLogger("lakecdc.gold")
 
 def prepare_gold(spark: SparkSession, paths: GoldPaths, faults=None) -> None:
     """Create gold and ``_pending`` if absent (refusing one without the other). Fault point
-    ``after_gold_create``: created, not seeded yet (``pipelines.run`` seeds next)."""
+    ``after_gold_create``: created, not seeded yet (``pipelines.run.pipeline`` seeds next)."""
     created = ensure_gold_tables(spark, paths)
     for path in created:
         log.info("created %s", path)

@@ -62,7 +62,7 @@ from pyspark.sql import functions as F
 from gold.asof import gold_state
 from core.config import Config
 from core.lsn import fmt
-from pipelines.run import Pipeline
+from pipelines.run.pipeline import Pipeline
 from core.spark import get_or_create
 from core.storage import Lakehouse
 
@@ -108,7 +108,7 @@ else:
 
 # COMMAND ----------
 
-from pipelines.quality import render, run_gates
+from pipelines.verify.quality import render, run_gates
 
 silver_gate = run_gates(spark, where.silver.silver_path, where.gold, config.counted,
                         ("silver",))
@@ -128,7 +128,7 @@ assert all(r.success for r in silver_gate), "the silver gate failed: do not rebu
 rebuilt = None
 gold_gate = []
 if param("rebuild", "no") == "yes":
-    from pipelines.rebuild import rebuild_and_push
+    from pipelines.backfill.rebuild import rebuild_and_push
 
     rebuilt = rebuild_and_push(pipeline.spark, pipeline.config, pipeline.where, pipeline.gold_lock)
     print(rebuilt.summary())

@@ -47,7 +47,7 @@ from pyspark.sql import functions as F
 
 from core.config import Config
 from core.lsn import fmt
-from pipelines.query import register_tables, table_paths
+from pipelines.observe.query import register_tables, table_paths
 from core.spark import get_or_create
 from core.storage import Lakehouse
 
@@ -104,7 +104,7 @@ print(f"silver: {silver.count():,} rows, {quarantined:,} quarantined")
 
 # COMMAND ----------
 
-from pipelines.query import read_query
+from pipelines.observe.query import read_query
 
 # sql/ sits beside notebooks/ in the repository and in the bundle's synced files.
 sql_dir = next(d for d in (os.path.abspath(os.path.join("..", "sql")),

@@ -46,7 +46,7 @@ from pyspark.sql import functions as F
 from gold.asof import gold_state
 from core.config import Config
 from core.lsn import fmt
-from pipelines.query import table_paths
+from pipelines.observe.query import table_paths
 from core.spark import get_or_create
 from core.storage import Lakehouse
 

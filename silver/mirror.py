@@ -56,7 +56,7 @@ from silver.parse import MESSAGE_ACTION
 log = logging.getLogger("lakecdc.mirror")
 
 APP_ID = "lakecdc-mirror"
-SEED_APP_ID = "lakecdc-mirror-seed"     # the initial rows (``pipelines.mirrors.seed_mirror``)
+SEED_APP_ID = "lakecdc-mirror-seed"     # the initial rows (``pipelines.run.mirrors.seed_mirror``)
 COMMIT_LSN, COMMIT_TS = "_lakecdc_commit_lsn", "_lakecdc_commit_ts"
 KEY_PROPERTY = "lakecdc.keyColumns"          # JSON list of the primary key's columns
 TYPES_PROPERTY = "lakecdc.sourceTypes"       # JSON {column: Postgres type}
@@ -343,7 +343,7 @@ class MirrorWriter:
         self.storage_options = storage_options       # delta-rs's, for a lakehouse on S3
         self.faults = faults or FaultPoints()
         # Called with (LSN, batch id) of the newest verify marker of a batch once every
-        # mirror holds that batch (``pipelines.verify_mirrors``).
+        # mirror holds that batch (``pipelines.verify.mirrors``).
         self.on_marker = on_marker
         # A table without a mirror yet (captured while the query runs): its mirror's path
         # once created, or None (not mirrored; asked once per query).
@@ -356,7 +356,7 @@ class MirrorWriter:
         self.accept_errors_upto = accept_errors_upto
         self.failure: BaseException | None = None
         self.merged: dict[str, int] = {}        # table -> batches merged by this writer
-        self.run = self.merged                  # what ``pipelines.stream.await_stream`` returns
+        self.run = self.merged                  # what ``pipelines.run.stream.await_stream`` returns
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
@@ -436,7 +436,7 @@ class MirrorWriter:
                   for i, n in enumerate(others)}
         meta = {COMMIT_LSN: f"s.{COMMIT_LSN}", COMMIT_TS: f"s.{COMMIT_TS}"}
         # ``newest``: the mirror now holds every change of its table up to this LSN
-        # (``pipelines.verify_mirrors``); not after a batch's part but the last, which may
+        # (``pipelines.verify.mirrors``); not after a batch's part but the last, which may
         # end inside a transaction. A batch's parts are told apart by the version.
         held = {"newest": found.newest} if last else {"partial": True}
         commit = rs_commit(commit_metadata("mirror", batch_id=batch_id, part=part,

@@ -13,7 +13,7 @@ committed in it), under the gold writer lock:
    ``commit_lsn``: one commit per table, so each table holds the range exactly once; no
    duplicates, and a rerun replaces the range again). Both tables are append-only for
    their readers' sake; the flag is lifted for this one commit and set back.
-3. Gold is rebuilt (``pipelines.rebuild.reprocess_and_rebuild`` runs all three steps): its
+3. Gold is rebuilt (``pipelines.backfill.rebuild.reprocess_and_rebuild`` runs all three steps): its
    counts come from a fresh consistent baseline, so whatever the old parse got wrong is not
    carried on; the stream goes on past it. The stream reads bronze, never silver, so the
    replacing commits are not seen as changes.
@@ -51,7 +51,7 @@ class ReprocessReport:
     last_lsn: int | None
     changes_rows: int
     quarantined_rows: int
-    rebuild: object | None = None        # pipelines.rebuild.RebuildReport
+    rebuild: object | None = None        # pipelines.backfill.rebuild.RebuildReport
     seconds: float = 0.0
 
     def summary(self) -> str:
@@ -105,7 +105,7 @@ def reprocess_silver(spark: SparkSession, where, tables: tuple[str, ...],
                      counted_tables: tuple[str, ...] | None = None) -> ReprocessReport:
     """Steps 1-2 of the module docstring, for silver at ``where`` (``SilverLocations``), the
     captured ``tables`` and the ``counted_tables`` among them; the caller holds the gold
-    writer lock and rebuilds gold after (``pipelines.rebuild.reprocess_and_rebuild``)."""
+    writer lock and rebuilds gold after (``pipelines.backfill.rebuild.reprocess_and_rebuild``)."""
     started = time.monotonic()
     if (from_lsn or to_lsn) and (since or until):
         raise UserError("give an LSN range (--from-lsn/--to-lsn) or a time range "

@@ -1,11 +1,11 @@
 """One micro-batch of bronze rows into silver, exactly once (docs/silver.md).
 
-``SilverWriter`` is the silver half of the one-pass stream (``pipelines.stream``):
+``SilverWriter`` is the silver half of the one-pass stream (``pipelines.run.stream``):
 ``parse`` brings the batch's bronze rows to the driver as Arrow (``batch_rows``) and
 parses them once (``silver.parse``) for silver and gold alike; ``append`` appends one row
 per bronze row to ``silver/changes`` and the batch's failed rows (raw JSON and the error)
 to ``silver/quarantine``, both with delta-rs. The stream bounds a batch's size, and so the
-driver's memory (``pipelines.stream.BATCH_BYTES``).
+driver's memory (``pipelines.run.stream.BATCH_BYTES``).
 
 - **Exactly once per table.** Each append carries a Delta app transaction
   (``lakecdc-silver`` / ``lakecdc-quarantine``, version = the stream's batch id) and the

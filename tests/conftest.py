@@ -107,7 +107,7 @@ def spark():
 def witness(source_db, config):
     """A second slot on the source, created after ``setup``: the independent truth of what
     the WAL held (``truth.Witness``)."""
-    from pipelines.setup_source import setup
+    from pipelines.setup.prepare import setup
     from tests.truth import Witness
 
     setup(config)

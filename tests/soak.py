@@ -8,7 +8,7 @@ What one run does:
 1. starts its own throw-away Postgres 15 + wal2json (``infra.localpg``), the Notify-like
    schema and ``lakecdc setup``, and a *witness* slot (``tests/truth.py``) that sees the
    same WAL and is never advanced;
-2. runs ``pipelines.traffic.Traffic`` in a thread for the whole soak (inserts, status
+2. runs ``pipelines.demo.traffic.Traffic`` in a thread for the whole soak (inserts, status
    transitions, archival moves, hard deletes, rollbacks);
 3. ``--cycles`` times: starts ``lakecdc run`` (the real CLI, continuous) in its own process
    group and sends SIGKILL to the whole group - the Python driver, the Spark JVM and its
@@ -323,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--resume needs --keep DIR")
 
     from tests.invariants import check_invariants
-    from pipelines.setup_source import setup
-    from pipelines.traffic import Traffic
+    from pipelines.setup.prepare import setup
+    from pipelines.demo.traffic import Traffic
 
     base = args.keep or Path(tempfile.mkdtemp(prefix="lakecdc-soak-"))
     base.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ Every cycle, on one throw-away Postgres 15 + wal2json:
 1. a new database with the Notify-like schema and rows in it *before* ``lakecdc setup``
    (they reach gold only through the baseline), a new slot, an empty lakehouse, a witness
    slot (``tests/truth.py``);
-2. traffic in a thread (``pipelines.traffic.Traffic``) while ``lakecdc run`` (the real CLI)
+2. traffic in a thread (``pipelines.demo.traffic.Traffic``) while ``lakecdc run`` (the real CLI)
    starts in its own process group, which is SIGKILL-ed whole a random 0-``--max-kill-s``
    seconds after the start: in the JVM's start-up, the seeding of gold, a query's first
    batch, the write of a first offset or commit file;
@@ -41,8 +41,8 @@ def one_cycle(pg, number: int, rng: random.Random, max_kill_s: float, logs: Path
     """One fresh start killed at random, then the restart; returns (kill time, verdict)."""
     from tests.invariants import check_invariants
     from core.config import Config
-    from pipelines.setup_source import setup
-    from pipelines.traffic import Traffic
+    from pipelines.setup.prepare import setup
+    from pipelines.demo.traffic import Traffic
     from tests.truth import Witness
 
     db = f"notify_{number}"

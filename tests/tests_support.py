@@ -73,7 +73,7 @@ def tmpfs(mount: Path, size: str, read_only: bool = False):
 def stream_paths(lakehouse: Path):
     """The one-pass stream's tables under a bare lakehouse directory (no Config)."""
     from gold.apply import GoldPaths
-    from pipelines.stream import StreamPaths
+    from pipelines.run.stream import StreamPaths
 
     return StreamPaths(bronze=str(lakehouse / "bronze" / "wal2json_changes"),
                        silver=str(lakehouse / "silver" / "changes"),
@@ -90,7 +90,7 @@ def start_bare_stream(spark, paths, known_tables, once: bool = True, *, counted=
     source (no baseline seed): returns (query, writer)."""
     from gold.deltas import COUNTED
     from gold.start import gold_writer
-    from pipelines.stream import OnePass, prepare, start_stream
+    from pipelines.run.stream import OnePass, prepare, start_stream
     from silver.writer import SilverWriter
 
     silver = SilverWriter(paths.silver, paths.quarantine, known_tables, guard=silver_guard,
@@ -104,7 +104,7 @@ def start_bare_stream(spark, paths, known_tables, once: bool = True, *, counted=
 
 def run_bare_stream(spark, paths, known_tables, **kw):
     """``start_bare_stream`` with ``once``, awaited: the ``StreamRun``."""
-    from pipelines.stream import await_stream
+    from pipelines.run.stream import await_stream
 
     return await_stream(*start_bare_stream(spark, paths, known_tables, True, **kw))
 

@@ -11,7 +11,7 @@ import pytest
 
 from core.config import Config
 from core.errors import UserError
-from pipelines.metrics import parse_listen
+from pipelines.observe.metrics import parse_listen
 from tests.tests_support import cli_env, error_line, run_cli
 
 pytestmark = [pytest.mark.integration]
@@ -39,7 +39,7 @@ def test_the_metrics_endpoint_binds_loopback_unless_a_host_is_given():
 def test_the_metrics_server_listens_on_loopback_only_by_default():
     from prometheus_client import CollectorRegistry
 
-    from pipelines.metrics import serve
+    from pipelines.observe.metrics import serve
 
     with serve(CollectorRegistry(), "0") as port:
         listening = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True,
@@ -92,7 +92,7 @@ def test_a_lock_squatted_by_another_role_does_not_stop_the_shipper_but_a_shipper
     import psycopg
 
     from core.locks import acquire, ship_application, ship_lock_name, shipper_running
-    from pipelines.setup_source import setup
+    from pipelines.setup.prepare import setup
 
     setup(config)
     role = f"squatter_{source_db.name}"

@@ -34,8 +34,8 @@ from bronze.backfill_source import _reader, read_chunk
 from bronze.backfill_staging import staging_path
 from bronze.backfill_marks import BACKFILL_PREFIX
 from bronze.ship import Shipper
-from pipelines.run import Pipeline
-from pipelines.setup_source import setup
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
 from tests.tests_support import ROOT, cli_env, run_cli, wait_for
 from tests.truth import Witness, bronze_rows, check_gold
 from tests.integration.workload import SERVICES, STATUSES, TEMPLATES, TYPES, insert

@@ -32,7 +32,7 @@ from infra.localpg import LocalPostgres
 from tests.invariants import check_i1, check_i2, check_invariants
 from core.layout import GOLD, QUARANTINE
 from core.config import Config
-from pipelines.setup_source import setup
+from pipelines.setup.prepare import setup
 from tests.tests_support import cli_env, error_line, one_sentence, run_cli, tmpfs
 from tests.truth import Witness, dashboard_counts
 from tests.integration.workload import insert, mixed

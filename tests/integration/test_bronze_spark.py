@@ -5,7 +5,7 @@ import random
 import pytest
 
 from bronze.ship import Shipper
-from pipelines.setup_source import setup
+from pipelines.setup.prepare import setup
 from tests.truth import Witness
 from tests.integration.workload import archive, insert
 

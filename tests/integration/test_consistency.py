@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from pipelines.run import Pipeline
-from pipelines.setup_source import setup
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
 from tests.tests_support import wait_for
 from tests.truth import check_gold
 from tests.integration.workload import STATUSES, archive, insert

@@ -9,8 +9,8 @@ import pytest
 from psycopg import sql
 
 from core.captured import COUNTED
-from pipelines.consistent import consistent_point, count_at, emit_marker
-from pipelines.source_truth import count_truth, source_counts
+from pipelines.source.consistent import consistent_point, count_at, emit_marker
+from pipelines.source.truth import count_truth, source_counts
 from tests.integration.workload import archive, insert, transition
 
 pytestmark = pytest.mark.integration

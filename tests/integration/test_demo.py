@@ -1,5 +1,6 @@
 """``make demo`` is the first thing a new user runs: ``lakecdc demo`` (short) ends exact, says
-so, and leaves its summary and picture behind."""
+so, and leaves its summary and picture behind; the terminal shows lakecdc's own lines, and
+Spark's (Ivy's report, log4j's banner and hints) go to the file the output names."""
 
 from __future__ import annotations
 
@@ -28,3 +29,11 @@ def test_the_demo_runs_end_to_end_and_prints_exact(tmp_path):
     picture = out / "service_stats.png"
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
     assert "EXACT" in (out / "summary.txt").read_text()
+    terminal = result.stdout + result.stderr
+    banner = "Using Spark's default log4j profile"
+    for spark_line in (banner, "sc.setLogLevel", ":: resolving dependencies ::",
+                       ":: resolution report ::", "NativeCodeLoader"):
+        assert spark_line not in terminal, terminal[-3000:]
+    spark_log = out / "spark.log"
+    assert str(spark_log) in result.stdout
+    assert banner in spark_log.read_text()      # the JVM's lines went there instead

@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
-from pipelines.run import Pipeline
-from pipelines.setup_source import setup
-from pipelines.traffic import Traffic
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
+from pipelines.demo.traffic import Traffic
 from tests.tests_support import cli_env, error_line, run_cli
 from tests.truth import check_gold, dashboard_counts
 from tests.integration.workload import (archive, insert, mixed, multi_row_insert, purge_history,

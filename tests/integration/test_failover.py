@@ -13,11 +13,11 @@ import pytest
 
 from bronze.ship import Shipper
 from gold.deltas import GoldStopped
-from pipelines.rebuild import rebuild_and_push
+from pipelines.backfill.rebuild import rebuild_and_push
 from infra.localpg import LocalPostgres
 from core.config import Config
-from pipelines.run import Pipeline
-from pipelines.setup_source import setup
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
 from tests.tests_support import cli_env, error_line, run_cli, wait_for
 from tests.truth import check_gold
 from tests.integration.workload import archive, insert, mixed, transition

@@ -29,8 +29,8 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from tests.invariants import check_i1, check_i2, check_i3_i4, check_i5, check_invariants
-from pipelines.run import Pipeline
-from pipelines.setup_source import setup
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
 from tests.tests_support import ROOT, cli_env, one_sentence, run_cli, tmpfs, wait_for
 from tests.truth import Witness
 from tests.integration.workload import insert, mixed, transition
@@ -286,7 +286,7 @@ def traffic(source_db):
     the number of steps done."""
     import threading
 
-    from pipelines.traffic import Traffic
+    from pipelines.demo.traffic import Traffic
 
     stop = threading.Event()
     load = Traffic(source_db.dsn, seed=31)
@@ -360,7 +360,7 @@ def test_kill_9_of_the_run_process_group_in_the_gold_batch_and_mid_flight_ends_e
 @pytest.mark.long
 def test_kill_9_after_silver_appends_while_gold_merges_beside_them_ends_exact(
         source_db, config, witness, pipeline, traffic, tmp_path):
-    """Silver's appends and gold's MERGE run side by side (``pipelines.stream``): the
+    """Silver's appends and gold's MERGE run side by side (``pipelines.run.stream``): the
     driver dies as soon as silver has appended a batch, wherever gold's thread is then
     (planning, mid-MERGE, done), and the rest of the group gets SIGKILL. The restart replays
     the batch: silver skips it, gold applies it or skips it, and I1-I5 hold."""
@@ -564,7 +564,7 @@ def test_lost_stream_checkpoint_is_refused_and_the_way_out_it_names_ends_exact(
     one sentence naming the way out and writes nothing past bronze. With the refusal
     switched off (on a copy), silver and gold go wrong (I2, I3). The way out it names -
     move silver and the checkpoint away, ``backfill rebuild-gold`` - must end exact."""
-    import pipelines.stream
+    import pipelines.run.stream
 
     purged = mixed(source_db.dsn, seed=61)
     pipeline.run_once()
@@ -578,7 +578,7 @@ def test_lost_stream_checkpoint_is_refused_and_the_way_out_it_names_ends_exact(
     copy = config.with_(lakehouse=str(tmp_path / "copy"))           # negative control
     shutil.copytree(config.lakehouse, copy.lakehouse)
     with monkeypatch.context() as m:
-        m.setattr(pipelines.stream, "check_checkpoint", lambda *a: None)
+        m.setattr(pipelines.run.stream, "check_checkpoint", lambda *a: None)
         Pipeline(copy, spark_factory=lambda: pipeline.spark).stream(once=True)
     bronze = DeltaTable(config.bronze_path).to_pyarrow_table(
         columns=["commit_lsn", "seq", "data"]).to_pylist()

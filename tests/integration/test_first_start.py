@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.invariants import check_invariants
-from pipelines.setup_source import setup
+from pipelines.setup.prepare import setup
 from tests.tests_support import cli_env, run_cli
 from tests.truth import Witness
 from tests.integration.workload import insert, mixed, transition

@@ -18,9 +18,9 @@ from deltalake import DeltaTable
 
 from bronze.ship import Shipper
 from tests.invariants import check_i1, check_i3_i4, check_i5
-from pipelines.metrics import PipelineMetrics
-from pipelines.run import Pipeline
-from pipelines.setup_source import setup
+from pipelines.observe.metrics import PipelineMetrics
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
 from tests.tests_support import cli_env, run_cli
 from tests.truth import Witness
 from tests.integration.workload import mixed

@@ -29,7 +29,7 @@ from deltalake import DeltaTable
 from infra.localpg import LocalPostgres
 from tests.invariants import check_i5
 from core.config import Config
-from pipelines.setup_source import setup
+from pipelines.setup.prepare import setup
 from tests.proxy import TcpProxy
 from tests.tests_support import ROOT, cli_env, run_cli, wait_for
 from tests.truth import Witness, check_bronze

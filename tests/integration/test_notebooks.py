@@ -12,8 +12,8 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
-from pipelines.run import Pipeline
-from pipelines.setup_source import setup
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
 from tests.tests_support import ROOT
 from tests.truth import source_truth
 from tests.integration.workload import insert, mixed, transition

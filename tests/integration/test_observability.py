@@ -30,9 +30,9 @@ from deltalake import DeltaTable
 from prometheus_client.parser import text_string_to_metric_families
 
 from bronze.ship import Shipper
-from pipelines.metrics import pipeline_exporter
-from pipelines.run import Pipeline
-from pipelines.setup_source import setup
+from pipelines.observe.metrics import pipeline_exporter
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
 from tests.tests_support import ROOT, cli_env, run_cli, wait_for
 from tests.integration.workload import mixed
 
@@ -301,7 +301,7 @@ def test_run_metrics_port_in_use_is_one_sentence_exit_2(config):
 def test_state_reads_are_shared_and_a_hung_read_does_not_block_scrapes(caplog):
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from pipelines.metrics_state import StateCollector, StateSnapshot
+    from pipelines.observe.metrics_state import StateCollector, StateSnapshot
 
     reads, release = [], threading.Event()
 

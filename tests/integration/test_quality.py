@@ -8,9 +8,9 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
-from pipelines.quality import run_gates
-from pipelines.run import Pipeline
-from pipelines.setup_source import setup
+from pipelines.verify.quality import run_gates
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
 from silver.schema import SILVER_CHANGES
 from tests.tests_support import cli_env
 from tests.truth import source_truth

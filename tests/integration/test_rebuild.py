@@ -9,10 +9,10 @@ import pytest
 from deltalake import DeltaTable
 
 from gold.deltas import GoldStopped
-from pipelines.rebuild import rebuild_and_push
+from pipelines.backfill.rebuild import rebuild_and_push
 from core.locks import gold_writer_lock
-from pipelines.run import Pipeline
-from pipelines.setup_source import setup
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
 from tests.tests_support import cli_env, run_cli
 from tests.truth import check_gold, dashboard_counts, gold_counts, source_truth
 from tests.integration.workload import archive, insert, mixed, purge_history, transition

@@ -8,9 +8,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from deltalake import DeltaTable
 
-from pipelines.run import Pipeline
-from pipelines.setup_source import setup
-from pipelines.rebuild import reprocess_and_rebuild
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
+from pipelines.backfill.rebuild import reprocess_and_rebuild
 from tests.tests_support import cli_env
 from tests.truth import check_gold
 from tests.integration.workload import archive, insert, mixed, transition

@@ -26,8 +26,8 @@ from core.layout import GOLD, SILVER
 from deltalake import DeltaTable
 
 from tests.invariants import check_invariants
-from pipelines.run import Pipeline
-from pipelines.setup_source import setup
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
 from tests.truth import Witness
 from tests.integration.workload import archive, hard_delete, insert, transition
 

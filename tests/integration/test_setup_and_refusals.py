@@ -9,7 +9,7 @@ import sys
 import pytest
 from deltalake import DeltaTable
 
-from pipelines.setup_source import setup
+from pipelines.setup.prepare import setup
 from tests.tests_support import cli_env, error_line, run_cli, wait_for
 from tests.truth import Witness, check_bronze
 from tests.integration.workload import insert

@@ -16,7 +16,7 @@ import pytest
 from deltalake import DeltaTable
 
 from bench.decode import ship_once
-from pipelines.setup_source import setup
+from pipelines.setup.prepare import setup
 from tests.tests_support import cli_env
 from tests.integration.workload import multi_row_insert
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.query import TABLES, read_query, register_tables, run_query, table_paths
-from pipelines.run import Pipeline
-from pipelines.setup_source import setup
+from pipelines.observe.query import TABLES, read_query, register_tables, run_query, table_paths
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
 from tests.tests_support import ROOT, cli_env
 from tests.truth import source_truth
 from tests.integration.workload import mixed, transition

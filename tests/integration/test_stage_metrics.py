@@ -38,9 +38,9 @@ from bronze.ship import Shipper
 from core.layout import GOLD, SILVER
 from core.storage import gold_key
 from bronze.session_loss import RECONNECT_REASONS
-from pipelines.metrics import pipeline_exporter
-from pipelines.run import Pipeline
-from pipelines.setup_source import setup
+from pipelines.observe.metrics import pipeline_exporter
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
 from tests.tests_support import ROOT, cli_env, run_cli, wait_for
 from tests.integration.workload import insert, mixed
 

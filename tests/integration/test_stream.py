@@ -1,4 +1,4 @@
-"""``pipelines.stream``: bronze → silver (and gold) in one Structured Streaming query, on
+"""``pipelines.run.stream``: bronze → silver (and gold) in one Structured Streaming query, on
 real Delta tables; the silver half and what one pass means for replays and poison.
 
 Bronze comes either from the real shipper (Postgres 15 + wal2json) or, for inputs wal2json
@@ -22,7 +22,7 @@ from bronze.records import BRONZE_SCHEMA
 from bronze.table import BronzeTable, Progress, SourceIdentity
 from core.errors import UserError
 from gold.deltas import GoldStopped
-from pipelines.stream import StreamPaths
+from pipelines.run.stream import StreamPaths
 from tests.tests_support import run_bare_stream, start_bare_stream, stream_paths
 
 KNOWN = ("public.notifications", "public.notification_history")
@@ -129,8 +129,8 @@ ACCEPT_POISON = max(POISON)           # the operator checked quarantine: count t
 @pytest.mark.integration
 def test_shipped_changes_reach_silver_once(spark, source_db, config):
     from bronze.ship import Shipper
-    from pipelines.run import Locations
-    from pipelines.setup_source import setup
+    from pipelines.run.pipeline import Locations
+    from pipelines.setup.prepare import setup
 
     setup(config)
     insert = ("INSERT INTO notifications (id, service_id, template_id, notification_type, "
@@ -331,7 +331,7 @@ def test_a_batch_is_read_from_exactly_its_own_bronze_files(spark, paths):
 def test_a_batch_reads_at_most_batch_bytes_of_bronze(spark, paths, monkeypatch):
     """The driver holds a whole batch, so a batch is bounded (``BATCH_BYTES``): two bronze
     files bigger than the bound are two batches, each row still landing once."""
-    monkeypatch.setattr("pipelines.stream.BATCH_BYTES", "1b")
+    monkeypatch.setattr("pipelines.run.stream.BATCH_BYTES", "1b")
     append_bronze(paths.bronze, FIRST)
     append_bronze(paths.bronze, SECOND)
     run = run_once(spark, paths, accept_errors_upto=ACCEPT_POISON)

@@ -250,7 +250,7 @@ def test_a_composite_key_table_added_keeps_toasted_values_an_update_leaves_out_i
     read) and updating before the rerun writes the HIGH. Without the cut reads, the ten
     rows' bodies are NULL."""
     from bronze.ship import Shipper
-    from pipelines.setup_source import setup
+    from pipelines.setup.prepare import setup
     from tests.integration.test_backfill_snapshot import bronze_metadata_sum
 
     rng = random.Random(23)
@@ -310,7 +310,7 @@ def test_add_reads_rows_only_once_the_shipper_took_up_the_set_and_without_that_a
     from bronze.ship import Shipper
     from bronze.table import BronzeTable
     from pipelines import tables
-    from pipelines.setup_source import setup
+    from pipelines.setup.prepare import setup
     from tests.truth import bronze_rows
 
     with source_db.connect() as conn:

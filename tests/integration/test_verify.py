@@ -28,9 +28,9 @@ import pytest
 from core.layout import GOLD
 from core.config import Config
 from core.lsn import Lsn
-from pipelines.run import Pipeline
-from pipelines.setup_source import setup
-from pipelines.verify_report import LayerCounts, Verdict, document, drift_sentence, render
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
+from pipelines.verify.report import LayerCounts, Verdict, document, drift_sentence, render
 from tests.tests_support import ROOT, cli_env, error_line, run_cli, wait_for
 from tests.truth import check_gold, source_truth
 from tests.integration.workload import archive, hard_delete, insert, mixed, purge_history, transition
@@ -284,7 +284,7 @@ class Writer:
 @pytest.mark.long
 def test_verify_does_not_block_writers_and_stays_exact_under_traffic(
         source_db, config, populated, verify, monkeypatch):
-    import pipelines.verify as verify_module
+    import pipelines.verify.reconcile as verify_module
 
     real_count_at = verify_module.count_at
     seen = {}

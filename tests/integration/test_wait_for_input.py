@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from pipelines.run import Pipeline
-from pipelines.setup_source import setup
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
 from tests.tests_support import ROOT, cli_env, error_line, run_cli
 from tests.truth import check_gold
 from tests.integration.workload import mixed

@@ -27,7 +27,7 @@ from bronze.ship import Shipper
 from infra.localpg import LocalPostgres
 from core.config import Config
 from core.errors import UserError
-from pipelines.setup_source import setup
+from pipelines.setup.prepare import setup
 from tests.tests_support import ROOT, cli_env, run_cli, wait_for
 from tests.truth import Witness, check_bronze
 from tests.integration.workload import insert

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.run import Pipeline
+from pipelines.run.pipeline import Pipeline
 from tests.tests_support import ROOT, cli_env, error_line
 from tests.truth import check_gold
 from tests.integration.workload import mixed
@@ -72,7 +72,7 @@ def test_jvm_free_commands_work_and_spark_commands_name_the_extra(
     status = lakecdc(no_spark_python, ["status"], env)
     assert status.returncode == 0 and "dashboard" in status.stdout, status.stderr[-3000:]
     importable = subprocess.run(
-        [str(no_spark_python), "-c", "import bronze.backfill, pipelines.metrics"],
+        [str(no_spark_python), "-c", "import bronze.backfill, pipelines.observe.metrics"],
         env=env, cwd=ROOT, capture_output=True, text=True)
     assert importable.returncode == 0, importable.stderr[-2000:]
     check_gold(config.lakehouse, source_db.dsn, source_db.dsn, purged)

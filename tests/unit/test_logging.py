@@ -18,7 +18,7 @@ import pytest
 
 from pipelines import cli as cli_module
 from pipelines.cli import main
-from pipelines.logs import configure_logging
+from pipelines.observe.logs import configure_logging
 
 SECRET = "s3cr3t-Pa55"
 URI_DSN = f"postgresql://lakecdc:{SECRET}@127.0.0.1:{{port}}/notify"

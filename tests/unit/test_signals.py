@@ -1,4 +1,4 @@
-"""``pipelines.signals``: a SIGTERM always stops a command, whatever its main thread was doing.
+"""``pipelines.run.signals``: a SIGTERM always stops a command, whatever its main thread was doing.
 
 The handler runs in the main thread between two bytecodes. The child below takes the stop
 event's own lock (as ``stop.wait()`` holds it for a moment on every poll) and signals
@@ -17,7 +17,7 @@ from tests.tests_support import ROOT
 
 CHILD = textwrap.dedent("""
     import os, signal
-    from pipelines.signals import stop_on_signals
+    from pipelines.run.signals import stop_on_signals
 
     stop = stop_on_signals()
     with stop._cond:                      # the lock stop.wait() holds between polls
@@ -49,7 +49,7 @@ def test_each_command_in_one_process_gets_the_next_signal_through_one_watcher():
     """Tests run commands in their own process: one pipe and one thread serve them all."""
     code = textwrap.dedent("""
         import os, signal, threading
-        from pipelines.signals import stop_on_signals
+        from pipelines.run.signals import stop_on_signals
 
         first, second = stop_on_signals(), stop_on_signals()
         watchers = [t for t in threading.enumerate() if t.name == "lakecdc-stop-signal"]

@@ -1,8 +1,8 @@
-"""``pipelines.verify_mirrors.fold``: verify's own account of the mirror rules (pure)."""
+"""``pipelines.verify.mirrors.fold``: verify's own account of the mirror rules (pure)."""
 
 from __future__ import annotations
 
-from pipelines.verify_mirrors import fold, truncated
+from pipelines.verify.mirrors import fold, truncated
 
 KEY = ("id",)
 

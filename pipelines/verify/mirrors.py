@@ -4,11 +4,11 @@
 For a mirrored table ``t`` and verify's consistent point ``P``:
 
 - **the source at P**: every row of ``t`` read inside P's exported snapshot as the text
-  wal2json prints (``pipelines.mirror_baseline``), into ``<lakehouse>/_verify``;
+  wal2json prints (``pipelines.source.mirror_baseline``), into ``<lakehouse>/_verify``;
 - **the mirror, and the point it holds**: its newest lakecdc commit records ``newest``, the
   newest change of ``t`` it holds (or ``seed``, the point of its initial rows). Verify reads
   the mirror at that version only once the mirrors' query has passed verify's marker (it
-  records each marker it passes, ``record_marker``), so no change of ``t`` older than the
+  records each marker it passes, ``pipelines.run.markers``), so no change of ``t`` older than the
   marker is still on its way: the mirror holds exactly the changes of ``t`` up to ``W =
   max(newest, P - 1)``;
 - **the truth at W**: the source at P with silver's changes of ``t`` in ``[P, W]`` applied by
@@ -20,54 +20,24 @@ For a mirrored table ``t`` and verify's consistent point ``P``:
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Iterable
 
-import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 
 from bronze.capture_list import CAPTURED, CaptureList
 from core.commits import parse_commit_metadata
-from core.layout import MIRROR_MARKERS, mirror_path, path
+from core.layout import mirror_path
 from core.storage import on_databricks, spark_path
 
 Key = tuple
 Row = dict
 SAMPLE_KEYS = 5
-_MARKERS = pa.schema([("marker_lsn", pa.int64()), ("batch_id", pa.int64()),
-                      ("recorded_at", pa.timestamp("us", tz="UTC"))])
 
 
 def scratch_root(lakehouse: str) -> str:
     """Where verify keeps the source rows it read at its point (replaced by each run)."""
     return f"{lakehouse.rstrip('/')}/_verify"
-
-
-# --- the mirrors' query passes verify's marker ----------------------------------------
-
-def record_marker(lakehouse: str, storage_options: dict | None = None
-                  ) -> Callable[[int, int], None]:
-    """For ``MirrorWriter``: note a verify marker every mirror holds (a small append, only
-    in the batches that carry a marker)."""
-    uri = path(lakehouse, MIRROR_MARKERS)
-
-    def record(marker: int, batch_id: int) -> None:
-        write_deltalake(uri, pa.table({"marker_lsn": [marker], "batch_id": [batch_id],
-                                       "recorded_at": [int(time.time() * 1e6)]},
-                                      schema=_MARKERS),
-                        mode="append", storage_options=storage_options)
-    return record
-
-
-def mirrors_position(lakehouse: str, storage_options: dict | None = None) -> int | None:
-    """The newest verify marker the mirrors' query has passed (None: none yet)."""
-    uri = path(lakehouse, MIRROR_MARKERS)
-    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
-        return None
-    values = DeltaTable(uri, storage_options=storage_options).to_pyarrow_table(
-        columns=["marker_lsn"]).column("marker_lsn").to_pylist()
-    return max(values, default=None)
 
 
 def tables_to_verify(config, storage_options: dict | None = None) -> tuple[str, ...]:

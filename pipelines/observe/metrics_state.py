@@ -1,4 +1,4 @@
-"""The state half of lakecdc's metrics (``pipelines.metrics``): where each layer is, read
+"""The state half of lakecdc's metrics (``pipelines.observe.metrics``): where each layer is, read
 from the source and the tables on scrape, exactly as ``lakecdc status`` reads them."""
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ class StateSnapshot:
 
     taken_at: float
     slot_name: str = ""
-    slot: object | None = None                      # pipelines.status.SlotStatus
-    layers: dict = field(default_factory=dict)      # layer -> pipelines.status.LayerStatus
+    slot: object | None = None                      # pipelines.observe.status.SlotStatus
+    layers: dict = field(default_factory=dict)      # layer -> pipelines.observe.status.LayerStatus
     quarantine_rows: int | None = None
     up: dict[str, bool] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)     # part -> why it failed
@@ -41,7 +41,7 @@ def read_state(config: Config, storage_options: dict | None = None,
                parts: tuple[str, ...] = STATE_PARTS) -> StateSnapshot:
     """Read ``parts`` (every part unless given) as ``lakecdc status`` does; a failing part
     is marked down with its error (redacted), not raised."""
-    from pipelines import status
+    from pipelines.observe import status
 
     started = time.monotonic()
     snap = StateSnapshot(taken_at=time.time(), slot_name=config.slot)

@@ -26,7 +26,7 @@ from core.layout import MIRROR_CHECKPOINT, mirror_baseline_path, mirror_path
 from core.lsn import fmt
 from core.postgres import connect
 from core.storage import on_databricks, spark_path
-from pipelines.mirror_baseline import baseline_point
+from pipelines.source.mirror_baseline import baseline_point
 from silver.mirror import (
     COMMIT_LSN,
     COMMIT_TS,
@@ -87,7 +87,7 @@ def mirror_discovery(spark: SparkSession, config, storage_options: dict | None =
     """For ``MirrorWriter``: the mirror of a table first seen in a batch - captured by
     ``lakecdc tables add`` while the query runs - created then (no initial rows: its rows
     arrive as the backfill's reads). None for a table that is not to be mirrored."""
-    from pipelines.tables import captured_tables
+    from pipelines.setup.tables import captured_tables
 
     def discover(table: str) -> str | None:
         if config.mirrors is not None and table not in config.mirrors:
@@ -101,7 +101,7 @@ def mirror_discovery(spark: SparkSession, config, storage_options: dict | None =
 
 def seed_mirror(spark: SparkSession, lakehouse: str, table: str, path: str,
                 storage_options: dict | None = None) -> int:
-    """Replace the mirror's rows with ``table``'s initial rows (``pipelines.mirror_baseline``)
+    """Replace the mirror's rows with ``table``'s initial rows (``pipelines.source.mirror_baseline``)
     unless it already holds them; returns its floor (0: no initial rows).
 
     Decided by the mirror's own record (app transaction ``lakecdc-mirror-seed``, version =

@@ -8,6 +8,7 @@ from pathlib import Path
 STATUS_ORDER = ("created", "sending", "delivered", "temporary-failure", "permanent-failure",
                 "technical-failure")
 COLOURS = ("#9e9e9e", "#42a5f5", "#2e7d32", "#ffb300", "#c62828", "#6a1b9a")
+LEGEND_BAND = 0.07       # the share of the figure's height under the charts, for the legend
 
 
 def plot(counts: dict[tuple[str, str], int], freshness: list[tuple[float, float]],
@@ -31,7 +32,6 @@ def plot(counts: dict[tuple[str, str], int], freshness: list[tuple[float, float]
             bottoms[s] += v
     bars.set_title("service_stats on the dashboard: notifications by status")
     bars.set_ylabel("notifications")
-    bars.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     bars.tick_params(axis="x", rotation=20)
     if freshness:
         xs, ys = zip(*freshness)
@@ -41,7 +41,11 @@ def plot(counts: dict[tuple[str, str], int], freshness: list[tuple[float, float]
     line.set_ylabel("seconds behind the source")
     line.grid(alpha=0.3)
     fig.suptitle(title)
-    fig.tight_layout()
+    # The legend in a band of its own under both charts: inside the bars' axes it covered
+    # the service names on the x axis.
+    fig.legend(*bars.get_legend_handles_labels(), fontsize=8, ncol=len(statuses) or 1,
+               loc="lower center", frameon=False)
+    fig.tight_layout(rect=(0, LEGEND_BAND, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

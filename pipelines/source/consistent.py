@@ -29,7 +29,7 @@ from bronze import slot as slots
 from core.captured import MARKER_PREFIX, CountedTables
 from core.postgres import connect, emit_message
 from core.progress import ProgressBar
-from pipelines.source_truth import count_truth, estimated_rows
+from pipelines.source.truth import count_truth, estimated_rows
 
 
 @dataclass(frozen=True)

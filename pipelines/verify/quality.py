@@ -177,7 +177,7 @@ def _baseline(spark: SparkSession, gold_path: str, floor: int, baseline_path: st
                 log.warning("gold version %d is no longer readable (%s)", commit.version, exc)
             break
     if baseline_path is not None:
-        from pipelines.baseline import read_baseline
+        from pipelines.source.baseline import read_baseline
 
         found = read_baseline(baseline_path, storage_options)
         if found is not None and found[0] == floor:

@@ -14,7 +14,7 @@ One query reads bronze; its ``foreachBatch`` (``OnePass``) does, per micro-batch
 3. ``ahead`` (``lakecdc run``): as soon as gold has planned its step, the step goes to the
    dashboard (``gold.push.push_ahead``), while silver appends and the MERGE runs;
 4. ``on_pass`` callbacks: metrics, and the push thread woken so the dashboard follows gold
-   at once (``pipelines.run``).
+   at once (``pipelines.run.pipeline``).
 
 Why one query (docs/benchmarks.md): a change used to wait for a silver micro-batch, then a
 gold one, then the push loop, paying Spark's per-batch cost at each hop, and three queries

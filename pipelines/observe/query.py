@@ -36,7 +36,7 @@ def table_paths(config) -> dict[str, str]:
     Mirrors: of every table ever captured (the stored set: added ones, and removed ones,
     whose mirrors stay); ``register_tables`` passes over those that do not exist."""
     from core.storage import Lakehouse, on_databricks, spark_path
-    from pipelines.tables import known_tables
+    from pipelines.setup.tables import known_tables
 
     paths = {name: spark_path(config.table_path(where), on_databricks())
              for name, where in TABLES.items()}

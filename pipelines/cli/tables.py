@@ -1,17 +1,18 @@
-"""``lakecdc tables``: list, add and remove captured tables (``pipelines.tables``); a group
-of ``pipelines.cli``, kept here so that module stays small."""
+"""``lakecdc tables``: list, add and remove captured tables (``pipelines.setup.tables``)."""
 
 from __future__ import annotations
 
 import click
 
+from pipelines.cli.context import load_config
+from pipelines.run.signals import stop_on_signals
+
 
 def _context(ctx):
     """The configuration and the delta-rs storage options of the lakehouse."""
     from core.storage import Lakehouse
-    from pipelines.cli import _config
 
-    config = _config(ctx)
+    config = load_config(ctx)
     return config, Lakehouse.from_config(config).delta_rs_options()
 
 
@@ -29,7 +30,7 @@ def tables(ctx):
 @click.pass_context
 def list_command(ctx):
     """Each captured (or once captured) table, its state and its mirror's freshness."""
-    from pipelines.tables import list_tables, render_tables
+    from pipelines.setup.tables import list_tables, render_tables
 
     config, options = _context(ctx)
     click.echo(render_tables(list_tables(config, options)))
@@ -47,8 +48,7 @@ def add_command(ctx, table, chunk_rows, timeout_s):
     """Capture SCHEMA.TABLE from now on and read its current rows into the change stream
     (a watermark backfill, while streaming goes on); its mirror follows. Needs a running
     shipper (`lakecdc run` or `lakecdc ship`). Rerun after an interruption: it continues."""
-    from pipelines.signals import stop_on_signals
-    from pipelines.tables import add_table
+    from pipelines.setup.tables import add_table
 
     config, options = _context(ctx)
     click.echo(add_table(config, table, options, stop_on_signals(), chunk_rows, timeout_s))
@@ -59,8 +59,7 @@ def add_command(ctx, table, chunk_rows, timeout_s):
 @click.pass_context
 def remove_command(ctx, table):
     """Stop capturing SCHEMA.TABLE. Its mirror is kept as it was, no longer updated."""
-    from pipelines.signals import stop_on_signals
-    from pipelines.tables import remove_table
+    from pipelines.setup.tables import remove_table
 
     config, options = _context(ctx)
     click.echo(remove_table(config, table, options, stop_on_signals()))

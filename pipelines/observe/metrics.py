@@ -7,8 +7,8 @@ Two sources, on one registry per process (docs/observability.md lists every metr
   the silver query (a ``StreamingQueryListener``), the gold writer's ``GoldBatch`` and the
   push's ``PushResult`` (dashboard). Counters and histograms by ``layer``; rows per second
   is ``rate(lakecdc_rows_total[5m])`` in PromQL, not a gauge computed here.
-- **State** (``StateCollector``, ``pipelines.metrics_state``), read from the source and the
-  tables exactly as ``lakecdc status`` reads them (``pipelines.status``): slot lag and
+- **State** (``StateCollector``, ``pipelines.observe.metrics_state``), read from the source and the
+  tables exactly as ``lakecdc status`` reads them (``pipelines.observe.status``): slot lag and
   ``wal_status``, each layer's version, newest source commit LSN and its age, the
   quarantine's row count. Read on scrape, so it is right wherever the stages run (the
   shipper beside the database, Spark on Databricks): ``lakecdc metrics`` serves only this
@@ -43,7 +43,7 @@ from core.config import Config
 from core.errors import UserError
 from core.layout import STREAM_QUERY
 from gold.push import LAYERS
-from pipelines.metrics_state import STATE_PARTS, StateCollector, read_state
+from pipelines.observe.metrics_state import STATE_PARTS, StateCollector, read_state
 
 log = logging.getLogger("lakecdc.metrics")
 
@@ -171,7 +171,7 @@ class PipelineMetrics:
         _safely(record)
 
     def on_pass(self, result) -> None:
-        """A ``pipelines.stream.PassResult``: one stream batch through silver and gold, and
+        """A ``pipelines.run.stream.PassResult``: one stream batch through silver and gold, and
         the stream query's input rows (lakecdc reads them, not Spark: ``on_stream_progress``)."""
         def record():
             self.stream_rows.labels(STREAM_QUERY).inc(result.input_rows)

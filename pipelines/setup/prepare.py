@@ -38,8 +38,8 @@ from core.lsn import fmt
 from core.postgres import connect
 from core.storage import check_writable
 from gold.push import ensure_dashboard_tables
-from pipelines.baseline import count_in_snapshot, write_baseline
-from pipelines.mirror_baseline import write_baselines
+from pipelines.source.baseline import count_in_snapshot, write_baseline
+from pipelines.source.mirror_baseline import write_baselines
 
 
 def _dashboard_tables(dsn: str) -> None:

@@ -27,19 +27,20 @@ from core.config import Config
 from core.errors import DriftFound
 from core.layout import GOLD, mirror_path
 from infra.localpg import LocalPostgres
-from pipelines.demo_plot import plot
-from pipelines.run import Pipeline
-from pipelines.setup_source import setup
-from pipelines.source_truth import source_counts
-from pipelines.traffic import SERVICE_NAMES, SERVICES, TEMPLATES, FreshnessProbe, Traffic
+from pipelines.demo.plot import plot
+from pipelines.demo.traffic import SERVICE_NAMES, SERVICES, TEMPLATES, FreshnessProbe, Traffic
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
+from pipelines.source.truth import source_counts
 
-SCHEMA = Path(__file__).resolve().parents[1] / "infra" / "postgres" / "source_schema.sql"
+SCHEMA = Path(__file__).resolve().parents[2] / "infra" / "postgres" / "source_schema.sql"
 REFERENCE = SCHEMA.with_name("demo_reference_schema.sql")
 # Captured beside the counted tables and mirrored (docs/silver.md, "Mirrors").
 REFERENCE_TABLES = ("public.services", "public.templates")
-NAMES_QUERY = Path(__file__).resolve().parents[1] / "sql" / "examples" / "service_names.sql"
+NAMES_QUERY = Path(__file__).resolve().parents[2] / "sql" / "examples" / "service_names.sql"
 STEP_INSERTS = 30        # notifications per traffic step (a step every 0.1 s)
 WARM_STEPS = 50          # the untimed warm-up round of real traffic
+SPARK_LOG = "spark.log"  # Spark's own output, beside the summary
 
 
 def _say(text: str) -> None:
@@ -66,9 +67,14 @@ def _diff(a: dict, b: dict) -> int:
 
 
 def run_demo(seconds: float, out_dir: str, stop: threading.Event,
-             spark_factory=None) -> None:
+             log_level: str = "FATAL") -> None:
+    """The demo, its output in ``out_dir``; Spark's own lines (Ivy, log4j) in its
+    ``SPARK_LOG``, not on the terminal."""
+    from core.spark import get_or_create
+
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    spark_log = out / SPARK_LOG
     shutil.rmtree(out / "lakehouse", ignore_errors=True)
     pg = LocalPostgres(Path(tempfile.mkdtemp(prefix="lakecdc-demo-pg-")))
     traffic_stop, pipeline_stop = threading.Event(), threading.Event()
@@ -89,9 +95,10 @@ def run_demo(seconds: float, out_dir: str, stop: threading.Event,
         config = base.with_(tables=(*base.tables, *REFERENCE_TABLES))
         for line in setup(config).actions:
             _say(f"setup: {line}")
-        _say("starting Spark (the first start downloads the Delta jars) and creating the "
-             "lakehouse tables ...")
-        pipeline = Pipeline(config, spark_factory=spark_factory)
+        _say("starting Spark (the first start downloads the Delta jars; Spark's own output "
+             f"goes to {spark_log}) and creating the lakehouse tables ...")
+        pipeline = Pipeline(config, spark_factory=lambda: get_or_create(
+            log_level=log_level, output=spark_log))
         pipeline.run_once()   # warm up: tables, JVM, first plans - before the clock runs
         traffic = Traffic(dsn, seed=42)
         # Then a round of real traffic through every layer, untimed too: the freshness
@@ -219,7 +226,13 @@ def _summarise(config: Config, dsn: str, traffic: Traffic, report, freshness, ou
           for t, d in mirror_diff.items()],
     ]
     if spark is not None:
-        from pipelines.query import read_query, register_tables, render, run_query, table_paths
+        from pipelines.observe.query import (
+            read_query,
+            register_tables,
+            render,
+            run_query,
+            table_paths,
+        )
 
         register_tables(spark, table_paths(config))
         lines += ["", f"{NAMES_QUERY.relative_to(NAMES_QUERY.parents[2])} (gold joined with "
@@ -235,6 +248,7 @@ def _summarise(config: Config, dsn: str, traffic: Traffic, report, freshness, ou
                    f"gold {'=' if not gold_diff else '≠'} source")
     lines.append(f"picture: {picture}")
     lines.append(f"lakehouse: {out / 'lakehouse'} (query it: see README, 'Query gold')")
+    lines.append(f"Spark's own output (Ivy, log4j): {out / SPARK_LOG}")
     text = "\n".join(lines)
     (out / "summary.txt").write_text(text + "\n")
     _say("")

@@ -11,7 +11,7 @@ each minus the silver deltas after ``P`` up to its own watermark (``gold.asof``)
 truth plus the history rows purged in ``[floor, P)``; (5) compare, exit 0 or 1. "After the
 point" is ``commit_lsn >= P`` (``_from``; docs/verify.md, "Where the cut is").
 
-``--repair``: on drift, ``pipelines.rebuild.rebuild_and_push`` under the gold lock (one
+``--repair``: on drift, ``pipelines.backfill.rebuild.rebuild_and_push`` under the gold lock (one
 sentence while a pipeline runs), then a whole new verification.
 """
 
@@ -37,16 +37,17 @@ from core.lsn import fmt
 from core.postgres import connect
 from core.storage import Lakehouse, gold_key
 from gold.push import PROGRESS_TABLE, STATS_TABLE
-from pipelines.consistent import consistent_point, count_at, emit_marker
-from pipelines.mirror_baseline import write_baselines
-from pipelines.verify_mirrors import check_mirror, mirrors_position, scratch_root, tables_to_verify
-from pipelines.verify_report import LayerCounts, Verdict, document, drift_sentence, nonzero, render
+from pipelines.run.markers import mirrors_position
+from pipelines.source.consistent import consistent_point, count_at, emit_marker
+from pipelines.source.mirror_baseline import write_baselines
+from pipelines.verify.mirrors import check_mirror, scratch_root, tables_to_verify
+from pipelines.verify.report import LayerCounts, Verdict, document, drift_sentence, nonzero, render
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from core.config import Config
-    from pipelines.run import Locations
+    from pipelines.run.pipeline import Locations
 
 log = logging.getLogger("lakecdc.verify")
 
@@ -73,7 +74,7 @@ def run_verify(config: Config, where: Locations, *, start_spark: Callable[[], Sp
         click.echo(render(first))
         click.echo("\nrepair: rebuilding gold from a fresh baseline and replacing the "
                    "dashboard")
-    from pipelines import rebuild  # only a repair needs it
+    from pipelines.backfill import rebuild  # only a repair needs it
 
     report = rebuild.rebuild_and_push(start_spark(), config, where, gold_lock)
     if not as_json:
@@ -218,7 +219,7 @@ def _positions(config: Config, where: Locations, dashboard: psycopg.Connection,
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    from pipelines.status import delta_layer, gold_layer
+    from pipelines.observe.status import delta_layer, gold_layer
 
     # delta-rs takes the configured URIs (s3://, not Spark's s3a://) and storage options.
     options = Lakehouse.from_config(config).delta_rs_options()

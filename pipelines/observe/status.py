@@ -8,7 +8,7 @@
 - quarantine: the rows in ``silver/quarantine``, from the Delta log's per-file row counts.
 
 The parts are separate functions (``slot_status``, ``layer_status``, ``quarantine_rows``) so the
-Prometheus exporter (``pipelines.metrics``) reads exactly what ``lakecdc status`` shows, each
+Prometheus exporter (``pipelines.observe.metrics``) reads exactly what ``lakecdc status`` shows, each
 part on its own (one unreachable database does not hide the others).
 """
 

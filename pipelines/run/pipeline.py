@@ -26,7 +26,7 @@ from core.layout import GOLD, GOLD_PENDING, STREAM_CHECKPOINT, Table
 from core.spark import low_latency
 from gold.apply import GoldPaths
 from gold.push import AheadPush, push_once, run_push
-from pipelines.stream import (
+from pipelines.run.stream import (
     Marks,
     OnePass,
     StreamPaths,
@@ -39,7 +39,7 @@ from pipelines.stream import (
 from silver.writer import SilverLocations, SilverWriter
 
 if TYPE_CHECKING:
-    from pipelines.metrics import PipelineMetrics
+    from pipelines.observe.metrics import PipelineMetrics
 
 log = logging.getLogger("lakecdc.run")
 
@@ -92,7 +92,7 @@ class Pipeline:
                  trigger_interval: str = TRIGGER_INTERVAL, push_interval_s: float = 5.0,
                  metrics: "PipelineMetrics | None" = None) -> None:
         self.config = config
-        # Event metrics (pipelines.metrics), recorded by every stage run through this object.
+        # Event metrics (pipelines.observe.metrics), recorded by every stage run through this object.
         self.metrics = metrics
         self._stream_listener = None
         self.where = Locations.from_config(config)
@@ -132,7 +132,7 @@ class Pipeline:
         slot's consistent point). Decided by what gold records (``holds_counts``), never by
         whether its table exists; a retry after a kill anywhere in here seeds once."""
         from gold.apply import holds_counts, seed_gold
-        from pipelines.baseline import read_baseline
+        from pipelines.source.baseline import read_baseline
 
         self.faults.hit("before_gold_seed")
         baseline = read_baseline(self.config.baseline_path)
@@ -188,9 +188,9 @@ class Pipeline:
                      on_pass: list | None = None, max_files_per_trigger: int | None = None,
                      ahead: Callable | None = None):
         """Prepare, seed gold if it has no counts yet, and start the one-pass stream
-        (``pipelines.stream``); returns (query, writer). Call under ``gold_lock``."""
+        (``pipelines.run.stream``); returns (query, writer). Call under ``gold_lock``."""
         from gold.start import gold_writer
-        from pipelines.tables import known_tables
+        from pipelines.setup.tables import known_tables
 
         paths = self.where.stream
         silver = SilverWriter(paths.silver, paths.quarantine, self.config.tables,
@@ -240,16 +240,16 @@ class Pipeline:
                         on_result=self.metrics.on_push if self.metrics is not None else None)
 
     def start_mirrors(self, once: bool, accept_errors_upto: int | None = None):
-        """Create missing mirrors and start their query (``pipelines.mirrors``); returns
+        """Create missing mirrors and start their query (``pipelines.run.mirrors``); returns
         (query, writer). Silver must exist (the stream creates it)."""
-        from pipelines.mirrors import (
+        from pipelines.run.markers import record_marker
+        from pipelines.run.mirrors import (
             checkpoint_path,
             mirror_discovery,
             prepare_mirrors,
             start_mirrors,
         )
-        from pipelines.tables import captured_tables
-        from pipelines.verify_mirrors import record_marker
+        from pipelines.setup.tables import captured_tables
         from silver.mirror import MirrorWriter
 
         options = self._delta_rs_options

@@ -5,7 +5,7 @@ reads each captured table inside the slot's exported snapshot (the same one gold
 is counted in) and keeps its rows, as text, in
 ``<lakehouse>/silver/_mirror_baselines/<schema>/<table>`` (written without Spark, the
 consistent point as a Delta app transaction). A mirror starts from it
-(``pipelines.mirrors.seed_mirror``): exact as of that point, then kept by the changes after
+(``pipelines.run.mirrors.seed_mirror``): exact as of that point, then kept by the changes after
 it.
 
 Each value is read as the text wal2json prints for it, so a row from here and a row from

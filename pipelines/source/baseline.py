@@ -8,7 +8,7 @@ the consistent point as a Delta app transaction) and seed gold on its first run,
 first ``run`` on a populated database is exact.
 
 The count runs in primary-key chunks in a REPEATABLE READ transaction on the snapshot
-(``pipelines.source_truth.count_truth``): MVCC, so writers are not blocked; memory is
+(``pipelines.source.truth.count_truth``): MVCC, so writers are not blocked; memory is
 bounded by the number of keys, not rows; a progress bar shows on a terminal.
 """
 
@@ -27,7 +27,7 @@ SCHEMA = pa.schema([*[pa.field(c, pa.string(), nullable=False) for c in DIMS],
 def count_in_snapshot(dsn: str, snapshot_name: str, tables: CountedTables) -> pa.Table:
     """service_stats of the counted ``tables`` as of an exported snapshot (the slot's
     consistent point)."""
-    from pipelines.consistent import ConsistentPoint, count_at
+    from pipelines.source.consistent import ConsistentPoint, count_at
 
     counts = count_at(dsn, ConsistentPoint(0, snapshot_name), tables, "counting the baseline")
     return to_table(counts)

@@ -25,7 +25,7 @@ commit from before anything this command does):
 A crash anywhere is harmless: before 2 nothing changed; after 2 gold is exact as of ``L``
 and the stream continues from it (if 3 did not finish, the rows ``_pending`` carried are
 below the floor and skipped); rerunning the command takes a newer baseline. A lost stream
-checkpoint is not repaired here: silver must be rebuilt with it (``pipelines.stream``).
+checkpoint is not repaired here: silver must be rebuilt with it (``pipelines.run.stream``).
 Rows purged from ``notification_history`` before ``L`` are no longer counted afterwards:
 a rebuild re-baselines on the rows the source still has, as ``setup`` does.
 """
@@ -48,13 +48,13 @@ from gold.apply import GOLD_SCHEMA, GoldPaths, ensure_gold_tables
 from gold.asof import gold_state
 from gold.deltas import CONTRIBUTIONS
 from gold.push import push_once
-from pipelines.baseline import to_table, write_baseline
-from pipelines.consistent import consistent_point, count_at
-from pipelines.tables import known_tables
+from pipelines.setup.tables import known_tables
+from pipelines.source.baseline import to_table, write_baseline
+from pipelines.source.consistent import consistent_point, count_at
 from silver.reprocess import ReprocessReport, reprocess_silver
 
 if TYPE_CHECKING:
-    from pipelines.run import Locations
+    from pipelines.run.pipeline import Locations
 
 log = logging.getLogger("lakecdc.rebuild")
 

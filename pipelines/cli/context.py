@@ -1,0 +1,119 @@
+"""What every ``lakecdc`` command shares: the configuration, the pipeline, the Spark check,
+and the options several commands take. Imports no command module, so the command modules
+and ``pipelines.cli.main`` import it without a circle."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from contextlib import contextmanager
+
+import click
+
+from core.config import Config
+from core.errors import UserError
+
+
+def load_config(ctx, **flags) -> Config:
+    """The configuration: the root group's flags and the command's, over the environment."""
+    return Config.load(**ctx.obj["flags"], **flags)
+
+
+def metrics_option(command):
+    """``--metrics-port`` of the commands that run stages: ``run`` serves every stage's
+    metrics, ``ship``, ``stream`` and ``push`` their own (pipelines.observe.metrics.STAGES).
+    """
+    return click.option(
+        "--metrics-port", metavar="[HOST:]PORT", envvar="LAKECDC_METRICS_PORT",
+        help="Serve Prometheus metrics on http://HOST:PORT/metrics while running (host "
+             "127.0.0.1 unless given; 0.0.0.0:PORT opens it to the network) "
+             "[env LAKECDC_METRICS_PORT].")(command)
+
+
+def shipper_safety_options(command):
+    """WAL safety settings of the shipper (``ship``, and ``run``'s shipper); not given,
+    ``Config`` takes them from the environment or its defaults."""
+    command = click.option(
+        "--reconnect-max-backoff", "reconnect_max_backoff_s", metavar="SECONDS",
+        type=click.FloatRange(min=0, min_open=True),
+        help="Longest wait between attempts to reconnect to the source after it went away "
+             "[env LAKECDC_RECONNECT_MAX_BACKOFF; 30].")(command)
+    return click.option(
+        "--heartbeat-interval", "heartbeat_interval_s", metavar="SECONDS",
+        type=click.FloatRange(min=0),
+        help="Heartbeat transaction after this long without the slot moving while WAL is "
+             "written elsewhere; 0 turns heartbeats off [env LAKECDC_HEARTBEAT_INTERVAL; "
+             "30].")(command)
+
+
+@contextmanager
+def stage_metrics(pipeline, listen: str | None, stage: str):
+    """Serve ``stage``'s metrics while the block runs, recorded through ``pipeline``."""
+    from pipelines.observe.metrics import pipeline_exporter
+
+    with pipeline_exporter(pipeline.config, listen, stage=stage) as pipeline.metrics:
+        yield pipeline
+
+
+SPARK_MISSING = ("this command runs Spark, which is not installed here: install it with "
+                 "pip install 'lakecdc[spark]' (a Databricks runtime brings its own).")
+
+
+def _require_spark() -> None:
+    """The one check for the ``spark`` extra, before anything imports it: commands that
+    need no JVM (setup, ship, push, status, metrics, backfill snapshot) never call it."""
+    from importlib.util import find_spec
+
+    if find_spec("pyspark") is None or find_spec("delta") is None:
+        raise UserError(SPARK_MISSING)
+
+
+def needs_spark(command):
+    """Marks a command that runs Spark: without the extra it ends in ``SPARK_MISSING``
+    (exit 2) before any of its imports."""
+    @functools.wraps(command)
+    def checked(*args, **kwargs):
+        _require_spark()
+        return command(*args, **kwargs)
+    return checked
+
+
+def make_pipeline(ctx, **flags):
+    """The ``Pipeline`` a command runs, with the Spark session it starts when it needs one."""
+    from core.spark import get_or_create
+    from core.storage import Lakehouse
+    from pipelines.run.pipeline import Pipeline
+
+    level = "WARN" if ctx.obj["verbose"] else "FATAL"
+    config = load_config(ctx, **flags)
+    lakehouse = Lakehouse.from_config(config)
+    return Pipeline(config, spark_factory=lambda: get_or_create(
+        log_level=level, lakehouse=lakehouse, output=config.spark_log))
+
+
+
+
+def once_option(help_text: str):
+    """``--once``, with the command's own meaning of it."""
+    return click.option("--once", is_flag=True, help=help_text)
+
+
+def wait_option(command):
+    """``--wait-for-input SECONDS`` of the stages a job may start before their input
+    exists (``pipelines.run.inputs``)."""
+    return click.option(
+        "--wait-for-input", "wait_s", type=click.FloatRange(min=0), default=0.0,
+        metavar="SECONDS",
+        help="If the input table does not exist yet (a first start), wait up to this long "
+             "for it to be created [0: refuse at once].")(command)
+
+
+def await_input(ctx, stage: str, wait_s: float, stop: threading.Event) -> None:
+    """``--wait-for-input``: wait for ``stage``'s input table, when asked to."""
+    if wait_s > 0:
+        from core.storage import Lakehouse
+        from pipelines.run.inputs import wait_for_input
+
+        config = load_config(ctx)
+        wait_for_input(config, stage, wait_s, stop=stop,
+                       storage_options=Lakehouse.from_config(config).delta_rs_options())

@@ -1,0 +1,57 @@
+"""What shows where the pipeline is (``pipelines.observe``): ``lakecdc status``,
+``lakecdc metrics`` and ``lakecdc sql``."""
+
+from __future__ import annotations
+
+import click
+
+from pipelines.cli.context import load_config, make_pipeline, needs_spark
+from pipelines.run.signals import stop_on_signals
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def status(ctx, as_json):
+    """Slot lag and wal_status; per layer the last commit LSN, version and freshness."""
+    from pipelines.observe.status import collect, render, to_json
+
+    report = collect(load_config(ctx))
+    click.echo(to_json(report) if as_json else render(report))
+
+
+@click.command("sql")
+@click.argument("query", required=False)
+@click.option("-f", "--file", "query_file", type=click.Path(dir_okay=False),
+              help="Read the query from a .sql file (e.g. sql/top_services.sql).")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]),
+              default="table", show_default=True)
+@click.option("--limit", type=int, default=1000, show_default=True, help="Rows shown at most.")
+@click.pass_context
+@needs_spark
+def sql_command(ctx, query, query_file, fmt, limit):
+    """Spark SQL on the lakehouse tables, registered by name: bronze_wal2json_changes,
+    silver_changes, silver_quarantine, gold_service_stats."""
+    from pipelines.observe.query import read_query, register_tables, render, run_query, table_paths
+
+    if bool(query) == bool(query_file):
+        raise click.UsageError("give a query or --file, not both and not neither.")
+    text = read_query(query_file) if query_file else query
+    pipeline = make_pipeline(ctx)
+    register_tables(pipeline.spark, table_paths(pipeline.config))
+    click.echo(render(run_query(pipeline.spark, text), fmt, limit))
+
+
+@click.command()
+@click.option("--port", "listen", metavar="[HOST:]PORT", required=True,
+              envvar="LAKECDC_METRICS_PORT",
+              help="Where to serve http://HOST:PORT/metrics (host 127.0.0.1 unless given) "
+                   "[env LAKECDC_METRICS_PORT].")
+@click.pass_context
+def metrics(ctx, listen):
+    """Serve the pipeline's state as Prometheus metrics until stopped: slot lag and
+    wal_status, per layer version, commit LSN and freshness, quarantined rows. Read from
+    the source and the tables on scrape, wherever the pipeline runs (no Spark needed)."""
+    from pipelines.observe.metrics import serve_state
+
+    serve_state(load_config(ctx), listen, stop_on_signals())

@@ -1,0 +1,57 @@
+"""``lakecdc verify`` and ``lakecdc quality``: the pipeline checked against the source and
+against its own contract (``pipelines.verify``)."""
+
+from __future__ import annotations
+
+import click
+
+from core.errors import DriftFound
+from pipelines.cli.context import make_pipeline, needs_spark
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--repair", is_flag=True,
+              help="On drift, rebuild gold from a fresh baseline, push it, and verify again.")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for a running pipeline to pass the verification point.")
+@click.pass_context
+@needs_spark
+def verify(ctx, as_json, repair, timeout_s):
+    """Gold and the dashboard against a GROUP BY of the source at one consistent LSN.
+
+    Exit 0 when both are exact, 1 with a readable diff when not."""
+    from pipelines.verify.reconcile import run_verify
+
+    pipeline = make_pipeline(ctx)
+    run_verify(pipeline.config, pipeline.where, start_spark=lambda: pipeline.spark,
+               drive=pipeline.run_once, gold_lock=pipeline.gold_lock, as_json=as_json,
+               repair=repair, timeout_s=timeout_s)
+
+
+@click.command()
+@click.option("--suite", "suites", type=click.Choice(["silver", "gold"]), multiple=True,
+              help="Run only this suite (repeatable) [silver and gold].")
+@click.option("--all-silver", is_flag=True,
+              help="Check every silver row, not only those after gold's baseline.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+@needs_spark
+def quality(ctx, suites, all_silver, as_json):
+    """Great Expectations gates: the silver suite (keys, known ops, LSN order) and the gold
+    suite (keys, counts >= 0, gold = baseline + silver deltas).
+
+    Exit 0 when every suite passes, 1 when one fails (the job task fails: stop policy)."""
+    from core.storage import Lakehouse
+    from pipelines.verify.quality import SUITES, render, run_gates, summary, to_json
+
+    pipeline = make_pipeline(ctx)
+    config = pipeline.config
+    results = run_gates(pipeline.spark, pipeline.where.silver.silver_path,
+                        pipeline.where.gold, config.counted, tuple(suites) or SUITES,
+                        baseline_path=config.baseline_path,
+                        storage_options=Lakehouse.from_config(config).delta_rs_options(),
+                        all_silver=all_silver)
+    click.echo(to_json(results) if as_json else render(results))
+    if not all(r.success for r in results):
+        raise DriftFound(summary(results))

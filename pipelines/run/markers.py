@@ -1,0 +1,47 @@
+"""Which of verify's markers the mirrors' query has passed.
+
+Verify commits a count-neutral marker transaction after its consistent point
+(``pipelines.source.consistent.emit_marker``). When a mirrors' batch carries one, every
+mirror holds every change before it, so ``MirrorWriter`` records it here, in
+``<lakehouse>/silver/_mirror_markers`` (a small append, only in the batches that carry a marker);
+verify reads the newest one before it reads a mirror (``pipelines.verify.mirrors``).
+Written by the running pipeline, read by verify: it lives with the writer, so verify
+depends on the run room and never the other way round.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from core.layout import MIRROR_MARKERS, path
+
+_MARKERS = pa.schema([("marker_lsn", pa.int64()), ("batch_id", pa.int64()),
+                      ("recorded_at", pa.timestamp("us", tz="UTC"))])
+
+
+def record_marker(lakehouse: str, storage_options: dict | None = None
+                  ) -> Callable[[int, int], None]:
+    """For ``MirrorWriter``: note a verify marker every mirror holds (a small append, only
+    in the batches that carry a marker)."""
+    uri = path(lakehouse, MIRROR_MARKERS)
+
+    def record(marker: int, batch_id: int) -> None:
+        write_deltalake(uri, pa.table({"marker_lsn": [marker], "batch_id": [batch_id],
+                                       "recorded_at": [int(time.time() * 1e6)]},
+                                      schema=_MARKERS),
+                        mode="append", storage_options=storage_options)
+    return record
+
+
+def mirrors_position(lakehouse: str, storage_options: dict | None = None) -> int | None:
+    """The newest verify marker the mirrors' query has passed (None: none yet)."""
+    uri = path(lakehouse, MIRROR_MARKERS)
+    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
+        return None
+    values = DeltaTable(uri, storage_options=storage_options).to_pyarrow_table(
+        columns=["marker_lsn"]).column("marker_lsn").to_pylist()
+    return max(values, default=None)
