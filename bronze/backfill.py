@@ -52,6 +52,7 @@ from core.config import Config
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.locks import acquire, shipper_running
+from core.maintenance import maintain_table
 from core.postgres import connect
 from core.progress import ProgressBar
 
@@ -301,5 +302,10 @@ class SnapshotBackfill:
         total = sum(p.rows for p in per_table.values())
         self.staging.mark(RUN_DONE, run, tables, rows=total, chunk=next_chunk - 1)
         self.staging.drop_rows(run)
+        # The staging table's only writer is this run: it keeps the table small itself
+        # (core.maintenance), after its last write.
+        log.info("backfill %s: maintained %s", run, maintain_table(
+            "backfill staging", self.staging.uri, self.staging.storage_options,
+            retention_hours=self.config.retention_hours).line())
         return "complete"
 

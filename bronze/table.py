@@ -26,7 +26,6 @@ table description (delta-rs refuses non-Delta table properties).
 from __future__ import annotations
 
 import json
-import os
 import queue
 import threading
 import time
@@ -35,7 +34,6 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Iterator
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -47,6 +45,7 @@ from deltalake.transaction import AddAction
 
 from bronze.records import BRONZE_SCHEMA
 from core.errors import UserError
+from core.storage import filesystem
 
 END_SUFFIX = ":end_lsn"
 REBASELINE_SUFFIX = ":rebaseline"
@@ -291,7 +290,7 @@ class DataFiles:
 
     def _storage(self) -> tuple[pafs.FileSystem, str]:
         if self._fs is None:
-            self._fs = _filesystem(self.uri, self.storage_options)
+            self._fs = filesystem(self.uri, self.storage_options)
         return self._fs
 
     def _path(self, name: str) -> str:
@@ -380,17 +379,6 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 def _timestamp(us: int) -> str:
     t = _EPOCH + timedelta(microseconds=us - us % 1000)
     return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
-
-
-def _filesystem(uri: str, storage_options: dict | None) -> tuple[pafs.FileSystem, str]:
-    """A pyarrow filesystem for the table's files and the table's root in it: the local
-    filesystem, or delta-rs's object store (S3, with the same ``storage_options``)."""
-    parsed = urlparse(uri)
-    if parsed.scheme in ("", "file"):
-        return pafs.LocalFileSystem(), os.path.abspath(parsed.path if parsed.scheme else uri)
-    from deltalake.fs import DeltaStorageHandler
-
-    return pafs.PyFileSystem(DeltaStorageHandler(uri, storage_options)), ""
 
 
 # What the OS / object store say when the lakehouse's storage refuses a write (errno text).

@@ -111,3 +111,29 @@ def _walk(fs, path, recursive: bool):
                 yield from _walk(fs, status.getPath(), recursive)
         else:
             yield status
+
+
+def stream_position(checkpoint_dir: str, storage_options: dict | None = None) -> int:
+    """The newest version of its Delta source a query has read whole: the source offset of
+    its newest committed batch (``commits/N`` and ``offsets/N``), less one, since that
+    offset's version is where its next batch starts. -1 when no batch is committed (nothing
+    read yet, or no checkpoint). Read with pyarrow, no JVM: the shipper needs it too
+    (``pipelines.maintain``)."""
+    from pyarrow.fs import FileSelector, FileType
+
+    from core.storage import filesystem, under
+
+    fs, root = filesystem(checkpoint_dir, storage_options)
+    try:
+        names = [i.base_name for i in fs.get_file_info(FileSelector(under(root, "commits")))
+                 if i.type == FileType.File]
+    except FileNotFoundError:
+        return -1
+    committed = sorted(int(n) for n in names if n.isdigit())
+    if not committed:
+        return -1
+    with fs.open_input_stream(under(root, f"offsets/{committed[-1]}")) as stream:
+        lines = stream.read().decode().splitlines()
+    versions = [json.loads(line)["reservoirVersion"] for line in lines[2:]
+                if line.strip().startswith("{") and "reservoirVersion" in line]
+    return min(versions) - 1 if versions else -1

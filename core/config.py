@@ -20,6 +20,8 @@ DEFAULT_NOTIFICATIONS = "public.notifications"
 DEFAULT_HISTORY = "public.notification_history"
 DEFAULT_TABLES = (DEFAULT_NOTIFICATIONS, DEFAULT_HISTORY)
 MIRROR_INTERVAL_S = 30.0
+MAINTAIN_INTERVAL_S = 300.0
+RETENTION_HOURS = 24
 _SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
 # A table as LAKECDC_TABLES and `lakecdc tables add` take it: schema.table, plain names.
 TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
@@ -40,7 +42,8 @@ TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
 # - sole_dashboard: a push refuses a dashboard that holds another pipeline's counts
 #   (gold/push.py, claim); off, the second pipeline overwrites and deletes the first's.
 GUARDS = frozenset({"version_check", "commit_before_advance", "silver_txn", "gold_txn",
-                    "backfill_window", "ahead_fence", "capture_ack", "sole_dashboard"})
+                    "backfill_window", "ahead_fence", "capture_ack", "sole_dashboard",
+                    "reader_floor"})
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,15 @@ class Config:
     # often: each costs one MERGE per changed table, beside the gold path on the same cores
     # (docs/silver.md, "Mirrors": how fresh).
     mirror_interval_s: float = MIRROR_INTERVAL_S
+    # Maintenance (pipelines.maintain, docs/operations.md "Running for months"): each writer
+    # compacts and vacuums its tables between its batches at most this often. At 2,000
+    # changes/s a table gets ~700 small files in 5 minutes: one compaction of them pauses
+    # its writer for about a second.
+    maintain_interval_s: float = MAINTAIN_INTERVAL_S
+    # Files removed from a table (by compaction, a MERGE's rewrite) are deleted this many
+    # hours later: readers inside that window (a notebook's time travel, a replay, verify's
+    # as-of reads) find them; a stream further behind keeps them longer (core.maintenance).
+    retention_hours: int = RETENTION_HOURS
     # Continuous shipping survives the source going away: reconnect with exponential
     # backoff from 0.5 s up to this many seconds between attempts.
     reconnect_max_backoff_s: float = 30.0
@@ -117,9 +129,12 @@ class Config:
         }
         for name, key in (("LAKECDC_HEARTBEAT_INTERVAL", "heartbeat_interval_s"),
                           ("LAKECDC_RECONNECT_MAX_BACKOFF", "reconnect_max_backoff_s"),
-                          ("LAKECDC_MIRROR_INTERVAL", "mirror_interval_s")):
+                          ("LAKECDC_MIRROR_INTERVAL", "mirror_interval_s"),
+                          ("LAKECDC_MAINTAIN_INTERVAL", "maintain_interval_s")):
             if env.get(name):
                 values[key] = _seconds(name, env[name])
+        if env.get("LAKECDC_RETENTION_HOURS"):
+            values["retention_hours"] = _hours(env["LAKECDC_RETENTION_HOURS"])
         if env.get("LAKECDC_TABLES"):
             values["tables"] = tuple(t.strip() for t in env["LAKECDC_TABLES"].split(","))
         mirrors = env.get("LAKECDC_MIRRORS", "").strip()
@@ -175,6 +190,12 @@ class Config:
         if self.mirror_interval_s <= 0:
             raise UserError("the mirrors' interval (LAKECDC_MIRROR_INTERVAL) must be a "
                             "positive number of seconds.")
+        if self.maintain_interval_s <= 0:
+            raise UserError("the maintenance interval (LAKECDC_MAINTAIN_INTERVAL) must be a "
+                            "positive number of seconds.")
+        if self.retention_hours < 0:
+            raise UserError("the retention (LAKECDC_RETENTION_HOURS) must be a whole number "
+                            "of hours, 0 or more.")
         if self.reconnect_max_backoff_s <= 0:
             raise UserError("the reconnect backoff (LAKECDC_RECONNECT_MAX_BACKOFF) must be a "
                             "positive number of seconds.")
@@ -224,6 +245,14 @@ def default_spark_log() -> str:
     import tempfile
 
     return os.path.join(tempfile.gettempdir(), f"lakecdc-spark-{os.getuid()}.log")
+
+
+def _hours(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"LAKECDC_RETENTION_HOURS={text!r} is not a whole number of hours; "
+                        "write e.g. 24.") from None
 
 
 def _seconds(name: str, text: str) -> float:

@@ -3,7 +3,11 @@
 - the shipper holds ``lakecdc.ship:<slot>`` on the source (``bronze.ship``);
 - whoever writes gold - the stream of ``lakecdc stream`` / ``lakecdc run``, a rebuild,
   ``verify --repair``, ``backfill reprocess-silver`` - holds ``lakecdc.gold:<gold path>`` on
-  the dashboard database (every gold writer already talks to it to push).
+  the dashboard database (every gold writer already talks to it to push);
+- the mirrors' query holds ``lakecdc.mirrors:<lakehouse>`` there too;
+- ``lakecdc maintain`` takes each of these in turn for the tables of that writer
+  (``pipelines.maintain.once``), and passes over the tables of a writer that is running:
+  that writer maintains them itself.
 
 Session-level locks: held while the connection is open, released by the server when the
 process dies, so a ``kill -9`` never leaves a stale lock behind. A session of another role
@@ -35,6 +39,11 @@ def gold_lock_name(gold_path: str) -> str:
 
 def ship_lock_name(slot: str) -> str:
     return f"lakecdc.ship:{slot}"
+
+
+def mirrors_lock_name(lakehouse: str) -> str:
+    """Held by the mirrors' query (``lakecdc mirrors``, ``run``): one writer of the mirrors."""
+    return f"lakecdc.mirrors:{gold_key(lakehouse)}"
 
 
 def ship_application(slot: str) -> str:
@@ -130,6 +139,14 @@ def exclusive(dsn: str, name: str, busy: str, what: str = "dashboard") -> Iterat
                 conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [name])
             except psycopg.Error:
                 pass    # the session is gone (server restart): so is its lock
+
+
+@contextmanager
+def mirrors_writer_lock(dashboard_dsn: str, lakehouse: str) -> Iterator[None]:
+    with exclusive(dashboard_dsn, mirrors_lock_name(lakehouse),
+                   f"another lakecdc process is writing the mirrors of {lakehouse} "
+                   "(`lakecdc run` or `lakecdc mirrors`); stop it first, only one may."):
+        yield
 
 
 @contextmanager

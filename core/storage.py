@@ -182,6 +182,25 @@ class Lakehouse:
         return f"S3 refused the lakehouse {self.root} ({exc}); check the bucket and its policy."
 
 
+def filesystem(uri: str, storage_options: dict | None = None):
+    """A pyarrow filesystem for a table's files and the table's root in it: the local
+    filesystem, or delta-rs's object store (S3, with the same ``storage_options``)."""
+    import pyarrow.fs as pafs
+
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        return pafs.LocalFileSystem(), os.path.abspath(parsed.path if parsed.scheme else uri)
+    from deltalake.fs import DeltaStorageHandler
+
+    return pafs.PyFileSystem(DeltaStorageHandler(uri, storage_options)), ""
+
+
+def under(root: str, name: str) -> str:
+    """``name`` below the root ``filesystem`` returned (an object store's paths are relative
+    to the URI it was opened on: ``root`` is empty there)."""
+    return f"{root.rstrip('/')}/{name}" if root else name
+
+
 def on_databricks() -> bool:
     return "DATABRICKS_RUNTIME_VERSION" in os.environ
 

@@ -6,6 +6,7 @@ imports it. Its rooms import one way, top to bottom (docs/layout.md):
 - ``backfill``: gold rebuilt, silver reprocessed;
 - ``run``: the running pipeline (``run``, ``stream``, ``mirrors``);
 - ``observe``: ``status``, metrics, log lines, ``sql``;
+- ``maintain``: every table kept small by its own writer; ``lakecdc maintain``;
 - ``setup``: ``setup`` and the captured set (``tables``);
 - ``source``: the source at one consistent point (snapshot, counts, baselines).
 """

@@ -338,8 +338,12 @@ class MirrorWriter:
                  discover: Callable[[str], str | None] | None = None,
                  on_marker: Callable[[int, int], None] | None = None,
                  faults: FaultPoints | None = None,
-                 storage_options: dict | None = None) -> None:
+                 storage_options: dict | None = None,
+                 after_batch: Callable[[], object] | None = None) -> None:
         self.paths = dict(paths)
+        # Called at the end of every batch, in the query's thread: the mirrors' maintenance
+        # (``pipelines.maintain``), between two batches of their only writer.
+        self.after_batch = after_batch
         self.storage_options = storage_options       # delta-rs's, for a lakehouse on S3
         self.faults = faults or FaultPoints()
         # Called with (LSN, batch id) of the newest verify marker of a batch once every
@@ -392,6 +396,8 @@ class MirrorWriter:
             self._table(batch, batch_id, found, path)
         if marker is not None and self.on_marker is not None:
             self.on_marker(marker, batch_id)     # every mirror holds the batch now
+        if self.after_batch is not None:
+            self.after_batch()
 
     def _table(self, batch: DataFrame, batch_id: int, found: TableInBatch, path: str) -> None:
         spark = batch.sparkSession

@@ -159,3 +159,24 @@ def lakecdc(cli_here):
         done = cli_here([*flags, *args], env)
         return done.returncode, done.stdout, done.stderr
     return run
+
+
+@pytest.fixture
+def traffic(source_db):
+    """Notify-like traffic in a thread; calling the fixture's value stops it and returns
+    the number of steps done."""
+    import threading
+
+    from pipelines.demo.traffic import Traffic
+
+    stop = threading.Event()
+    load = Traffic(source_db.dsn, seed=31)
+    thread = threading.Thread(target=load.run, args=(stop, 0.5, 5))
+    thread.start()
+
+    def halt() -> int:
+        stop.set()
+        thread.join()
+        return load.steps
+    yield halt
+    halt()

@@ -202,11 +202,12 @@ class Soak:
     current: RunProcess | None = None          # the run of the cycle in progress
     done_before: int = 0                       # cycles of an earlier, interrupted soak
     on_start: Callable[[RunProcess], None] | None = None
+    env: dict[str, str] = field(default_factory=dict)      # more LAKECDC_* for every run
 
     def start(self, fault: str = "", args: tuple[str, ...] = ("run",)) -> RunProcess:
         wait_until(lambda: sessions_released(self.config.require_source(), self.config.slot),
                    timeout=300, what="sessions of the killed run released")
-        extra = {"LAKECDC_FAULT": fault} if fault else {}
+        extra = {**self.env, **({"LAKECDC_FAULT": fault} if fault else {})}
         number = self.done_before + len(self.cycles)
         self.current = RunProcess(list(args), cli_env(self.config, **extra),
                                   self.log_dir / f"run-{number:03d}.log")

@@ -18,7 +18,7 @@ import click
 
 from core.errors import DriftFound, UserError, redact
 from core.storage import on_databricks
-from pipelines.cli import backfill, demo, observe, run, setup, tables, verify
+from pipelines.cli import backfill, demo, maintain, observe, run, setup, tables, verify
 from pipelines.observe.logs import configure_logging
 
 
@@ -43,7 +43,7 @@ def cli(ctx, source_dsn, dashboard_dsn, lakehouse, slot, verbose, log_format):
 
 for command in (setup.setup, run.ship, run.stream, run.mirrors, run.push, run.run,
                 observe.status, verify.verify, backfill.backfill, demo.demo, verify.quality,
-                observe.sql_command, observe.metrics, tables.tables):
+                observe.sql_command, observe.metrics, tables.tables, maintain.maintain):
     cli.add_command(command)
 
 

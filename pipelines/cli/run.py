@@ -38,13 +38,18 @@ from pipelines.run.signals import stop_on_signals
 def ship(ctx, once, metrics_port, **flags):
     """slot → bronze."""
     from bronze.ship import Shipper
+    from core.storage import Lakehouse
+    from pipelines.maintain.schedule import Maintainer
     from pipelines.observe.metrics import pipeline_exporter
 
     config = load_config(ctx, **flags)
+    maintainer = Maintainer(config, "ship", Lakehouse.from_config(config).delta_rs_options())
     with pipeline_exporter(config, metrics_port, stage="ship") as metrics:
-        shipper = Shipper(config, on_batch=metrics.on_ship_batch
-                          if metrics is not None else None)
-        totals = shipper.run(once=once, stop=stop_on_signals())
+        def on_batch(result, progress) -> None:
+            if metrics is not None:
+                metrics.on_ship_batch(result, progress)
+            maintainer.after_batch()        # bronze, between two of the shipper's commits
+        totals = Shipper(config, on_batch=on_batch).run(once=once, stop=stop_on_signals())
     click.echo(f"shipped {totals.changes} changes in {totals.transactions} transactions "
                f"({totals.commits} bronze commits)")
 

@@ -18,7 +18,7 @@ from gold.push import LAYERS
 
 log = logging.getLogger("lakecdc.metrics")
 
-STATE_PARTS = ("source", *LAYERS[:3], "quarantine", "dashboard")
+STATE_PARTS = ("source", *LAYERS[:3], "quarantine", "dashboard", "tables")
 # pg_replication_slots.wal_status values (PostgreSQL 13+); one series each, 1 for the current.
 WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 
@@ -32,6 +32,7 @@ class StateSnapshot:
     slot: object | None = None                      # pipelines.observe.status.SlotStatus
     layers: dict = field(default_factory=dict)      # layer -> pipelines.observe.status.LayerStatus
     quarantine_rows: int | None = None
+    tables: list = field(default_factory=list)      # pipelines.observe.status.table_sizes
     up: dict[str, bool] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)     # part -> why it failed
     seconds: float = 0.0
@@ -51,6 +52,8 @@ def read_state(config: Config, storage_options: dict | None = None,
             layer, status.layer_status(config, layer, storage_options))) for layer in LAYERS],
         ("quarantine", lambda: setattr(snap, "quarantine_rows", status.quarantine_rows(
             status.quarantine_path(config), storage_options))),
+        ("tables", lambda: setattr(snap, "tables", status.table_sizes(config,
+                                                                      storage_options))),
     ]
     for part, read in reads:
         if part not in parts:
@@ -202,6 +205,22 @@ def state_families(snap: StateSnapshot, now: dt.datetime) -> Iterator[GaugeMetri
             ts.add_metric([layer], commit_ts.timestamp())
             fresh.add_metric([layer], max((now - commit_ts).total_seconds(), 0.0))
     yield from (version, lsn, ts, fresh)
+
+    if snap.up.get("tables"):
+        for key, name, doc in (
+                ("live_files", "lakecdc_table_live_files",
+                 "Data files in the table's current version (compaction keeps it small)."),
+                ("live_bytes", "lakecdc_table_live_bytes",
+                 "Bytes of the data files in the table's current version."),
+                ("log_entries", "lakecdc_table_log_entries",
+                 "Files in the table's _delta_log (commits, checkpoints)."),
+                ("last_maintained", "lakecdc_table_last_maintenance_timestamp_seconds",
+                 "Unix time of the table's newest maintenance (absent: never).")):
+            g = family(name, doc, ["table"])
+            for row in snap.tables:
+                if row.get(key) is not None:
+                    g.add_metric([row["table"]], float(row[key]))
+            yield g
 
     if snap.up.get("quarantine") and snap.quarantine_rows is not None:
         yield GaugeMetricFamily("lakecdc_quarantine_rows",

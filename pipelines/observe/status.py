@@ -5,7 +5,9 @@
   source commit time and the freshness (now − that time). Values come from the Delta log
   and per-file statistics, so status stays cheap on large tables;
 - dashboard: the pushed gold version and the newest source commit it reflects;
-- quarantine: the rows in ``silver/quarantine``, from the Delta log's per-file row counts.
+- quarantine: the rows in ``silver/quarantine``, from the Delta log's per-file row counts;
+- tables: every table lakecdc maintains, with its live files, bytes, log entries and its
+  newest maintenance (``pipelines.maintain``).
 
 The parts are separate functions (``slot_status``, ``layer_status``, ``quarantine_rows``) so the
 Prometheus exporter (``pipelines.observe.metrics``) reads exactly what ``lakecdc status`` shows, each
@@ -162,6 +164,28 @@ def quarantine_path(config: Config) -> str:
     return config.table_path(QUARANTINE)
 
 
+def table_sizes(config: Config, storage_options: dict | None = None) -> list[dict]:
+    """Every table lakecdc maintains (``pipelines.maintain.plan``) with its live files and
+    bytes, its log's entries and its newest maintenance (``core.maintenance.table_size``);
+    tables not created yet are left out."""
+    from core.maintenance import table_size
+    from pipelines.maintain.plan import GROUPS, tables_of
+    from pipelines.setup.tables import captured_tables
+
+    mirrored = tuple(t for t in captured_tables(config, storage_options)
+                     if t in config.mirrored)
+    rows = []
+    for group in GROUPS:
+        for table in tables_of(config, group, mirrored):
+            size = table_size(table.uri, storage_options)
+            if size is not None:
+                last = size.last_maintained or {}
+                rows.append({"table": table.name, "live_files": size.live_files,
+                             "live_bytes": size.live_bytes, "log_entries": size.log_entries,
+                             "last_maintained": last.get("at")})
+    return rows
+
+
 def collect(config: Config, storage_options: dict | None = None) -> dict:
     state = slot_status(config)
     layers = [layer_status(config, layer, storage_options) for layer in LAYERS]
@@ -178,6 +202,7 @@ def collect(config: Config, storage_options: dict | None = None) -> dict:
                     "commit_ts": l.commit_ts.isoformat() if l.commit_ts else None,
                     "freshness_s": l.freshness_s(now)} for l in layers],
         "quarantine_rows": quarantined,
+        "tables": table_sizes(config, storage_options),
     }
 
 
@@ -203,7 +228,24 @@ def render(report: dict) -> str:
     quarantined = report.get("quarantine_rows")
     lines.append("quarantine: " + ("not created yet" if quarantined is None
                                    else f"{quarantined:,} rows in silver/quarantine"))
+    tables = report.get("tables") or []
+    if tables:
+        now = dt.datetime.now(dt.timezone.utc).timestamp()
+        width = max(len("table"), *(len(t["table"]) for t in tables))
+        lines.append(f"{'table':<{width}} {'live files':>10} {'bytes':>10} {'log entries':>11}"
+                     "  last maintained")
+        for t in tables:
+            ago = "never" if t["last_maintained"] is None else \
+                f"{_age(now - t['last_maintained'])} ago"
+            lines.append(f"{t['table']:<{width}} {t['live_files']:>10,} "
+                         f"{byte_size(t['live_bytes']):>10} {t['log_entries']:>11,}  {ago}")
     return "\n".join(lines)
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def to_json(report: dict) -> str:

@@ -26,6 +26,7 @@ from core.layout import GOLD, GOLD_PENDING, STREAM_CHECKPOINT, Table
 from core.spark import low_latency
 from gold.apply import GoldPaths
 from gold.push import AheadPush, push_once, run_push
+from pipelines.maintain.schedule import Maintainer
 from pipelines.run.stream import (
     Marks,
     OnePass,
@@ -104,6 +105,7 @@ class Pipeline:
         self.push_interval_s = push_interval_s
         self.faults = FaultPoints(config.faults)
         self._gold_locked = False
+        self._mirrors_locked = False
         self.marks = Marks()
         self.started = threading.Event()    # set once run_continuous's stream is up
         # Called with every stream batch's ``PassResult`` (benchmarks, tests); never fail it.
@@ -182,6 +184,22 @@ class Pipeline:
             finally:
                 self._gold_locked = False
 
+    @contextmanager
+    def mirrors_lock(self):
+        """Held by the mirrors' writer (``core.locks``): one at a time. Re-entrant within
+        this pipeline (``run`` holds it around its mirrors' query)."""
+        from core.locks import mirrors_writer_lock
+
+        if self._mirrors_locked or not self.config.mirrored:
+            yield
+            return
+        with mirrors_writer_lock(self.config.dashboard, self.config.lakehouse):
+            self._mirrors_locked = True
+            try:
+                yield
+            finally:
+                self._mirrors_locked = False
+
     # --- stages, one at a time -----------------------------------------------------------
 
     def start_stream(self, once: bool, accept_errors_upto: int | None = None,
@@ -206,7 +224,8 @@ class Pipeline:
                            accept_errors_upto=accept_errors_upto or 0,
                            guard=self.config.guard_on("gold_txn"), faults=self.faults,
                            storage_options=self._delta_rs_options)
-        callbacks = [self.marks.on_pass, *self.on_pass, *(on_pass or [])]
+        callbacks = [self.marks.on_pass, *self.on_pass, *(on_pass or []),
+                     Maintainer(self.config, "stream", self._delta_rs_options).after_batch]
         if self.metrics is not None:
             callbacks.append(self.metrics.on_pass)
         writer = OnePass(silver, gold, self.faults, callbacks, ahead)
@@ -259,6 +278,8 @@ class Pipeline:
                               discover=mirror_discovery(self.spark, self.config, options),
                               on_marker=record_marker(self.config.lakehouse, options),
                               faults=self.faults, storage_options=options)
+        writer.after_batch = Maintainer(self.config, "mirrors", options,
+                                        mirrored=lambda: tuple(writer.paths)).after_batch
         query = start_mirrors(self.spark, self.where.silver.silver_path,
                               checkpoint_path(self.config), writer, once,
                               self.config.mirror_interval_s)
@@ -268,8 +289,9 @@ class Pipeline:
                 accept_errors_upto: int | None = None) -> dict:
         """silver → the mirrors: with ``once`` until silver is drained, else until ``stop``
         is set or a batch fails. Returns table → batches merged."""
-        query, writer = self.start_mirrors(once, accept_errors_upto)
-        return await_stream(query, writer, stop)
+        with self.mirrors_lock():
+            query, writer = self.start_mirrors(once, accept_errors_upto)
+            return await_stream(query, writer, stop)
 
     @property
     def _fence(self) -> bool:
@@ -301,7 +323,7 @@ class Pipeline:
         return report
 
     def run_continuous(self, stop: threading.Event) -> None:
-        with self.gold_lock():
+        with self.gold_lock(), self.mirrors_lock():
             self._run_continuous(stop)
 
     def _run_continuous(self, stop: threading.Event) -> None:
@@ -361,10 +383,13 @@ class Pipeline:
     # --- metrics hooks (no-ops without self.metrics) ---------------------------------------
 
     def _shipper(self) -> Shipper:
+        maintainer = Maintainer(self.config, "ship", self._delta_rs_options)
+
         def on_batch(result, progress) -> None:
             self.marks.set("bronze", result.commit_lsn, result.commit_ts)
             if self.metrics is not None:
                 self.metrics.on_ship_batch(result, progress)
+            maintainer.after_batch()        # bronze, between two of the shipper's commits
         return Shipper(self.config, on_batch=on_batch)
 
     def _observe_streams(self) -> None:

@@ -72,10 +72,13 @@ class GateResult:
 def silver_suite():
     import great_expectations as gx
     import great_expectations.expectations as gxe
+    from great_expectations.expectations.row_conditions import Column
 
     from gold.deltas import OPS
 
-    writes = 'op IN ("I", "U", "R")'
+    # GX Core's Condition objects: string row conditions are deprecated (GX 2.0 drops them).
+    writes = Column("op").is_in(["I", "U", "R"])
+    deletes = Column("op") == "D"
     return gx.ExpectationSuite(name="lakecdc_silver", expectations=[
         *[gxe.ExpectColumnValuesToNotBeNull(column=c)
           for c in ("commit_lsn", "seq", "tx_changes", "lsn")],
@@ -85,11 +88,9 @@ def silver_suite():
                                                     or_equal=True),
         gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="tx_changes", column_B="seq"),
         gxe.ExpectColumnValuesToBeBetween(column="seq", min_value=0),
-        *[gxe.ExpectColumnValuesToNotBeNull(column=c, row_condition=writes,
-                                            condition_parser="spark")
+        *[gxe.ExpectColumnValuesToNotBeNull(column=c, row_condition=writes)
           for c in ("id", *DIMS)],
-        *[gxe.ExpectColumnValuesToNotBeNull(column=f"old_{c}", row_condition='op = "D"',
-                                            condition_parser="spark")
+        *[gxe.ExpectColumnValuesToNotBeNull(column=f"old_{c}", row_condition=deletes)
           for c in DIMS],
     ])
 
@@ -227,7 +228,7 @@ def validate(frame: DataFrame, suite, scope: str = "") -> GateResult:
         columns = kwargs.get("column") or ", ".join(
             kwargs.get("column_list") or [kwargs.get("column_A", ""), kwargs.get("column_B", "")])
         if kwargs.get("row_condition"):
-            columns += f" where {kwargs['row_condition']}"
+            columns += f" where {_condition_text(kwargs['row_condition'])}"
         error = (result.exception_info or {}).get("exception_message") \
             if (result.exception_info or {}).get("raised_exception") else None
         failures.append(Failure(config.type, columns, result.result.get("unexpected_count"),
@@ -235,6 +236,14 @@ def validate(frame: DataFrame, suite, scope: str = "") -> GateResult:
                                 error))
     return GateResult(suite.name.removeprefix("lakecdc_"), rows, len(outcome.results),
                       failures, scope)
+
+
+def _condition_text(condition) -> str:
+    """A row condition as a reader writes it (GX keeps ``Column("op") == "D"`` as a dict)."""
+    if isinstance(condition, dict) and {"column", "operator", "parameter"} <= set(condition):
+        return (f"{condition['column'].get('name')} {condition['operator']} "
+                f"{condition['parameter']!r}")
+    return str(condition)
 
 
 def _plain(values: list) -> list:

@@ -71,6 +71,20 @@ def test_the_cli_run_once_leaves_the_dashboard_exact(source_db, config):
         marks = dict(conn.execute("SELECT layer, source_commit_lsn FROM "
                                   "lakecdc_layer_progress").fetchall())
     assert marks == {layer: newest for layer in ("bronze", "silver", "gold", "dashboard")}
+    # Each table's size as its snapshot has it (maintenance shows in it: docs/operations.md).
+    import json
+
+    tables = {t["table"]: t for t in json.loads(status.stdout)["tables"]}
+    for name, path in (("bronze", config.bronze_path),
+                       ("gold", config.table_path(("gold", "service_stats")))):
+        table = DeltaTable(path)
+        assert tables[name]["live_files"] == len(table.file_uris()) > 0, tables[name]
+        assert tables[name]["live_bytes"] == sum(
+            table.get_add_actions(flatten=True).column("size_bytes").to_pylist())
+        assert tables[name]["log_entries"] >= table.version()
+    assert {"silver", "quarantine", "gold_pending"} <= set(tables)
+    text = run_cli(["status"], cli_env(config)).stdout
+    assert "live files" in text and "never" in text      # not maintained yet: a short run
 
 
 @pytest.mark.long

@@ -280,27 +280,6 @@ def test_negative_control_advancing_before_the_commit_loses_changes_on_a_full_di
 
 # --- F12 (and F11/F13 by chance): SIGKILL of the whole `lakecdc run` process group ------------
 
-@pytest.fixture
-def traffic(source_db):
-    """Notify-like traffic in a thread; calling the fixture's value stops it and returns
-    the number of steps done."""
-    import threading
-
-    from pipelines.demo.traffic import Traffic
-
-    stop = threading.Event()
-    load = Traffic(source_db.dsn, seed=31)
-    thread = threading.Thread(target=load.run, args=(stop, 0.5, 5))
-    thread.start()
-
-    def halt() -> int:
-        stop.set()
-        thread.join()
-        return load.steps
-    yield halt
-    halt()
-
-
 def killed_at(config, tmp_path, fault: str):
     """Ship what the source holds, then ``lakecdc run`` in its own process group until the
     driver dies at ``fault`` and the rest of the group gets SIGKILL; returns the soak, for

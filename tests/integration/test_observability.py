@@ -154,6 +154,11 @@ def check_run_once_metrics(source_db, config, spark, port, started):
     assert value(samples, "lakecdc_layer_version", layer="gold") == gold.version() == \
         value(samples, "lakecdc_layer_version", layer="dashboard")
     assert value(samples, "lakecdc_quarantine_rows") == 0
+    assert value(samples, "lakecdc_state_up", part="tables") == 1
+    assert value(samples, "lakecdc_table_live_files", table="bronze") == \
+        len(DeltaTable(config.bronze_path).file_uris()) > 0
+    assert value(samples, "lakecdc_table_live_files", table="gold") == len(gold.file_uris())
+    assert value(samples, "lakecdc_table_log_entries", table="silver") > 0
     assert value(samples, "lakecdc_slot_safe_wal_size_bytes", slot=source_db.slot) is None
     assert value(samples, "lakecdc_source_max_slot_wal_keep_size_bytes",
                  slot=source_db.slot) is None                 # unlimited on this cluster

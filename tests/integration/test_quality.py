@@ -8,7 +8,7 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
-from pipelines.verify.quality import run_gates
+from pipelines.verify.quality import render, run_gates
 from pipelines.run.pipeline import Pipeline
 from pipelines.setup.prepare import setup
 from silver.schema import SILVER_CHANGES
@@ -67,17 +67,23 @@ def test_gates_pass_on_pipeline_output_and_fail_on_planted_rows(source_db, confi
     assert _failed(gold) == {"expect_column_pair_values_to_be_equal": 2,
                              "expect_column_values_to_be_between": 1}
 
-    # Silver: a row with an unknown op whose own LSN is after its transaction's commit.
+    # Silver: a row with an unknown op whose own LSN is after its transaction's commit, and
+    # a delete without the old dims (a row condition: only deletes must carry them).
     top = spark.read.format("delta").load(where.silver.silver_path).agg(
         F.max("commit_lsn")).first()[0]
     bad = {f.name: None for f in SILVER_CHANGES.fields}
     bad.update(commit_lsn=top + 100, seq=0, tx_changes=1, lsn=top + 200, op="X")
-    spark.createDataFrame([bad], SILVER_CHANGES).write.format("delta").mode("append") \
-        .save(where.silver.silver_path)
+    blind = {f.name: None for f in SILVER_CHANGES.fields}
+    blind.update(commit_lsn=top + 300, seq=0, tx_changes=1, lsn=top + 300, op="D")
+    spark.createDataFrame([bad, blind], SILVER_CHANGES).write.format("delta") \
+        .mode("append").save(where.silver.silver_path)
     [silver] = run_gates(spark, where.silver.silver_path, where.gold, config.counted,
                          ("silver",))
     assert _failed(silver) == {"expect_column_values_to_be_in_set": 1,
-                               "expect_column_pair_values_a_to_be_greater_than_b": 1}
+                               "expect_column_pair_values_a_to_be_greater_than_b": 1,
+                               "expect_column_values_to_not_be_null": 1}
+    assert len(silver.failures) == 2 + 4                    # the four old dims of the delete
+    assert "[old_service_id where op == 'D']: 1 unexpected" in render([silver])
 
     # The command: the report, then exit 1 with one sentence naming both suites.
     result = cli_here(["quality"], cli_env(config))

@@ -309,7 +309,7 @@ def test_add_reads_rows_only_once_the_shipper_took_up_the_set_and_without_that_a
     from bronze.heartbeat import emit
     from bronze.ship import Shipper
     from bronze.table import BronzeTable
-    from pipelines import tables
+    from pipelines.setup import tables
     from pipelines.setup.prepare import setup
     from tests.truth import bronze_rows
 

@@ -1,0 +1,185 @@
+"""Keeping one Delta table small: compaction, a checkpoint, and vacuum (delta-rs).
+
+``maintain_table`` is called by the process that writes the table, between two of its own
+commits (``pipelines.maintain`` decides which tables and when), so no writer of lakecdc's
+ever races it. Each step is idempotent and is one commit or none:
+
+1. **compact**: files under half the target size are bin-packed into files of about
+   ``target_bytes`` (delta-rs ``optimize.compact``). One commit, whose removes and adds carry
+   ``dataChange=false``: a streaming reader skips it and still reads each row exactly once,
+   from the files it was added in.
+2. **retention**: the table's ``delta.deletedFileRetentionDuration`` is set to the retention
+   once (a metadata-only commit). Checkpoints keep a tombstone for every removed file that
+   long, and compaction removes thousands a day: with Delta's default week every snapshot
+   load would read them all. (A tombstone is kept exactly as long as vacuum keeps its file.)
+3. **checkpoint** at the new version, so the next snapshot load starts from few files; the
+   writers' own commits clean the expired log entries (``delta.logRetentionDuration``,
+   ``delta.enableExpiredLogCleanup``: delta-rs does it at each checkpoint).
+4. **vacuum**: the files removed more than ``retention_hours`` ago are deleted, and so are
+   files no commit ever referenced (a writer or a compaction killed before its commit, F3)
+   once they are that old: a full vacuum, which lists the table's folder - bounded, since
+   compaction and vacuum keep the folder small. Where a streaming query reads the table
+   (``reader_floor``: the version its next batch starts after), nothing is vacuumed while
+   that version is older than the retention: every file the stream has still to read is
+   then either live or removed since its version, so inside the retention too. A stream
+   stopped longer than that finds its files, and they go at the first maintenance after it
+   caught up. (The log itself keeps commits for ``delta.logRetentionDuration``, 30 days: a
+   stream stopped longer cannot resume, maintenance or not.)
+
+A kill anywhere (F25) leaves the table as it was or compacted: compaction's new files are
+invisible until its one log entry, so a kill before it leaves orphans that a later vacuum
+deletes; the checkpoint and vacuum change no row.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from deltalake import CommitProperties, DeltaTable
+
+from core.faults import FaultPoints
+from core.storage import filesystem, under
+
+# Compacted files: large enough that a day's rows are a few files, small enough that one
+# compaction of a busy table's recent files takes seconds.
+TARGET_BYTES = 64 << 20
+MAINTAIN_OPERATION = "maintain"        # ``lakecdc.operation`` of a compaction's commit
+MAINTENANCE_FILE = "_lakecdc_maintenance.json"     # the newest report, beside _delta_log
+
+
+@dataclass
+class TableReport:
+    """One table's maintenance: what it held before and after, and what was done."""
+    table: str
+    files_before: int = 0
+    files_after: int = 0
+    compacted: int = 0              # files rewritten
+    vacuumed: int = 0               # files deleted
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        done = (f"{self.files_before} → {self.files_after} live files, {self.compacted} "
+                f"compacted, {self.vacuumed} deleted, {self.seconds:.1f}s")
+        return f"{self.table}: {done}" + "".join(f"; {n}" for n in self.notes)
+
+
+def maintain_table(name: str, uri: str, storage_options: dict | None = None, *,
+                   retention_hours: int, reader_floor: int | None = None,
+                   target_bytes: int = TARGET_BYTES, now: float | None = None,
+                   faults: FaultPoints | None = None) -> TableReport:
+    """Compact, set the tombstone retention, checkpoint and vacuum the table at ``uri``.
+
+    ``reader_floor``: the version a streaming reader of this table has read up to (its next
+    batch starts after it); None: no stream reads the table."""
+    started = time.monotonic()
+    report = TableReport(name)
+    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
+        report.notes.append("no table yet")
+        return report
+    table = DeltaTable(uri, storage_options=storage_options)
+    report.files_before = len(table.file_uris())
+    held = _held_by_reader(uri, storage_options, table.version(), reader_floor,
+                           retention_hours, now or time.time())
+    small = table.optimize.compact(
+        target_size=target_bytes,
+        commit_properties=CommitProperties(
+            custom_metadata={"lakecdc.operation": MAINTAIN_OPERATION}))
+    report.compacted = int(small.get("numFilesRemoved", 0))
+    (faults or FaultPoints()).hit("after_compaction")      # F25: killed between the steps
+    table.update_incremental()
+    wanted = f"interval {retention_hours} hours"
+    if table.metadata().configuration.get("delta.deletedFileRetentionDuration") != wanted:
+        table.alter.set_table_properties({"delta.deletedFileRetentionDuration": wanted})
+        table.update_incremental()
+    if report.compacted:
+        table.create_checkpoint()
+    if held:
+        report.notes.append(f"its stream {held}: nothing vacuumed until it is within the "
+                            "retention")
+    else:
+        report.vacuumed = len(table.vacuum(retention_hours=retention_hours, dry_run=False,
+                                           enforce_retention_duration=False, full=True))
+    report.files_after = len(DeltaTable(uri, storage_options=storage_options).file_uris())
+    report.seconds = time.monotonic() - started
+    _record(uri, storage_options, report, now or time.time())
+    return report
+
+
+def _record(uri: str, storage_options: dict | None, report: TableReport, at: float) -> None:
+    """The report beside the table's log (``MAINTENANCE_FILE``; Delta readers and vacuum
+    pass over names starting with ``_``), for ``lakecdc status`` and the metrics."""
+    fs, root = filesystem(uri, storage_options)
+    with fs.open_output_stream(under(root, MAINTENANCE_FILE)) as out:
+        out.write(json.dumps({"at": at, "files_before": report.files_before,
+                              "files_after": report.files_after,
+                              "compacted": report.compacted, "vacuumed": report.vacuumed,
+                              "seconds": round(report.seconds, 3)}).encode())
+
+
+def _held_by_reader(uri: str, storage_options: dict | None, version: int,
+                    reader_floor: int | None, retention_hours: int, now: float) -> str | None:
+    """Why the vacuum waits for the table's stream, or None. Decided on the table as it was
+    before this maintenance's own commits, which hold nothing for a reader: the stream is
+    within the retention when the oldest commit it has not read (``reader_floor + 1``) is
+    younger than it, so every file it has still to read was removed, if at all, inside it."""
+    if reader_floor is None or reader_floor >= version:
+        return None
+    if reader_floor < 0:
+        return "has read nothing yet"
+    unread_since = commit_time(uri, storage_options, reader_floor + 1)
+    if unread_since is None:
+        return f"is at version {reader_floor}, older than the log keeps"
+    behind_h = (now - unread_since) / 3600
+    return f"is at version {reader_floor}, {behind_h:.1f} h behind" \
+        if behind_h > retention_hours else None
+
+
+def commit_time(uri: str, storage_options: dict | None, version: int) -> float | None:
+    """When ``version`` was committed (seconds since the epoch), from its log entry; None
+    when the entry is gone (cleaned as expired)."""
+    fs, root = filesystem(uri, storage_options)
+    path = under(root, f"_delta_log/{version:020d}.json")
+    try:
+        with fs.open_input_stream(path) as stream:
+            text = stream.read().decode()
+    except (FileNotFoundError, OSError):
+        return None
+    for line in text.splitlines():
+        info = json.loads(line).get("commitInfo") if line.strip() else None
+        if info and info.get("timestamp"):
+            return info["timestamp"] / 1000
+    return None
+
+
+@dataclass(frozen=True)
+class TableSize:
+    """What ``lakecdc status`` and the metrics show of a table's size."""
+    live_files: int
+    live_bytes: int
+    log_entries: int                 # files in _delta_log (commits, checkpoints, checksums)
+    last_maintained: dict | None     # the newest maintenance's report (``MAINTENANCE_FILE``)
+
+
+def table_size(uri: str, storage_options: dict | None = None) -> TableSize | None:
+    """The table's live files and bytes (from its snapshot), its log's length (a listing of
+    ``_delta_log``) and its newest maintenance; None: no table."""
+    from pyarrow.fs import FileSelector
+
+    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
+        return None
+    adds = DeltaTable(uri, storage_options=storage_options).get_add_actions(flatten=True)
+    fs, root = filesystem(uri, storage_options)
+    log = fs.get_file_info(FileSelector(under(root, "_delta_log")))
+    return TableSize(adds.num_rows, int(sum(adds.column("size_bytes").to_pylist())),
+                     len(log), _read_json(fs, under(root, MAINTENANCE_FILE)))
+
+
+def _read_json(fs, path: str) -> dict | None:
+    try:
+        with fs.open_input_stream(path) as stream:
+            return json.loads(stream.read().decode())
+    except (FileNotFoundError, OSError, ValueError):
+        return None

@@ -1,0 +1,26 @@
+"""``lakecdc maintain [--once]``: compaction, checkpoints and vacuum of every table lakecdc
+writes (``pipelines.maintain``); a running pipeline does it itself."""
+
+from __future__ import annotations
+
+import click
+
+from pipelines.cli.context import load_config, once_option
+from pipelines.run.signals import stop_on_signals
+
+
+@click.command()
+@once_option("Maintain every table once, then exit.")
+@click.pass_context
+def maintain(ctx, once):
+    """Compact small files, checkpoint and vacuum every table lakecdc writes, passing over
+    the tables of a writer that is running (it maintains them itself); without --once,
+    again every LAKECDC_MAINTAIN_INTERVAL seconds until stopped. No Spark needed."""
+    from pipelines.maintain.once import maintain_forever, maintain_once
+
+    config = load_config(ctx)
+    if once:
+        for line in maintain_once(config):
+            click.echo(line)
+    else:
+        maintain_forever(config, stop_on_signals(), click.echo)

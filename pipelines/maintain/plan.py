@@ -1,0 +1,59 @@
+"""Which tables lakecdc keeps small, grouped by the writer that maintains them.
+
+Each table is maintained by the process and thread that write it, between two of its own
+commits, so maintenance never races a writer (F26):
+
+- ``ship``: bronze, by the shipper; the one stream reads bronze, so its vacuum waits for
+  the stream's checkpoint (``reader``);
+- ``stream``: ``silver/changes``, ``silver/quarantine``, ``gold/service_stats`` and
+  ``gold/_pending``, by the stream's batch; the mirrors' query reads ``silver/changes``;
+- ``mirrors``: each mirror and the markers verify reads, by the mirrors' batch.
+
+The backfill's staging table is kept by the backfill run that writes it (``bronze.backfill``).
+Tables written once or rarely (the captured set, setup's baselines) stay as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.config import Config
+from core.layout import (
+    BRONZE,
+    GOLD,
+    GOLD_PENDING,
+    MIRROR_CHECKPOINT,
+    MIRROR_MARKERS,
+    QUARANTINE,
+    SILVER,
+    STREAM_CHECKPOINT,
+    mirror_path,
+)
+
+GROUPS = ("ship", "stream", "mirrors")
+
+
+@dataclass(frozen=True)
+class Maintained:
+    name: str                      # as status shows it: bronze, silver, gold, mirror …
+    uri: str
+    reader: str | None = None      # the checkpoint of a stream that reads the table
+
+
+def tables_of(config: Config, group: str, mirrored: tuple[str, ...] = ()
+              ) -> list[Maintained]:
+    """The tables ``group``'s writer keeps; ``mirrored``: the mirrors it writes."""
+    path = config.table_path
+    if group == "ship":
+        return [Maintained("bronze", path(BRONZE), reader=path(STREAM_CHECKPOINT))]
+    if group == "stream":
+        return [Maintained("silver", path(SILVER),
+                           reader=path(MIRROR_CHECKPOINT) if config.mirrored else None),
+                Maintained("quarantine", path(QUARANTINE)),
+                Maintained("gold", path(GOLD)),
+                Maintained("gold_pending", path(GOLD_PENDING))]
+    if group == "mirrors":
+        return [*[Maintained(f"mirror {t}", mirror_path(config.lakehouse, t))
+                  for t in mirrored],
+                Maintained("mirror markers", path(MIRROR_MARKERS))]
+    raise ValueError(f"unknown maintenance group {group!r}")

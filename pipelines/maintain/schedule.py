@@ -1,0 +1,79 @@
+"""Maintenance between a writer's batches: ``Maintainer`` is the hook each writer calls
+after a batch of its own (the shipper's ``on_batch``, the stream's ``on_pass``, the mirrors'
+``after_batch``), in the writer's thread, so no write of lakecdc's runs beside it.
+
+At most once per ``Config.maintain_interval_s`` it maintains every table of its group
+(``core.maintenance.maintain_table``), one after the other; the writer's next batch waits
+for it. The bound is the interval's worth of small files per table: measured in
+docs/operations.md, "Running for months". A failure is logged and tried again at the next
+interval; it never stops the writer (the table is then only larger, never wrong: F25).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from core.checkpoints import stream_position
+from core.config import Config
+from core.faults import FaultPoints
+from core.maintenance import TableReport, maintain_table
+from pipelines.maintain.plan import Maintained, tables_of
+
+log = logging.getLogger("lakecdc.maintain")
+
+
+def maintain(tables: list[Maintained], config: Config, storage_options: dict | None
+             ) -> list[TableReport]:
+    """Maintain each of ``tables`` now (the caller is their writer, or holds its lock)."""
+    reports = []
+    for table in tables:
+        # The stream reading the table holds back its vacuum (``core.maintenance``); the
+        # guard is off only in a negative control (docs/reliability.md, F17).
+        floor = (stream_position(table.reader, storage_options)
+                 if table.reader is not None and config.guard_on("reader_floor") else None)
+        report = maintain_table(table.name, table.uri, storage_options,
+                                retention_hours=config.retention_hours, reader_floor=floor,
+                                faults=FaultPoints(config.faults))
+        log.info("maintained %s", report.line())
+        reports.append(report)
+    return reports
+
+
+class Maintainer:
+    """Maintains ``group``'s tables when due; call ``after_batch`` from the writer's thread.
+    ``mirrored``: the mirrors the group writes, asked for at each run (a table added while
+    running gets its mirror then)."""
+
+    def __init__(self, config: Config, group: str, storage_options: dict | None = None,
+                 mirrored: Callable[[], tuple[str, ...]] = tuple,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.group = group
+        self.storage_options = storage_options
+        self.mirrored = mirrored
+        self.clock = clock
+        self.last = clock()            # the first run one interval after the start
+        self.runs = 0
+
+    def due(self) -> bool:
+        return self.clock() - self.last >= self.config.maintain_interval_s
+
+    def after_batch(self, *_args) -> list[TableReport]:
+        """Maintain the group's tables if due (any arguments a writer's hook passes are
+        ignored). Never raises: a failure is logged and retried at the next interval."""
+        if not self.due():
+            return []
+        self.last = self.clock()
+        try:
+            tables = tables_of(self.config, self.group, self.mirrored())
+            reports = maintain(tables, self.config, self.storage_options)
+        except Exception as exc:
+            log.warning("maintenance of the %s tables failed, tried again in %.0fs: %s",
+                        self.group, self.config.maintain_interval_s, exc)
+            return []
+        finally:
+            self.last = self.clock()
+        self.runs += 1
+        return reports

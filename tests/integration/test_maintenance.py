@@ -1,0 +1,143 @@
+"""Maintenance as the pipeline's own job (``pipelines.maintain``, docs/operations.md,
+"Running for months") on the real pipeline: Postgres with wal2json, Spark with Delta.
+
+- ``lakecdc maintain --once`` compacts and vacuums every table, passes over the tables of a
+  writer that is running, and never deletes a file the stopped stream has still to read
+  (F17; negative control: with the reader's floor off, the stream finds its files gone);
+- ``lakecdc run`` maintains its tables between its batches under traffic, through a kill
+  right after a compaction (F25) and kills of its whole process group at random moments
+  (F26: maintenance and writers side by side), and I1-I5 hold afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from core.layout import GOLD, SILVER
+from core.maintenance import MAINTENANCE_FILE
+from pipelines.maintain.once import maintain_once
+from pipelines.run.pipeline import Pipeline
+from tests.integration.workload import insert, transition
+from tests.invariants import check_invariants
+from tests.tests_support import cli_env, one_sentence, run_cli
+
+pytestmark = [pytest.mark.integration]
+
+
+@pytest.fixture
+def pipeline(config, spark):
+    return Pipeline(config, spark_factory=lambda: spark)
+
+
+def traffic_then_ship(source_db, config, rng: random.Random, rounds: int = 1) -> None:
+    """Rounds of inserts and transitions, each shipped: one bronze commit per round."""
+    from bronze.ship import Shipper
+
+    for _ in range(rounds):
+        with source_db.connect() as conn:
+            insert(conn, rng, 20)
+            transition(conn, 0.3, rng.choice(["sending", "delivered"]))
+        Shipper(config).run(once=True)
+
+
+def line_of(lines: list[str], table: str) -> str:
+    return next(line for line in lines if line.startswith(f"{table}:"))
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("guarded", [True, False], ids=["reader_floor", "negative_control"])
+def test_maintain_once_never_deletes_what_the_stopped_stream_has_still_to_read(
+        source_db, config, witness, pipeline, guarded):
+    """The stream has read bronze up to some version, then stops; bronze moves on by six
+    commits. ``maintain --once`` at a retention of 0 hours compacts bronze, but vacuums
+    none of it while the stream is behind: the stream then reads every row once, and
+    every table is exact. Without the floor (``reader_floor`` guard off) the files are
+    deleted and the stream stops on them (what F17's test shows of a careless VACUUM)."""
+    rng = random.Random(17)
+    traffic_then_ship(source_db, config, rng, 2)
+    pipeline.run_once()
+    traffic_then_ship(source_db, config, rng, 6)
+    bronze_files = len(DeltaTable(config.bronze_path).file_uris())
+    lines = maintain_once(config.with_(
+        retention_hours=0,
+        disabled_guards=frozenset() if guarded else frozenset({"reader_floor"})))
+    assert len(DeltaTable(config.bronze_path).file_uris()) < bronze_files
+    assert "compacted" in line_of(lines, "bronze")
+    if not guarded:
+        with pytest.raises(Exception) as failed:
+            pipeline.stream(once=True)
+        assert "FileNotFound" in str(failed.value) or "does not exist" in str(failed.value), \
+            str(failed.value)[:2000]
+        return
+    assert "nothing vacuumed" in line_of(lines, "bronze"), lines
+    pipeline.run_once()
+    check_invariants(config, witness)
+    # Caught up now (the checker's last shipper commit read too): the next maintenance
+    # deletes bronze's compacted-away files, and every table keeps its live files only.
+    pipeline.run_once()
+    lines = maintain_once(config.with_(retention_hours=0))
+    assert "nothing vacuumed" not in line_of(lines, "bronze"), lines
+    for table in (config.bronze_path, config.table_path(SILVER), config.table_path(GOLD)):
+        live = {Path(u).name for u in DeltaTable(table).file_uris()}
+        assert {p.name for p in Path(table).glob("*.parquet")} == live, table
+        assert json.loads((Path(table) / MAINTENANCE_FILE).read_text())["at"] > 0
+    pipeline.run_once()
+    check_invariants(config, witness)
+
+
+@pytest.mark.spark
+def test_maintain_once_passes_over_the_tables_of_a_running_writer(
+        source_db, config, pipeline):
+    """While a gold writer holds its lock (a running ``stream`` or ``run``), the command
+    maintains bronze and the mirrors and passes over silver, quarantine, gold and
+    ``_pending``, saying so: their writer maintains them itself. Bad settings end in one
+    sentence, exit 2."""
+    from pipelines.setup.prepare import setup
+
+    setup(config)
+    rng = random.Random(3)
+    traffic_then_ship(source_db, config, rng, 3)
+    pipeline.run_once()
+    with pipeline.gold_lock():
+        lines = maintain_once(config)
+    for table in ("silver", "quarantine", "gold", "gold_pending"):
+        assert "passed over: its writer (stream) is running" in line_of(lines, table), lines
+    assert "passed over" not in line_of(lines, "bronze")
+    bad = run_cli(["maintain", "--once"], {**cli_env(config), "LAKECDC_RETENTION_HOURS": "a day"})
+    one_sentence(bad.returncode, bad.stderr, "LAKECDC_RETENTION_HOURS", "whole number")
+
+
+@pytest.mark.spark
+@pytest.mark.long
+def test_run_maintains_its_tables_under_traffic_and_kills_and_stays_exact(
+        source_db, config, witness, traffic, tmp_path):
+    """``lakecdc run`` with maintenance every 2 s and a retention of 0 hours, under
+    traffic: first killed right after a compaction's commit (fault point
+    ``after_compaction``, F25), then its process group is SIGKILLed at a random moment
+    twice (maintenance and the writers side by side, F26). After a drain, I1-I5 hold,
+    bronze, silver and gold were maintained by the run, and bronze holds fewer live files
+    than it had commits."""
+    from bronze.ship import Shipper
+    from tests.soak import Soak
+
+    env = {"LAKECDC_MAINTAIN_INTERVAL": "2", "LAKECDC_RETENTION_HOURS": "0"}
+    Shipper(config).run(once=True)
+    soak = Soak(config, tmp_path, env=env)
+    crashed = soak.cycle(fault="after_compaction:1")
+    assert crashed.exit_code == 137
+    rng = random.Random(26)
+    for _ in range(2):
+        soak.cycle(run_for_s=rng.uniform(25, 40))
+    assert traffic() > 0
+    soak.drain()
+    check_invariants(config, witness)
+    for table in (config.bronze_path, config.table_path(SILVER), config.table_path(GOLD)):
+        assert (Path(table) / MAINTENANCE_FILE).exists(), f"{table} was never maintained"
+    bronze = DeltaTable(config.bronze_path)
+    assert len(bronze.file_uris()) < bronze.version() / 2, (len(bronze.file_uris()),
+                                                            bronze.version())

@@ -1,0 +1,220 @@
+"""``core.maintenance`` on real Delta tables (delta-rs): compaction keeps every row and is
+invisible to streaming readers (``dataChange=false``); vacuum deletes what is older than
+the retention and orphans of killed writes, and nothing a stream has still to read; the
+schedule runs when due and never raises into its writer."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from core.checkpoints import stream_position
+from core.config import Config
+from core.maintenance import MAINTENANCE_FILE, maintain_table, table_size
+from pipelines.maintain.schedule import Maintainer
+
+SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])
+
+
+def small_commits(path: Path, commits: int, rows: int = 50) -> None:
+    """An append-only table of ``commits`` one-file commits (bronze's shape of growth)."""
+    for i in range(commits):
+        part = pa.table({"k": list(range(i * rows, (i + 1) * rows)), "v": ["x" * 40] * rows},
+                        schema=SCHEMA)
+        write_deltalake(str(path), part, mode="append" if i else "error",
+                        configuration=None if i else {"delta.appendOnly": "true"})
+
+
+def data_files(path: Path) -> set[str]:
+    return {p.name for p in path.glob("*.parquet")}
+
+
+def keys(path: Path, version: int | None = None) -> list[int]:
+    return sorted(DeltaTable(str(path), version=version).to_pyarrow_table().column("k")
+                  .to_pylist())
+
+
+def test_compaction_keeps_every_row_in_few_files_and_marks_no_data_change(tmp_path):
+    table = tmp_path / "t"
+    small_commits(table, 40)
+    before = keys(table)
+    report = maintain_table("t", str(table), retention_hours=24)
+    assert (report.files_before, report.files_after, report.compacted) == (40, 1, 40)
+    assert keys(table) == before == list(range(2000))
+    log = table / "_delta_log" / f"{DeltaTable(str(table)).version() - 1:020d}.json"
+    compaction = [json.loads(line) for line in log.read_text().splitlines()]
+    changes = [a.get("add") or a.get("remove") for a in compaction
+               if "add" in a or "remove" in a]
+    assert len(changes) == 41 and not any(c["dataChange"] for c in changes), compaction
+    # Within the retention nothing is deleted: readers of older versions find their files.
+    assert report.vacuumed == 0 and len(data_files(table)) == 41
+    assert keys(table, version=5) == list(range(300))
+
+
+def test_vacuum_deletes_removed_files_past_the_retention_and_orphans_of_killed_writes(
+        tmp_path):
+    table = tmp_path / "t"
+    small_commits(table, 10)
+    orphan = table / "part-00000-killed-before-its-commit.parquet"
+    pq.write_table(pa.table({"k": [1], "v": ["o"]}, schema=SCHEMA), orphan)
+    report = maintain_table("t", str(table), retention_hours=0)
+    assert report.vacuumed == 11 and data_files(table) == {
+        Path(u).name for u in DeltaTable(str(table)).file_uris()}
+    assert not orphan.exists() and keys(table) == list(range(500))
+    config = DeltaTable(str(table)).metadata().configuration
+    assert config["delta.deletedFileRetentionDuration"] == "interval 0 hours"
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["reader_floor", "negative_control"])
+def test_a_stream_behind_the_retention_holds_back_the_vacuum(tmp_path, guarded):
+    """A stream that has read up to version 3 of 20, and a retention of 0 hours: it is
+    behind by more than the retention. The files of versions 4-19 are compacted away, but
+    stay on storage until it has read them. Without the reader's floor they are deleted,
+    and its next batch would find them gone (F17)."""
+    table = tmp_path / "t"
+    small_commits(table, 20)
+    unread = {Path(u).name for u in DeltaTable(str(table), version=19).file_uris()} - {
+        Path(u).name for u in DeltaTable(str(table), version=3).file_uris()}
+    report = maintain_table("t", str(table), retention_hours=0,
+                            reader_floor=3 if guarded else None)
+    assert report.compacted == 20
+    if guarded:
+        assert report.vacuumed == 0 and unread <= data_files(table), report.notes
+        assert "nothing vacuumed" in report.line()
+        # Caught up: the floor is the table's version, and the files go.
+        caught_up = maintain_table("t", str(table), retention_hours=0,
+                                   reader_floor=DeltaTable(str(table)).version())
+        assert caught_up.vacuumed == 20
+    else:
+        assert report.vacuumed == 20 and not unread & data_files(table)
+
+
+def test_a_reader_at_a_version_no_longer_logged_holds_back_the_vacuum(tmp_path):
+    """The log keeps commits for ``delta.logRetentionDuration``: a reader at a version
+    whose entry is gone (cleaned, here by hand: entries before the checkpoint at 10) is
+    far behind, and nothing is vacuumed for it."""
+    table = tmp_path / "t"
+    for i in range(12):
+        write_deltalake(str(table), pa.table({"k": [i], "v": ["x"]}, schema=SCHEMA),
+                        mode="append", configuration={"delta.checkpointInterval": "10"}
+                        if i == 0 else None)
+    for version in range(5):
+        (table / "_delta_log" / f"{version:020d}.json").unlink()
+    report = maintain_table("t", str(table), retention_hours=0, reader_floor=1)
+    assert report.compacted == 12 and report.vacuumed == 0
+    assert "older than the log keeps" in report.line()
+
+
+def test_table_size_shows_files_bytes_log_and_the_last_maintenance(tmp_path):
+    table = tmp_path / "t"
+    assert table_size(str(table)) is None
+    small_commits(table, 6)
+    before = table_size(str(table))
+    assert before.live_files == 6 and before.live_bytes > 0 and before.log_entries >= 6
+    assert before.last_maintained is None
+    maintain_table("t", str(table), retention_hours=24, now=1_800_000_000.0)
+    after = table_size(str(table))
+    assert after.live_files == 1 and after.last_maintained["at"] == 1_800_000_000.0
+    assert json.loads((table / MAINTENANCE_FILE).read_text())["compacted"] == 6
+
+
+def checkpoint(root: Path, committed: dict[int, int], planned: dict[int, int]) -> Path:
+    """A Spark streaming checkpoint's offsets and commits: batch → source version."""
+    for folder, batches in (("offsets", planned), ("commits", committed)):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        for batch, version in batches.items():
+            (root / folder / str(batch)).write_text(
+                'v1\n{"batchWatermarkMs":0}\n' + json.dumps(
+                    {"sourceVersion": 1, "reservoirId": "r", "reservoirVersion": version,
+                     "index": -1, "isStartingVersion": False}))
+    return root
+
+
+def test_stream_position_is_the_newest_committed_batch_s_offset_less_one(tmp_path):
+    assert stream_position(str(tmp_path / "none")) == -1
+    root = checkpoint(tmp_path / "cp", committed={0: 0, 1: 0}, planned={0: 5, 1: 9, 2: 12})
+    (root / "commits" / ".2.1b4e6c9e-3f0c-4e8b-9a7e-3d2f1c0b9a8e.tmp").write_text("")
+    assert stream_position(str(root)) == 8        # batch 2 is planned, not committed
+    assert stream_position(str(checkpoint(tmp_path / "cp0", {}, {0: 3}))) == -1
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_schedule_runs_each_interval_and_a_failure_never_reaches_the_writer(
+        tmp_path, caplog, monkeypatch):
+    config = Config(lakehouse=str(tmp_path / "lake"), maintain_interval_s=60)
+    bronze = Path(config.bronze_path)
+    small_commits(bronze, 8)
+    clock = Clock()
+    maintainer = Maintainer(config, "ship", clock=clock)
+    assert maintainer.after_batch() == [] and len(DeltaTable(str(bronze)).file_uris()) == 8
+    clock.now = 61
+    [report] = maintainer.after_batch()
+    assert report.table == "bronze" and report.files_after == 1
+    clock.now = 90
+    assert maintainer.after_batch() == []                  # not due again yet
+    calls = []
+
+    def fails(*_args, **_kwargs):
+        calls.append(clock.now)
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr("pipelines.maintain.schedule.maintain_table", fails)
+    clock.now = 200
+    with caplog.at_level(logging.WARNING, logger="lakecdc.maintain"):
+        assert maintainer.after_batch() == []
+    assert "maintenance of the ship tables failed" in caplog.text
+    clock.now = 230
+    assert maintainer.after_batch() == []          # tried again one interval later, not before
+    clock.now = 261
+    assert maintainer.after_batch() == [] and calls == [200, 261]
+
+
+def test_a_kill_9_anywhere_in_maintenance_leaves_every_row_once_and_the_next_run_finishes(
+        tmp_path):
+    """F25: maintenance (compaction, checkpoint, vacuum) SIGKILLed at random moments, six
+    times over, with new small commits before each; after each kill the table holds every
+    row exactly once, and an undisturbed run afterwards compacts it and deletes what the
+    killed ones left behind."""
+    import random
+    import signal
+    import subprocess
+    import sys
+
+    from tests.tests_support import ROOT
+
+    table = tmp_path / "t"
+    code = ("import sys; from core.maintenance import maintain_table; "
+            "maintain_table('t', sys.argv[1], retention_hours=0, target_bytes=1 << 20)")
+    rng = random.Random(25)
+    rows, killed = 0, 0
+    for _ in range(6):
+        for _ in range(40):
+            part = pa.table({"k": list(range(rows, rows + 2000)),
+                             "v": [f"row {j} " * 8 for j in range(2000)]}, schema=SCHEMA)
+            write_deltalake(str(table), part, mode="append")
+            rows += 2000
+        proc = subprocess.Popen([sys.executable, "-c", code, str(table)], cwd=ROOT)
+        try:
+            proc.wait(timeout=rng.uniform(0.1, 0.6))
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            killed += 1
+        assert keys(table) == list(range(rows))
+    assert killed, "no run was killed: each ended before its kill"
+    report = maintain_table("t", str(table), retention_hours=0, target_bytes=1 << 20)
+    assert keys(table) == list(range(rows)) and report.files_after < 40
+    assert data_files(table) == {Path(u).name for u in DeltaTable(str(table)).file_uris()}
