@@ -33,11 +33,9 @@ def maintain(tables: list[Maintained], config: Config, storage_options: dict | N
         # guard is off only in a negative control (docs/reliability.md, F17).
         floor = (stream_position(table.reader, storage_options)
                  if table.reader is not None and config.guard_on("reader_floor") else None)
-        report = maintain_table(table.name, table.uri, storage_options,
-                                retention_hours=config.retention_hours, reader_floor=floor,
-                                faults=FaultPoints(config.faults))
-        log.info("maintained %s", report.line())
-        reports.append(report)
+        reports.append(maintain_table(table.name, table.uri, storage_options,
+                                      retention_hours=config.retention_hours,
+                                      reader_floor=floor, faults=FaultPoints(config.faults)))
     return reports
 
 
@@ -76,4 +74,6 @@ class Maintainer:
         finally:
             self.last = self.clock()
         self.runs += 1
+        for report in reports:
+            log.info("maintained %s", report.line())
         return reports
