@@ -1,7 +1,8 @@
 # The two commands a fresh machine needs (each installs what it needs first):
 #   make demo   - lakecdc demo: own local Postgres + wal2json, traffic, the whole pipeline
 #   make test   - the test suite on real Postgres + wal2json, Spark + Delta
-#   make bench  - the benchmarks (python -m bench): docs/benchmarks.md, its JSON and plots
+#   make bench  - the benchmarks (python -m bench, then python -m bench.aging):
+#                 docs/benchmarks.md and docs/benchmarks/aging.md, their JSON and plots
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -50,8 +51,10 @@ demo: system-deps venv
 	$(VENV)/bin/lakecdc demo
 
 # BENCH_ARGS: e.g. --quick, or sizes (--changes 200000 --rate 1000); see python -m bench -h
+# AGING_ARGS: the aging section's (--quick, --commits N); see python -m bench.aging -h
 bench: system-deps venv
 	$(PY) -m bench $(BENCH_ARGS)
+	$(PY) -m bench.aging $(AGING_ARGS)
 
 clean:
 	rm -rf $(VENV) lakehouse .pytest_cache

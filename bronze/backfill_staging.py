@@ -16,6 +16,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from bronze.backfill_marks import key_columns_of, key_columns_text
 from bronze.records import UTC_US
 from core.config import Config
+from core.handle import CHECKPOINTS
 from core.layout import BACKFILL_STAGING
 
 log = logging.getLogger("lakecdc.backfill")
@@ -44,9 +45,8 @@ STAGING_SCHEMA = pa.schema([
     pa.field("data", pa.string()),                       # row: wal2json-v2-shaped JSON
 ])
 _STAGING_CONFIG = {
-    "delta.checkpointInterval": "20",
+    **CHECKPOINTS,
     "delta.dataSkippingNumIndexedCols": str(len(STAGING_SCHEMA) - 1),   # no stats on data
-    "delta.logRetentionDuration": "interval 30 days",
 }
 
 

@@ -45,16 +45,16 @@ from deltalake.transaction import AddAction
 
 from bronze.records import BRONZE_SCHEMA
 from core.errors import UserError
+from core.handle import CHECKPOINTS, WriterHandle
 from core.storage import filesystem
 
 END_SUFFIX = ":end_lsn"
 REBASELINE_SUFFIX = ":rebaseline"
 TABLE_CONFIG = {
     "delta.appendOnly": "true",
-    "delta.checkpointInterval": "20",
+    **CHECKPOINTS,
     # Stats for the key columns only, not for the JSON payload.
     "delta.dataSkippingNumIndexedCols": "9",
-    "delta.logRetentionDuration": "interval 30 days",
 }
 # Data files are written by pyarrow's Parquet writer, straight to storage one row group at
 # a time, and committed with delta-rs (``DataFiles``, ``BronzeTable.commit``): delta-rs's own
@@ -89,6 +89,7 @@ class BronzeTable:
     def __init__(self, uri: str, storage_options: dict | None = None) -> None:
         self.uri = uri
         self.storage_options = storage_options
+        self._handle = WriterHandle(uri, storage_options)        # for ``commit``
 
     def _table(self) -> DeltaTable:
         return DeltaTable(self.uri, storage_options=self.storage_options)
@@ -152,11 +153,11 @@ class BronzeTable:
         The data files are invisible to readers until this single log entry is written; if
         the process dies before, they are orphans for VACUUM and the table is unchanged."""
         adds = files.finish() if files is not None else []
-        with _storage_errors(self.uri):
-            table = self._table()
+        with _storage_errors(self.uri), self._handle.use() as table:
             table.create_write_transaction(
                 adds, mode="append", schema=table.schema(),
                 commit_properties=_progress_props(slot, progress, metadata, app_versions))
+            table.update_incremental()      # delta-rs leaves the handle where it was
 
     def append(self, batches: Iterator[pa.RecordBatch], slot: str, progress: Progress,
                metadata: dict | None = None, app_versions: dict[str, int] | None = None

@@ -113,26 +113,38 @@ def _walk(fs, path, recursive: bool):
             yield status
 
 
-def stream_position(checkpoint_dir: str, storage_options: dict | None = None) -> int:
+def stream_position(checkpoint_dir: str, storage_options: dict | None = None,
+                    replayed: bool = False) -> int | None:
     """The newest version of its Delta source a query has read whole: the source offset of
-    its newest committed batch (``commits/N`` and ``offsets/N``), less one, since that
+    its newest committed batch ``N`` (``commits/N``, ``offsets/N``), less one, since that
     offset's version is where its next batch starts. -1 when no batch is committed (nothing
-    read yet, or no checkpoint). Read with pyarrow, no JVM: the shipper needs it too
-    (``pipelines.maintain``)."""
+    read yet); None when there is no checkpoint (no query ever started there: Spark writes
+    its ``metadata`` first). Read with pyarrow, no JVM: the shipper needs it too
+    (``pipelines.maintain``).
+
+    ``replayed``: where batch ``N`` started instead (``offsets/N-1``), less one. A restarted
+    query plans its newest committed batch once more (Spark's ``getBatch`` from
+    ``offsets/N-1``), and the Delta source reads the log of those versions, not their
+    files: the log must reach back that far, the files need not (found by
+    ``test_maintenance.py``: "Delta stream cannot resume from version 46"). -1 when the
+    newest committed batch is the first (where it started is not in the checkpoint)."""
     from pyarrow.fs import FileSelector, FileType
 
     from core.storage import filesystem, under
 
     fs, root = filesystem(checkpoint_dir, storage_options)
+    if fs.get_file_info(under(root, "metadata")).type == FileType.NotFound:
+        return None
     try:
         names = [i.base_name for i in fs.get_file_info(FileSelector(under(root, "commits")))
                  if i.type == FileType.File]
     except FileNotFoundError:
         return -1
     committed = sorted(int(n) for n in names if n.isdigit())
-    if not committed:
+    batch = (committed[-1] - 1 if replayed else committed[-1]) if committed else -1
+    if batch < 0:
         return -1
-    with fs.open_input_stream(under(root, f"offsets/{committed[-1]}")) as stream:
+    with fs.open_input_stream(under(root, f"offsets/{batch}")) as stream:
         lines = stream.read().decode().splitlines()
     versions = [json.loads(line)["reservoirVersion"] for line in lines[2:]
                 if line.strip().startswith("{") and "reservoirVersion" in line]

@@ -22,6 +22,7 @@ DEFAULT_TABLES = (DEFAULT_NOTIFICATIONS, DEFAULT_HISTORY)
 MIRROR_INTERVAL_S = 30.0
 MAINTAIN_INTERVAL_S = 300.0
 RETENTION_HOURS = 24
+LOG_RETENTION_MINUTES = 10
 _SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
 # A table as LAKECDC_TABLES and `lakecdc tables add` take it: schema.table, plain names.
 TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
@@ -89,6 +90,10 @@ class Config:
     # hours later: readers inside that window (a notebook's time travel, a replay, verify's
     # as-of reads) find them; a stream further behind keeps them longer (core.maintenance).
     retention_hours: int = RETENTION_HOURS
+    # Each table's log keeps this many minutes of commits, and time travel reaches as far;
+    # a stream behind keeps what it needs longer. Short, because each commit lists the log
+    # (core.maintenance): at 2-4 commits a second, 10 minutes is 1,200-2,400 entries.
+    log_retention_minutes: int = LOG_RETENTION_MINUTES
     # Continuous shipping survives the source going away: reconnect with exponential
     # backoff from 0.5 s up to this many seconds between attempts.
     reconnect_max_backoff_s: float = 30.0
@@ -134,7 +139,12 @@ class Config:
             if env.get(name):
                 values[key] = _seconds(name, env[name])
         if env.get("LAKECDC_RETENTION_HOURS"):
-            values["retention_hours"] = _hours(env["LAKECDC_RETENTION_HOURS"])
+            values["retention_hours"] = _whole("LAKECDC_RETENTION_HOURS",
+                                               env["LAKECDC_RETENTION_HOURS"], "hours", 24)
+        if env.get("LAKECDC_LOG_RETENTION_MINUTES"):
+            values["log_retention_minutes"] = _whole(
+                "LAKECDC_LOG_RETENTION_MINUTES", env["LAKECDC_LOG_RETENTION_MINUTES"],
+                "minutes", 10)
         if env.get("LAKECDC_TABLES"):
             values["tables"] = tuple(t.strip() for t in env["LAKECDC_TABLES"].split(","))
         mirrors = env.get("LAKECDC_MIRRORS", "").strip()
@@ -193,6 +203,9 @@ class Config:
         if self.maintain_interval_s <= 0:
             raise UserError("the maintenance interval (LAKECDC_MAINTAIN_INTERVAL) must be a "
                             "positive number of seconds.")
+        if self.log_retention_minutes < 1:
+            raise UserError("the log retention (LAKECDC_LOG_RETENTION_MINUTES) must be a whole "
+                            "number of minutes, 1 or more.")
         if self.retention_hours < 0:
             raise UserError("the retention (LAKECDC_RETENTION_HOURS) must be a whole number "
                             "of hours, 0 or more.")
@@ -247,12 +260,12 @@ def default_spark_log() -> str:
     return os.path.join(tempfile.gettempdir(), f"lakecdc-spark-{os.getuid()}.log")
 
 
-def _hours(text: str) -> int:
+def _whole(name: str, text: str, unit: str, example: int) -> int:
     try:
         return int(text)
     except ValueError:
-        raise UserError(f"LAKECDC_RETENTION_HOURS={text!r} is not a whole number of hours; "
-                        "write e.g. 24.") from None
+        raise UserError(f"{name}={text!r} is not a whole number of {unit}; "
+                        f"write e.g. {example}.") from None
 
 
 def _seconds(name: str, text: str) -> float:

@@ -18,6 +18,7 @@ QUARANTINE: Table = ("silver", "quarantine")
 GOLD: Table = ("gold", "service_stats")
 GOLD_PENDING: Table = ("gold", "_pending")
 GOLD_BASELINE: Table = ("gold", "_baseline")
+QUALITY_STATE: Table = ("gold", "_quality")     # what the quality gate last passed
 STREAM_CHECKPOINT: Table = ("_checkpoints", "stream")     # the stream's checkpoint
 STREAM_QUERY = "lakecdc_stream"         # the stream's Spark query name (bronze → gold)
 MIRRORS: Table = ("silver", "tables")           # one mirror per captured table below it

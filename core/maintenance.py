@@ -8,13 +8,10 @@ ever races it. Each step is idempotent and is one commit or none:
    ``target_bytes`` (delta-rs ``optimize.compact``). One commit, whose removes and adds carry
    ``dataChange=false``: a streaming reader skips it and still reads each row exactly once,
    from the files it was added in.
-2. **retention**: the table's ``delta.deletedFileRetentionDuration`` is set to the retention
-   once (a metadata-only commit). Checkpoints keep a tombstone for every removed file that
-   long, and compaction removes thousands a day: with Delta's default week every snapshot
-   load would read them all. (A tombstone is kept exactly as long as vacuum keeps its file.)
-3. **checkpoint** at the new version, so the next snapshot load starts from few files; the
-   writers' own commits clean the expired log entries (``delta.logRetentionDuration``,
-   ``delta.enableExpiredLogCleanup``: delta-rs does it at each checkpoint).
+2. **retention**: the table's log and tombstone retentions are set to ``log_retention``
+   minutes, with the writers' own log cleanup off (``log_properties``; a metadata-only
+   commit, once).
+3. **checkpoint** at the new version, so the next snapshot load starts from few files.
 4. **vacuum**: the files removed more than ``retention_hours`` ago are deleted, and so are
    files no commit ever referenced (a writer or a compaction killed before its commit, F3)
    once they are that old: a full vacuum, which lists the table's folder - bounded, since
@@ -23,8 +20,19 @@ ever races it. Each step is idempotent and is one commit or none:
    oldest commit it has not read is older than the retention: every file it has still to
    read was added by such a commit, so it is live or was removed inside the retention. A
    stream stopped longer than that finds its files, and they go at the first maintenance
-   after it caught up. (The log itself keeps commits for ``delta.logRetentionDuration``, 30 days: a
-   stream stopped longer cannot resume, maintenance or not.)
+   after it caught up.
+5. **log cleanup**: log entries older than ``log_retention`` and before a checkpoint are
+   deleted, but never one a stream reading the table still needs: the cleanup stops at the
+   newest checkpoint at or before the version it would read again on a restart
+   (``log_floor + 1``: where its newest committed batch started). Last, since a snapshot
+   loaded before it may read a checkpoint it deletes.
+
+Why the log is short (``log_properties``): every commit of delta-rs, and every snapshot load,
+lists the log; on a local disk that listing reads the whole folder, so a commit's cost grows
+with the log's length: about 11 ms per 1,000 entries (docs/operations.md, "Running for
+months"; stores that list from an offset, such as S3, pay less). At 2,000 changes/s a table gets 2-4
+commits a second, so Delta's default 30 days would be 5-10 million entries; 10 minutes is
+1,200-2,400. The checkpoints carry each tombstone as long, so they stay small too.
 
 A kill anywhere (F25) leaves the table as it was or compacted: compaction's new files are
 invisible until its one log entry, so a kill before it leaves orphans that a later vacuum
@@ -38,7 +46,9 @@ import time
 from dataclasses import dataclass, field
 
 from deltalake import CommitProperties, DeltaTable
+from deltalake.exceptions import DeltaError
 
+from core.config import LOG_RETENTION_MINUTES
 from core.faults import FaultPoints
 from core.storage import filesystem, under
 
@@ -68,14 +78,28 @@ class TableReport:
         return f"{self.table}: {done}" + "".join(f"; {n}" for n in self.notes)
 
 
+def log_properties(log_retention_minutes: int) -> dict[str, str]:
+    """The table properties maintenance keeps: the log and the tombstones it carries kept
+    ``log_retention_minutes``, cleaned by maintenance only (which knows the table's stream),
+    not by each writer's checkpoint."""
+    interval = f"interval {log_retention_minutes} minutes"
+    return {"delta.logRetentionDuration": interval,
+            "delta.deletedFileRetentionDuration": interval,
+            "delta.enableExpiredLogCleanup": "false"}
+
+
 def maintain_table(name: str, uri: str, storage_options: dict | None = None, *,
-                   retention_hours: int, reader_floor: int | None = None,
+                   retention_hours: int, log_retention_minutes: int = LOG_RETENTION_MINUTES,
+                   reader_floor: int | None = None, log_floor: int | None = None,
                    target_bytes: int = TARGET_BYTES, now: float | None = None,
                    faults: FaultPoints | None = None) -> TableReport:
-    """Compact, set the tombstone retention, checkpoint and vacuum the table at ``uri``.
+    """Compact, set the retentions, checkpoint, clean the log and vacuum the table at
+    ``uri``.
 
     ``reader_floor``: the version a streaming reader of this table has read up to (its next
-    batch starts after it); None: no stream reads the table."""
+    batch starts after it); None: no stream reads the table. ``log_floor``: the version its
+    log must be kept after, for that reader to restart (``stream_position(replayed=True)``);
+    None: ``reader_floor``."""
     started = time.monotonic()
     report = TableReport(name)
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
@@ -92,9 +116,10 @@ def maintain_table(name: str, uri: str, storage_options: dict | None = None, *,
     report.compacted = int(small.get("numFilesRemoved", 0))
     (faults or FaultPoints()).hit("after_compaction")      # F25: killed between the steps
     table.update_incremental()
-    wanted = f"interval {retention_hours} hours"
-    if table.metadata().configuration.get("delta.deletedFileRetentionDuration") != wanted:
-        table.alter.set_table_properties({"delta.deletedFileRetentionDuration": wanted})
+    wanted = log_properties(log_retention_minutes)
+    have = table.metadata().configuration
+    if any(have.get(k) != v for k, v in wanted.items()):
+        table.alter.set_table_properties(wanted)
         table.update_incremental()
     if report.compacted:
         table.create_checkpoint()
@@ -106,9 +131,34 @@ def maintain_table(name: str, uri: str, storage_options: dict | None = None, *,
                                            enforce_retention_duration=False, full=True))
     table.update_incremental()
     report.files_after = len(table.file_uris())
+    _clean_log(uri, storage_options, table.version(),
+               reader_floor if log_floor is None else log_floor, report)    # the last use
     report.seconds = time.monotonic() - started
+    _MAINTAINED[uri] = _MAINTAINED.get(uri, 0) + 1
     _record(uri, storage_options, report, now or time.time())
     return report
+
+
+def maintenances(uri: str) -> int:
+    """How many maintenances of ``uri`` this process ran: a writer's kept handle
+    (``core.handle``) is opened again after one, since maintenance committed beside it."""
+    return _MAINTAINED.get(uri, 0)
+
+
+_MAINTAINED: dict[str, int] = {}
+
+
+def _clean_log(uri: str, storage_options: dict | None, version: int,
+               reader_floor: int | None, report: TableReport) -> None:
+    """Delete the expired log entries before the newest checkpoint at or before
+    ``reader_floor + 1``: the table's stream, restarted, reads the log from there."""
+    if reader_floor is not None and reader_floor < 0:
+        return                      # its stream has read nothing yet: it starts at the top
+    keep_from = version if reader_floor is None else min(version, reader_floor + 1)
+    try:
+        DeltaTable(uri, version=keep_from, storage_options=storage_options).cleanup_metadata()
+    except DeltaError as exc:       # its entry was cleaned before lakecdc kept the log
+        report.notes.append(f"log not cleaned: version {keep_from} is unreadable ({exc})")
 
 
 def _record(uri: str, storage_options: dict | None, report: TableReport, at: float) -> None:

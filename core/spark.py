@@ -28,6 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from core.errors import UserError
+from core.handle import CHECKPOINT_INTERVAL
 from core.storage import S3A_FILESYSTEM, SPARK_PACKAGES, Lakehouse, on_databricks
 
 log = logging.getLogger("lakecdc.spark")
@@ -41,7 +42,7 @@ _LOCAL_CONF = {
     "spark.driver.memory": "2g",
     "spark.sql.adaptive.enabled": "true",
     "spark.databricks.delta.snapshotPartitions": "2",
-    "spark.databricks.delta.properties.defaults.checkpointInterval": "20",
+    "spark.databricks.delta.properties.defaults.checkpointInterval": str(CHECKPOINT_INTERVAL),
     "spark.sql.streaming.minBatchesToRetain": "20",
     # Hadoop sets the mode of each file it creates from this, not from the process's umask:
     # lakehouse files (bronze holds personal data) are their owner's alone, like the CLI's.

@@ -38,7 +38,6 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 from delta.tables import DeltaTable
-from deltalake import DeltaTable as RsTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -49,6 +48,7 @@ from core.commits import commit_metadata as metadata
 from core.commits import last_metadata, merge_recorded, newest, read_commits, rs_commit
 from core.errors import UserError
 from core.faults import FaultPoints
+from core.handle import CHECKPOINTS, WriterHandle
 from core.layout import GOLD_PENDING
 from core.lsn import fmt
 from core.spark import local_frame
@@ -83,12 +83,9 @@ GOLD_PROPERTIES = {
     "delta.enableChangeDataFeed": "true",
     # The push reads gold with delta-rs; keep to features every reader has.
     "delta.enableDeletionVectors": "false",
-    "delta.checkpointInterval": "20",
-    "delta.logRetentionDuration": "interval 30 days",
+    **CHECKPOINTS,
 }
-PENDING_PROPERTIES = {"delta.checkpointInterval": "20",
-                      "delta.enableDeletionVectors": "false",
-                      "delta.logRetentionDuration": "interval 7 days"}
+PENDING_PROPERTIES = {**CHECKPOINTS, "delta.enableDeletionVectors": "false"}
 
 # The MERGE's source: the plan's key deltas and gold's updated_at.
 _UPDATED_AT = to_arrow_schema(GOLD_SCHEMA).field("updated_at")
@@ -241,8 +238,9 @@ class GoldBatchWriter:
                  guard: bool = True, faults: FaultPoints | None = None,
                  storage_options: dict | None = None) -> None:
         self.paths = paths
-        self._gold_uri = delta_rs_uri(paths.gold)
         self.storage_options = storage_options
+        self._gold = WriterHandle(delta_rs_uri(paths.gold), storage_options)   # the MERGEs'
+
         self.tables = tables
         self.floor_lsn = floor_lsn
         self.epoch = epoch
@@ -341,30 +339,31 @@ class GoldBatchWriter:
         delta-rs (docs/gold.md, "Measured"). delta-rs records the transaction but does not
         skip a write it has recorded, so the version is checked first; one writer per gold
         table (the gold lock) makes the check and the commit one step."""
-        table = RsTable(self._gold_uri, storage_options=self.storage_options)
-        recorded = table.transaction_version(self.app_id)
-        if self.guard and recorded is not None and recorded >= batch_id:
-            return 0
-        deltas = plan.key_deltas
-        source = deltas.append_column(_UPDATED_AT, pa.repeat(
-            pa.scalar(datetime.now(timezone.utc), _UPDATED_AT.type), deltas.num_rows))
-        ts = plan.commit_ts
-        commit = rs_commit(metadata(
-            batch_id=batch_id, commit_lsn=plan.commit_lsn,
-            commit_ts=ts.isoformat(timespec="microseconds") if ts is not None else None,
-            floor=self.floor_lsn, epoch=self.epoch, transactions=plan.applied),
-            self.app_id if self.guard else None, batch_id)
-        merge = (table.merge(source, _ON, source_alias="s", target_alias="g",
-                             commit_properties=commit)
-                 .when_matched_update(updates={
-                     "count": "g.count + s.delta",
-                     "last_commit_lsn": "greatest(g.last_commit_lsn, s.last_commit_lsn)",
-                     "updated_at": "s.updated_at"})
-                 .when_not_matched_insert(updates={
-                     **{c: f"s.{c}" for c in DIMS}, "count": "s.delta",
-                     "last_commit_lsn": "s.last_commit_lsn", "updated_at": "s.updated_at"}))
-        metrics = merge_recorded(table, merge, commit)
-        return int(metrics["num_target_rows_updated"] + metrics["num_target_rows_inserted"])
+        with self._gold.use() as table:
+            recorded = table.transaction_version(self.app_id)
+            if self.guard and recorded is not None and recorded >= batch_id:
+                return 0
+            deltas = plan.key_deltas
+            source = deltas.append_column(_UPDATED_AT, pa.repeat(
+                pa.scalar(datetime.now(timezone.utc), _UPDATED_AT.type), deltas.num_rows))
+            ts = plan.commit_ts
+            commit = rs_commit(metadata(
+                batch_id=batch_id, commit_lsn=plan.commit_lsn,
+                commit_ts=ts.isoformat(timespec="microseconds") if ts is not None else None,
+                floor=self.floor_lsn, epoch=self.epoch, transactions=plan.applied),
+                self.app_id if self.guard else None, batch_id)
+            merge = (table.merge(source, _ON, source_alias="s", target_alias="g",
+                                 commit_properties=commit)
+                     .when_matched_update(updates={
+                         "count": "g.count + s.delta",
+                         "last_commit_lsn": "greatest(g.last_commit_lsn, s.last_commit_lsn)",
+                         "updated_at": "s.updated_at"})
+                     .when_not_matched_insert(updates={
+                         **{c: f"s.{c}" for c in DIMS}, "count": "s.delta",
+                         "last_commit_lsn": "s.last_commit_lsn", "updated_at": "s.updated_at"}))
+            metrics = merge_recorded(table, merge, commit)
+            return int(metrics["num_target_rows_updated"]
+                       + metrics["num_target_rows_inserted"])
 
     def _write_pending(self, carried: DataFrame, batch_id: int, transactions: int) -> None:
         writer = (carried.write.format("delta").mode("overwrite")

@@ -47,6 +47,7 @@ from core.captured import MARKER_PREFIX
 from core.commits import commit_metadata, merge_recorded, rs_commit
 from core.errors import UserError
 from core.faults import FaultPoints
+from core.handle import CHECKPOINTS, WriterHandle
 from core.lsn import fmt
 from core.storage import delta_rs_uri
 from core.tables import create_table
@@ -62,9 +63,7 @@ KEY_PROPERTY = "lakecdc.keyColumns"          # JSON list of the primary key's co
 TYPES_PROPERTY = "lakecdc.sourceTypes"       # JSON {column: Postgres type}
 # No deletion vectors: delta-rs (deltalake 1.6.6) refuses to read a table with that reader
 # feature, and a mirror is read by delta-rs (``lakecdc tables``, the demo, users).
-PROPERTIES = {"delta.enableDeletionVectors": "false",
-              "delta.checkpointInterval": "20",
-              "delta.logRetentionDuration": "interval 30 days"}
+PROPERTIES = {"delta.enableDeletionVectors": "false", **CHECKPOINTS}
 MIRRORED_OPS = ("I", "U", "D", "R")
 
 PARTS = 1_000_000       # txn version = batch id * PARTS + the part of the batch (chain_cuts)
@@ -210,6 +209,26 @@ def merge_source(final: DataFrame, key: tuple[str, ...], types: dict[str, str],
         cols += [value.alias(name), carried.alias(f"{_HAS}{i}")]
     return final.select(*cols, F.col("_exists").alias(_EXISTS),
                         F.col("_lsn").alias(COMMIT_LSN), F.col("_ts").alias(COMMIT_TS))
+
+
+def merge_changes(table, source, key: tuple[str, ...], types: dict[str, str], commit,
+                  truncate: bool = False) -> dict:
+    """The mirror's MERGE (delta-rs) of ``source`` (``merge_source``'s rows, in Arrow) into
+    ``table``, committed with ``commit``; its metrics."""
+    on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key)
+    others = [n for n in types if n not in key]
+    update = {q(n): f"CASE WHEN s.{q(f'{_HAS}{i}')} THEN s.{q(n)} ELSE t.{q(n)} END"
+              for i, n in enumerate(others)}
+    meta = {COMMIT_LSN: f"s.{COMMIT_LSN}", COMMIT_TS: f"s.{COMMIT_TS}"}
+    merge = (table.merge(source, on, source_alias="s", target_alias="t",
+                         commit_properties=commit)
+             .when_matched_delete(predicate=f"NOT s.{_EXISTS}")
+             .when_matched_update(updates={**update, **meta}, predicate=f"s.{_EXISTS}")
+             .when_not_matched_insert(updates={**{q(n): f"s.{q(n)}" for n in types}, **meta},
+                                      predicate=f"s.{_EXISTS}"))
+    if truncate:
+        merge = merge.when_not_matched_by_source_delete()
+    return merge_recorded(table, merge, commit)
 
 
 @dataclass(frozen=True)
@@ -361,6 +380,7 @@ class MirrorWriter:
         self.failure: BaseException | None = None
         self.merged: dict[str, int] = {}        # table -> batches merged by this writer
         self.run = self.merged                  # what ``pipelines.run.stream.await_stream`` returns
+        self._handles: dict[str, WriterHandle] = {}     # path → the MERGEs' handle
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
@@ -425,38 +445,29 @@ class MirrorWriter:
         """One MERGE of ``changes`` (part ``part`` of the batch's changes of the table;
         ``moved``: some of the batch's changes move a row to another key)."""
         from delta.tables import DeltaTable
-        from deltalake import DeltaTable as RsTable
 
         version = batch_id * PARTS + part
-        table = RsTable(delta_rs_uri(path), storage_options=self.storage_options)
-        recorded = table.transaction_version(APP_ID)
-        if recorded is not None and recorded >= version:
-            return                                  # merged before a kill: a replay
-        final = final_rows(changes, key, key_moves=moved)
-        mirror = DeltaTable.forPath(spark, path).toDF() if moved else None
-        with bad_values_stop(found.name):
-            source = merge_source(final, key, types, mirror).toArrow()
-        on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key)
-        others = [n for n in types if n not in key]
-        update = {q(n): f"CASE WHEN s.{q(f'{_HAS}{i}')} THEN s.{q(n)} ELSE t.{q(n)} END"
-                  for i, n in enumerate(others)}
-        meta = {COMMIT_LSN: f"s.{COMMIT_LSN}", COMMIT_TS: f"s.{COMMIT_TS}"}
-        # ``newest``: the mirror now holds every change of its table up to this LSN
-        # (``pipelines.verify.mirrors``); not after a batch's part but the last, which may
-        # end inside a transaction. A batch's parts are told apart by the version.
-        held = {"newest": found.newest} if last else {"partial": True}
-        commit = rs_commit(commit_metadata("mirror", batch_id=batch_id, part=part,
-                                           truncated=truncate, **held), APP_ID, version)
-        merge = (table.merge(source, on, source_alias="s", target_alias="t",
-                             commit_properties=commit)
-                 .when_matched_delete(predicate=f"NOT s.{_EXISTS}")
-                 .when_matched_update(updates={**update, **meta}, predicate=f"s.{_EXISTS}")
-                 .when_not_matched_insert(updates={**{q(n): f"s.{q(n)}" for n in types},
-                                                   **meta}, predicate=f"s.{_EXISTS}"))
-        if truncate:
-            merge = merge.when_not_matched_by_source_delete()
-        merge_recorded(table, merge, commit)
+        with self._handle(path).use() as table:
+            recorded = table.transaction_version(APP_ID)
+            if recorded is not None and recorded >= version:
+                return                                  # merged before a kill: a replay
+            final = final_rows(changes, key, key_moves=moved)
+            mirror = DeltaTable.forPath(spark, path).toDF() if moved else None
+            with bad_values_stop(found.name):
+                source = merge_source(final, key, types, mirror).toArrow()
+            # ``newest``: the mirror now holds every change of its table up to this LSN
+            # (``pipelines.verify.mirrors``); not after a batch's part but the last, which may
+            # end inside a transaction. A batch's parts are told apart by the version.
+            held = {"newest": found.newest} if last else {"partial": True}
+            commit = rs_commit(commit_metadata("mirror", batch_id=batch_id, part=part,
+                                               truncated=truncate, **held), APP_ID, version)
+            merge_changes(table, source, key, types, commit, truncate)
         self.faults.hit("after_mirror_merge")
+
+    def _handle(self, path: str) -> WriterHandle:
+        if path not in self._handles:
+            self._handles[path] = WriterHandle(delta_rs_uri(path), self.storage_options)
+        return self._handles[path]
 
     def _evolve(self, spark: SparkSession, path: str,
                 found: TableInBatch) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -483,6 +494,7 @@ class MirrorWriter:
             spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
                       f"('{TYPES_PROPERTY}' = {_sql_string(json.dumps(types))})")
             self._shapes[path] = (key, types)
+            self._handle(path).reset()          # Spark committed beside the MERGEs' handle
             log.info("mirror of %s: added column(s) %s", found.name, ", ".join(added))
         return key, types
 

@@ -44,6 +44,7 @@ from pyspark.sql.types import StructType
 
 from core.commits import commit_metadata, last_metadata, rs_commit
 from core.errors import UserError
+from core.handle import CHECKPOINTS, WriterHandle
 from core.layout import QUARANTINE, SILVER, Table
 from core.storage import delta_rs_uri
 from core.tables import create_table
@@ -59,9 +60,7 @@ ADDED_AT_PROPERTY = "lakecdc.addedColumnsAfterVersion"
 QUARANTINE_APP_ID = "lakecdc-quarantine"
 TABLE_PROPERTIES = {
     "delta.appendOnly": "true",
-    # One append per micro-batch: checkpoint the log often so readers replay few commits.
-    "delta.checkpointInterval": "20",
-    "delta.logRetentionDuration": "interval 30 days",
+    **CHECKPOINTS,              # one append per micro-batch (core.handle)
     # File statistics on the columns readers select silver rows by (``STATS_COLUMNS``), not
     # on the keys, maps and messages after them: Delta computes them row by row as it
     # writes, a fifth to a third of an append's time in a continuous stream (docs/silver.md).
@@ -131,6 +130,8 @@ class SilverWriter:
         # path -> the newest batch id this writer knows the table holds (read once per
         # process, or again after a failure); a replayed batch is skipped before any write.
         self._written: dict[str, int] = {}
+        self._handles = {path: WriterHandle(delta_rs_uri(path), storage_options)
+                         for path in (silver_path, quarantine_path)}
 
     def prepare(self, spark: SparkSession) -> None:
         """Create both tables if absent; refuse a table of another schema."""
@@ -183,10 +184,10 @@ class SilverWriter:
             if self._written[path] >= batch_id:
                 return 0
         meta = commit_metadata("silver", batch_id=batch_id, rows=rows.num_rows)
-        write_deltalake(delta_rs_uri(path), rows, mode="append",
-                        commit_properties=rs_commit(meta, app_id if self.guard else None,
-                                                    batch_id),
-                        storage_options=self.storage_options)
+        with self._handles[path].use() as table:
+            write_deltalake(table, rows, mode="append",
+                            commit_properties=rs_commit(meta, app_id if self.guard else None,
+                                                        batch_id))
         self._written[path] = batch_id
         return rows.num_rows
 

@@ -34,24 +34,34 @@ def verify(ctx, as_json, repair, timeout_s):
               help="Run only this suite (repeatable) [silver and gold].")
 @click.option("--all-silver", is_flag=True,
               help="Check every silver row, not only those after gold's baseline.")
+@click.option("--full", is_flag=True,
+              help="Check everything since gold's baseline, not only what is new since the "
+                   "last pass.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 @needs_spark
-def quality(ctx, suites, all_silver, as_json):
+def quality(ctx, suites, all_silver, full, as_json):
     """Great Expectations gates: the silver suite (keys, known ops, LSN order) and the gold
-    suite (keys, counts >= 0, gold = baseline + silver deltas).
+    suite (keys, counts >= 0, gold = baseline + silver deltas), on what is new since the
+    last pass (gold/_quality).
 
     Exit 0 when every suite passes, 1 when one fails (the job task fails: stop policy)."""
-    from core.storage import Lakehouse
+    from core.layout import QUALITY_STATE
+    from core.storage import Lakehouse, on_databricks, spark_path
+    from pipelines.maintain.plan import Maintained
+    from pipelines.maintain.schedule import maintain
     from pipelines.verify.quality import SUITES, render, run_gates, summary, to_json
 
     pipeline = make_pipeline(ctx)
     config = pipeline.config
+    options = Lakehouse.from_config(config).delta_rs_options()
+    state_path = config.table_path(QUALITY_STATE)
     results = run_gates(pipeline.spark, pipeline.where.silver.silver_path,
                         pipeline.where.gold, config.counted, tuple(suites) or SUITES,
-                        baseline_path=config.baseline_path,
-                        storage_options=Lakehouse.from_config(config).delta_rs_options(),
-                        all_silver=all_silver)
+                        baseline_path=config.baseline_path, storage_options=options,
+                        all_silver=all_silver, full=full,
+                        state_path=spark_path(state_path, on_databricks()))
+    maintain([Maintained("quality", state_path)], config, options)   # its one writer
     click.echo(to_json(results) if as_json else render(results))
     if not all(r.success for r in results):
         raise DriftFound(summary(results))

@@ -37,7 +37,7 @@ GROUPS = ("ship", "stream", "mirrors")
 class Maintained:
     name: str                      # as status shows it: bronze, silver, gold, mirror …
     uri: str
-    reader: str | None = None      # the checkpoint of a stream that reads the table
+    reader: str | None = None      # the checkpoint of a stream that may read the table
 
 
 def tables_of(config: Config, group: str, mirrored: tuple[str, ...] = ()
@@ -47,8 +47,9 @@ def tables_of(config: Config, group: str, mirrored: tuple[str, ...] = ()
     if group == "ship":
         return [Maintained("bronze", path(BRONZE), reader=path(STREAM_CHECKPOINT))]
     if group == "stream":
-        return [Maintained("silver", path(SILVER),
-                           reader=path(MIRROR_CHECKPOINT) if config.mirrored else None),
+        # The mirrors' query reads silver wherever its checkpoint is, whatever this
+        # process's configuration says of mirrors (``stream_position``: none, no reader).
+        return [Maintained("silver", path(SILVER), reader=path(MIRROR_CHECKPOINT)),
                 Maintained("quarantine", path(QUARANTINE)),
                 Maintained("gold", path(GOLD)),
                 Maintained("gold_pending", path(GOLD_PENDING))]

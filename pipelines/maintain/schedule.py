@@ -31,11 +31,14 @@ def maintain(tables: list[Maintained], config: Config, storage_options: dict | N
     for table in tables:
         # The stream reading the table holds back its vacuum (``core.maintenance``); the
         # guard is off only in a negative control (docs/reliability.md, F17).
-        floor = (stream_position(table.reader, storage_options)
-                 if table.reader is not None and config.guard_on("reader_floor") else None)
-        reports.append(maintain_table(table.name, table.uri, storage_options,
-                                      retention_hours=config.retention_hours,
-                                      reader_floor=floor, faults=FaultPoints(config.faults)))
+        watched = table.reader is not None and config.guard_on("reader_floor")
+        reports.append(maintain_table(
+            table.name, table.uri, storage_options, retention_hours=config.retention_hours,
+            log_retention_minutes=config.log_retention_minutes,
+            reader_floor=stream_position(table.reader, storage_options) if watched else None,
+            log_floor=(stream_position(table.reader, storage_options, replayed=True)
+                       if watched else None),
+            faults=FaultPoints(config.faults)))
     return reports
 
 

@@ -17,6 +17,16 @@ ephemeral in-memory context with analytics off: nothing is written or sent anywh
   contract restated from its inputs: a lost, doubled or misattributed change shows as a
   key whose count differs.
 
+Incremental: a passing run records what it checked in ``gold/_quality`` (a small Delta
+table: gold's counts at the version it passed, with the watermark, the floor and how far
+silver was checked in its commit's metadata). The next run checks only what is new since:
+silver rows after that watermark, and gold against those counts plus the net deltas of the
+silver rows since. Its cost follows the changes since the last pass and gold's keys, not the
+table's history. A rebuild (a new floor) or ``--full`` starts again from gold's baseline; a
+failing run records nothing, so the next run checks the same rows again. A row appended to
+silver again with a commit LSN the gate has passed is not among the rows it reads again: the
+gold suite still sees it, in the count gold made of it.
+
 Failure policy: **stop**. A failing suite makes the command exit 1 (like ``verify`` finding
 drift) with the failing expectations and sample values, so the job task fails, the tasks
 that depend on it (a rebuild, a verification) do not run, and the job's failure
@@ -31,7 +41,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -138,10 +148,48 @@ def reconcile(gold: DataFrame, expected: DataFrame) -> DataFrame:
             .select(*DIMS, "count", F.coalesce("expected", F.lit(0)).alias("expected")))
 
 
+@dataclass(frozen=True)
+class Checked:
+    """What the gate's last passing runs checked (``gold/_quality``'s newest commit)."""
+    floor: int                       # gold's floor then: another floor is another gold
+    silver_upto: int | None = None   # silver rows with commit_lsn <= this passed
+    watermark: int | None = None     # gold passed at this watermark: its counts, the table's
+
+
+def read_checked(spark: SparkSession, state_path: str | None) -> Checked | None:
+    from core.commits import last_metadata
+
+    meta = last_metadata(spark, state_path, "quality") if state_path else None
+    if not meta:
+        return None
+    return Checked(int(meta["floor"]), meta.get("silver_upto"), meta.get("watermark"))
+
+
+def record_checked(spark: SparkSession, state_path: str, checked: Checked,
+                   counts: DataFrame | None) -> None:
+    """Record a pass: ``counts`` (dims, count: gold as it passed) or, when gold was not
+    checked, the counts recorded before (one overwrite: the counts and the metadata that
+    says what they are commit together)."""
+    from core.commits import commit_metadata
+
+    if counts is None:
+        counts = (spark.read.format("delta").load(state_path) if checked.watermark is not None
+                  else spark.createDataFrame([], _COUNTS))
+    (counts.select(*DIMS, "count").write.format("delta").mode("overwrite")
+     .option("userMetadata", commit_metadata("quality", **asdict(checked)))
+     .save(state_path))
+
+
+_COUNTS = ", ".join([f"{c} string" for c in DIMS] + ["count long"])
+
+
 def gold_frame(spark: SparkSession, gold_path: str, silver_path: str, tables: CountedTables,
-               baseline_path: str | None = None, storage_options: dict | None = None
-               ) -> tuple[DataFrame, str]:
-    """Gold at its latest version reconciled with its baseline and silver; and a scope."""
+               baseline_path: str | None = None, storage_options: dict | None = None,
+               checked: Checked | None = None, state_path: str | None = None
+               ) -> tuple[DataFrame, str, int]:
+    """Gold at its latest version reconciled with the counts it started from - the last
+    pass's (``checked``, at the same floor) or its baseline - plus the silver rows since;
+    a scope; and the watermark checked."""
     from core.lsn import fmt
     from gold.asof import gold_state, silver_range
 
@@ -150,11 +198,18 @@ def gold_frame(spark: SparkSession, gold_path: str, silver_path: str, tables: Co
         raise UserError(f"no gold table at {gold_path}: run the pipeline first.")
     watermark = state.watermark if state.watermark is not None else state.floor
     gold = spark.read.format("delta").option("versionAsOf", state.version).load(gold_path)
-    baseline = _baseline(spark, gold_path, state.floor, baseline_path, storage_options)
-    silver = silver_range(spark, silver_path, state.floor, watermark)
-    frame = reconcile(gold, expected_counts(baseline, silver, tables))
-    return frame, (f"gold version {state.version}: baseline at {fmt(state.floor)} + silver "
-                   f"changes up to {fmt(watermark)}")
+    if (checked is not None and checked.floor == state.floor
+            and checked.watermark is not None and checked.watermark <= watermark):
+        base = spark.read.format("delta").load(state_path)
+        silver = silver_range(spark, silver_path, checked.watermark + 1, watermark)
+        since = f"the counts passed at {fmt(checked.watermark)}"
+    else:
+        base = _baseline(spark, gold_path, state.floor, baseline_path, storage_options)
+        silver = silver_range(spark, silver_path, state.floor, watermark)
+        since = f"baseline at {fmt(state.floor)}"
+    frame = reconcile(gold, expected_counts(base, silver, tables))
+    return frame, (f"gold version {state.version}: {since} + silver changes up to "
+                   f"{fmt(watermark)}"), watermark
 
 
 def _baseline(spark: SparkSession, gold_path: str, floor: int, baseline_path: str | None,
@@ -163,7 +218,7 @@ def _baseline(spark: SparkSession, gold_path: str, floor: int, baseline_path: st
     seed or a rebuild), else setup's ``gold/_baseline`` if it is at ``floor``."""
     from core.commits import floor_of, read_commits
 
-    empty = spark.createDataFrame([], ", ".join([f"{c} string" for c in DIMS] + ["count long"]))
+    empty = spark.createDataFrame([], _COUNTS)
     if floor == 0:
         return empty
     for commit in read_commits(spark, gold_path, mentioning='"operation"'):
@@ -252,22 +307,43 @@ def _plain(values: list) -> list:
 
 def run_gates(spark: SparkSession, silver_path: str, gold_path: str, tables: CountedTables,
               suites: tuple[str, ...] = SUITES, baseline_path: str | None = None,
-              storage_options: dict | None = None, all_silver: bool = False
-              ) -> list[GateResult]:
-    """Run the named suites; each result says whether it passed."""
+              storage_options: dict | None = None, all_silver: bool = False,
+              state_path: str | None = None, full: bool = False) -> list[GateResult]:
+    """Run the named suites; each result says whether it passed. ``state_path``: where
+    passes are recorded, and the next run starts from (none: every run checks all since
+    gold's baseline); ``full``: start from the baseline, and record the pass."""
     from core.lsn import fmt
     from gold.asof import gold_state
 
+    state = gold_state(spark, gold_path)
+    floor = state.floor if state is not None else 0
+    checked = None if full else read_checked(spark, state_path)
+    if checked is not None and checked.floor != floor:
+        checked = None                      # gold was rebuilt since: another baseline
+    passed = checked or Checked(floor)
     results = []
     if "silver" in suites:
-        state = gold_state(spark, gold_path)
-        after = 0 if all_silver or state is None else state.floor
+        after = 0 if all_silver or state is None else max(
+            floor, (checked.silver_upto if checked and checked.silver_upto else 0))
         scope = "every silver row" if after == 0 else f"silver rows after {fmt(after)}"
-        results.append(validate(silver_frame(spark, silver_path, after), silver_suite(), scope))
+        result = validate(silver_frame(spark, silver_path, after), silver_suite(), scope)
+        results.append(result)
+        # Rows past gold's watermark may belong to a transaction silver holds only part
+        # of: checked again next time, with the rest of it.
+        if result.success and state is not None and state.watermark is not None:
+            passed = replace(passed, silver_upto=max(after, state.watermark))
+    counts = None
     if "gold" in suites:
-        frame, scope = gold_frame(spark, gold_path, silver_path, tables, baseline_path,
-                                  storage_options)
-        results.append(validate(frame, gold_suite(), scope))
+        frame, scope, watermark = gold_frame(spark, gold_path, silver_path, tables,
+                                             baseline_path, storage_options, checked,
+                                             state_path)
+        result = validate(frame, gold_suite(), scope)
+        results.append(result)
+        if result.success:
+            passed = replace(passed, watermark=watermark)
+            counts = frame.where(F.col("count").isNotNull())
+    if state_path and state is not None and passed != (checked or Checked(floor)):
+        record_checked(spark, state_path, passed, counts)
     return results
 
 

@@ -12,9 +12,12 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import time
 from pathlib import Path
 
+import psycopg
 import pytest
 from deltalake import DeltaTable
 
@@ -110,6 +113,10 @@ def test_maintain_once_passes_over_the_tables_of_a_running_writer(
     assert "passed over" not in line_of(lines, "bronze")
     bad = run_cli(["maintain", "--once"], {**cli_env(config), "LAKECDC_RETENTION_HOURS": "a day"})
     one_sentence(bad.returncode, bad.stderr, "LAKECDC_RETENTION_HOURS", "whole number")
+    for value, words in (("ten", "whole number"), ("0", "1 or more")):
+        bad = run_cli(["maintain", "--once"],
+                      {**cli_env(config), "LAKECDC_LOG_RETENTION_MINUTES": value})
+        one_sentence(bad.returncode, bad.stderr, "LAKECDC_LOG_RETENTION_MINUTES", words)
 
 
 @pytest.mark.spark
@@ -121,7 +128,8 @@ def test_run_maintains_its_tables_under_traffic_and_kills_and_stays_exact(
     ``after_compaction``, F25), then its process group is SIGKILLed at a random moment
     twice (maintenance and the writers side by side, F26). After a drain, I1-I5 hold,
     bronze, silver and gold were maintained by the run, and bronze holds fewer live files
-    than it had commits."""
+    than it had commits. Then the log is cleaned and the stream resumes after it: I1-I5
+    again."""
     from bronze.ship import Shipper
     from tests.soak import Soak
 
@@ -141,3 +149,14 @@ def test_run_maintains_its_tables_under_traffic_and_kills_and_stays_exact(
     bronze = DeltaTable(config.bronze_path)
     assert len(bronze.file_uris()) < bronze.version() / 2, (len(bronze.file_uris()),
                                                             bronze.version())
+    # The log: entries past the log retention go at maintenance (aged an hour here), and
+    # the stream resumes from its checkpoint after them, exactly.
+    for table in (config.bronze_path, config.table_path(SILVER)):
+        for entry in (Path(table) / "_delta_log").iterdir():
+            os.utime(entry, (time.time() - 3600,) * 2)
+    maintain_once(config)
+    assert not (Path(config.bronze_path) / "_delta_log" / f"{0:020d}.json").exists()
+    with psycopg.connect(source_db.dsn, autocommit=True) as conn:
+        insert(conn, random.Random(36), 20)
+    soak.drain()
+    check_invariants(config, witness)

@@ -91,3 +91,57 @@ def test_gates_pass_on_pipeline_output_and_fail_on_planted_rows(source_db, confi
     assert "silver  FAIL" in result.stdout and "gold    FAIL" in result.stdout
     [line] = [ln for ln in result.stderr.splitlines() if ln.startswith("lakecdc: drift:")]
     assert "quality gate failed" in line and "silver" in line and "gold" in line
+
+
+def test_a_second_run_checks_what_is_new_and_a_failure_records_nothing(source_db, config,
+                                                                      spark, tmp_path):
+    """The gate records each pass (``gold/_quality``) and the next run checks only the silver
+    rows after it, and gold against the counts it passed plus the changes since. A count
+    broken after a pass is still found; a failing run records nothing, so the next run
+    finds it again."""
+    from gold.asof import gold_state
+    from pipelines.verify.quality import read_checked
+
+    state = str(tmp_path / "quality")
+    setup(config)
+    pipeline = Pipeline(config, spark_factory=lambda: spark)
+    where = pipeline.where
+    purged = mixed(source_db.dsn, seed=72)
+    pipeline.run_once()
+
+    def gates(**kw):
+        return run_gates(spark, where.silver.silver_path, where.gold, config.counted,
+                         baseline_path=config.baseline_path, state_path=state, **kw)
+
+    silver, gold = gates()
+    assert silver.success and gold.success, (silver.failures, gold.failures)
+    first = read_checked(spark, state)
+    watermark = gold_state(spark, where.gold).watermark
+    assert first.watermark == first.silver_upto == watermark
+    assert "baseline at" in gold.scope
+
+    purged.update(mixed(source_db.dsn, seed=73))
+    pipeline.run_once()
+    silver2, gold2 = gates()
+    assert silver2.success and gold2.success, (silver2.failures, gold2.failures)
+    new_rows = spark.read.format("delta").load(where.silver.silver_path) \
+        .where(F.col("commit_lsn") > watermark).count()
+    assert silver2.rows == new_rows and 0 < new_rows < silver.rows + new_rows
+    assert "the counts passed at" in gold2.scope
+    second = read_checked(spark, state)
+    assert second.watermark == gold_state(spark, where.gold).watermark > watermark
+    # The counts it carries forward are the source's, not only what gold said.
+    carried = {tuple(r[:4]): r[4] for r in spark.read.format("delta").load(state).collect()
+               if r[4]}
+    assert carried == +source_truth(source_db.dsn, purged)
+
+    row = DeltaTable.forPath(spark, where.gold).toDF().first()
+    DeltaTable.forPath(spark, where.gold).update(
+        " AND ".join(f"{c} = '{row[c]}'" for c in ("service_id", "template_id",
+                                                  "notification_type", "notification_status")),
+        {"count": F.col("count") + 1})
+    for _ in range(2):
+        [gold3] = run_gates(spark, where.silver.silver_path, where.gold, config.counted,
+                            ("gold",), baseline_path=config.baseline_path, state_path=state)
+        assert _failed(gold3) == {"expect_column_pair_values_to_be_equal": 1}
+        assert read_checked(spark, state) == second

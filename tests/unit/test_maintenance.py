@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,6 +18,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from core.checkpoints import stream_position
 from core.config import Config
+from core.handle import CHECKPOINTS
 from core.maintenance import MAINTENANCE_FILE, maintain_table, table_size
 from pipelines.maintain.schedule import Maintainer
 
@@ -28,7 +31,8 @@ def small_commits(path: Path, commits: int, rows: int = 50) -> None:
         part = pa.table({"k": list(range(i * rows, (i + 1) * rows)), "v": ["x" * 40] * rows},
                         schema=SCHEMA)
         write_deltalake(str(path), part, mode="append" if i else "error",
-                        configuration=None if i else {"delta.appendOnly": "true"})
+                        configuration=None if i else {"delta.appendOnly": "true",
+                                                      **CHECKPOINTS})
 
 
 def data_files(path: Path) -> set[str]:
@@ -68,7 +72,9 @@ def test_vacuum_deletes_removed_files_past_the_retention_and_orphans_of_killed_w
         Path(u).name for u in DeltaTable(str(table)).file_uris()}
     assert not orphan.exists() and keys(table) == list(range(500))
     config = DeltaTable(str(table)).metadata().configuration
-    assert config["delta.deletedFileRetentionDuration"] == "interval 0 hours"
+    assert config["delta.deletedFileRetentionDuration"] == "interval 10 minutes"
+    assert config["delta.logRetentionDuration"] == "interval 10 minutes"
+    assert config["delta.enableExpiredLogCleanup"] == "false"
 
 
 @pytest.mark.parametrize("guarded", [True, False], ids=["reader_floor", "negative_control"])
@@ -111,6 +117,57 @@ def test_a_reader_at_a_version_no_longer_logged_holds_back_the_vacuum(tmp_path):
     assert "older than the log keeps" in report.line()
 
 
+def commits_logged(path: Path) -> list[int]:
+    return sorted(int(p.name.split(".")[0]) for p in (path / "_delta_log").glob("*.json"))
+
+
+def age_log(path: Path, hours: float) -> None:
+    """Set the log's files ``hours`` back: what a table that old would show."""
+    then = time.time() - hours * 3600
+    for entry in (path / "_delta_log").iterdir():
+        os.utime(entry, (then, then))
+
+
+def test_the_log_keeps_its_retention_and_the_writers_own_checkpoints_clean_nothing(
+        tmp_path):
+    """Expired log entries before the newest checkpoint go at maintenance; the writers'
+    checkpoints (every 20 commits) no longer clean the log themselves, so only maintenance,
+    which knows the table's stream, decides what goes."""
+    table = tmp_path / "t"
+    small_commits(table, 10)
+    maintain_table("t", str(table), retention_hours=24, log_retention_minutes=10)
+    age_log(table, 1)
+    for i in range(45):          # checkpoints at 19, 39: a writer's own clean-up would run
+        write_deltalake(str(table), pa.table({"k": [i], "v": ["w"]}, schema=SCHEMA),
+                        mode="append")
+    assert commits_logged(table)[0] == 0
+    maintain_table("t", str(table), retention_hours=24, log_retention_minutes=10)
+    # Entries older than 10 minutes before the newest checkpoint (at 39) are gone; the new
+    # ones, inside the retention, stay (and the table reads the same).
+    assert commits_logged(table)[0] == 11
+    assert len(keys(table)) == 545
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["reader_floor", "negative_control"])
+def test_a_stream_behind_keeps_the_log_it_resumes_from(tmp_path, guarded):
+    """A stream that has read version 25 of 60 resumes at 26: its log entries stay however
+    old they are. Without the reader's floor they are cleaned up to the newest checkpoint
+    (59), and the stream could not resume."""
+    table = tmp_path / "t"
+    small_commits(table, 2)
+    maintain_table("t", str(table), retention_hours=24)         # the log properties
+    for i in range(58):
+        write_deltalake(str(table), pa.table({"k": [i], "v": ["w"]}, schema=SCHEMA),
+                        mode="append")
+    age_log(table, 1)
+    maintain_table("t", str(table), retention_hours=24, reader_floor=25 if guarded else None)
+    first = commits_logged(table)[0]
+    if guarded:   # from the newest checkpoint at or before 26 (19) on
+        assert first == 19 and len(keys(table, version=26)) == 100 + 23
+    else:
+        assert first > 26
+
+
 def test_table_size_shows_files_bytes_log_and_the_last_maintenance(tmp_path):
     table = tmp_path / "t"
     assert table_size(str(table)) is None
@@ -126,6 +183,8 @@ def test_table_size_shows_files_bytes_log_and_the_last_maintenance(tmp_path):
 
 def checkpoint(root: Path, committed: dict[int, int], planned: dict[int, int]) -> Path:
     """A Spark streaming checkpoint's offsets and commits: batch → source version."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "metadata").write_text('{"id":"q"}')
     for folder, batches in (("offsets", planned), ("commits", committed)):
         (root / folder).mkdir(parents=True, exist_ok=True)
         for batch, version in batches.items():
@@ -137,11 +196,17 @@ def checkpoint(root: Path, committed: dict[int, int], planned: dict[int, int]) -
 
 
 def test_stream_position_is_the_newest_committed_batch_s_offset_less_one(tmp_path):
-    assert stream_position(str(tmp_path / "none")) == -1
+    """... and, for the log, where that batch started: a restarted query plans its newest
+    committed batch once more (from the batch before's offset)."""
+    assert stream_position(str(tmp_path / "none")) is None       # no query: no reader
     root = checkpoint(tmp_path / "cp", committed={0: 0, 1: 0}, planned={0: 5, 1: 9, 2: 12})
     (root / "commits" / ".2.1b4e6c9e-3f0c-4e8b-9a7e-3d2f1c0b9a8e.tmp").write_text("")
     assert stream_position(str(root)) == 8        # batch 2 is planned, not committed
+    assert stream_position(str(root), replayed=True) == 4     # batch 1 started at 5
     assert stream_position(str(checkpoint(tmp_path / "cp0", {}, {0: 3}))) == -1
+    first = checkpoint(tmp_path / "cp1", {0: 0}, {0: 3})
+    assert stream_position(str(first)) == 2
+    assert stream_position(str(first), replayed=True) == -1
 
 
 class Clock:
