@@ -240,7 +240,6 @@ class GoldBatchWriter:
         self.paths = paths
         self.storage_options = storage_options
         self._gold = WriterHandle(delta_rs_uri(paths.gold), storage_options)   # the MERGEs'
-
         self.tables = tables
         self.floor_lsn = floor_lsn
         self.epoch = epoch
