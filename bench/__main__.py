@@ -2,9 +2,9 @@
 
 Starts its own throw-away Postgres 15 with wal2json and a local Spark session, runs the
 sections of ``bench.measure`` (backlog: decode vs ship, stream and push throughput, the PoC
-baseline and exactness; freshness at a steady rate; gold batch time against source size;
-the shipper's peak RSS through one big transaction), writes the result document
-``results.json`` and PNG plots into ``--out`` and regenerates ``--report`` from
+baseline and exactness; freshness at a steady rate; the gold half of continuous batches as
+gold's keys grow; the shipper's peak RSS through one big transaction), writes the result
+document ``results.json`` and PNG plots into ``--out`` and regenerates ``--report`` from
 ``bench/report.py``'s template. Everything it started is stopped and removed again.
 
 ``--quick`` is the smoke size (``tests/integration/test_bench_smoke.py``, run with
@@ -28,7 +28,7 @@ from bench.measure import Params, run_all
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = Params(changes=6_000, tx_size=500, rates=(300.0,), freshness_s=10.0,
-               scale_rows=(2_000, 20_000), scale_batch=500, scale_repeats=1,
+               scale_keys=(2_000, 20_000), scale_rates=(300.0,), scale_s=10.0,
                big_tx_rows=20_000, quick=True)
 
 
@@ -52,14 +52,15 @@ def parse(argv: list[str] | None) -> tuple[Params, argparse.Namespace]:
                              f"({','.join(f'{r:g}' for r in full.rates)})")
     parser.add_argument("--freshness-seconds", type=float, dest="freshness_s",
                         help=f"freshness: seconds of traffic ({full.freshness_s:g})")
-    parser.add_argument("--scale-rows", type=_sizes,
-                        help="gold scaling: source sizes, comma-separated "
-                             f"({','.join(map(str, full.scale_rows))})")
-    parser.add_argument("--scale-batch", type=int,
-                        help=f"gold scaling: changes per batch ({full.scale_batch})")
-    parser.add_argument("--scale-repeats", type=int,
-                        help="gold scaling: measured batches per size "
-                             f"({full.scale_repeats})")
+    parser.add_argument("--scale-keys", type=_sizes,
+                        help="gold scaling: gold keys, one database each, comma-separated "
+                             f"({','.join(map(str, full.scale_keys))})")
+    parser.add_argument("--scale-rates", type=_rates,
+                        help="gold scaling: changes/s, comma-separated; the first at every "
+                             "size, the others at the largest only "
+                             f"({','.join(f'{r:g}' for r in full.scale_rates)})")
+    parser.add_argument("--scale-seconds", type=float, dest="scale_s",
+                        help=f"gold scaling: seconds of traffic per run ({full.scale_s:g})")
     parser.add_argument("--big-tx-rows", type=int,
                         help=f"rows of the one big transaction ({full.big_tx_rows})")
     parser.add_argument("--out", type=Path, default=None,

@@ -200,7 +200,8 @@ def age(root: Path, params: AgingParams, spark, say=print) -> dict:
     src = Source(params)
     bronze_path = str(root / "bronze")
     silver_path, quarantine_path = str(root / "silver"), str(root / "quarantine")
-    paths = GoldPaths(str(root / "gold"), str(root / "gold_pending"))
+    paths = GoldPaths(str(root / "gold"), str(root / "gold_pending"),
+                      str(root / "gold_deltas"))
     mirror_path = str(root / "mirror")
 
     bronze = BronzeTable(bronze_path)
@@ -208,7 +209,7 @@ def age(root: Path, params: AgingParams, spark, say=print) -> dict:
     silver = SilverWriter(silver_path, quarantine_path, (TABLE,), counted_tables=(TABLE,))
     silver.prepare(spark)
     ensure_gold_tables(spark, paths)
-    gold = GoldBatchWriter(paths, COUNTED)
+    gold = GoldBatchWriter(paths, COUNTED, fold_share=1.0)     # every batch a MERGE
     create_mirror(spark, mirror_path, TableSpec("public", "notifications",
                                                 tuple((c, "text") for c in COLUMNS), ("id",)))
     mirror = WriterHandle(mirror_path)

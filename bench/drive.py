@@ -37,12 +37,12 @@ class Drive:
 
 
 def drive(source_dsn: str, dashboard_dsn: str, rate: float, neighbour_rate: float,
-          neighbour_first_id: int, seconds: float, tag: str) -> Drive:
-    """Traffic at ``rate`` changes/s, the neighbour tables at ``neighbour_rate`` rows/s each
-    and a probe every 0.5 s for ``seconds``; then waits for the watcher (every probe seen,
-    or 120 s)."""
+          neighbour_first_id: int, seconds: float, tag: str, services: int = 8) -> Drive:
+    """Traffic at ``rate`` changes/s (inserts over ``services`` services), the neighbour
+    tables at ``neighbour_rate`` rows/s each (none at 0) and a probe every 0.5 s for
+    ``seconds``; then waits for the watcher (every probe seen, or 120 s)."""
     stop = threading.Event()
-    traffic = workload.SteadyTraffic(source_dsn, rate, tag=f"{tag}-")
+    traffic = workload.SteadyTraffic(source_dsn, rate, tag=f"{tag}-", services=services)
     neighbours = workload.NeighbourTraffic(source_dsn, neighbour_rate,
                                            first_id=neighbour_first_id)
     probe = FreshnessProbe(source_dsn, dashboard_dsn, tag=tag)
@@ -58,7 +58,7 @@ def drive(source_dsn: str, dashboard_dsn: str, rate: float, neighbour_rate: floa
         return threading.Thread(target=body, name=f"drive-{name}", daemon=True)
 
     writers = [guarded("traffic", lambda: traffic.run(stop)),
-               guarded("neighbours", lambda: neighbours.run(stop)),
+               *([guarded("neighbours", lambda: neighbours.run(stop))] if neighbour_rate else []),
                guarded("probe", lambda: probe.run(stop))]
     watcher = guarded("watch", lambda: probe.watch(stop))
     started_at = time.time()

@@ -17,10 +17,10 @@
   ``pipelines.demo.traffic.FreshnessProbe`` commits a never-seen service every 0.5 s and times
   each until its row is on the dashboard. Then everything is drained and checked, the
   neighbours' mirrors against their tables too.
-- ``gold_scaling``: per source size, a database populated before ``setup`` (so the rows
-  reach gold through the baseline, and gold's keys grow with the services), then the same
-  fixed batch of status changes, repeated; the gold half of each pass, and the whole
-  ``stream --once``, per repeat.
+- ``gold_scaling``: per gold size (10,000 to 1,000,000 keys), a database holding that many
+  keys before ``setup`` (they reach gold through the baseline), then ``lakecdc run`` under
+  2,000 changes/s spread over every service, probed (and 200/s at the largest): the gold
+  half of each continuous batch, and the dashboard's freshness.
 - ``big_transaction``: one transaction of ``big_tx_rows`` inserts, drained by
   ``lakecdc ship --once``; the child's peak RSS.
 
@@ -46,9 +46,8 @@ from deltalake import DeltaTable
 from psycopg import sql
 
 from bench import decode, poc, workload
-from bench.drive import DriveProcess
+from bench.drive import Drive, DriveProcess
 from bench.profile import PassLog, ProgressLog
-from bronze.ship import Shipper
 from core.captured import COUNTED
 from core.config import Config
 from core.layout import GOLD, mirror_path
@@ -68,9 +67,9 @@ class Params:
     tx_size: int = 1000               # rows per insert transaction in the backlog
     rates: tuple[float, ...] = (2000.0, 200.0)   # freshness: changes per second, one run each
     freshness_s: float = 120.0        # freshness: seconds of steady traffic
-    scale_rows: tuple[int, ...] = (100_000, 300_000, 1_000_000)
-    scale_batch: int = 10_000         # gold scaling: changes per measured batch
-    scale_repeats: int = 7            # the median of 7: a batch of ~0.1 s moves with the load
+    scale_keys: tuple[int, ...] = (10_000, 100_000, 1_000_000)    # gold scaling: gold keys
+    scale_rates: tuple[float, ...] = (2000.0, 200.0)   # the second at the largest gold only
+    scale_s: float = 90.0             # gold scaling: seconds of traffic per run
     big_tx_rows: int = 1_000_000
     quick: bool = False
 
@@ -305,9 +304,24 @@ class Bench:
                 "runs": [self._freshness_at(rate) for rate in p.rates]}
 
     def _freshness_at(self, rate: float) -> dict:
-        p = self.params
         config, pipeline = self._bench
-        out: dict = {"load_before": _load(), "rate": rate, "seconds": p.freshness_s}
+        out, drove = self._continuous(config, pipeline, rate, self.params.freshness_s)
+        out["neighbours"] = {
+            "tables": len(workload.NEIGHBOURS), "rate_per_table": NEIGHBOUR_RATE,
+            "changes": drove.neighbour_changes,
+            "achieved_per_table": round(drove.neighbour_changes / len(workload.NEIGHBOURS)
+                                        / max(drove.neighbour_elapsed_s, 1e-9)),
+            "mirrors_equal_source": all(mirror_is_source(config, t)
+                                        for t in workload.NEIGHBOURS)}
+        return out
+
+    def _continuous(self, config: Config, pipeline: Pipeline, rate: float, seconds: float,
+                    services: int = 8, neighbours: bool = True) -> tuple[dict, Drive]:
+        """``lakecdc run`` under traffic at ``rate`` for ``seconds`` (inserts over
+        ``services`` services; the neighbour tables too with ``neighbours``), the probe's
+        latencies, per-batch seconds; then drained and checked against the source. Returns
+        the measurement and what the traffic did."""
+        out: dict = {"load_before": _load(), "rate": rate, "seconds": seconds}
         stop_pipeline = threading.Event()
         self._runs += 1
         errors: list[BaseException] = []
@@ -333,9 +347,10 @@ class Bench:
                 # The clients in a process of their own (``bench.drive``: why).
                 client = DriveProcess(
                     source_dsn=config.source_dsn, dashboard_dsn=config.dashboard, rate=rate,
-                    neighbour_rate=NEIGHBOUR_RATE, neighbour_first_id=self._runs * 1_000_000_000,
-                    seconds=p.freshness_s, tag=f"r{rate:g}")
-                drove = client.result(timeout=p.freshness_s + 300)
+                    neighbour_rate=NEIGHBOUR_RATE if neighbours else 0.0,
+                    neighbour_first_id=self._runs * 1_000_000_000,
+                    seconds=seconds, tag=f"r{rate:g}-{self._runs}", services=services)
+                drove = client.result(timeout=seconds + 300)
         stop_pipeline.set()
         runner.join(timeout=300)
         if errors:
@@ -343,6 +358,12 @@ class Bench:
         if drove.errors:
             raise RuntimeError(f"the benchmark's traffic failed: {'; '.join(drove.errors)}")
         out["per_batch"] = self.passes.summary(mark)
+        gold = [b["gold_s"] for b in self.passes.passes[mark:]]
+        out["gold_half_s"] = {"median": round(statistics.median(gold), 4) if gold else None,
+                              "mean": round(statistics.fmean(gold), 4) if gold else None,
+                              "p90": _percentiles(gold, 3).get("p90") if gold else None,
+                              "folds": sum(1 for b in self.passes.passes[mark:]
+                                           if b.get("folded"))}
         latencies = drove.latencies
         out["probes"] = {"committed": drove.probes_committed, "seen": len(latencies)}
         out["written"] = drove.written
@@ -355,54 +376,35 @@ class Bench:
                          for t, lat in latencies]
         pipeline.run_once()
         out["lakecdc"] = exactness(config)
-        out["neighbours"] = {
-            "tables": len(workload.NEIGHBOURS), "rate_per_table": NEIGHBOUR_RATE,
-            "changes": drove.neighbour_changes,
-            "achieved_per_table": round(drove.neighbour_changes / len(workload.NEIGHBOURS)
-                                        / max(drove.neighbour_elapsed_s, 1e-9)),
-            "mirrors_equal_source": all(mirror_is_source(config, t)
-                                        for t in workload.NEIGHBOURS)}
-        return out
+        return out, drove
 
     def gold_scaling(self) -> dict:
+        """Per gold size (``scale_keys``): a database holding that many keys before
+        ``setup`` (``workload.populate_keys``: gold seeded with them), then ``lakecdc run``
+        under traffic at 2,000 changes/s spread over all its services, probed; at the
+        largest also at 200/s. The gold half of each continuous batch, and freshness."""
         p = self.params
-        out: dict = {"load_before": _load(), "batch_changes": p.scale_batch, "points": []}
-        for i, rows in enumerate(p.scale_rows):
-            config = self.database(f"scale{i}")
-            services = workload.populate(config.source_dsn, rows)
+        out: dict = {"load_before": _load(), "points": []}
+        for i, keys in enumerate(p.scale_keys):
+            config = self.database(f"scale{i}").with_(mirrors=())     # gold's path only
+            services = workload.populate_keys(config.source_dsn, keys)
             setup(config)
             pipeline = self.pipeline(config)
             pipeline.run_once()                        # seeds gold with the baseline
-            if not p.quick:                            # a first batch: plans, caches warm
-                workload.fixed_batch(config.source_dsn, p.scale_batch, "warm")
-                pipeline.run_once()
-            batch_s, stage_s, merge_s, merged = [], [], [], []
-            for rep in range(p.scale_repeats):
-                workload.fixed_batch(config.source_dsn, p.scale_batch, f"m{rep}")
-                Shipper(config).run(once=True)
-                mark = self.passes.mark()
-                t = time.perf_counter()
-                pipeline.stream(once=True)
-                stage_s.append(time.perf_counter() - t)
-                passes = self.passes.passes[mark:]
-                batch_s.append(sum(b["gold_s"] for b in passes))
-                merge_s.append(sum(b["merge_s"] for b in passes))
-                merged.append(sum(b["merged_keys"] for b in passes))
-                pipeline.push(once=True)
-            keys = len(gold_counts(config))
-            out["points"].append({
-                "source_rows": rows, "services": services, "gold_keys": keys,
-                # ms: the gold half is about 0.1 s, and its growth is a ratio of medians
-                "batch_s": [round(s, 3) for s in batch_s],
-                "stage_s": [round(s, 2) for s in stage_s],
-                "batch_s_median": round(statistics.median(batch_s), 3),
-                "merge_s": [round(s, 3) for s in merge_s], "merged_keys": merged,
-                "stage_s_median": round(statistics.median(stage_s), 2),
-                "load": _load(), "lakecdc": exactness(config)})
-        first, last = out["points"][0], out["points"][-1]
-        out["source_growth"] = round(last["source_rows"] / first["source_rows"], 1)
-        out["batch_growth"] = round(last["batch_s_median"] / first["batch_s_median"], 2)
-        out["stage_growth"] = round(last["stage_s_median"] / first["stage_s_median"], 2)
+            point = {"gold_keys": len(gold_counts(config)), "services": services, "runs": []}
+            for rate in p.scale_rates if keys == p.scale_keys[-1] else p.scale_rates[:1]:
+                run, _ = self._continuous(config, pipeline, rate, p.scale_s,
+                                          services=services, neighbours=False)
+                point["runs"].append({k: run[k] for k in (
+                    "rate", "achieved_rate", "load_before", "load_after", "latency_s",
+                    "per_batch", "gold_half_s", "lakecdc")})
+            out["points"].append(point)
+        first, last = (pt["runs"][0]["gold_half_s"] for pt in
+                       (out["points"][0], out["points"][-1]))
+        out["key_growth"] = round(out["points"][-1]["gold_keys"]
+                                  / out["points"][0]["gold_keys"], 1)
+        out["batch_growth"] = round(last["median"] / first["median"], 2)
+        out["batch_growth_mean"] = round(last["mean"] / first["mean"], 2)
         return out
 
     def big_transaction(self) -> dict:
@@ -420,15 +422,16 @@ class Bench:
         return out
 
 
-def _percentiles(values: list[float]) -> dict:
+def _percentiles(values: list[float], digits: int = 2) -> dict:
     if not values:
         return {"n": 0}
     s = sorted(values)
 
     def pct(q: float) -> float:
-        return round(s[min(len(s) - 1, int(round(q * (len(s) - 1))))], 2)
+        return round(s[min(len(s) - 1, int(round(q * (len(s) - 1))))], digits)
 
-    return {"n": len(s), "p50": pct(0.5), "p95": pct(0.95), "max": round(s[-1], 2)}
+    return {"n": len(s), "p50": pct(0.5), "p90": pct(0.9), "p95": pct(0.95),
+            "max": round(s[-1], digits)}
 
 
 def run_all(params: Params, say=lambda text: None, save=lambda doc: None) -> dict:

@@ -99,7 +99,8 @@ class PassLog:
                                 "parse_s": result.parse_seconds,
                                 "gold_s": result.gold.seconds,
                                 "merge_s": result.gold.merge_seconds,
-                                "merged_keys": result.gold.merged_keys, "jobs": jobs})
+                                "merged_keys": result.gold.merged_keys,
+                                "folded": result.gold.folded, "jobs": jobs})
 
     def mark(self) -> int:
         with self._lock:

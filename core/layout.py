@@ -17,6 +17,7 @@ SILVER: Table = ("silver", "changes")
 QUARANTINE: Table = ("silver", "quarantine")
 GOLD: Table = ("gold", "service_stats")
 GOLD_PENDING: Table = ("gold", "_pending")
+GOLD_DELTAS: Table = ("gold", "_deltas")         # steps not folded into service_stats yet
 GOLD_BASELINE: Table = ("gold", "_baseline")
 QUALITY_STATE: Table = ("gold", "_quality")     # what the quality gate last passed
 STREAM_CHECKPOINT: Table = ("_checkpoints", "stream")     # the stream's checkpoint

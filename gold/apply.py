@@ -1,12 +1,14 @@
-"""The gold micro-batch: complete source transactions only, one idempotent MERGE per batch.
+"""The gold micro-batch: complete source transactions only, one idempotent step per batch.
 
-Tables (both Delta, both written only here):
+Tables (all Delta, all written only here):
 
 - ``gold/service_stats``: dims, ``count``, ``last_commit_lsn`` (newest source commit that
   changed the key), ``updated_at``. Change data feed on (the push reads it); rows whose count
   reaches 0 stay, so the dashboard learns about them. Every MERGE carries in its commit
   info (``userMetadata``) the batch id and the *watermark*: the newest source commit gold
   now includes (``commit_lsn``, ``commit_ts``).
+- ``gold/_deltas``: the steps (key deltas) of batches not folded into ``service_stats``
+  yet (``gold.fold``: a large gold is MERGEd every several seconds, not every batch).
 - ``gold/_pending``: aggregated contributions (``gold.deltas.CONTRIBUTIONS``) of source
   transactions not applied yet: those silver has delivered only part of, and every
   transaction after the first such one (so gold always holds a prefix of the commit order
@@ -16,12 +18,15 @@ Batch ``b`` takes the six steps of docs/gold.md, "Exactly once: order of writes 
 replay": (1) return if ``_pending``'s newest commit is ``b``'s; (2) read ``_pending`` at a
 pinned version (known empty, and not read, after this writer's own empty ``b-1``); (3) the
 batch's contribution lines (Arrow, on the driver), planned (``gold.plan``) and checked for stop
-conditions before any write; (4) MERGE the net key deltas of the complete prefix, with
-the app transaction ``b`` and the watermark, through delta-rs (skipped when gold records
-``b`` already); (5) overwrite ``_pending`` with the carried rest (Spark, ``txnAppId``/
-``txnVersion = b``); (6) return. A replay after a kill anywhere skips what is written
-and completes the rest (the table there). With ``guard=False`` (negative controls only) no
-txn is set and (1) is skipped: a replay after (4) counts twice.
+conditions before any write; (4) the step - the net key deltas of the complete prefix, with
+the watermark - through delta-rs: MERGEd into gold with what waits in ``_deltas`` when a
+fold is due (app transaction ``b``), else appended to ``_deltas``; skipped when gold or
+``_deltas`` records ``b`` already; (5) overwrite ``_pending`` with the carried rest (Spark,
+``txnAppId``/``txnVersion = b``); (6) return. A replay after a kill anywhere skips what is
+written and completes the rest (the table there); a writer starting folds the steps an
+earlier one left in ``_deltas`` first (``recover``). With ``guard=False`` (negative
+controls only) no txn is set and (1) and the check of (4) are skipped: a replay after (4)
+counts twice.
 
 Limits, stated: one gold writer per table (two concurrent jobs would interleave batch ids);
 a lost or older checkpoint is refused by ``pipelines.run.stream`` rather than replayed blindly.
@@ -38,24 +43,42 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 from delta.tables import DeltaTable
+from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from core.captured import DIMS
+from core.commits import (
+    META_KIND,
+    last_metadata,
+    merge_recorded,
+    newest,
+    read_commits,
+    read_commits_rs,
+    rs_commit,
+)
 from core.commits import commit_metadata as metadata
-from core.commits import last_metadata, merge_recorded, newest, read_commits, rs_commit
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.handle import CHECKPOINTS, WriterHandle
-from core.layout import GOLD_PENDING
+from core.layout import GOLD_DELTAS, GOLD_PENDING
 from core.lsn import fmt
 from core.spark import local_frame
 from core.storage import delta_rs_uri
 from core.tables import create_table
 from gold import deltas as D
 from gold.asof import gold_state
+from gold.fold import (
+    DELTAS_PROPERTIES,
+    DELTAS_SCHEMA,
+    FOLD_SHARE,
+    FoldClock,
+    stamped,
+    summed,
+    unfolded,
+)
 from gold.plan import LINES, Plan, lines_table
 from gold.plan import plan as plan_batch
 
@@ -96,11 +119,13 @@ _ON = " AND ".join(f"g.{c} = s.{c}" for c in DIMS)
 class GoldPaths:
     gold: str
     pending: str
+    deltas: str
 
     @classmethod
     def beside(cls, gold_path: str) -> "GoldPaths":
-        """``_pending`` next to ``service_stats`` (``<lakehouse>/gold/_pending``)."""
-        return cls(gold_path, f"{gold_path.rstrip('/').rsplit('/', 1)[0]}/{GOLD_PENDING[1]}")
+        """``_pending`` and ``_deltas`` next to ``service_stats`` (``<lakehouse>/gold/``)."""
+        folder = gold_path.rstrip('/').rsplit('/', 1)[0]
+        return cls(gold_path, f"{folder}/{GOLD_PENDING[1]}", f"{folder}/{GOLD_DELTAS[1]}")
 
 
 @dataclass(frozen=True)
@@ -139,14 +164,18 @@ class GoldBatch:
     commit_lsn: int | None = None       # watermark after this batch (None: unchanged)
     replayed: bool = False              # step (1): already fully applied
     seconds: float = 0.0
-    merge_seconds: float = 0.0          # of ``seconds``: the MERGE into gold (step (4))
+    merge_seconds: float = 0.0          # of ``seconds``: step (4), appended or folded
+    folded: bool = False                # step (4) folded into service_stats
 
 
 def ensure_gold_tables(spark: SparkSession, paths: GoldPaths) -> list[str]:
-    """Create gold and ``_pending`` if absent; returns what was created. Idempotent.
+    """Create gold, ``_pending`` and ``_deltas`` if absent; returns what was created.
+    Idempotent.
 
-    Refuses (``UserError``) when one exists without the other after gold has applied
-    batches: the carried partial transactions would be lost or applied twice.
+    Refuses (``UserError``) when one of gold and ``_pending`` exists without the other
+    after gold has applied batches: the carried partial transactions would be lost or
+    applied twice. ``_deltas`` is created beside a gold from before it (which folded every
+    batch).
     """
     have_gold = DeltaTable.isDeltaTable(spark, paths.gold)
     have_pending = DeltaTable.isDeltaTable(spark, paths.pending)
@@ -163,6 +192,9 @@ def ensure_gold_tables(spark: SparkSession, paths: GoldPaths) -> list[str]:
     if not have_pending:
         create_table(spark, paths.pending, D.CONTRIBUTIONS, PENDING_PROPERTIES)
         created.append(paths.pending)
+    if not DeltaTable.isDeltaTable(spark, paths.deltas):
+        create_table(spark, paths.deltas, DELTAS_SCHEMA, DELTAS_PROPERTIES)
+        created.append(paths.deltas)
     return created
 
 
@@ -231,15 +263,18 @@ class GoldBatchWriter:
     ``guard=False`` switches the app-transaction protection off (none recorded, none
     checked): negative controls only.
     ``storage_options``: delta-rs's, for a lakehouse on S3 (``Lakehouse.delta_rs_options``).
+    ``fold_share``: the most of its time folding ``_deltas`` into gold may take
+    (``gold.fold``); 1.0 folds every batch.
     """
 
     def __init__(self, paths: GoldPaths, tables: D.CountedTables = D.COUNTED, *,
                  floor_lsn: int = 0, epoch: int | None = None, accept_errors_upto: int = 0,
                  guard: bool = True, faults: FaultPoints | None = None,
-                 storage_options: dict | None = None) -> None:
+                 storage_options: dict | None = None, fold_share: float = FOLD_SHARE) -> None:
         self.paths = paths
         self.storage_options = storage_options
-        self._gold = WriterHandle(delta_rs_uri(paths.gold), storage_options)   # the MERGEs'
+        self._gold = WriterHandle(delta_rs_uri(paths.gold), storage_options)   # the folds'
+        self._deltas = WriterHandle(delta_rs_uri(paths.deltas), storage_options)
         self.tables = tables
         self.floor_lsn = floor_lsn
         self.epoch = epoch
@@ -247,10 +282,16 @@ class GoldBatchWriter:
         self.accept_errors_upto = accept_errors_upto
         self.guard = guard
         self.faults = faults or FaultPoints()
+        self.clock = FoldClock(fold_share)
         # (version, batch id) of an empty _pending this writer has not written since.
         self._pending_known_empty: tuple[int, int | None] | None = None
         # Gold's watermark after this writer's last successful batch (None: read it again).
         self._watermark: int | None = None
+        # The key deltas in _deltas that gold does not hold yet, and the newest one's step
+        # (None: not known, read _deltas again: ``recover``). Only this writer writes
+        # either table, under the gold lock, so what it wrote is what they hold.
+        self._unfolded: list[pa.Table] | None = None
+        self._unfolded_step: dict | None = None
 
     def head(self, spark: SparkSession, batch_id: int) -> PendingHead:
         """Steps (1)-(2) of batch ``batch_id``: what ``_pending`` holds. It does not depend
@@ -277,14 +318,16 @@ class GoldBatchWriter:
         """Steps (1)-(6) of the module docstring for the silver rows ``batch`` (Arrow, the
         columns ``gold.deltas`` reads); ``head``: this batch's steps (1)-(2), read by
         ``head`` (read here if None). ``planned`` is called with the batch's step right
-        before the MERGE (not when nothing is applied, nor on a replay that returns at step
-        (1))."""
+        before it is written (not when nothing is applied, nor on a replay that returns at
+        step (1))."""
         watermark, self._watermark = self._watermark, None
         started = time.monotonic()
         if head is None:
             head = self.head(spark, batch_id)
         if head.replayed:
             return GoldBatch(batch_id, replayed=True, seconds=time.monotonic() - started)
+        if self._unfolded is None:
+            self.recover(spark)
         stored = head.stored
         # Carried rows below the floor are inside a baseline a rebuild wrote since.
         carried = [line for line in stored if line[0] >= self.floor_lsn]
@@ -310,12 +353,12 @@ class GoldBatchWriter:
         if plan.applied:
             if planned is not None:
                 if watermark is None:
-                    watermark = gold_state(spark, self.paths.gold).watermark
+                    watermark = self.watermark(spark)
                 if watermark is not None:
                     planned(Planned(batch_id, watermark, plan.commit_lsn, plan.commit_ts,
                                     plan.key_deltas))
             merging = time.monotonic()
-            result["merged_keys"] = self._merge(plan, batch_id)
+            result["merged_keys"], result["folded"] = self._take_step(plan, batch_id)
             result["merge_seconds"] = time.monotonic() - merging
             result["commit_lsn"] = plan.commit_lsn
             self.faults.hit("after_gold_merge")
@@ -328,41 +371,127 @@ class GoldBatchWriter:
         self._watermark = plan.commit_lsn if plan.applied else watermark
         return GoldBatch(**result, seconds=time.monotonic() - started)
 
-    def _merge(self, plan: Plan, batch_id: int) -> int:
-        """MERGE the key deltas; returns the gold rows it updated or inserted (0 when the
-        batch's MERGE is already committed: a replay after a kill).
+    def watermark(self, spark: SparkSession) -> int | None:
+        """The newest source commit gold holds, folded or in ``_deltas``."""
+        if self._unfolded_step is not None:
+            return self._unfolded_step["commit_lsn"]
+        return gold_state(spark, self.paths.gold).watermark
 
-        delta-rs runs it (a Delta MERGE with the app transaction ``(app_id, batch_id)`` and
-        the watermark in the same commit), outside the JVM: a continuous batch's MERGE of a
-        few hundred keys took 1.2-1.6 s and about three CPU-seconds in Spark, 0.03 s in
-        delta-rs (docs/gold.md, "Measured"). delta-rs records the transaction but does not
-        skip a write it has recorded, so the version is checked first; one writer per gold
-        table (the gold lock) makes the check and the commit one step."""
+    # --- the step: appended to _deltas, or folded into gold --------------------------------
+
+    def recover(self, spark: SparkSession) -> None:
+        """Fold what ``_deltas`` holds and gold does not (the steps of a process that
+        stopped between two folds), so that this writer knows what ``_deltas`` holds.
+        Gold's newest step (its batch id) tells which rows it holds; a step of another
+        epoch (the stream's, before a rebuild) is inside the rebuild's baseline."""
+        state = gold_state(spark, self.paths.gold)
+        folded = state.batch_id if state is not None else None
+        with self._deltas.use() as table:
+            step = newest(read_commits_rs(table.table_uri, self.storage_options, limit=100))
+            rows = table.to_pyarrow_table()
+        self._unfolded, self._unfolded_step = [], None
+        batch_id = step.get("batch_id") if step else None
+        if batch_id is None or not self._of_this_epoch(step) \
+                or (folded is not None and batch_id <= folded):
+            return
+        self._unfolded = [unfolded(rows, folded, self.floor_lsn)]
+        self._unfolded_step = {k: v for k, v in step.items() if k != META_KIND}
+        self.fold()
+
+    def _of_this_epoch(self, step: dict) -> bool:
+        return step.get("epoch") == self.epoch
+
+    def fold(self) -> int:
+        """Fold the steps appended since the last fold into gold now; returns the gold rows
+        it updated or inserted (0 with nothing to fold)."""
+        if not self._unfolded_step:
+            return 0
+        merged = self._fold([], self._unfolded_step)
+        self.faults.hit("after_gold_fold")
+        return merged
+
+    def fold_if_due(self) -> bool:
+        """Fold when ``FoldClock`` says so and something waits (between batches: a stream
+        that went quiet); whether it folded."""
+        if not self._unfolded_step or not self.clock.due():
+            return False
+        self.fold()
+        return True
+
+    def _take_step(self, plan: Plan, batch_id: int) -> tuple[int, bool]:
+        """Step (4): the batch's key deltas folded into gold with what waits in
+        ``_deltas`` when a fold is due, else appended to ``_deltas``; returns (gold rows
+        updated or inserted, folded). Nothing when gold or ``_deltas`` records the batch
+        already (a replay after a kill): delta-rs records app transactions but does not
+        skip a write it has recorded, so the versions are checked first; one writer per
+        gold table (the gold lock) makes the check and the commit one step."""
+        if self.guard and self._recorded(batch_id):
+            return 0, False
+        ts = plan.commit_ts
+        before = self._unfolded_step or {}
+        step = dict(batch_id=batch_id, commit_lsn=plan.commit_lsn,
+                    commit_ts=ts.isoformat(timespec="microseconds") if ts is not None else None,
+                    floor=self.floor_lsn, epoch=self.epoch,
+                    transactions=plan.applied + before.get("transactions", 0))
+        if self.clock.due():
+            return self._fold([plan.key_deltas], step), True
+        rows = stamped(plan.key_deltas, batch_id)
+        try:
+            with self._deltas.use() as table:
+                # The first step after a fold replaces what _deltas held: all in gold.
+                write_deltalake(table, rows, mode="append" if before else "overwrite",
+                                commit_properties=self._commit(step, transaction=False))
+        except BaseException:
+            self._unfolded = self._unfolded_step = None
+            raise
+        self._unfolded.append(plan.key_deltas)
+        self._unfolded_step = step
+        return 0, False
+
+    def _recorded(self, batch_id: int) -> bool:
         with self._gold.use() as table:
             recorded = table.transaction_version(self.app_id)
-            if self.guard and recorded is not None and recorded >= batch_id:
-                return 0
-            deltas = plan.key_deltas
-            source = deltas.append_column(_UPDATED_AT, pa.repeat(
-                pa.scalar(datetime.now(timezone.utc), _UPDATED_AT.type), deltas.num_rows))
-            ts = plan.commit_ts
-            commit = rs_commit(metadata(
-                batch_id=batch_id, commit_lsn=plan.commit_lsn,
-                commit_ts=ts.isoformat(timespec="microseconds") if ts is not None else None,
-                floor=self.floor_lsn, epoch=self.epoch, transactions=plan.applied),
-                self.app_id if self.guard else None, batch_id)
-            merge = (table.merge(source, _ON, source_alias="s", target_alias="g",
-                                 commit_properties=commit)
-                     .when_matched_update(updates={
-                         "count": "g.count + s.delta",
-                         "last_commit_lsn": "greatest(g.last_commit_lsn, s.last_commit_lsn)",
-                         "updated_at": "s.updated_at"})
-                     .when_not_matched_insert(updates={
-                         **{c: f"s.{c}" for c in DIMS}, "count": "s.delta",
-                         "last_commit_lsn": "s.last_commit_lsn", "updated_at": "s.updated_at"}))
-            metrics = merge_recorded(table, merge, commit)
-            return int(metrics["num_target_rows_updated"]
-                       + metrics["num_target_rows_inserted"])
+        if self._unfolded_step is not None:
+            recorded = max(recorded if recorded is not None else -1,
+                           self._unfolded_step["batch_id"])
+        return recorded is not None and recorded >= batch_id
+
+    def _commit(self, step: dict, transaction: bool = True):
+        return rs_commit(metadata(**step), self.app_id if self.guard and transaction else None,
+                         step["batch_id"])
+
+    def _fold(self, parts: list[pa.Table], step: dict) -> int:
+        """MERGE the key deltas waiting in ``_deltas`` and ``parts`` into gold, with the
+        app transaction and metadata of ``step`` (the newest batch's) in its one commit;
+        returns the gold rows it updated or inserted.
+
+        delta-rs runs it outside the JVM: a continuous batch's MERGE of a few hundred keys
+        took 1.2-1.6 s and about three CPU-seconds in Spark, 0.03 s in delta-rs
+        (docs/gold.md, "Measured")."""
+        started = time.monotonic()
+        deltas = summed([*self._unfolded, *parts])
+        source = deltas.append_column(_UPDATED_AT, pa.repeat(
+            pa.scalar(datetime.now(timezone.utc), _UPDATED_AT.type), deltas.num_rows))
+        commit = self._commit(step)
+        try:
+            with self._gold.use() as table:
+                merge = (table.merge(source, _ON, source_alias="s", target_alias="g",
+                                     commit_properties=commit)
+                         .when_matched_update(updates={
+                             "count": "g.count + s.delta",
+                             "last_commit_lsn": "greatest(g.last_commit_lsn, s.last_commit_lsn)",
+                             "updated_at": "s.updated_at"})
+                         .when_not_matched_insert(updates={
+                             **{c: f"s.{c}" for c in DIMS}, "count": "s.delta",
+                             "last_commit_lsn": "s.last_commit_lsn",
+                             "updated_at": "s.updated_at"}))
+                metrics = merge_recorded(table, merge, commit)
+        except BaseException:
+            self._unfolded = self._unfolded_step = None
+            raise
+        self._unfolded, self._unfolded_step = [], None
+        self.clock.folded(time.monotonic() - started)
+        return int(metrics["num_target_rows_updated"] + metrics["num_target_rows_inserted"])
 
     def _write_pending(self, carried: DataFrame, batch_id: int, transactions: int) -> None:
         writer = (carried.write.format("delta").mode("overwrite")

@@ -19,13 +19,15 @@ from core.commits import last_metadata
 from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables
 from gold.asof import gold_state
 from gold.deltas import COUNTED, CountedTables
+from gold.fold import FOLD_SHARE
 
 log = logging.getLogger("lakecdc.gold")
 
 
 def prepare_gold(spark: SparkSession, paths: GoldPaths, faults=None) -> None:
-    """Create gold and ``_pending`` if absent (refusing one without the other). Fault point
-    ``after_gold_create``: created, not seeded yet (``pipelines.run.pipeline`` seeds next)."""
+    """Create gold, ``_pending`` and ``_deltas`` if absent (``ensure_gold_tables``: its
+    refusals). Fault point ``after_gold_create``: created, not seeded yet
+    (``pipelines.run.pipeline`` seeds next)."""
     created = ensure_gold_tables(spark, paths)
     for path in created:
         log.info("created %s", path)
@@ -34,20 +36,26 @@ def prepare_gold(spark: SparkSession, paths: GoldPaths, faults=None) -> None:
 
 
 def applied_batch(spark: SparkSession, paths: GoldPaths) -> int | None:
-    """The newest stream batch id gold or ``_pending`` records (None: none since the last
-    seed or rebuild)."""
+    """The newest stream batch id gold, ``_pending`` or ``_deltas`` records (None: none
+    since the last seed or rebuild)."""
     recorded = [m.get("batch_id") for m in (last_metadata(spark, paths.gold),
-                                            last_metadata(spark, paths.pending)) if m]
+                                            last_metadata(spark, paths.pending),
+                                            last_metadata(spark, paths.deltas)) if m]
     recorded = [b for b in recorded if b is not None]
     return max(recorded) if recorded else None
 
 
 def gold_writer(spark: SparkSession, paths: GoldPaths, *, tables: CountedTables = COUNTED,
                 accept_errors_upto: int = 0, guard: bool = True, faults=None,
-                storage_options: dict | None = None) -> GoldBatchWriter:
-    """The gold half of a stream batch, floored at gold's baseline (its seed or rebuild)."""
+                storage_options: dict | None = None,
+                fold_share: float = FOLD_SHARE) -> GoldBatchWriter:
+    """The gold half of a stream batch, floored at gold's baseline (its seed or rebuild),
+    with what an earlier process left in ``_deltas`` folded into gold."""
     state = gold_state(spark, paths.gold)
-    return GoldBatchWriter(paths, tables, floor_lsn=state.floor if state else 0,
-                           epoch=state.epoch if state else None,
-                           accept_errors_upto=accept_errors_upto, guard=guard, faults=faults,
-                           storage_options=storage_options)
+    writer = GoldBatchWriter(paths, tables, floor_lsn=state.floor if state else 0,
+                             epoch=state.epoch if state else None,
+                             accept_errors_upto=accept_errors_upto, guard=guard,
+                             faults=faults, storage_options=storage_options,
+                             fold_share=fold_share)
+    writer.recover(spark)
+    return writer

@@ -382,6 +382,13 @@ class MirrorWriter:
         self.run = self.merged                  # what ``pipelines.run.stream.await_stream`` returns
         self._handles: dict[str, WriterHandle] = {}     # path → the MERGEs' handle
 
+    def idle(self) -> None:
+        """Between batches (``pipelines.run.stream.await_stream`` asks each writer): the
+        mirrors have nothing waiting; each batch commits its MERGEs."""
+
+    def finish(self) -> None:
+        """After the last batch: nothing to finish (see ``idle``)."""
+
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
             self._batch(batch, batch_id)

@@ -78,8 +78,7 @@ def stream_paths(lakehouse: Path):
     return StreamPaths(bronze=str(lakehouse / "bronze" / "wal2json_changes"),
                        silver=str(lakehouse / "silver" / "changes"),
                        quarantine=str(lakehouse / "silver" / "quarantine"),
-                       gold=GoldPaths(str(lakehouse / "gold" / "service_stats"),
-                                      str(lakehouse / "gold" / "_pending")),
+                       gold=GoldPaths.beside(str(lakehouse / "gold" / "service_stats")),
                        checkpoint=str(lakehouse / "_checkpoints" / "stream"))
 
 
@@ -122,12 +121,12 @@ def run_gold_over_silver(spark, silver: str, gold: str, checkpoint: str, *,
 
     paths = GoldPaths.beside(gold)
     prepare_gold(spark, paths)
-    apply = gold_writer(spark, paths, **writer).apply
+    gold = gold_writer(spark, paths, **writer)
     results, failures = [], []
 
     def batch(frame, batch_id: int) -> None:
         try:
-            results.append(apply(frame.sparkSession, frame.toArrow(), batch_id))
+            results.append(gold.apply(frame.sparkSession, frame.toArrow(), batch_id))
         except BaseException as exc:
             failures.append(exc)
             raise
@@ -143,4 +142,5 @@ def run_gold_over_silver(spark, silver: str, gold: str, checkpoint: str, *,
         if failures:
             raise failures[-1] from None
         raise
+    gold.fold()                     # as the stream's end does (``OnePass.finish``)
     return results

@@ -12,22 +12,24 @@ commit from before anything this command does):
    whose commit LSN is below ``L``; ``gold.asof``), and a Delta app transaction
    (``lakecdc-gold-rebuild``, ``L``). Readers see the old gold or the new one, never an
    empty or partial table.
-3. ``_pending`` emptied (one commit, same metadata). The stream then goes on from its own
-   checkpoint, under a Delta app id of this rebuild's own (``gold.apply.txn_app_id``: epoch
-   ``L``), so its batch ids never collide with what Delta recorded before; it skips every
+3. ``_pending`` and ``_deltas`` emptied (one commit each, same metadata). The stream then
+   goes on from its own checkpoint, under a Delta app id of this rebuild's own
+   (``gold.apply.txn_app_id``: epoch ``L``), so its batch ids never collide with what
+   Delta recorded before; it skips every
    row below the floor - they are inside the baseline: whatever it replays or has not read
    yet of the old changes, a TRUNCATE that stopped gold included. Nothing silver holds is
    at or past ``L`` (the stream is stopped while the lock is held, and ``L`` is taken
-   after it), so there is nothing to apply from silver. Anything ``_pending`` carried was
-   committed before ``L``, so it is inside the baseline too.
+   after it), so there is nothing to apply from silver. Anything ``_pending`` carried, or
+   ``_deltas`` held unfolded, was committed before ``L``, so it is inside the baseline too.
 4. A full push: the dashboard is replaced from gold in one Postgres transaction.
 
 A crash anywhere is harmless: before 2 nothing changed; after 2 gold is exact as of ``L``
-and the stream continues from it (if 3 did not finish, the rows ``_pending`` carried are
-below the floor and skipped); rerunning the command takes a newer baseline. A lost stream
-checkpoint is not repaired here: silver must be rebuilt with it (``pipelines.run.stream``).
-Rows purged from ``notification_history`` before ``L`` are no longer counted afterwards:
-a rebuild re-baselines on the rows the source still has, as ``setup`` does.
+and the stream continues from it (if 3 did not finish, the rows ``_pending`` carried and
+those ``_deltas`` held are below the floor, or of the epoch before, and skipped); rerunning
+the command takes a newer baseline. A lost stream checkpoint is not repaired here: silver
+must be rebuilt with it (``pipelines.run.stream``). Rows purged from
+``notification_history`` before ``L`` are no longer counted afterwards: a rebuild
+re-baselines on the rows the source still has, as ``setup`` does.
 """
 
 from __future__ import annotations
@@ -44,9 +46,10 @@ from core.commits import commit_metadata as metadata
 from core.config import Config
 from core.lsn import fmt
 from core.storage import Lakehouse
-from gold.apply import GOLD_SCHEMA, GoldPaths, ensure_gold_tables
+from gold.apply import GOLD_SCHEMA, ensure_gold_tables
 from gold.asof import gold_state
 from gold.deltas import CONTRIBUTIONS
+from gold.fold import DELTAS_SCHEMA
 from gold.push import push_once
 from pipelines.setup.tables import known_tables
 from pipelines.source.baseline import to_table, write_baseline
@@ -85,7 +88,7 @@ def rebuild_gold(spark: SparkSession, config: Config, where: Locations,
     started = time.monotonic()
     dsn = config.require_source()
     with gold_lock():
-        paths = GoldPaths(where.gold, where.gold_pending)
+        paths = where.gold_paths
         ensure_gold_tables(spark, paths)
         state = gold_state(spark, where.gold)
         with consistent_point(dsn) as point:
@@ -108,9 +111,10 @@ def rebuild_gold(spark: SparkSession, config: Config, where: Locations,
              commit_ts=counted_at.isoformat()))
          .save(where.gold))
         version = gold_state(spark, where.gold).version
-        (spark.createDataFrame([], CONTRIBUTIONS).write.format("delta").mode("overwrite")
-         .option("userMetadata", metadata(operation="rebuild", floor=lsn, epoch=lsn))
-         .save(where.gold_pending))
+        for emptied, schema in ((paths.pending, CONTRIBUTIONS), (paths.deltas, DELTAS_SCHEMA)):
+            (spark.createDataFrame([], schema).write.format("delta").mode("overwrite")
+             .option("userMetadata", metadata(operation="rebuild", floor=lsn, epoch=lsn))
+             .save(emptied))
         # The newest baseline is also kept where setup keeps its own (the gold quality gate
         # reconciles gold against it once the rebuild commit's files are vacuumed).
         write_baseline(config.baseline_path, to_table(baseline), lsn)

@@ -5,8 +5,9 @@ commits, so maintenance never races a writer (F26):
 
 - ``ship``: bronze, by the shipper; the one stream reads bronze, so its vacuum waits for
   the stream's checkpoint (``reader``);
-- ``stream``: ``silver/changes``, ``silver/quarantine``, ``gold/service_stats`` and
-  ``gold/_pending``, by the stream's batch; the mirrors' query reads ``silver/changes``;
+- ``stream``: ``silver/changes``, ``silver/quarantine``, ``gold/service_stats``,
+  ``gold/_pending`` and ``gold/_deltas``, by the stream's batch (gold's folds between
+  batches wait for it: ``OnePass``); the mirrors' query reads ``silver/changes``;
 - ``mirrors``: each mirror and the markers verify reads, by the mirrors' batch.
 
 The backfill's staging table is kept by the backfill run that writes it (``bronze.backfill``).
@@ -21,6 +22,7 @@ from core.config import Config
 from core.layout import (
     BRONZE,
     GOLD,
+    GOLD_DELTAS,
     GOLD_PENDING,
     MIRROR_CHECKPOINT,
     MIRROR_MARKERS,
@@ -52,7 +54,8 @@ def tables_of(config: Config, group: str, mirrored: tuple[str, ...] = ()
         return [Maintained("silver", path(SILVER), reader=path(MIRROR_CHECKPOINT)),
                 Maintained("quarantine", path(QUARANTINE)),
                 Maintained("gold", path(GOLD)),
-                Maintained("gold_pending", path(GOLD_PENDING))]
+                Maintained("gold_pending", path(GOLD_PENDING)),
+                Maintained("gold_deltas", path(GOLD_DELTAS))]
     if group == "mirrors":
         return [*[Maintained(f"mirror {t}", mirror_path(config.lakehouse, t))
                   for t in mirrored],

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 from bronze.ship import Shipper
 from core.config import Config
 from core.faults import FaultPoints
-from core.layout import GOLD, GOLD_PENDING, STREAM_CHECKPOINT, Table
+from core.layout import GOLD, GOLD_DELTAS, GOLD_PENDING, STREAM_CHECKPOINT, Table
 from core.spark import low_latency
 from gold.apply import GoldPaths
 from gold.push import AheadPush, push_once, run_push
@@ -54,6 +54,7 @@ class Locations:
     silver: SilverLocations
     gold: str
     gold_pending: str
+    gold_deltas: str
     checkpoint: str             # the stream's (bronze → silver → gold)
 
     @classmethod
@@ -68,13 +69,18 @@ class Locations:
         return cls(SilverLocations.from_config(config),
                    path(GOLD),
                    path(GOLD_PENDING),
+                   path(GOLD_DELTAS),
                    path(STREAM_CHECKPOINT))
 
     @property
     def stream(self) -> StreamPaths:
         s = self.silver
         return StreamPaths(s.bronze_path, s.silver_path, s.quarantine_path,
-                           GoldPaths(self.gold, self.gold_pending), self.checkpoint)
+                           self.gold_paths, self.checkpoint)
+
+    @property
+    def gold_paths(self) -> GoldPaths:
+        return GoldPaths(self.gold, self.gold_pending, self.gold_deltas)
 
 
 @dataclass
@@ -367,6 +373,7 @@ class Pipeline:
                             errors.append(w.failure or q.exception()
                                           or RuntimeError(f"query {q.name} stopped"))
                             stop.set()
+                    writer.idle()
                     stop.wait(0.5)
             finally:
                 stop.set()
@@ -374,6 +381,11 @@ class Pipeline:
                 for running in (query, mirrors[0] if mirrors else None):
                     if running is not None:
                         stop_between_batches(running)
+                if writer is not None:
+                    try:
+                        writer.finish()     # service_stats holds every step applied
+                    except Exception as exc:
+                        errors.append(exc)
                 for thread in threads:
                     thread.join(timeout=120)
                 ahead.close()

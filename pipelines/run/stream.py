@@ -111,8 +111,34 @@ class OnePass:
         self.on_pass = list(on_pass or [])
         self.run = StreamRun()
         self.failure: BaseException | None = None
+        # Held through each batch and its callbacks (maintenance among them), so that gold's
+        # folds between batches (``idle``, ``finish``) never run beside a batch's writes.
+        self._batch = threading.Lock()
 
     def __call__(self, bronze: DataFrame, batch_id: int) -> None:
+        with self._batch:
+            self._pass(bronze, batch_id)
+
+    def idle(self) -> None:
+        """Between batches: fold gold's steps waiting in ``_deltas`` when a fold is due, so
+        ``service_stats`` catches up with a stream that went quiet. Skipped while a batch
+        runs; a failure is logged (the next batch folds them, or a restart)."""
+        if not self._batch.acquire(blocking=False):
+            return
+        try:
+            self.gold.fold_if_due()
+        except Exception:
+            log.warning("folding gold's steps between batches failed", exc_info=True)
+        finally:
+            self._batch.release()
+
+    def finish(self) -> None:
+        """After the last batch: fold every step still waiting, so the stream leaves
+        ``service_stats`` holding all it applied."""
+        with self._batch:
+            self.gold.fold()
+
+    def _pass(self, bronze: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         try:
             written, applied, parse_seconds, silver_seconds, rows = self._both(
@@ -261,19 +287,24 @@ def start_stream(spark: SparkSession, paths: StreamPaths, writer: OnePass, once:
     return stream.start()
 
 
-def await_stream(query: StreamingQuery, writer: OnePass, stop: threading.Event | None = None,
+def await_stream(query: StreamingQuery, writer, stop: threading.Event | None = None,
                  poll_s: float = 0.5) -> StreamRun:
-    """Until the query ends (``once``) or ``stop`` is set; raises a batch's own error."""
+    """Until the query ends (``once``) or ``stop`` is set; raises a batch's own error.
+    ``writer``: the query's ``OnePass`` or ``MirrorWriter``, whose ``idle`` runs between
+    batches and ``finish`` after the last (gold's waiting steps folded when due, and all of
+    them at the end)."""
     try:
         while not (stop is not None and stop.is_set()):
             if query.awaitTermination(poll_s):
                 break
+            writer.idle()
     except StreamingQueryException:
         if writer.failure is not None:     # the batch's own exception, not Spark's wrapper
             raise writer.failure from None
         raise
     finally:
         stop_between_batches(query)
+    writer.finish()
     return writer.run
 
 

@@ -22,7 +22,7 @@ METRICS = {
     "backlog": ["workload", "decode", "layers", "lakecdc", "poc_same_wal", "poc_pk_identity",
                 "twin_identical", "spark_progress", "load_before"],
     "freshness": ["runs", "load_before"],
-    "gold_scaling": ["points", "source_growth", "batch_growth", "stage_growth",
+    "gold_scaling": ["points", "key_growth", "batch_growth", "batch_growth_mean",
                      "load_before"],
     "big_transaction": ["peak_rss_mb", "ship_s", "bronze_rows", "load_before"],
 }
@@ -61,12 +61,16 @@ def test_quick_bench_measures_everything_and_lakecdc_is_exact(tmp_path):
         assert run["neighbours"]["changes"] > 0, run["neighbours"]
         assert run["neighbours"]["mirrors_equal_source"] is True
     assert len(doc["gold_scaling"]["points"]) >= 2
+    for point in doc["gold_scaling"]["points"]:
+        assert point["gold_keys"] > 0 and point["runs"], point
+        for run in point["runs"]:
+            assert run["gold_half_s"]["median"] > 0 and run["latency_s"]["n"] > 0, run
     assert doc["big_transaction"]["bronze_rows"] == doc["params"]["big_tx_rows"]
 
     # lakecdc exact everywhere, gold and dashboard alike; the PoC on the same WAL is exact
     # too here (no crash, no purge), on the primary-key identity it loses every delete.
     checks = [doc["backlog"]["lakecdc"], *[r["lakecdc"] for r in doc["freshness"]["runs"]],
-              *[p["lakecdc"] for p in doc["gold_scaling"]["points"]]]
+              *[r["lakecdc"] for p in doc["gold_scaling"]["points"] for r in p["runs"]]]
     for check in checks:
         assert check["gold"]["exact"] and check["dashboard"]["exact"], check
     assert doc["exact"] is True

@@ -22,8 +22,18 @@ from pathlib import Path
 import pytest
 from pyspark.sql import Row
 
-from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables, last_metadata, seed_gold
+from core.commits import commit_metadata as metadata
+from gold.apply import (
+    GOLD_SCHEMA,
+    GoldBatchWriter,
+    GoldPaths,
+    ensure_gold_tables,
+    last_metadata,
+    seed_gold,
+)
 from gold.deltas import GoldStopped
+from gold.fold import FoldClock, summed
+from gold.start import applied_batch, gold_writer
 from tests.tests_support import run_gold_over_silver as run_gold
 from silver.schema import SILVER_CHANGES
 
@@ -152,6 +162,10 @@ def nonzero(counts: dict) -> dict:
     return {k: v for k, v in counts.items() if v}
 
 
+EVERY_BATCH = 1.0              # every step folded into gold at once, as a small gold does
+ON_FINISH = 0.0                # steps wait in _deltas until told (the stream's end)
+
+
 @pytest.fixture
 def paths(spark, tmp_path) -> GoldPaths:
     p = GoldPaths.beside(str(tmp_path / "gold" / "service_stats"))
@@ -182,7 +196,7 @@ def test_only_complete_transactions_are_applied_and_the_rest_is_carried(spark, p
     tx_cut = sim.txs[4]                      # the status change of two rows: split it
     first = [r for r in rows if r["commit_lsn"] < tx_cut[0]["commit_lsn"]] + tx_cut[:1]
     second = [r for r in rows if r not in first]
-    writer = GoldBatchWriter(paths)
+    writer = GoldBatchWriter(paths, fold_share=EVERY_BATCH)
 
     r0 = writer.apply(spark, df(spark, first).toArrow(), 0)
     assert r0.applied_transactions == 4 and r0.pending_transactions == 1
@@ -208,7 +222,7 @@ def test_a_later_complete_transaction_waits_for_an_earlier_incomplete_one(spark,
     a = ("svc-a", "tpl-1", "email", "created")
     sim.create(a, a)                          # tx 1: two rows
     sim.create(a)                             # tx 2: one row
-    writer = GoldBatchWriter(paths)
+    writer = GoldBatchWriter(paths, fold_share=EVERY_BATCH)
     r0 = writer.apply(spark, df(spark, [sim.txs[0][0], sim.txs[1][0]]).toArrow(), 0)
     assert (r0.applied_transactions, r0.pending_transactions) == (0, 2)
     assert gold_counts(spark, paths.gold) == {}
@@ -216,17 +230,24 @@ def test_a_later_complete_transaction_waits_for_an_earlier_incomplete_one(spark,
     assert gold_counts(spark, paths.gold) == sim.truth() == {a: 3}
 
 
+@pytest.mark.parametrize("share", [EVERY_BATCH, ON_FINISH], ids=["folded", "in_deltas"])
 @pytest.mark.parametrize("guard", [True, False], ids=["guard_on", "guard_off_negative_control"])
-def test_killed_after_merge_before_pending_replays_without_double_count(spark, paths, guard):
+def test_killed_after_the_step_before_pending_replays_without_double_count(spark, paths, guard,
+                                                                          share):
+    """Killed once batch 0's step is written (MERGEd into gold, or appended to _deltas)
+    and before _pending: a new writer folds what _deltas holds, and the replay of batch 0
+    is skipped because gold records it."""
     sim, _ = busy_sim()
     rows = sim.rows
     split = len(rows) - 1                     # the last transaction arrives in batch 1
     with pytest.raises(Crash):
-        GoldBatchWriter(paths, guard=guard, faults=CrashAt("after_gold_merge")).apply(
+        GoldBatchWriter(paths, guard=guard, fold_share=share,
+                        faults=CrashAt("after_gold_merge")).apply(
             spark, df(spark, rows[:split]).toArrow(), 0)
-    restarted = GoldBatchWriter(paths, guard=guard)
+    restarted = GoldBatchWriter(paths, guard=guard, fold_share=share)
     restarted.apply(spark, df(spark, rows[:split]).toArrow(), 0)      # Spark re-runs batch 0
     restarted.apply(spark, df(spark, rows[split:]).toArrow(), 1)
+    restarted.fold()
     got = nonzero(gold_counts(spark, paths.gold))
     if guard:
         assert got == sim.truth()
@@ -236,6 +257,125 @@ def test_killed_after_merge_before_pending_replays_without_double_count(spark, p
         assert got != final
         assert got == nonzero({k: before_last.get(k, 0) + final.get(k, 0)
                                for k in {*before_last, *final}})
+
+
+def test_steps_wait_in_deltas_until_a_fold_brings_gold_to_them_all(spark, paths):
+    """A large gold takes a batch's step into _deltas and folds several at once: gold then
+    holds what one MERGE per batch would have, with the newest batch's watermark and
+    transaction; the next step replaces what _deltas held."""
+    from deltalake import DeltaTable
+
+    sim, _ = busy_sim()
+    txs = sim.txs
+    writer = GoldBatchWriter(paths, fold_share=ON_FINISH)
+    for batch_id, tx in enumerate(txs):
+        step = writer.apply(spark, df(spark, tx).toArrow(), batch_id)
+        assert not step.folded and step.merged_keys == 0
+        assert writer.watermark(spark) == tx[0]["commit_lsn"]
+    assert gold_counts(spark, paths.gold) == {}                      # nothing folded yet
+    # _deltas holds every step: from an empty gold, their sum is the source's counts.
+    held = summed([DeltaTable(paths.deltas).to_pyarrow_table()]).to_pylist()
+    assert nonzero({tuple(r[c] for c in DIM_NAMES): r["delta"] for r in held}) == sim.truth()
+    assert writer.fold() > 0
+    got = gold_counts(spark, paths.gold)
+    assert nonzero(got) == sim.truth()
+    # A key counted and emptied between folds stays, at 0, for the dashboard.
+    assert got[("svc-b", "tpl-2", "sms", "sending")] == 0
+    meta = last_metadata(spark, paths.gold)
+    assert (meta["batch_id"], meta["commit_lsn"]) == (len(txs) - 1, sim.lsn)
+    assert DeltaTable(paths.gold).transaction_version(writer.app_id) == len(txs) - 1
+    assert writer.fold() == 0                                        # nothing waits
+    a = ("svc-a", "tpl-1", "email", "created")
+    sim.create(a)
+    writer.apply(spark, df(spark, sim.txs[-1]).toArrow(), len(txs))
+    assert DeltaTable(paths.deltas).to_pyarrow_table().column("batch_id").to_pylist() == \
+        [len(txs)]
+
+
+def test_a_kill_after_a_fold_of_several_steps_folds_none_again(spark, paths):
+    sim, _ = busy_sim()
+    writer = GoldBatchWriter(paths, fold_share=ON_FINISH, faults=CrashAt("after_gold_fold"))
+    for batch_id, tx in enumerate(sim.txs):
+        writer.apply(spark, df(spark, tx).toArrow(), batch_id)
+    with pytest.raises(Crash):
+        writer.fold()                              # killed right after the fold's commit
+    restarted = gold_writer(spark, paths)           # folds what _deltas holds past gold
+    assert restarted.fold() == 0
+    assert nonzero(gold_counts(spark, paths.gold)) == sim.truth()
+
+
+def test_steps_of_the_writer_before_it_are_folded_when_the_stream_starts(spark, paths):
+    """A process that stopped between folds left steps in _deltas; the next one folds them
+    before its first batch, and its watermark is theirs."""
+    sim, _ = busy_sim()
+    first = GoldBatchWriter(paths, fold_share=ON_FINISH)
+    for batch_id, tx in enumerate(sim.txs):
+        first.apply(spark, df(spark, tx).toArrow(), batch_id)
+    assert gold_counts(spark, paths.gold) == {}
+    gold_writer(spark, paths)
+    assert nonzero(gold_counts(spark, paths.gold)) == sim.truth()
+    assert last_metadata(spark, paths.gold)["commit_lsn"] == sim.lsn
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["guard_on", "guard_off_negative_control"])
+def test_steps_left_in_deltas_before_a_rebuild_are_not_folded_after_it(spark, paths, check,
+                                                                       monkeypatch):
+    """A rebuild killed after its new gold and before it emptied _deltas: the steps there are
+    of the epoch before (inside the rebuild's baseline). Folded, they would move gold's
+    watermark back and record their batch ids under the new epoch, whose own batches,
+    numbered from 0 again, would then be skipped as done."""
+    sim = Sim()
+    a = ("svc-a", "tpl-1", "email", "created")
+    for _ in range(3):
+        sim.create(a)
+    old = GoldBatchWriter(paths, fold_share=ON_FINISH)
+    for batch_id, tx in enumerate(sim.txs):
+        old.apply(spark, df(spark, tx).toArrow(), batch_id + 5)
+    floor = sim.lsn + 1
+    (spark.createDataFrame([(*a, 3, floor, None)], GOLD_SCHEMA).write.format("delta")
+     .mode("overwrite").option("userMetadata", metadata(
+         operation="rebuild", floor=floor, commit_lsn=floor - 1, epoch=floor))
+     .save(paths.gold))
+    if not check:
+        monkeypatch.setattr(GoldBatchWriter, "_of_this_epoch", lambda self, step: True)
+    sim.create(a)
+    rebuilt = gold_writer(spark, paths, fold_share=EVERY_BATCH)
+    rebuilt.apply(spark, df(spark, sim.txs[-1]).toArrow(), 0)
+    got = nonzero(gold_counts(spark, paths.gold))
+    if check:
+        assert got == sim.truth() == {a: 4}
+        assert last_metadata(spark, paths.gold)["commit_lsn"] == sim.lsn
+    else:
+        assert got == {a: 3}                       # the new epoch's batch 0 was skipped
+
+
+def test_a_batch_only_deltas_records_counts_as_applied_for_the_checkpoint_check(spark, paths):
+    """The stream refuses to start when gold records a batch its checkpoint has not planned
+    (F18, ``check_checkpoint``); a step waiting in _deltas is such a record."""
+    sim, _ = busy_sim()
+    writer = GoldBatchWriter(paths, fold_share=ON_FINISH)
+    writer.apply(spark, df(spark, sim.txs[0]).toArrow(), 7)
+    assert last_metadata(spark, paths.gold) is None
+    assert applied_batch(spark, paths) == 7
+
+
+def test_a_quiet_stream_folds_when_due(spark, paths):
+    """Between batches (``OnePass.idle``) a fold waits for its turn: the fold before it took
+    ``s`` seconds, so the next is due ``s * (1 - share) / share`` after it."""
+    now = [100.0]
+    sim, _ = busy_sim()
+    writer = GoldBatchWriter(paths, fold_share=0.5)
+    writer.clock = FoldClock(0.5, now=lambda: now[0])
+    writer.apply(spark, df(spark, sim.txs[0]).toArrow(), 0)      # the first step folds
+    now[0] += 0.01                                 # the fold "took" 0 s of the fake clock
+    writer.clock.folded(2.0)                       # as if it had taken 2 s: next at +2 s
+    writer.apply(spark, df(spark, sim.txs[1]).toArrow(), 1)
+    assert not writer.fold_if_due()
+    assert nonzero(gold_counts(spark, paths.gold)) == sim.truths[0]
+    now[0] += 2.0
+    assert writer.fold_if_due()
+    assert nonzero(gold_counts(spark, paths.gold)) == sim.truths[1]
+    assert not writer.fold_if_due()                # nothing waits
 
 
 def test_a_batch_that_changes_no_count_still_records_its_watermark_and_transaction(
@@ -248,7 +388,7 @@ def test_a_batch_that_changes_no_count_still_records_its_watermark_and_transacti
 
     sim = Sim()
     ids = sim.create(("svc-a", "tpl-1", "email", "delivered"))
-    writer = GoldBatchWriter(paths)
+    writer = GoldBatchWriter(paths, fold_share=EVERY_BATCH)
     writer.apply(spark, df(spark, sim.rows).toArrow(), 0)
     version = DeltaTable(paths.gold).version()
     sim.archive(ids)
@@ -269,9 +409,10 @@ def test_killed_after_pending_write_replay_is_a_no_op(spark, paths):
     rows = sim.rows
     split = len(rows) - 1
     with pytest.raises(Crash):
-        GoldBatchWriter(paths, faults=CrashAt("after_gold_pending")).apply(
+        GoldBatchWriter(paths, fold_share=EVERY_BATCH,
+                        faults=CrashAt("after_gold_pending")).apply(
             spark, df(spark, rows[:split]).toArrow(), 0)
-    restarted = GoldBatchWriter(paths)
+    restarted = GoldBatchWriter(paths, fold_share=EVERY_BATCH)
     # Recomputing would add the carried 2 rows to the same 2 rows again (4 of 3: a stop);
     # the recorded batch id in _pending says batch 0 is done.
     assert restarted.apply(spark, df(spark, rows[:split]).toArrow(), 0).replayed
@@ -285,7 +426,8 @@ def test_failure_path_truncate_stops_before_writing_anything(spark, paths):
     sim.create(a)
     sim.truncate_live()
     with pytest.raises(GoldStopped, match="rebuild-gold"):
-        GoldBatchWriter(paths).apply(spark, df(spark, sim.rows).toArrow(), 0)
+        GoldBatchWriter(paths, fold_share=EVERY_BATCH).apply(
+            spark, df(spark, sim.rows).toArrow(), 0)
     assert gold_counts(spark, paths.gold) == {}
     assert last_metadata(spark, paths.gold) is None
 
@@ -355,23 +497,30 @@ CRASHING_GOLD = textwrap.dedent("""
     from core.faults import FaultPoints
     from core.spark import get_or_create
     from tests.tests_support import run_gold_over_silver
-    silver, gold, ckpt, guard, fault = sys.argv[1:]
+    silver, gold, ckpt, guard, fault, share = sys.argv[1:]
     run_gold_over_silver(get_or_create("lakecdc-gold-crash"), silver, gold, ckpt,
-                         guard=guard == "on", faults=FaultPoints(fault))
+                         guard=guard == "on", faults=FaultPoints(fault),
+                         fold_share=float(share))
 """)
 
 
-@pytest.mark.parametrize("guard", ["on", "off"], ids=["guard_on", "guard_off_negative_control"])
+@pytest.mark.parametrize("guard,share", [("on", EVERY_BATCH), ("off", EVERY_BATCH),
+                                         ("on", ON_FINISH)],
+                         ids=["guard_on", "guard_off_negative_control", "in_deltas"])
 @pytest.mark.long
-def test_gold_killed_after_merge_commit_before_checkpoint(spark, tmp_path, guard):
+def test_gold_killed_after_its_step_commits_before_checkpoint(spark, tmp_path, guard, share):
+    """The process dies once batch 0's step is committed: MERGEd into gold, or (a large
+    gold) appended to _deltas."""
+    from deltalake import DeltaTable
+
     sim, _ = busy_sim()
     silver = str(tmp_path / "silver" / "changes")
     gold = str(tmp_path / "gold" / "service_stats")
     ckpt = str(tmp_path / "checkpoints" / "gold")
     write_silver(spark, silver, sim.rows, files=2)
     proc = subprocess.Popen([sys.executable, "-c", CRASHING_GOLD, silver, gold, ckpt, guard,
-                             "after_gold_merge:1"], start_new_session=True, cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             "after_gold_merge:1", str(share)], start_new_session=True,
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _, err = proc.communicate(timeout=600)
     finally:
@@ -380,7 +529,11 @@ def test_gold_killed_after_merge_commit_before_checkpoint(spark, tmp_path, guard
         except ProcessLookupError:
             pass
     assert proc.returncode == 137, err.decode()[-2000:]
-    assert nonzero(gold_counts(spark, gold)) == sim.truth()     # the MERGE did commit
+    if share == EVERY_BATCH:
+        assert nonzero(gold_counts(spark, gold)) == sim.truth()     # the MERGE did commit
+    else:
+        assert gold_counts(spark, gold) == {}                       # the step is in _deltas
+        assert DeltaTable(GoldPaths.beside(gold).deltas).to_pyarrow_table().num_rows > 0
     assert not os.path.exists(os.path.join(ckpt, "commits", "0"))
     run_gold(spark, silver, gold, ckpt, guard=guard == "on")              # batch 0 again
     got = nonzero(gold_counts(spark, gold))
