@@ -154,20 +154,8 @@ def populate(dsn: str, rows: int, rows_per_service: int = 2000, chunk: int = 200
     return services
 
 
-# One key per row number k of ``populate_keys``: the service, template, type and status of
-# key k, 72 keys per service (4 templates x 3 types x 6 statuses).
+# Keys per service of ``populate_keys``: 4 templates x 3 types x 6 statuses.
 KEYS_PER_SERVICE = TEMPLATES * 3 * len(STATUSES)
-_KEY_INSERT = """
-INSERT INTO notifications (id, service_id, template_id, notification_type, notification_status,
-                           key_type, created_at, "to", reference, billable_units)
-SELECT md5(%(tag)s || '-' || g)::uuid,
-       ('5e000000-0000-0000-0000-' || lpad(to_hex(k / {per_service}), 12, '0'))::uuid,
-       ('7e000000-0000-0000-0000-' || lpad(to_hex((k / 18) %% {templates}), 12, '0'))::uuid,
-       (ARRAY['email','sms','letter'])[1 + (k / 6) %% 3]::notification_type,
-       (%(statuses)s::text[])[1 + k %% 6], 'normal', now(), 'someone@example.com',
-       'ref-' || g, 1
-FROM (SELECT g, (g * %(step)s) %% %(keys)s AS k
-      FROM generate_series(%(first)s::bigint, %(last)s::bigint) g) rows"""
 
 
 def populate_keys(dsn: str, keys: int, rows_per_key: int = 2, chunk: int = 200_000,
@@ -178,14 +166,22 @@ def populate_keys(dsn: str, keys: int, rows_per_key: int = 2, chunk: int = 200_0
     updates take together, belong to keys far apart, as a busy service's traffic does."""
     step = 1_000_003
     assert keys % step, "keys must not be a multiple of the step"
-    sql = _KEY_INSERT.format(per_service=KEYS_PER_SERVICE, templates=TEMPLATES)
+    k = "((g * %(step)s) %% %(keys)s)"          # row g's key number, 0 <= k < keys
+    sql = _INSERT.format(
+        dims=_DIMS_SQL.format(n_service=f"{k} / {KEYS_PER_SERVICE}",
+                              n_template=f"{k} / 18", n_type=f"{k} / 6",
+                              templates=TEMPLATES),
+        status=f"(%(statuses)s::text[])[1 + {k} %% {len(STATUSES)}]")
+    services = -(-keys // KEYS_PER_SERVICE)
     rows = keys * rows_per_key
     with psycopg.connect(dsn, autocommit=True) as conn:
         for start in range(1, rows + 1, chunk):
-            conn.execute(sql, {"tag": tag, "first": start, "last": min(start + chunk, rows + 1) - 1,
-                               "step": step, "keys": keys, "statuses": list(STATUSES)})
+            conn.execute(sql, {"tag": tag, "first": start,
+                               "last": min(start + chunk, rows + 1) - 1, "step": step,
+                               "keys": keys, "services": services,
+                               "statuses": list(STATUSES)})
         conn.execute("VACUUM ANALYZE notifications")
-    return -(-keys // KEYS_PER_SERVICE)
+    return services
 
 
 def fixed_batch(dsn: str, changes: int, salt: str, tx_size: int = 1000) -> int:

@@ -20,8 +20,8 @@ pinned version (known empty, and not read, after this writer's own empty ``b-1``
 batch's contribution lines (Arrow, on the driver), planned (``gold.plan``) and checked for stop
 conditions before any write; (4) the step - the net key deltas of the complete prefix, with
 the watermark - through delta-rs: MERGEd into gold with what waits in ``_deltas`` when a
-fold is due (app transaction ``b``), else appended to ``_deltas``; skipped when gold or
-``_deltas`` records ``b`` already; (5) overwrite ``_pending`` with the carried rest (Spark,
+fold is due (app transaction ``b``), else appended to ``_deltas``; skipped when gold
+records ``b`` already (a writer folds what ``_deltas`` holds before its first batch); (5) overwrite ``_pending`` with the carried rest (Spark,
 ``txnAppId``/``txnVersion = b``); (6) return. A replay after a kill anywhere skips what is
 written and completes the rest (the table there); a writer starting folds the steps an
 earlier one left in ``_deltas`` first (``recover``). With ``guard=False`` (negative
@@ -421,12 +421,16 @@ class GoldBatchWriter:
     def _take_step(self, plan: Plan, batch_id: int) -> tuple[int, bool]:
         """Step (4): the batch's key deltas folded into gold with what waits in
         ``_deltas`` when a fold is due, else appended to ``_deltas``; returns (gold rows
-        updated or inserted, folded). Nothing when gold or ``_deltas`` records the batch
-        already (a replay after a kill): delta-rs records app transactions but does not
-        skip a write it has recorded, so the versions are checked first; one writer per
-        gold table (the gold lock) makes the check and the commit one step."""
-        if self.guard and self._recorded(batch_id):
-            return 0, False
+        updated or inserted, folded). Nothing when gold records the batch already (a replay
+        after a kill; ``recover`` folded what _deltas held first): delta-rs records app
+        transactions but does not skip a write it has recorded, so the version is checked
+        first; one writer per gold table (the gold lock) makes the check and the commit one
+        step."""
+        if self.guard:
+            with self._gold.use() as table:
+                recorded = table.transaction_version(self.app_id)
+            if recorded is not None and recorded >= batch_id:
+                return 0, False
         ts = plan.commit_ts
         before = self._unfolded_step or {}
         step = dict(batch_id=batch_id, commit_lsn=plan.commit_lsn,
@@ -447,14 +451,6 @@ class GoldBatchWriter:
         self._unfolded.append(plan.key_deltas)
         self._unfolded_step = step
         return 0, False
-
-    def _recorded(self, batch_id: int) -> bool:
-        with self._gold.use() as table:
-            recorded = table.transaction_version(self.app_id)
-        if self._unfolded_step is not None:
-            recorded = max(recorded if recorded is not None else -1,
-                           self._unfolded_step["batch_id"])
-        return recorded is not None and recorded >= batch_id
 
     def _commit(self, step: dict, transaction: bool = True):
         return rs_commit(metadata(**step), self.app_id if self.guard and transaction else None,
