@@ -100,7 +100,7 @@ class PassLog:
                                 "gold_s": result.gold.seconds,
                                 "merge_s": result.gold.merge_seconds,
                                 "merged_keys": result.gold.merged_keys,
-                                "folded": result.gold.folded, "jobs": jobs})
+                                "jobs": jobs})
 
     def mark(self) -> int:
         with self._lock:

@@ -457,7 +457,7 @@ def _scale_values(doc: dict) -> dict:
         "scale_keys": " → ".join(_n(p["gold_keys"]) for p in pts),
         "scale_medians": " → ".join(_ms(r["gold_half_s"]["median"]) for r in first),
         "scale_means": " → ".join(_ms(r["gold_half_s"]["mean"]) for r in first),
-        "scale_folds": " → ".join(f"{_n(r['gold_half_s']['folds'])} of "
+        "scale_folds": " → ".join(f"{_n(r['gold_half_s']['folds'])} in "
                                   f"{_n(r['per_batch'].get('batches'))}" for r in first),
         "scale_p95s": " → ".join(_n(r["latency_s"].get("p95")) for r in first),
         "scale_loads": ", ".join(f"{r['load_before'][0]}-{r['load_after'][0]}"
@@ -519,17 +519,16 @@ shipper and the push; the ${fast_probes} probes saw p50 ${fast_p50} s, max ${fas
 
 # The gold half as gold grows, whether its target is met or not.
 _GOLD_FOLD = """At ${scale_rate} changes/s its median went ${scale_medians} s and its mean
-${scale_means} s while gold's keys went ${scale_keys}; folds: ${scale_folds} batches;
+${scale_means} s while gold's keys went ${scale_keys}; folds in batches: ${scale_folds};
 freshness p95 ${scale_p95s} s (1-min load over the runs ${scale_loads}). A copy-on-write
 MERGE rewrites every file holding a key it changes, and a batch's keys are spread over a
 large gold, so one MERGE per batch rewrote nearly all of gold (delta-rs alone on this
 machine: 0.03 s at 10,000 keys, 0.29 s at 1,000,000 for 1,000 key deltas, 0.38 s for
-50,000). Gold now appends each batch's step to `gold/_deltas` and folds what accumulated
-into `service_stats` in one MERGE when at most a tenth of its time has gone to folding
-(`gold/fold.py`, `FOLD_SHARE`): the cheaper a fold, the more often (the folds per batches
-above); the mean, which carries the folds, grew ${batch_growth_mean}×. The
-dashboard takes each step at once (`gold.push.push_ahead`), so it is not behind by the
-fold."""
+50,000). Each batch now appends its step to `gold/_deltas` (a few milliseconds whatever
+gold's size), and a fold in the background MERGEs what accumulated into `service_stats`
+when at most a tenth of the time has gone to folding (`gold/fold.py`,
+`LAKECDC_GOLD_FOLD_SHARE`): the cheaper a fold, the more often. Neither the batches nor the
+dashboard, which takes each step at once (`gold.push.push_ahead`), wait for a fold."""
 
 ANALYSIS = {
     "ship_ratio": (
@@ -597,16 +596,16 @@ traffic, are the limit."""),
         """**The gold half as gold grows (met, ${batch_growth}× over ${key_growth}× keys).**
 """ + _GOLD_FOLD,
         """**The gold half as gold grows (${batch_growth}× over ${key_growth}× keys, target
-1.5×).** """ + _GOLD_FOLD + """ What is left of the growth is in section 3's table: a
-fold's MERGE still rewrites nearly all of gold, so a size that folds most of its batches
-pays it in most of them, and batches of a few hundredths of a second move with the load."""),
+1.5×).** """ + _GOLD_FOLD + """ What is left of the growth: a fold beside the batches
+still rewrites nearly all of gold on one of the two cores, and batches of a few hundredths
+of a second move with the load."""),
     "big_gold_fresh": (
         """**Freshness with ${keys_last} gold keys at 2,000 changes/s (met, p95
 ${big_p95} s).**""",
         """**Freshness with ${keys_last} gold keys at 2,000 changes/s (p95 ${big_p95} s at
 ${big_rate} changes/s, target 5 s).** The dashboard takes each batch's step at once
-(`gold.push.push_ahead`), whether or not the batch folds, so gold's size reaches it only
-through the batches' time: ${big_batches} batches of ${big_seconds} s on average, the gold
+(`gold.push.push_ahead`), and gold folds beside the batches, so gold's size reaches it
+only through the batches' time and the cores a fold takes: ${big_batches} batches of ${big_seconds} s on average, the gold
 half ${big_median} s median and ${big_mean} s mean, ${big_folds} folds; p50 ${big_p50} s,
 max ${big_pmax} s; load ${big_load}."""),
     "big_gold_fresh_slow": (

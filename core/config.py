@@ -23,6 +23,13 @@ MIRROR_INTERVAL_S = 30.0
 MAINTAIN_INTERVAL_S = 300.0
 RETENTION_HOURS = 24
 LOG_RETENTION_MINUTES = 10
+# The most of the gold writer's time its folds may take (gold/fold.py): a fold MERGEs what
+# waits in gold/_deltas into service_stats and rewrites gold, so its cost follows gold's
+# size; the next fold waits (1 - share) / share times as long as the last took. Under
+# 2,000 changes/s (docs/benchmarks.md, section 3) a 10,000-key gold folded every batch or
+# second batch, a 1,000,000-key gold every several seconds; the dashboard never waits for
+# a fold (gold.push.push_ahead).
+GOLD_FOLD_SHARE = 0.1
 _SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
 # A table as LAKECDC_TABLES and `lakecdc tables add` take it: schema.table, plain names.
 TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
@@ -94,6 +101,10 @@ class Config:
     # a stream behind keeps what it needs longer. Short, because each commit lists the log
     # (core.maintenance): at 2-4 commits a second, 10 minutes is 1,200-2,400 entries.
     log_retention_minutes: int = LOG_RETENTION_MINUTES
+    # service_stats trails the dashboard by a few of its folds (GOLD_FOLD_SHARE above); 1
+    # folds every batch's step with the batch (a small gold, or SQL users who want it
+    # current), 0 only when a stream stops.
+    gold_fold_share: float = GOLD_FOLD_SHARE
     # Continuous shipping survives the source going away: reconnect with exponential
     # backoff from 0.5 s up to this many seconds between attempts.
     reconnect_max_backoff_s: float = 30.0
@@ -145,6 +156,9 @@ class Config:
             values["log_retention_minutes"] = _whole(
                 "LAKECDC_LOG_RETENTION_MINUTES", env["LAKECDC_LOG_RETENTION_MINUTES"],
                 "minutes", 10)
+        if env.get("LAKECDC_GOLD_FOLD_SHARE"):
+            values["gold_fold_share"] = _share("LAKECDC_GOLD_FOLD_SHARE",
+                                               env["LAKECDC_GOLD_FOLD_SHARE"])
         if env.get("LAKECDC_TABLES"):
             values["tables"] = tuple(t.strip() for t in env["LAKECDC_TABLES"].split(","))
         mirrors = env.get("LAKECDC_MIRRORS", "").strip()
@@ -209,6 +223,9 @@ class Config:
         if self.retention_hours < 0:
             raise UserError("the retention (LAKECDC_RETENTION_HOURS) must be a whole number "
                             "of hours, 0 or more.")
+        if not 0 <= self.gold_fold_share <= 1:
+            raise UserError("gold's fold share (LAKECDC_GOLD_FOLD_SHARE) must be a number from "
+                            "0 to 1, e.g. 0.1 (1: every batch; 0: only when a stream stops).")
         if self.reconnect_max_backoff_s <= 0:
             raise UserError("the reconnect backoff (LAKECDC_RECONNECT_MAX_BACKOFF) must be a "
                             "positive number of seconds.")
@@ -266,6 +283,14 @@ def _whole(name: str, text: str, unit: str, example: int) -> int:
     except ValueError:
         raise UserError(f"{name}={text!r} is not a whole number of {unit}; "
                         f"write e.g. {example}.") from None
+
+
+def _share(name: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise UserError(f"{name}={text!r} is not a number from 0 to 1; use e.g. {name}=0.1."
+                        ) from None
 
 
 def _seconds(name: str, text: str) -> float:

@@ -19,9 +19,11 @@ replay": (1) return if ``_pending``'s newest commit is ``b``'s; (2) read ``_pend
 pinned version (known empty, and not read, after this writer's own empty ``b-1``); (3) the
 batch's contribution lines (Arrow, on the driver), planned (``gold.plan``) and checked for stop
 conditions before any write; (4) the step - the net key deltas of the complete prefix, with
-the watermark - through delta-rs: MERGEd into gold with what waits in ``_deltas`` when a
-fold is due (app transaction ``b``), else appended to ``_deltas``; skipped when gold
-records ``b`` already (a writer folds what ``_deltas`` holds before its first batch); (5) overwrite ``_pending`` with the carried rest (Spark,
+the watermark - through delta-rs: appended to ``_deltas``, which a fold in the background
+MERGEs into gold every few seconds (app transaction of its newest batch; ``gold.fold``),
+or with a fold share of 1 MERGEd into gold with the batch (app transaction ``b``); skipped
+when gold records ``b`` already (a writer folds what ``_deltas`` holds before its first
+batch); (5) overwrite ``_pending`` with the carried rest (Spark,
 ``txnAppId``/``txnVersion = b``); (6) return. A replay after a kill anywhere skips what is
 written and completes the rest (the table there); a writer starting folds the steps an
 earlier one left in ``_deltas`` first (``recover``). With ``guard=False`` (negative
@@ -35,10 +37,12 @@ a lost or older checkpoint is refused by ``pipelines.run.stream`` rather than re
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -60,6 +64,7 @@ from core.commits import (
     rs_commit,
 )
 from core.commits import commit_metadata as metadata
+from core.config import GOLD_FOLD_SHARE
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.handle import CHECKPOINTS, WriterHandle
@@ -73,7 +78,6 @@ from gold.asof import gold_state
 from gold.fold import (
     DELTAS_PROPERTIES,
     DELTAS_SCHEMA,
-    FOLD_SHARE,
     FoldClock,
     stamped,
     summed,
@@ -166,6 +170,17 @@ class GoldBatch:
     seconds: float = 0.0
     merge_seconds: float = 0.0          # of ``seconds``: step (4), appended or folded
     folded: bool = False                # step (4) folded into service_stats
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """A batch's step as ``_deltas`` holds it: its key deltas (``KEY_DELTA_COLUMNS``) and
+    the commit metadata of its append (``batch_id``, ``commit_lsn``, ``commit_ts``,
+    ``floor``, ``epoch``, ``transactions``). Compared by identity: a fold removes the very
+    steps it folded."""
+
+    key_deltas: pa.Table
+    meta: dict
 
 
 def ensure_gold_tables(spark: SparkSession, paths: GoldPaths) -> list[str]:
@@ -264,13 +279,15 @@ class GoldBatchWriter:
     checked): negative controls only.
     ``storage_options``: delta-rs's, for a lakehouse on S3 (``Lakehouse.delta_rs_options``).
     ``fold_share``: the most of its time folding ``_deltas`` into gold may take
-    (``gold.fold``); 1.0 folds every batch.
+    (``gold.fold``); below 1 a fold runs in the background, beside the batches (they take
+    their steps into ``_deltas``), 1.0 folds each batch's step with the batch, 0 only when
+    told (``fold``).
     """
 
     def __init__(self, paths: GoldPaths, tables: D.CountedTables = D.COUNTED, *,
                  floor_lsn: int = 0, epoch: int | None = None, accept_errors_upto: int = 0,
                  guard: bool = True, faults: FaultPoints | None = None,
-                 storage_options: dict | None = None, fold_share: float = FOLD_SHARE) -> None:
+                 storage_options: dict | None = None, fold_share: float = GOLD_FOLD_SHARE) -> None:
         self.paths = paths
         self.storage_options = storage_options
         self._gold = WriterHandle(delta_rs_uri(paths.gold), storage_options)   # the folds'
@@ -287,11 +304,16 @@ class GoldBatchWriter:
         self._pending_known_empty: tuple[int, int | None] | None = None
         # Gold's watermark after this writer's last successful batch (None: read it again).
         self._watermark: int | None = None
-        # The key deltas in _deltas that gold does not hold yet, and the newest one's step
-        # (None: not known, read _deltas again: ``recover``). Only this writer writes
-        # either table, under the gold lock, so what it wrote is what they hold.
-        self._unfolded: list[pa.Table] | None = None
-        self._unfolded_step: dict | None = None
+        # The steps in _deltas that gold does not hold yet, oldest first (None: not known,
+        # read _deltas again: ``recover``), and the newest batch id gold records (its app
+        # transaction). Only this writer writes gold and _deltas, under the gold lock, so
+        # what it wrote is what they hold. ``_state`` guards both and the fold running in
+        # the background (``_folding``); ``_merging`` is held through each MERGE into gold.
+        self._unfolded: list[Step] | None = None
+        self._recorded: int | None = None
+        self._state = threading.Lock()
+        self._merging = threading.Lock()
+        self._folding: threading.Thread | None = None
 
     def head(self, spark: SparkSession, batch_id: int) -> PendingHead:
         """Steps (1)-(2) of batch ``batch_id``: what ``_pending`` holds. It does not depend
@@ -373,120 +395,186 @@ class GoldBatchWriter:
 
     def watermark(self, spark: SparkSession) -> int | None:
         """The newest source commit gold holds, folded or in ``_deltas``."""
-        if self._unfolded_step is not None:
-            return self._unfolded_step["commit_lsn"]
+        with self._state:
+            if self._unfolded:
+                return self._unfolded[-1].meta["commit_lsn"]
         return gold_state(spark, self.paths.gold).watermark
 
     # --- the step: appended to _deltas, or folded into gold --------------------------------
 
     def recover(self, spark: SparkSession) -> None:
         """Fold what ``_deltas`` holds and gold does not (the steps of a process that
-        stopped between two folds), so that this writer knows what ``_deltas`` holds.
-        Gold's newest step (its batch id) tells which rows it holds; a step of another
-        epoch (the stream's, before a rebuild) is inside the rebuild's baseline."""
+        stopped between two folds, or of this one after a failed write), so that this
+        writer knows what ``_deltas`` holds. Gold's newest step (its batch id) tells which
+        rows it holds; a step of another epoch (the stream's, before a rebuild) is inside
+        the rebuild's baseline."""
+        self.wait_for_fold()
         state = gold_state(spark, self.paths.gold)
         folded = state.batch_id if state is not None else None
+        with self._gold.use() as table:
+            recorded = table.transaction_version(self.app_id)
         with self._deltas.use() as table:
             step = newest(read_commits_rs(table.table_uri, self.storage_options, limit=100))
             rows = table.to_pyarrow_table()
-        self._unfolded, self._unfolded_step = [], None
+        with self._state:
+            self._unfolded, self._recorded = [], recorded
         batch_id = step.get("batch_id") if step else None
         if batch_id is None or not self._of_this_epoch(step) \
                 or (folded is not None and batch_id <= folded):
             return
-        self._unfolded = [unfolded(rows, folded, self.floor_lsn)]
-        self._unfolded_step = {k: v for k, v in step.items() if k != META_KIND}
+        meta = {k: v for k, v in step.items() if k != META_KIND}
+        with self._state:
+            self._unfolded = [Step(unfolded(rows, folded, self.floor_lsn), meta)]
         self.fold()
 
     def _of_this_epoch(self, step: dict) -> bool:
         return step.get("epoch") == self.epoch
 
+    @property
+    def _in_batch(self) -> bool:
+        """Every batch folds its own step (a share of 1): no fold runs in the background."""
+        return self.clock.share >= 1
+
     def fold(self) -> int:
-        """Fold the steps appended since the last fold into gold now; returns the gold rows
-        it updated or inserted (0 with nothing to fold)."""
-        if not self._unfolded_step:
+        """Fold every step appended since the last fold into gold now, after the fold
+        running in the background if any; returns the gold rows it updated or inserted (0
+        with nothing to fold)."""
+        self.wait_for_fold()
+        with self._state:
+            parts = list(self._unfolded or ())
+        if not parts:
             return 0
-        merged = self._fold([], self._unfolded_step)
+        merged = self._fold(parts)
         self.faults.hit("after_gold_fold")
         return merged
 
     def fold_if_due(self) -> bool:
-        """Fold when ``FoldClock`` says so and something waits (between batches: a stream
-        that went quiet); whether it folded."""
-        if not self._unfolded_step or not self.clock.due():
+        """Start a fold in the background when ``FoldClock`` says so, none is running and
+        steps wait; whether it started one. Safe beside a batch: a fold writes gold only,
+        which a batch only reads (``paused`` keeps it off gold's maintenance)."""
+        if self._in_batch:
             return False
-        self.fold()
+        with self._state:
+            if self._folding is not None or not self._unfolded or not self.clock.due():
+                return False
+            parts = list(self._unfolded)
+            self._folding = threading.Thread(target=self._fold_in_background, args=(parts,),
+                                             name="lakecdc-gold-fold", daemon=True)
+            self._folding.start()
         return True
 
+    def wait_for_fold(self) -> None:
+        """Until the fold running in the background (if any) has ended."""
+        with self._state:
+            folding = self._folding
+        if folding is not None:
+            folding.join()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No MERGE into gold inside the block (gold's maintenance); a running one is waited
+        for, and one due meanwhile waits for the block's end."""
+        with self._merging:
+            yield
+
+    def _fold_in_background(self, parts: list[Step]) -> None:
+        try:
+            self._fold(parts)
+            self.faults.hit("after_gold_fold")
+        except Exception as exc:   # the next batch reads _deltas again and folds (recover)
+            log.warning("folding gold's waiting steps failed; the next batch tries again: %s",
+                        exc)
+        finally:
+            with self._state:
+                self._folding = None
+
     def _take_step(self, plan: Plan, batch_id: int) -> tuple[int, bool]:
-        """Step (4): the batch's key deltas folded into gold with what waits in
-        ``_deltas`` when a fold is due, else appended to ``_deltas``; returns (gold rows
-        updated or inserted, folded). Nothing when gold records the batch already (a replay
-        after a kill; ``recover`` folded what _deltas held first): delta-rs records app
-        transactions but does not skip a write it has recorded, so the version is checked
-        first; one writer per gold table (the gold lock) makes the check and the commit one
-        step."""
-        if self.guard:
-            with self._gold.use() as table:
-                recorded = table.transaction_version(self.app_id)
-            if recorded is not None and recorded >= batch_id:
-                return 0, False
+        """Step (4): the batch's key deltas appended to ``_deltas`` and a fold started when
+        due (``fold_if_due``), or, with a share of 1, folded into gold with the batch; returns
+        (gold rows updated or inserted, folded). Nothing when gold records the batch already
+        (a replay after a kill; ``recover`` folded what _deltas held first): delta-rs
+        records app transactions but does not skip a write it has recorded, so the version
+        gold records (read by ``recover``, moved by each fold) is checked first; one writer
+        per gold table (the gold lock) makes the check and the commit one step."""
+        with self._state:
+            recorded, waiting = self._recorded, self._unfolded
+        if self.guard and recorded is not None and recorded >= batch_id:
+            return 0, False
         ts = plan.commit_ts
-        before = self._unfolded_step or {}
-        step = dict(batch_id=batch_id, commit_lsn=plan.commit_lsn,
-                    commit_ts=ts.isoformat(timespec="microseconds") if ts is not None else None,
-                    floor=self.floor_lsn, epoch=self.epoch,
-                    transactions=plan.applied + before.get("transactions", 0))
-        if self.clock.due():
-            return self._fold([plan.key_deltas], step), True
-        rows = stamped(plan.key_deltas, batch_id)
+        step = Step(plan.key_deltas, dict(
+            batch_id=batch_id, commit_lsn=plan.commit_lsn,
+            commit_ts=ts.isoformat(timespec="microseconds") if ts is not None else None,
+            floor=self.floor_lsn, epoch=self.epoch, transactions=plan.applied))
+        if self._in_batch:
+            return self._fold([*(waiting or ()), step]), True
         try:
             with self._deltas.use() as table:
-                # The first step after a fold replaces what _deltas held: all in gold.
-                write_deltalake(table, rows, mode="append" if before else "overwrite",
-                                commit_properties=self._commit(step, transaction=False))
+                # The first step after a fold replaces what _deltas held: all in gold. (Not
+                # known: appended; ``recover`` reads past what gold holds.)
+                write_deltalake(table, stamped(plan.key_deltas, batch_id),
+                                mode="overwrite" if waiting == [] else "append",
+                                commit_properties=self._commit(step.meta, transaction=False))
         except BaseException:
-            self._unfolded = self._unfolded_step = None
+            with self._state:
+                self._unfolded = None
             raise
-        self._unfolded.append(plan.key_deltas)
-        self._unfolded_step = step
+        with self._state:
+            if self._unfolded is not None:
+                self._unfolded.append(step)
+        self.fold_if_due()
         return 0, False
 
     def _commit(self, step: dict, transaction: bool = True):
         return rs_commit(metadata(**step), self.app_id if self.guard and transaction else None,
                          step["batch_id"])
 
-    def _fold(self, parts: list[pa.Table], step: dict) -> int:
-        """MERGE the key deltas waiting in ``_deltas`` and ``parts`` into gold, with the
-        app transaction and metadata of ``step`` (the newest batch's) in its one commit;
-        returns the gold rows it updated or inserted.
+    def _fold(self, parts: list[Step]) -> int:
+        """MERGE the key deltas of ``parts`` (the oldest steps waiting, and the batch's own
+        with a share of 1) into gold, with the app transaction and metadata of the newest
+        in its one commit; returns the gold rows it updated or inserted. The parts leave
+        ``_unfolded`` when it commits; a failure leaves it unknown (``recover``).
 
         delta-rs runs it outside the JVM: a continuous batch's MERGE of a few hundred keys
         took 1.2-1.6 s and about three CPU-seconds in Spark, 0.03 s in delta-rs
-        (docs/gold.md, "Measured")."""
-        started = time.monotonic()
-        deltas = summed([*self._unfolded, *parts])
+        (docs/gold.md, "Measured"). delta-rs releases the GIL while it works."""
+        newest_meta = parts[-1].meta
+        meta = {**newest_meta,
+                "transactions": sum(part.meta.get("transactions", 0) for part in parts)}
+        deltas = summed([part.key_deltas for part in parts])
         source = deltas.append_column(_UPDATED_AT, pa.repeat(
             pa.scalar(datetime.now(timezone.utc), _UPDATED_AT.type), deltas.num_rows))
-        commit = self._commit(step)
+        commit = self._commit(meta)
         try:
-            with self._gold.use() as table:
-                merge = (table.merge(source, _ON, source_alias="s", target_alias="g",
-                                     commit_properties=commit)
-                         .when_matched_update(updates={
-                             "count": "g.count + s.delta",
-                             "last_commit_lsn": "greatest(g.last_commit_lsn, s.last_commit_lsn)",
-                             "updated_at": "s.updated_at"})
-                         .when_not_matched_insert(updates={
-                             **{c: f"s.{c}" for c in DIMS}, "count": "s.delta",
-                             "last_commit_lsn": "s.last_commit_lsn",
-                             "updated_at": "s.updated_at"}))
-                metrics = merge_recorded(table, merge, commit)
+            with self._merging:
+                started = time.monotonic()          # the fold's own time, not its wait
+                with self._gold.use() as table:
+                    merge = (table.merge(source, _ON, source_alias="s", target_alias="g",
+                                         commit_properties=commit)
+                             .when_matched_update(updates={
+                                 "count": "g.count + s.delta",
+                                 "last_commit_lsn":
+                                     "greatest(g.last_commit_lsn, s.last_commit_lsn)",
+                                 "updated_at": "s.updated_at"})
+                             .when_not_matched_insert(updates={
+                                 **{c: f"s.{c}" for c in DIMS}, "count": "s.delta",
+                                 "last_commit_lsn": "s.last_commit_lsn",
+                                 "updated_at": "s.updated_at"}))
+                    metrics = merge_recorded(table, merge, commit)
         except BaseException:
-            self._unfolded = self._unfolded_step = None
+            with self._state:
+                self._unfolded = None
             raise
-        self._unfolded, self._unfolded_step = [], None
-        self.clock.folded(time.monotonic() - started)
+        seconds = time.monotonic() - started
+        with self._state:
+            if self._unfolded is not None:
+                # The parts are the oldest steps waiting (the batch's own, with a share of
+                # 1, was never among them).
+                del self._unfolded[:sum(part in self._unfolded for part in parts)]
+            if self.guard:
+                self._recorded = newest_meta["batch_id"]
+            self.clock.folded(seconds)
+        log.debug("folded %d steps into gold (%d keys) in %.2fs", len(parts),
+                  deltas.num_rows, seconds)
         return int(metrics["num_target_rows_updated"] + metrics["num_target_rows_inserted"])
 
     def _write_pending(self, carried: DataFrame, batch_id: int, transactions: int) -> None:

@@ -6,9 +6,10 @@ at 1,000,000 keys, 0.29 s for 1,000 key deltas against 0.03 s at 10,000 keys (de
 one process, 2026-11-27). It costs about the same for 50,000 key deltas (0.38 s), so gold
 takes a batch's step by appending its key deltas to ``_deltas`` (a few milliseconds,
 whatever gold's size) and *folds* what accumulated there into ``service_stats`` in one
-MERGE when ``FoldClock`` says so: at most ``FOLD_SHARE`` of the time goes to folding. A
-small gold folds every batch or two, as it MERGEd every batch before; a large one every
-several seconds.
+MERGE when ``FoldClock`` says so: at most ``Config.gold_fold_share`` of the time goes to
+folding (``LAKECDC_GOLD_FOLD_SHARE``). A small gold folds every batch or two, as it MERGEd
+every batch before; a large one every several seconds. Folds run in the background, beside
+the batches (``gold.apply``).
 
 Rows of ``_deltas`` (``DELTAS``): a key, its net delta and newest commit in one batch, and
 the batch id. Each append's commit carries the batch's step (``commit_lsn``, ``commit_ts``,
@@ -32,17 +33,10 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import LongType, StructField, StructType
 
 from core.captured import DIMS
+from core.config import GOLD_FOLD_SHARE
 from core.handle import CHECKPOINTS
 from gold.deltas import KEY_DELTAS
 from gold.plan import KEY_DELTA_COLUMNS
-
-# The most of the gold writer's time folds may take. A fold's MERGE rewrites gold, so its
-# cost follows gold's size; the next fold waits (1 - share) / share times as long as the
-# last one took. Under 2,000 changes/s (docs/benchmarks.md, section 3) a 10,000-key gold
-# folded every batch or second batch, a 1,000,000-key gold about every 15 s (a fold took
-# about a second): ``service_stats`` that far behind ``_deltas``; the dashboard is not
-# (``gold.push.push_ahead``).
-FOLD_SHARE = 0.1
 
 DELTAS_SCHEMA = StructType([*KEY_DELTAS.fields, StructField("batch_id", LongType(), False)])
 DELTAS = to_arrow_schema(DELTAS_SCHEMA)
@@ -87,7 +81,7 @@ class FoldClock:
     after it ended; at once when none has run in this process. A share of 1 folds every
     time; 0 never (only when told: the stream's end)."""
 
-    share: float = FOLD_SHARE
+    share: float = GOLD_FOLD_SHARE
     now: Callable[[], float] = time.monotonic
     _due_at: float | None = field(default=None, repr=False)
 

@@ -16,10 +16,10 @@ import logging
 from pyspark.sql import SparkSession
 
 from core.commits import last_metadata
+from core.config import GOLD_FOLD_SHARE
 from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables
 from gold.asof import gold_state
 from gold.deltas import COUNTED, CountedTables
-from gold.fold import FOLD_SHARE
 
 log = logging.getLogger("lakecdc.gold")
 
@@ -48,7 +48,7 @@ def applied_batch(spark: SparkSession, paths: GoldPaths) -> int | None:
 def gold_writer(spark: SparkSession, paths: GoldPaths, *, tables: CountedTables = COUNTED,
                 accept_errors_upto: int = 0, guard: bool = True, faults=None,
                 storage_options: dict | None = None,
-                fold_share: float = FOLD_SHARE) -> GoldBatchWriter:
+                fold_share: float = GOLD_FOLD_SHARE) -> GoldBatchWriter:
     """The gold half of a stream batch, floored at gold's baseline (its seed or rebuild),
     with what an earlier process left in ``_deltas`` folded into gold."""
     state = gold_state(spark, paths.gold)

@@ -1,6 +1,7 @@
 """Maintenance between a writer's batches: ``Maintainer`` is the hook each writer calls
 after a batch of its own (the shipper's ``on_batch``, the stream's ``on_pass``, the mirrors'
-``after_batch``), in the writer's thread, so no write of lakecdc's runs beside it.
+``after_batch``), in the writer's thread, so no write of lakecdc's runs beside it (gold's
+fold, which runs beside the stream's batches, waits: ``Maintainer.exclusive``).
 
 At most once per ``Config.maintain_interval_s`` it maintains every table of its group
 (``core.maintenance.maintain_table``), one after the other; the writer's next batch waits
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from contextlib import nullcontext
+from typing import Callable, ContextManager
 
 from core.checkpoints import stream_position
 from core.config import Config
@@ -45,15 +47,18 @@ def maintain(tables: list[Maintained], config: Config, storage_options: dict | N
 class Maintainer:
     """Maintains ``group``'s tables when due; call ``after_batch`` from the writer's thread.
     ``mirrored``: the mirrors the group writes, asked for at each run (a table added while
-    running gets its mirror then)."""
+    running gets its mirror then). ``exclusive``: held through each run, for a writer of the
+    group that works beside the batches (gold's fold: ``GoldBatchWriter.paused``)."""
 
     def __init__(self, config: Config, group: str, storage_options: dict | None = None,
                  mirrored: Callable[[], tuple[str, ...]] = tuple,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 exclusive: Callable[[], ContextManager] = nullcontext) -> None:
         self.config = config
         self.group = group
         self.storage_options = storage_options
         self.mirrored = mirrored
+        self.exclusive = exclusive
         self.clock = clock
         self.last = clock()            # the first run one interval after the start
         self.runs = 0
@@ -69,7 +74,8 @@ class Maintainer:
         self.last = self.clock()
         try:
             tables = tables_of(self.config, self.group, self.mirrored())
-            reports = maintain(tables, self.config, self.storage_options)
+            with self.exclusive():
+                reports = maintain(tables, self.config, self.storage_options)
         except Exception as exc:
             log.warning("maintenance of the %s tables failed, tried again in %.0fs: %s",
                         self.group, self.config.maintain_interval_s, exc)

@@ -229,9 +229,11 @@ class Pipeline:
         gold = gold_writer(self.spark, paths.gold, tables=self.config.counted,
                            accept_errors_upto=accept_errors_upto or 0,
                            guard=self.config.guard_on("gold_txn"), faults=self.faults,
-                           storage_options=self._delta_rs_options)
+                           storage_options=self._delta_rs_options,
+                           fold_share=self.config.gold_fold_share)
         callbacks = [self.marks.on_pass, *self.on_pass, *(on_pass or []),
-                     Maintainer(self.config, "stream", self._delta_rs_options).after_batch]
+                     Maintainer(self.config, "stream", self._delta_rs_options,
+                                exclusive=gold.paused).after_batch]
         if self.metrics is not None:
             callbacks.append(self.metrics.on_pass)
         writer = OnePass(silver, gold, self.faults, callbacks, ahead)

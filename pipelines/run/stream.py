@@ -111,8 +111,7 @@ class OnePass:
         self.on_pass = list(on_pass or [])
         self.run = StreamRun()
         self.failure: BaseException | None = None
-        # Held through each batch and its callbacks (maintenance among them), so that gold's
-        # folds between batches (``idle``, ``finish``) never run beside a batch's writes.
+        # Held through each batch, so that the last fold (``finish``) never runs beside one.
         self._batch = threading.Lock()
 
     def __call__(self, bronze: DataFrame, batch_id: int) -> None:
@@ -120,17 +119,10 @@ class OnePass:
             self._pass(bronze, batch_id)
 
     def idle(self) -> None:
-        """Between batches: fold gold's steps waiting in ``_deltas`` when a fold is due, so
-        ``service_stats`` catches up with a stream that went quiet. Skipped while a batch
-        runs; a failure is logged (the next batch folds them, or a restart)."""
-        if not self._batch.acquire(blocking=False):
-            return
-        try:
-            self.gold.fold_if_due()
-        except Exception:
-            log.warning("folding gold's steps between batches failed", exc_info=True)
-        finally:
-            self._batch.release()
+        """Between batches: start a fold of gold's steps waiting in ``_deltas`` when one is
+        due, so ``service_stats`` catches up with a stream that went quiet (the fold runs in
+        the background, beside the next batch: ``GoldBatchWriter.fold_if_due``)."""
+        self.gold.fold_if_due()
 
     def finish(self) -> None:
         """After the last batch: fold every step still waiting, so the stream leaves

@@ -57,14 +57,19 @@ def test_mixed_workloads_over_several_run_once_rounds_are_exact(source_db, confi
 def test_the_cli_run_once_leaves_the_dashboard_exact(source_db, config):
     assert run_cli(["setup"], cli_env(config)).returncode == 0
     purged = mixed(source_db.dsn, seed=11)
-    result = run_cli(["run", "--once"], cli_env(config))
+    # Gold folds each batch's step with the batch (LAKECDC_GOLD_FOLD_SHARE=1): nothing
+    # goes through gold/_deltas.
+    result = run_cli(["run", "--once"], {**cli_env(config), "LAKECDC_GOLD_FOLD_SHARE": "1"})
     assert result.returncode == 0, result.stderr
     check_gold(config.lakehouse, source_db.dsn, source_db.dsn, purged)
+    from deltalake import DeltaTable
+
+    from core.layout import GOLD_DELTAS
+
+    assert DeltaTable(config.table_path(GOLD_DELTAS)).version() == 0
     status = run_cli(["status", "--json"], cli_env(config))
     assert status.returncode == 0 and '"wal_status": "reserved"' in status.stdout
     # Drained: every layer's recorded progress is the newest source commit bronze holds.
-    from deltalake import DeltaTable
-
     newest = max(DeltaTable(config.bronze_path).to_pyarrow_table(
         columns=["commit_lsn"]).column("commit_lsn").to_pylist())
     with source_db.connect() as conn:

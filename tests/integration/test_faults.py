@@ -280,15 +280,15 @@ def test_negative_control_advancing_before_the_commit_loses_changes_on_a_full_di
 
 # --- F12 (and F11/F13 by chance): SIGKILL of the whole `lakecdc run` process group ------------
 
-def killed_at(config, tmp_path, fault: str):
-    """Ship what the source holds, then ``lakecdc run`` in its own process group until the
-    driver dies at ``fault`` and the rest of the group gets SIGKILL; returns the soak, for
-    the cycles that follow."""
+def killed_at(config, tmp_path, fault: str, env: dict[str, str] | None = None):
+    """Ship what the source holds, then ``lakecdc run`` (with ``env``) in its own process
+    group until the driver dies at ``fault`` and the rest of the group gets SIGKILL; returns
+    the soak, for the cycles that follow."""
     from bronze.ship import Shipper
     from tests.soak import Soak
 
     wait_for(lambda: Shipper(config).run(once=True).changes > 0, timeout=60)
-    soak = Soak(config, tmp_path)
+    soak = Soak(config, tmp_path, env=env or {})
     crashed = soak.cycle(fault=fault)
     assert crashed.exit_code == 137
     return soak
@@ -313,10 +313,12 @@ def test_kill_9_of_the_run_process_group_in_the_gold_batch_and_mid_flight_ends_e
     hundred times, killing at random moments, inside the streams too.)"""
     from tests.soak import Positions
 
-    # The fault point is passed in every batch that merges; a new stream's batch 0 is
-    # bronze's snapshot when it starts. With rows in bronze before the run, batch 0 merges
-    # them: the 1st pass is right after a MERGE.
-    soak = killed_at(config, tmp_path, "after_gold_merge:1")
+    # The fault point is passed in every batch that takes a step; a new stream's batch 0 is
+    # bronze's snapshot when it starts. With rows in bronze before the run, and each step
+    # folded into gold with its batch (a small gold's way: LAKECDC_GOLD_FOLD_SHARE=1),
+    # batch 0 merges them: the 1st pass is right after a MERGE. (Steps through _deltas and
+    # folds in the background: the kills of the other tests, and test_gold_apply.py.)
+    soak = killed_at(config, tmp_path, "after_gold_merge:1", {"LAKECDC_GOLD_FOLD_SHARE": "1"})
     gold = DeltaTable(config.table_path(GOLD))
     last = gold.history(1)[0]
     assert last["operation"] == "MERGE", last

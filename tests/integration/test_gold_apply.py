@@ -359,23 +359,55 @@ def test_a_batch_only_deltas_records_counts_as_applied_for_the_checkpoint_check(
     assert applied_batch(spark, paths) == 7
 
 
-def test_a_quiet_stream_folds_when_due(spark, paths):
-    """Between batches (``OnePass.idle``) a fold waits for its turn: the fold before it took
-    ``s`` seconds, so the next is due ``s * (1 - share) / share`` after it."""
+def test_a_fold_waits_its_turn_then_runs_in_the_background_after_gold_maintenance(
+        spark, paths):
+    """A fold waits for its turn: the fold before it took ``s`` seconds, so the next is due
+    ``s * (1 - share) / share`` after it (a quiet stream's ``OnePass.idle`` asks too). It
+    runs in the background, and never beside gold's maintenance (``paused``)."""
+    from deltalake import DeltaTable
+
     now = [100.0]
     sim, _ = busy_sim()
     writer = GoldBatchWriter(paths, fold_share=0.5)
     writer.clock = FoldClock(0.5, now=lambda: now[0])
-    writer.apply(spark, df(spark, sim.txs[0]).toArrow(), 0)      # the first step folds
-    now[0] += 0.01                                 # the fold "took" 0 s of the fake clock
+    step = writer.apply(spark, df(spark, sim.txs[0]).toArrow(), 0)   # the first fold starts
+    assert not step.folded                         # not in the batch: beside it
+    writer.wait_for_fold()
+    assert nonzero(gold_counts(spark, paths.gold)) == sim.truths[0]
     writer.clock.folded(2.0)                       # as if it had taken 2 s: next at +2 s
     writer.apply(spark, df(spark, sim.txs[1]).toArrow(), 1)
     assert not writer.fold_if_due()
+    writer.wait_for_fold()
     assert nonzero(gold_counts(spark, paths.gold)) == sim.truths[0]
     now[0] += 2.0
-    assert writer.fold_if_due()
+    version = DeltaTable(paths.gold).version()
+    with writer.paused():                          # gold's maintenance runs
+        assert writer.fold_if_due()
+        folding = writer._folding
+        folding.join(timeout=2.0)                  # a fold of a few keys takes ~0.03 s
+        assert folding.is_alive() and DeltaTable(paths.gold).version() == version
+    writer.wait_for_fold()
     assert nonzero(gold_counts(spark, paths.gold)) == sim.truths[1]
+    assert DeltaTable(paths.gold).transaction_version(writer.app_id) == 1
     assert not writer.fold_if_due()                # nothing waits
+
+
+def test_batches_beside_background_folds_end_exact_and_a_replay_is_skipped(spark, paths):
+    """Every step through _deltas while folds run beside the batches (one due after each
+    step): gold ends where one MERGE per batch would, and a batch replayed after the folds
+    is skipped by the version gold records."""
+    sim, _ = busy_sim()
+    writer = GoldBatchWriter(paths, fold_share=0.999)    # a fold due at once, each time
+    for batch_id, tx in enumerate(sim.txs):
+        writer.apply(spark, df(spark, tx).toArrow(), batch_id)
+    writer.fold()
+    assert nonzero(gold_counts(spark, paths.gold)) == sim.truth()
+    last = len(sim.txs) - 1
+    assert last_metadata(spark, paths.gold)["batch_id"] == last
+    replay = GoldBatchWriter(paths, fold_share=0.999)
+    replay.apply(spark, df(spark, sim.txs[-1]).toArrow(), last)
+    replay.fold()
+    assert nonzero(gold_counts(spark, paths.gold)) == sim.truth()
 
 
 def test_a_batch_that_changes_no_count_still_records_its_watermark_and_transaction(
@@ -504,13 +536,16 @@ CRASHING_GOLD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("guard,share", [("on", EVERY_BATCH), ("off", EVERY_BATCH),
-                                         ("on", ON_FINISH)],
-                         ids=["guard_on", "guard_off_negative_control", "in_deltas"])
+@pytest.mark.parametrize("guard,share,fault", [
+    ("on", EVERY_BATCH, "after_gold_merge:1"), ("off", EVERY_BATCH, "after_gold_merge:1"),
+    ("on", ON_FINISH, "after_gold_merge:1"), ("on", 0.5, "after_gold_fold:1")],
+    ids=["guard_on", "guard_off_negative_control", "in_deltas", "in_a_background_fold"])
 @pytest.mark.long
-def test_gold_killed_after_its_step_commits_before_checkpoint(spark, tmp_path, guard, share):
+def test_gold_killed_after_its_step_commits_before_checkpoint(spark, tmp_path, guard, share,
+                                                              fault):
     """The process dies once batch 0's step is committed: MERGEd into gold, or (a large
-    gold) appended to _deltas."""
+    gold) appended to _deltas, or folded into gold by a fold in the background (which may
+    end after the batch's checkpoint)."""
     from deltalake import DeltaTable
 
     sim, _ = busy_sim()
@@ -519,7 +554,7 @@ def test_gold_killed_after_its_step_commits_before_checkpoint(spark, tmp_path, g
     ckpt = str(tmp_path / "checkpoints" / "gold")
     write_silver(spark, silver, sim.rows, files=2)
     proc = subprocess.Popen([sys.executable, "-c", CRASHING_GOLD, silver, gold, ckpt, guard,
-                             "after_gold_merge:1", str(share)], start_new_session=True,
+                             fault, str(share)], start_new_session=True,
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _, err = proc.communicate(timeout=600)
@@ -529,12 +564,13 @@ def test_gold_killed_after_its_step_commits_before_checkpoint(spark, tmp_path, g
         except ProcessLookupError:
             pass
     assert proc.returncode == 137, err.decode()[-2000:]
-    if share == EVERY_BATCH:
-        assert nonzero(gold_counts(spark, gold)) == sim.truth()     # the MERGE did commit
-    else:
+    if share == ON_FINISH:
         assert gold_counts(spark, gold) == {}                       # the step is in _deltas
         assert DeltaTable(GoldPaths.beside(gold).deltas).to_pyarrow_table().num_rows > 0
-    assert not os.path.exists(os.path.join(ckpt, "commits", "0"))
+    else:
+        assert nonzero(gold_counts(spark, gold)) == sim.truth()     # the MERGE did commit
+    if fault.startswith("after_gold_merge"):      # a fold may end after the checkpoint
+        assert not os.path.exists(os.path.join(ckpt, "commits", "0"))
     run_gold(spark, silver, gold, ckpt, guard=guard == "on")              # batch 0 again
     got = nonzero(gold_counts(spark, gold))
     if guard == "on":

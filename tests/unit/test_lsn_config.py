@@ -67,8 +67,16 @@ def test_the_mirrors_interval_is_seconds_and_defaults_to_30():
     assert Config.load(env={"LAKECDC_MIRROR_INTERVAL": "2.5"}).mirror_interval_s == 2.5
 
 
+def test_gold_fold_share_is_a_share_and_defaults_to_a_tenth():
+    assert Config.load(env={}).gold_fold_share == 0.1
+    assert Config.load(env={"LAKECDC_GOLD_FOLD_SHARE": "1"}).gold_fold_share == 1.0
+    assert Config.load(env={"LAKECDC_GOLD_FOLD_SHARE": "0"}).gold_fold_share == 0.0
+
+
 @pytest.mark.parametrize("env,fragment", [
     ({"LAKECDC_SLOT": "Bad-Name"}, "slot name"),
+    ({"LAKECDC_GOLD_FOLD_SHARE": "1.5"}, "LAKECDC_GOLD_FOLD_SHARE.*from 0 to 1"),
+    ({"LAKECDC_GOLD_FOLD_SHARE": "often"}, "LAKECDC_GOLD_FOLD_SHARE.*from 0 to 1"),
     ({"LAKECDC_TABLES": "notifications"}, "schema.table"),
     ({"LAKECDC_UNSAFE_DISABLE_GUARDS": "nonsense"}, "unknown guard"),
     ({"LAKECDC_MIRROR_INTERVAL": "0"}, "LAKECDC_MIRROR_INTERVAL"),
