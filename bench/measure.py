@@ -371,7 +371,10 @@ class Bench:
         out["gold_half_s"] = {"median": round(statistics.median(gold), 4) if gold else None,
                               "mean": round(statistics.fmean(gold), 4) if gold else None,
                               "p90": _percentiles(gold, 3).get("p90") if gold else None,
-                              "folds": _merges_since(gold_path, gold_before)}
+                              "folds": _merges_since(gold_path, gold_before),
+                              "step_keys_median": statistics.median(
+                                  b.get("step_keys", 0) for b in self.passes.passes[mark:])
+                              if gold else None}
         latencies = drove.latencies
         out["probes"] = {"committed": drove.probes_committed, "seen": len(latencies)}
         out["written"] = drove.written

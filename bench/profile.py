@@ -100,6 +100,7 @@ class PassLog:
                                 "gold_s": result.gold.seconds,
                                 "merge_s": result.gold.merge_seconds,
                                 "merged_keys": result.gold.merged_keys,
+                                "step_keys": result.gold.step_keys,
                                 "jobs": jobs})
 
     def mark(self) -> int:

@@ -329,6 +329,7 @@ def _values(doc: dict, images: dict[str, str]) -> dict:
     scale_rows = "\n".join(
         f"| {_n(p['gold_keys'])} | {_n(p['services'])} | {_n(r['rate'])} "
         f"({_n(r['achieved_rate'])}) | {_n(r['per_batch'].get('batches'))} | "
+        f"{_n(r['gold_half_s'].get('step_keys_median'))} | "
         f"{_ms(r['gold_half_s']['median'])} | {_ms(r['gold_half_s']['mean'])} | "
         f"{_ms(r['gold_half_s']['p90'])} | {_n(r['gold_half_s']['folds'])} | "
         f"{_n(r['latency_s'].get('p50'))} / {_n(r['latency_s'].get('p95'))} / "

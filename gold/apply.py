@@ -163,7 +163,8 @@ class GoldBatch:
     batch_id: int
     silver_rows: int = 0
     applied_transactions: int = 0
-    merged_keys: int = 0
+    merged_keys: int = 0                # gold rows its MERGE updated or inserted (folded)
+    step_keys: int = 0                  # keys in the batch's step (its net key deltas)
     pending_transactions: int = 0
     commit_lsn: int | None = None       # watermark after this batch (None: unchanged)
     replayed: bool = False              # step (1): already fully applied
@@ -380,6 +381,7 @@ class GoldBatchWriter:
                     planned(Planned(batch_id, watermark, plan.commit_lsn, plan.commit_ts,
                                     plan.key_deltas))
             merging = time.monotonic()
+            result["step_keys"] = plan.key_deltas.num_rows
             result["merged_keys"], result["folded"] = self._take_step(plan, batch_id)
             result["merge_seconds"] = time.monotonic() - merging
             result["commit_lsn"] = plan.commit_lsn

@@ -143,7 +143,7 @@ class OnePass:
         self.run.add(result)
         log.info("batch %d: %d rows to silver (%d quarantined), %d transactions applied to "
                  "gold (%d keys), %d carried, %.2fs%s", batch_id, written.rows,
-                 written.quarantined, applied.applied_transactions, applied.merged_keys,
+                 written.quarantined, applied.applied_transactions, applied.step_keys,
                  applied.pending_transactions, result.seconds,
                  " (gold: replay, already applied)" if applied.replayed else "")
         for callback in self.on_pass:
