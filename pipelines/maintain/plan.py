@@ -6,8 +6,9 @@ commits, so maintenance never races a writer (F26):
 - ``ship``: bronze, by the shipper; the one stream reads bronze, so its vacuum waits for
   the stream's checkpoint (``reader``);
 - ``stream``: ``silver/changes``, ``silver/quarantine``, ``gold/service_stats``,
-  ``gold/_pending`` and ``gold/_deltas``, by the stream's batch (gold's folds between
-  batches wait for it: ``OnePass``); the mirrors' query reads ``silver/changes``;
+  ``gold/_pending`` and ``gold/_deltas``, by the stream's batch (gold's fold, which runs
+  beside the batches, waits for it: ``GoldBatchWriter.paused``); the mirrors' query reads
+  ``silver/changes``;
 - ``mirrors``: each mirror and the markers verify reads, by the mirrors' batch.
 
 The backfill's staging table is kept by the backfill run that writes it (``bronze.backfill``).
