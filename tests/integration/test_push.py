@@ -1,7 +1,7 @@
 """gold → Postgres service_stats: absolute counts, version guard, atomicity, F13 and F20,
 and a batch's step pushed ahead of gold's MERGE (fenced on the dashboard's watermark).
 
-Gold is written by the real batch function (``GoldBatchWriter``, Spark MERGE with change
+Gold is written by the real batch function (``GoldBatchWriter``, its MERGE with change
 data feed) from ``Sim`` silver rows; the dashboard is compared with ``Sim.truth()``, the
 model's own GROUP BY, not with gold.
 """
@@ -64,8 +64,9 @@ def dash(source_db):
 
 
 def apply(spark, paths, sim, start, batch_id):
-    """Apply the sim's transactions from index ``start`` on as batch ``batch_id``."""
-    GoldBatchWriter(paths).apply(
+    """Apply the sim's transactions from index ``start`` on as batch ``batch_id``, its step
+    MERGEd into gold with the batch (a fold share of 1, as a small gold does)."""
+    GoldBatchWriter(paths, fold_share=1.0).apply(
         spark, df(spark, [r for tx in sim.txs[start:] for r in tx]).toArrow(), batch_id)
     return len(sim.txs)
 
@@ -161,7 +162,7 @@ def planned_step(spark, paths, sim, start, batch_id):
         raise Crash("before the MERGE")
 
     with pytest.raises(Crash):
-        GoldBatchWriter(paths).apply(
+        GoldBatchWriter(paths, fold_share=1.0).apply(
             spark, df(spark, [r for tx in sim.txs[start:] for r in tx]).toArrow(), batch_id,
             planned=stop_before_merge)
     return steps[0]
