@@ -65,9 +65,10 @@ def dashboard_rows(dsn: str) -> list[tuple]:
 @contextmanager
 def stream_running(pipeline, accept_errors_upto: int | None = None):
     """The one-pass stream (bronze → silver → gold) running for the block; yields
-    ``drain()``: process everything bronze holds now and assert the query is still up."""
+    ``drain()``: process everything bronze holds now and assert the query is still up.
+    Stopped as a stream stops: the steps still in gold/_deltas folded (``OnePass.finish``)."""
     with pipeline.gold_lock():
-        query, _ = pipeline.start_stream(False, accept_errors_upto)
+        query, writer = pipeline.start_stream(False, accept_errors_upto)
 
         def drain() -> None:
             query.processAllAvailable()
@@ -77,6 +78,7 @@ def stream_running(pipeline, accept_errors_upto: int | None = None):
             yield drain
         finally:
             query.stop()
+            writer.finish()
 
 
 # --- F1-F4, F6, F8, F10, F16: the shipper, one fault after another ------------------------------

@@ -208,6 +208,7 @@ def test_poison_is_quarantined_and_stops_the_pass_until_accepted_then_each_row_l
         assert query.isActive and query.exception() is None
     finally:
         query.stop()
+        writer.finish()                 # as a stream stops: gold's waiting steps folded
 
     assert_one_silver_row_per_bronze_row(spark, paths)
     assertDataFrameEqual(
