@@ -148,7 +148,7 @@ class Config:
                           ("LAKECDC_MIRROR_INTERVAL", "mirror_interval_s"),
                           ("LAKECDC_MAINTAIN_INTERVAL", "maintain_interval_s")):
             if env.get(name):
-                values[key] = _seconds(name, env[name])
+                values[key] = _number(name, env[name])
         if env.get("LAKECDC_RETENTION_HOURS"):
             values["retention_hours"] = _whole("LAKECDC_RETENTION_HOURS",
                                                env["LAKECDC_RETENTION_HOURS"], "hours", 24)
@@ -157,8 +157,9 @@ class Config:
                 "LAKECDC_LOG_RETENTION_MINUTES", env["LAKECDC_LOG_RETENTION_MINUTES"],
                 "minutes", 10)
         if env.get("LAKECDC_GOLD_FOLD_SHARE"):
-            values["gold_fold_share"] = _share("LAKECDC_GOLD_FOLD_SHARE",
-                                               env["LAKECDC_GOLD_FOLD_SHARE"])
+            values["gold_fold_share"] = _number("LAKECDC_GOLD_FOLD_SHARE",
+                                                env["LAKECDC_GOLD_FOLD_SHARE"],
+                                                "a number from 0 to 1", "0.1")
         if env.get("LAKECDC_TABLES"):
             values["tables"] = tuple(t.strip() for t in env["LAKECDC_TABLES"].split(","))
         mirrors = env.get("LAKECDC_MIRRORS", "").strip()
@@ -285,17 +286,10 @@ def _whole(name: str, text: str, unit: str, example: int) -> int:
                         f"write e.g. {example}.") from None
 
 
-def _share(name: str, text: str) -> float:
+def _number(name: str, text: str, what: str = "a number of seconds",
+            example: str = "30") -> float:
     try:
         return float(text)
     except ValueError:
-        raise UserError(f"{name}={text!r} is not a number from 0 to 1; use e.g. {name}=0.1."
-                        ) from None
-
-
-def _seconds(name: str, text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise UserError(f"{name}={text!r} is not a number of seconds; use e.g. {name}=30."
+        raise UserError(f"{name}={text!r} is not {what}; use e.g. {name}={example}."
                         ) from None
