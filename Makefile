@@ -1,8 +1,9 @@
 # The two commands a fresh machine needs (each installs what it needs first):
 #   make demo   - lakecdc demo: own local Postgres + wal2json, traffic, the whole pipeline
 #   make test   - the test suite on real Postgres + wal2json, Spark + Delta
-#   make bench  - the benchmarks (python -m bench, then python -m bench.aging):
-#                 docs/benchmarks.md and docs/benchmarks/aging.md, their JSON and plots
+#   make bench  - the benchmarks (python -m bench, then bench.aging and bench.aged):
+#                 docs/benchmarks.md, docs/benchmarks/aging.md and aged.md, their JSON
+#                 and plots
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -52,9 +53,11 @@ demo: system-deps venv
 
 # BENCH_ARGS: e.g. --quick, or sizes (--changes 200000 --rate 1000); see python -m bench -h
 # AGING_ARGS: the aging section's (--quick, --commits N); see python -m bench.aging -h
+# AGED_ARGS: the pipeline aged against fresh (--quick, --commits N); python -m bench.aged -h
 bench: system-deps venv
 	$(PY) -m bench $(BENCH_ARGS)
 	$(PY) -m bench.aging $(AGING_ARGS)
+	$(PY) -m bench.aged $(AGED_ARGS)
 
 clean:
 	rm -rf $(VENV) lakehouse .pytest_cache

@@ -28,3 +28,8 @@ DO $$ BEGIN
     ALTER TABLE notification_history ADD PRIMARY KEY (id);
 EXCEPTION WHEN invalid_table_definition THEN NULL;
 END $$;
+
+-- Notify's workers pick notifications by status (the benchmark's and the demo's traffic
+-- too): without this index each pick scans the whole table, and the cost of the traffic
+-- grows with the table.
+CREATE INDEX IF NOT EXISTS notifications_status ON notifications (notification_status);

@@ -82,3 +82,24 @@ def test_quick_bench_measures_everything_and_lakecdc_is_exact(tmp_path):
         assert (tmp_path / png).read_bytes().startswith(b"\x89PNG")
     text = report.read_text()
     assert "$" not in text.replace("$$", "") and "results.json" in text
+
+
+def test_quick_aged_bench_ages_a_lakehouse_and_measures_it_beside_a_fresh_one(tmp_path):
+    """``python -m bench.aged --quick``: ``lakecdc run`` ages one lakehouse, a second is set
+    up fresh on the same database, and both are measured in turn, exact."""
+    result = subprocess.run([sys.executable, "-m", "bench.aged", "--quick", "--out",
+                             str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                            timeout=1200, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    doc = json.loads((tmp_path / "aged.json").read_text())
+    commits = doc["params"]["commits"]
+    aged, fresh = doc["state_before"]["aged"], doc["state_before"]["fresh"]
+    assert all(aged[t]["commits"] >= commits for t in ("bronze", "silver", "gold")), aged
+    assert all(fresh[t]["commits"] < commits for t in ("bronze", "silver", "gold")), fresh
+    for name in ("aged", "fresh"):
+        for run in doc["rounds"][name]:
+            assert run["batches"] > 0 and run["latency_s"]["n"] > 0, run
+            assert run["lakecdc"]["gold"]["exact"] and run["lakecdc"]["dashboard"]["exact"]
+    assert set(doc["ratios"]) == {"pass_median_s", "trigger_ms_mean", "probe_p95_s"}
+    assert all(r["ratio"] > 0 for r in doc["ratios"].values()), doc["ratios"]
+    assert "aged over fresh" in (tmp_path / "aged.md").read_text().lower()
