@@ -287,7 +287,10 @@ def render(doc: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.aged",
                                      description=__doc__.split("\n")[0])
-    parser.add_argument("--commits", type=int, default=AgedParams.commits)
+    parser.add_argument("--commits", type=int, default=AgedParams.commits,
+                        help=f"each on bronze, silver and gold ({AgedParams.commits:,})")
+    parser.add_argument("--rounds", type=int, default=AgedParams.rounds,
+                        help=f"per lakehouse ({AgedParams.rounds})")
     parser.add_argument("--quick", action="store_true",
                         help="500 commits, rounds of 30 s: a smoke run")
     parser.add_argument("--render", action="store_true",
@@ -299,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = json.loads((args.out / "aged.json").read_text())
     else:
         params = AgedParams(commits=500, rows=20_000, seconds=30.0, rounds=1) \
-            if args.quick else AgedParams(commits=args.commits)
+            if args.quick else AgedParams(commits=args.commits, rounds=args.rounds)
         doc = measure(params)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "aged.json").write_text(json.dumps(doc, indent=2))

@@ -186,9 +186,7 @@ class Bench:
     def __enter__(self) -> "Bench":
         self.pg.start()
         from core.spark import get_or_create
-        # Finished jobs kept for ``PassLog``'s count of Spark jobs per batch.
-        self.spark = get_or_create("lakecdc-bench",
-                                   extra_conf={"spark.ui.retainedJobs": "200000"})
+        self.spark = get_or_create("lakecdc-bench")
         self.spark.streams.addListener(self.progress.listener())
         self.passes = PassLog(self.spark)
         return self
