@@ -99,6 +99,11 @@ def _n(x) -> str:
     return f"{int(x):,}" if x is not None else "n/a"
 
 
+def _whole(x: float | None) -> int | None:
+    """A count's median (half-way between two counts), to the nearest whole."""
+    return None if x is None else round(x)
+
+
 def _ms(x: float | None) -> str:
     """Seconds to the millisecond (the gold half's figures, whose ratio is a target)."""
     return "n/a" if x is None else f"{x:.3f}"
@@ -329,7 +334,7 @@ def _values(doc: dict, images: dict[str, str]) -> dict:
     scale_rows = "\n".join(
         f"| {_n(p['gold_keys'])} | {_n(p['services'])} | {_n(r['rate'])} "
         f"({_n(r['achieved_rate'])}) | {_n(r['per_batch'].get('batches'))} | "
-        f"{_n(r['gold_half_s'].get('step_keys_median'))} | "
+        f"{_n(_whole(r['gold_half_s'].get('step_keys_median')))} | "
         f"{_ms(r['gold_half_s']['median'])} | {_ms(r['gold_half_s']['mean'])} | "
         f"{_ms(r['gold_half_s']['p90'])} | {_n(r['gold_half_s']['folds'])} | "
         f"{_n(r['latency_s'].get('p50'))} / {_n(r['latency_s'].get('p95'))} / "
