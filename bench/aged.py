@@ -43,10 +43,11 @@ import psycopg
 from deltalake import DeltaTable
 
 from bench import workload
-from bench.aging import _sizes
+from bench.aging import table_sizes
 from bench.measure import Bench, Params, _load, _percentiles
 from core.config import LOG_RETENTION_MINUTES, MAINTAIN_INTERVAL_S, Config
 from core.layout import STREAM_QUERY
+from pipelines.run.pipeline import Locations
 from pipelines.setup.prepare import setup
 
 TARGET = 1.2
@@ -89,8 +90,6 @@ def _commits(config: Config) -> dict[str, int]:
 
 
 def config_paths(config: Config) -> dict[str, str]:
-    from pipelines.run.pipeline import Locations
-
     where = Locations.from_config(config)
     return {"bronze": where.silver.bronze_path, "silver": where.silver.silver_path,
             "gold": where.gold}
@@ -99,7 +98,7 @@ def config_paths(config: Config) -> dict[str, str]:
 def tables_state(config: Config) -> dict:
     out = {}
     for name, path in config_paths(config).items():
-        files, log, on_disk = _sizes(path)
+        files, log, on_disk = table_sizes(path)
         out[name] = {"commits": DeltaTable(path).version(), "live_files": files,
                      "log_entries": log, "bytes": on_disk}
     return out
@@ -109,9 +108,9 @@ def age(bench: Bench, config: Config, params: AgedParams, say=print) -> dict:
     """``lakecdc run`` on ``config``'s lakehouse until every table holds ``commits``."""
     started = time.monotonic()
     before = _commits(config)
-    # A first minute at the production maintenance clock measures the batch rate; the
-    # rest runs at the clock scaled to it.
-    rate = None
+    # A first minute at the production maintenance clock measures the commit rates; the
+    # rest runs at the clock scaled to them.
+    rate: dict[str, float] | None = None
     stages = []
     ctx = multiprocessing.get_context("spawn")
     stop_traffic = ctx.Event()
@@ -119,46 +118,19 @@ def age(bench: Bench, config: Config, params: AgedParams, say=print) -> dict:
                                                  stop_traffic), daemon=True)
     traffic.start()
     try:
-        while True:
-            stop = threading.Event()
+        for until_s in (60.0, None):
             aging = aging_config(config, rate)
-            pipeline = bench.pipeline(aging, trigger_interval="0 seconds")
-            errors: list[BaseException] = []
-
-            def run(p=pipeline, s=stop):
-                try:
-                    p.run_continuous(s)
-                except BaseException as exc:       # raised below
-                    errors.append(exc)
-
-            runner = threading.Thread(target=run, name="bench-aging", daemon=True)
-            runner.start()
-            stage_start, at_start = time.monotonic(), _commits(config)
-            next_say = stage_start + 300
-            while not errors and not stop.wait(10):
-                now = _commits(config)
-                if rate is None and time.monotonic() - stage_start > 60:
-                    break
-                if min(now[n] - before[n] for n in now) >= params.commits:
-                    break
-                if time.monotonic() > next_say:
-                    next_say += 300
-                    say(f"aging: {now} commits, {time.monotonic() - started:.0f} s")
-            stop.set()
-            runner.join(timeout=300)
-            if errors:
-                raise errors[0]
+            at_start = _commits(config)
+            seconds = _run_until(bench.pipeline(aging, trigger_interval="0 seconds"), config,
+                                 before, params.commits, until_s, started, say)
             now = _commits(config)
-            seconds = time.monotonic() - stage_start
-            stages.append({"seconds": round(seconds), "commits": {
-                n: now[n] - at_start[n] for n in now},
-                "maintain_interval_s": round(aging.maintain_interval_s, 1),
-                "log_retention_minutes": aging.log_retention_minutes})
+            stages.append({"seconds": round(seconds),
+                           "commits": {n: now[n] - at_start[n] for n in now},
+                           "maintain_interval_s": round(aging.maintain_interval_s, 1),
+                           "log_retention_minutes": aging.log_retention_minutes})
             if rate is None:
                 rate = {n: (now[n] - at_start[n]) / seconds for n in now}
                 say(f"aging: commits a second in the first minute: {rate}")
-                continue
-            break
     finally:
         stop_traffic.set()
         traffic.join(timeout=60)
@@ -166,11 +138,44 @@ def age(bench: Bench, config: Config, params: AgedParams, say=print) -> dict:
             "commits_per_s": {n: round(r, 2) for n, r in rate.items()}, "stages": stages}
 
 
+def _run_until(pipeline, config: Config, before: dict[str, int], commits: int,
+               until_s: float | None, started: float, say) -> float:
+    """``lakecdc run`` until every table holds ``commits`` more than ``before``, or for
+    ``until_s`` seconds; returns the seconds it ran."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            pipeline.run_continuous(stop)
+        except BaseException as exc:       # raised below
+            errors.append(exc)
+
+    runner = threading.Thread(target=run, name="bench-aging", daemon=True)
+    runner.start()
+    stage_start = time.monotonic()
+    next_say = stage_start + 300
+    while not errors and not stop.wait(10):
+        now = _commits(config)
+        if until_s is not None and time.monotonic() - stage_start > until_s:
+            break
+        if min(now[n] - before[n] for n in now) >= commits:
+            break
+        if time.monotonic() > next_say:
+            next_say += 300
+            say(f"aging: {now} commits, {time.monotonic() - started:.0f} s")
+    stop.set()
+    runner.join(timeout=300)
+    if errors:
+        raise errors[0]
+    return time.monotonic() - stage_start
+
+
 def _round(bench: Bench, config: Config, params: AgedParams) -> dict:
     pipeline = bench.pipeline(config)
     pipeline.run_once()                    # the other lakehouse's traffic, drained
     mark = bench.passes.mark()
-    out, _ = bench._continuous(config, pipeline, params.rate, params.seconds,
+    out, _ = bench.continuous(config, pipeline, params.rate, params.seconds,
                                neighbours=False)
     passes = bench.passes.passes[mark:mark + out["per_batch"]["batches"]]
     seconds = [p["seconds"] for p in passes]

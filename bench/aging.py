@@ -163,7 +163,7 @@ def _date_log(path: str, newest: int, rate: float) -> None:
             os.utime(entry, (at, at))
 
 
-def _sizes(path: str) -> tuple[int, int, int]:
+def table_sizes(path: str) -> tuple[int, int, int]:
     """(live files, log entries, bytes on storage) of the table at ``path``."""
     table = DeltaTable(path)
     on_disk = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
@@ -252,7 +252,7 @@ def age(root: Path, params: AgingParams, spark, say=print) -> dict:
                 series[name].maintain_s.append(round(report.seconds, 3))
         if (i + 1) % params.window == 0:
             for name, path in tables.items():
-                files, log, on_disk = _sizes(path)
+                files, log, on_disk = table_sizes(path)
                 s = series[name]
                 s.commit_ms.append(round(statistics.median(times[name][-params.window:])
                                          * 1000, 2))
@@ -273,8 +273,8 @@ def settle(tables: dict[str, str]) -> dict:
         maintain_table(name, path, retention_hours=0, log_retention_minutes=1)
         live = int(sum(DeltaTable(path).get_add_actions(flatten=True)
                        .column("size_bytes").to_pylist()))
-        out[name] = {"bytes": _sizes(path)[2], "live_bytes": live,
-                     "ratio": round(_sizes(path)[2] / max(live, 1), 2)}
+        out[name] = {"bytes": table_sizes(path)[2], "live_bytes": live,
+                     "ratio": round(table_sizes(path)[2] / max(live, 1), 2)}
     return out
 
 

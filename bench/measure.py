@@ -310,7 +310,7 @@ class Bench:
 
     def _freshness_at(self, rate: float) -> dict:
         config, pipeline = self._bench
-        out, drove = self._continuous(config, pipeline, rate, self.params.freshness_s)
+        out, drove = self.continuous(config, pipeline, rate, self.params.freshness_s)
         out["neighbours"] = {
             "tables": len(workload.NEIGHBOURS), "rate_per_table": NEIGHBOUR_RATE,
             "changes": drove.neighbour_changes,
@@ -320,7 +320,7 @@ class Bench:
                                         for t in workload.NEIGHBOURS)}
         return out
 
-    def _continuous(self, config: Config, pipeline: Pipeline, rate: float, seconds: float,
+    def continuous(self, config: Config, pipeline: Pipeline, rate: float, seconds: float,
                     services: int = 8, neighbours: bool = True) -> tuple[dict, Drive]:
         """``lakecdc run`` under traffic at ``rate`` for ``seconds`` (inserts over
         ``services`` services; the neighbour tables too with ``neighbours``), the probe's
@@ -402,7 +402,7 @@ class Bench:
             pipeline.run_once()                        # seeds gold with the baseline
             point = {"gold_keys": len(gold_counts(config)), "services": services, "runs": []}
             for rate in p.scale_rates if keys == p.scale_keys[-1] else p.scale_rates[:1]:
-                run, _ = self._continuous(config, pipeline, rate, p.scale_s,
+                run, _ = self.continuous(config, pipeline, rate, p.scale_s,
                                           services=services, neighbours=False)
                 point["runs"].append({k: run[k] for k in (
                     "rate", "achieved_rate", "load_before", "load_after", "latency_s",
