@@ -23,6 +23,16 @@ MIRROR_INTERVAL_S = 30.0
 MAINTAIN_INTERVAL_S = 300.0
 RETENTION_HOURS = 24
 LOG_RETENTION_MINUTES = 10
+# Bronze's log is kept shorter. Only lakecdc's own stream reads bronze's history (everything
+# else reads its newest snapshot), and maintenance keeps bronze's log from where that stream
+# would restart, however far behind it is. Spark's stream lists bronze's log at every
+# trigger, and on a local disk a listing reads the whole folder: with 2,324 entries (10
+# minutes at 3-4 commits a second) a trigger's reading of it took 100-114 ms, against 50-65
+# ms with up to 1,000 (bench/aged.py, 2026-11-28).
+BRONZE_LOG_RETENTION_MINUTES = 2
+# Between two maintenances each writer cleans its tables' expired log this often, so a log
+# holds its retention and at most this much more (not up to MAINTAIN_INTERVAL_S more).
+LOG_CLEAN_INTERVAL_S = 30.0
 # The most of the gold writer's time its folds may take (gold/fold.py): a fold MERGEs what
 # waits in gold/_deltas into service_stats and rewrites gold, so its cost follows gold's
 # size; the next fold waits (1 - share) / share times as long as the last took. Under

@@ -27,12 +27,17 @@ ever races it. Each step is idempotent and is one commit or none:
    (``log_floor + 1``: where its newest committed batch started). Last, since a snapshot
    loaded before it may read a checkpoint it deletes.
 
+Steps 2 and 5 also run alone, more often (``clean_log``: the writers do it every
+``LOG_CLEAN_INTERVAL_S``), so a log holds its retention and little more.
+
 Why the log is short (``log_properties``): every commit of delta-rs, and every snapshot load,
 lists the log; on a local disk that listing reads the whole folder, so a commit's cost grows
 with the log's length: about 11 ms per 1,000 entries (docs/operations.md, "Running for
 months"; stores that list from an offset, such as S3, pay less). At 2,000 changes/s a table gets 2-4
 commits a second, so Delta's default 30 days would be 5-10 million entries; 10 minutes is
-1,200-2,400. The checkpoints carry each tombstone as long, so they stay small too.
+1,200-2,400. Bronze, whose history only lakecdc's stream reads, keeps 2 minutes
+(``core.config.BRONZE_LOG_RETENTION_MINUTES``: Spark's stream lists it at every trigger).
+The checkpoints carry each tombstone as long, so they stay small too.
 
 A kill anywhere (F25) leaves the table as it was or compacted: compaction's new files are
 invisible until its one log entry, so a kill before it leaves orphans that a later vacuum
@@ -116,11 +121,7 @@ def maintain_table(name: str, uri: str, storage_options: dict | None = None, *,
     report.compacted = int(small.get("numFilesRemoved", 0))
     (faults or FaultPoints()).hit("after_compaction")      # F25: killed between the steps
     table.update_incremental()
-    wanted = log_properties(log_retention_minutes)
-    have = table.metadata().configuration
-    if any(have.get(k) != v for k, v in wanted.items()):
-        table.alter.set_table_properties(wanted)
-        table.update_incremental()
+    _keep_retention(table, log_retention_minutes)
     if report.compacted:
         table.create_checkpoint()
     if held:
@@ -137,6 +138,35 @@ def maintain_table(name: str, uri: str, storage_options: dict | None = None, *,
     _MAINTAINED[uri] = _MAINTAINED.get(uri, 0) + 1
     _record(uri, storage_options, report, now or time.time())
     return report
+
+
+def clean_log(uri: str, storage_options: dict | None = None, *,
+              log_retention_minutes: int = LOG_RETENTION_MINUTES,
+              log_floor: int | None = None) -> list[str]:
+    """Steps 2 and 5 of ``maintain_table`` alone, between two maintenances: the log's
+    retention set and its expired entries deleted (``log_floor`` as there). Cheap - a
+    snapshot load and the deletes - so a writer does it often and its log stays near its
+    retention. Returns the notes (a log it could not clean, and why)."""
+    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
+        return []
+    table = DeltaTable(uri, storage_options=storage_options)
+    if _keep_retention(table, log_retention_minutes):
+        _MAINTAINED[uri] = _MAINTAINED.get(uri, 0) + 1      # a commit beside its writer
+    report = TableReport(uri)
+    _clean_log(uri, storage_options, table.version(), log_floor, report)
+    return report.notes
+
+
+def _keep_retention(table: DeltaTable, log_retention_minutes: int) -> bool:
+    """Set the table's ``log_properties`` where they differ (one metadata-only commit);
+    True: it committed."""
+    wanted = log_properties(log_retention_minutes)
+    have = table.metadata().configuration
+    if all(have.get(k) == v for k, v in wanted.items()):
+        return False
+    table.alter.set_table_properties(wanted)
+    table.update_incremental()
+    return True
 
 
 def maintenances(uri: str) -> int:

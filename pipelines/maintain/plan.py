@@ -4,7 +4,8 @@ Each table is maintained by the process and thread that write it, between two of
 commits, so maintenance never races a writer (F26):
 
 - ``ship``: bronze, by the shipper; the one stream reads bronze, so its vacuum waits for
-  the stream's checkpoint (``reader``);
+  the stream's checkpoint (``reader``), and its log, which nothing else reads, is kept
+  ``BRONZE_LOG_RETENTION_MINUTES`` past what that stream needs;
 - ``stream``: ``silver/changes``, ``silver/quarantine``, ``gold/service_stats``,
   ``gold/_pending`` and ``gold/_deltas``, by the stream's batch (gold's fold, which runs
   beside the batches, waits for it: ``GoldBatchWriter.paused``); the mirrors' query reads
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.config import Config
+from core.config import BRONZE_LOG_RETENTION_MINUTES, Config
 from core.layout import (
     BRONZE,
     GOLD,
@@ -40,6 +41,7 @@ GROUPS = ("ship", "stream", "mirrors")
 class Maintained:
     name: str                      # as status shows it: bronze, silver, gold, mirror …
     uri: str
+    log_retention_minutes: int
     reader: str | None = None      # the checkpoint of a stream that may read the table
 
 
@@ -47,18 +49,20 @@ def tables_of(config: Config, group: str, mirrored: tuple[str, ...] = ()
               ) -> list[Maintained]:
     """The tables ``group``'s writer keeps; ``mirrored``: the mirrors it writes."""
     path = config.table_path
+    log = config.log_retention_minutes
     if group == "ship":
-        return [Maintained("bronze", path(BRONZE), reader=path(STREAM_CHECKPOINT))]
+        return [Maintained("bronze", path(BRONZE), min(log, BRONZE_LOG_RETENTION_MINUTES),
+                           reader=path(STREAM_CHECKPOINT))]
     if group == "stream":
         # The mirrors' query reads silver wherever its checkpoint is, whatever this
         # process's configuration says of mirrors (``stream_position``: none, no reader).
-        return [Maintained("silver", path(SILVER), reader=path(MIRROR_CHECKPOINT)),
-                Maintained("quarantine", path(QUARANTINE)),
-                Maintained("gold", path(GOLD)),
-                Maintained("gold_pending", path(GOLD_PENDING)),
-                Maintained("gold_deltas", path(GOLD_DELTAS))]
+        return [Maintained("silver", path(SILVER), log, reader=path(MIRROR_CHECKPOINT)),
+                Maintained("quarantine", path(QUARANTINE), log),
+                Maintained("gold", path(GOLD), log),
+                Maintained("gold_pending", path(GOLD_PENDING), log),
+                Maintained("gold_deltas", path(GOLD_DELTAS), log)]
     if group == "mirrors":
-        return [*[Maintained(f"mirror {t}", mirror_path(config.lakehouse, t))
+        return [*[Maintained(f"mirror {t}", mirror_path(config.lakehouse, t), log)
                   for t in mirrored],
-                Maintained("mirror markers", path(MIRROR_MARKERS))]
+                Maintained("mirror markers", path(MIRROR_MARKERS), log)]
     raise ValueError(f"unknown maintenance group {group!r}")

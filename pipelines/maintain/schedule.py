@@ -6,8 +6,10 @@ fold, which runs beside the stream's batches, waits: ``Maintainer.exclusive``).
 At most once per ``Config.maintain_interval_s`` it maintains every table of its group
 (``core.maintenance.maintain_table``), one after the other; the writer's next batch waits
 for it. The bound is the interval's worth of small files per table: measured in
-docs/operations.md, "Running for months". A failure is logged and tried again at the next
-interval; it never stops the writer (the table is then only larger, never wrong: F25).
+docs/operations.md, "Running for months". Between those, every ``LOG_CLEAN_INTERVAL_S`` it
+cleans their expired log entries (``core.maintenance.clean_log``: a snapshot load and the
+deletes). A failure is logged and tried again at the next interval; it never stops the
+writer (the table is then only larger, never wrong: F25).
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from contextlib import nullcontext
 from typing import Callable, ContextManager
 
 from core.checkpoints import stream_position
-from core.config import Config
+from core.config import LOG_CLEAN_INTERVAL_S, Config
 from core.faults import FaultPoints
-from core.maintenance import TableReport, maintain_table
+from core.maintenance import TableReport, clean_log, maintain_table
 from pipelines.maintain.plan import Maintained, tables_of
 
 log = logging.getLogger("lakecdc.maintain")
@@ -31,17 +33,37 @@ def maintain(tables: list[Maintained], config: Config, storage_options: dict | N
     """Maintain each of ``tables`` now (the caller is their writer, or holds its lock)."""
     reports = []
     for table in tables:
-        # The stream reading the table holds back its vacuum (``core.maintenance``); the
-        # guard is off only in a negative control (docs/reliability.md, F17).
-        watched = table.reader is not None and config.guard_on("reader_floor")
+        watched = _watched(table, config)
         reports.append(maintain_table(
             table.name, table.uri, storage_options, retention_hours=config.retention_hours,
-            log_retention_minutes=config.log_retention_minutes,
+            log_retention_minutes=table.log_retention_minutes,
             reader_floor=stream_position(table.reader, storage_options) if watched else None,
-            log_floor=(stream_position(table.reader, storage_options, replayed=True)
-                       if watched else None),
+            log_floor=_log_floor(table, config, storage_options),
             faults=FaultPoints(config.faults)))
     return reports
+
+
+def clean_logs(tables: list[Maintained], config: Config, storage_options: dict | None
+               ) -> None:
+    """Clean the expired log of each of ``tables`` now (``core.maintenance.clean_log``)."""
+    for table in tables:
+        for note in clean_log(table.uri, storage_options,
+                              log_retention_minutes=table.log_retention_minutes,
+                              log_floor=_log_floor(table, config, storage_options)):
+            log.info("%s: %s", table.name, note)
+
+
+def _watched(table: Maintained, config: Config) -> bool:
+    """Whether the stream reading the table holds back its vacuum and log cleanup
+    (``core.maintenance``); the guard is off only in a negative control
+    (docs/reliability.md, F17)."""
+    return table.reader is not None and config.guard_on("reader_floor")
+
+
+def _log_floor(table: Maintained, config: Config, storage_options: dict | None
+               ) -> int | None:
+    return (stream_position(table.reader, storage_options, replayed=True)
+            if _watched(table, config) else None)
 
 
 class Maintainer:
@@ -61,15 +83,23 @@ class Maintainer:
         self.exclusive = exclusive
         self.clock = clock
         self.last = clock()            # the first run one interval after the start
+        self.last_log = self.last
         self.runs = 0
 
     def due(self) -> bool:
         return self.clock() - self.last >= self.config.maintain_interval_s
 
+    def log_due(self) -> bool:
+        return self.clock() - self.last_log >= min(LOG_CLEAN_INTERVAL_S,
+                                                   self.config.maintain_interval_s)
+
     def after_batch(self, *_args) -> list[TableReport]:
-        """Maintain the group's tables if due (any arguments a writer's hook passes are
-        ignored). Never raises: a failure is logged and retried at the next interval."""
+        """Maintain the group's tables if due, else clean their logs if that is due (any
+        arguments a writer's hook passes are ignored). Never raises: a failure is logged
+        and retried at the next interval."""
         if not self.due():
+            if self.log_due():
+                self._clean_logs()
             return []
         self.last = self.clock()
         try:
@@ -81,8 +111,20 @@ class Maintainer:
                         self.group, self.config.maintain_interval_s, exc)
             return []
         finally:
-            self.last = self.clock()
+            self.last = self.last_log = self.clock()
         self.runs += 1
         for report in reports:
             log.info("maintained %s", report.line())
         return reports
+
+    def _clean_logs(self) -> None:
+        self.last_log = self.clock()
+        try:
+            tables = tables_of(self.config, self.group, self.mirrored())
+            with self.exclusive():
+                clean_logs(tables, self.config, self.storage_options)
+        except Exception as exc:
+            log.warning("cleaning the %s tables' logs failed, tried again in %.0fs: %s",
+                        self.group, LOG_CLEAN_INTERVAL_S, exc)
+        finally:
+            self.last_log = self.clock()

@@ -19,7 +19,9 @@ from deltalake import DeltaTable, write_deltalake
 from core.checkpoints import stream_position
 from core.config import Config
 from core.handle import CHECKPOINTS
+from core.layout import STREAM_CHECKPOINT
 from core.maintenance import MAINTENANCE_FILE, maintain_table, table_size
+from pipelines.maintain.plan import tables_of
 from pipelines.maintain.schedule import Maintainer
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])
@@ -245,6 +247,43 @@ def test_the_schedule_runs_each_interval_and_a_failure_never_reaches_the_writer(
     assert maintainer.after_batch() == []          # tried again one interval later, not before
     clock.now = 261
     assert maintainer.after_batch() == [] and calls == [200, 261]
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["reader_floor", "negative_control"])
+def test_between_maintenances_the_writer_cleans_the_log_and_bronze_keeps_two_minutes(
+        tmp_path, guarded):
+    """Every 30 s between two maintenances the shipper's hook cleans bronze's expired log:
+    bronze keeps 2 minutes (only lakecdc's stream reads its history), the other tables the
+    configured 10. The stream's restart point holds the cleanup back as in a maintenance;
+    without its floor the entries it resumes from go."""
+    config = Config(lakehouse=str(tmp_path / "lake"), maintain_interval_s=300,
+                    disabled_guards=frozenset() if guarded else frozenset({"reader_floor"}))
+    assert {t.log_retention_minutes for t in tables_of(config, "stream")} == {10}
+    bronze = Path(config.bronze_path)
+    small_commits(bronze, 2)
+    clock = Clock()
+    maintainer = Maintainer(config, "ship", clock=clock)
+    clock.now = 300
+    assert [r.table for r in maintainer.after_batch()] == ["bronze"]
+    assert DeltaTable(str(bronze)).metadata().configuration[
+        "delta.logRetentionDuration"] == "interval 2 minutes"
+    for i in range(58):
+        write_deltalake(str(bronze), pa.table({"k": [i], "v": ["w"]}, schema=SCHEMA),
+                        mode="append")
+    # The stream's newest committed batch started after version 25: it resumes at 26.
+    checkpoint(Path(config.table_path(STREAM_CHECKPOINT)), committed={0: 0, 1: 0},
+               planned={0: 26, 1: 50})
+    age_log(bronze, 3 / 60)              # 3 minutes old: past bronze's retention
+    clock.now = 329
+    assert maintainer.after_batch() == [] and commits_logged(bronze)[0] == 0    # not due
+    clock.now = 330
+    assert maintainer.after_batch() == []
+    first = commits_logged(bronze)[0]
+    if guarded:   # from the newest checkpoint at or before 26 (19) on
+        assert first == 19 and len(keys(bronze, version=26)) == 100 + 23
+    else:
+        assert first > 26
+    assert len(keys(bronze)) == 100 + 58
 
 
 def test_a_kill_9_anywhere_in_maintenance_leaves_every_row_once_and_the_next_run_finishes(
