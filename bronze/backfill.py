@@ -51,6 +51,7 @@ from bronze.table import BronzeTable
 from core.config import Config
 from core.errors import UserError
 from core.faults import FaultPoints
+from core.features import open_table
 from core.locks import acquire, shipper_running
 from core.maintenance import maintain_table
 from core.postgres import connect
@@ -181,8 +182,7 @@ class SnapshotBackfill:
 
     def _emitted(self, run: str) -> int:
         if self._bronze_dt is None:
-            self._bronze_dt = DeltaTable(self.config.bronze_path,
-                                         storage_options=self.storage_options)
+            self._bronze_dt = open_table(self.config.bronze_path, self.storage_options)
         else:
             self._bronze_dt.update_incremental()
         return self._bronze_dt.transaction_version(app_id(run)) or 0

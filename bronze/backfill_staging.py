@@ -16,6 +16,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from bronze.backfill_marks import key_columns_of, key_columns_text
 from bronze.records import UTC_US
 from core.config import Config
+from core.features import open_table
 from core.handle import CHECKPOINTS
 from core.layout import BACKFILL_STAGING
 
@@ -106,7 +107,7 @@ class StagingTable:
                               storage_options=self.storage_options)
 
     def _table(self) -> DeltaTable:
-        return DeltaTable(self.uri, storage_options=self.storage_options)
+        return open_table(self.uri, self.storage_options)
 
     def runs(self) -> dict[str, RunState]:
         dt = self._table()

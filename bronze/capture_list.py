@@ -29,6 +29,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from core.errors import UserError
+from core.features import open_table
 from core.layout import CAPTURE_LIST, path
 
 SNAPSHOTTING, CAPTURED, REMOVED = "snapshotting", "captured", "removed"
@@ -80,7 +81,7 @@ class CaptureList:
         if self._table is None:
             if not self.exists():
                 return None
-            self._table = DeltaTable(self.uri, storage_options=self.storage_options)
+            self._table = open_table(self.uri, self.storage_options)
             self._read = None
         else:
             self._table.update_incremental()

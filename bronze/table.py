@@ -45,6 +45,7 @@ from deltalake.transaction import AddAction
 
 from bronze.records import BRONZE_SCHEMA
 from core.errors import UserError
+from core.features import open_table
 from core.handle import CHECKPOINTS, WriterHandle
 from core.storage import filesystem
 
@@ -92,7 +93,7 @@ class BronzeTable:
         self._handle = WriterHandle(uri, storage_options)        # for ``commit``
 
     def _table(self) -> DeltaTable:
-        return DeltaTable(self.uri, storage_options=self.storage_options)
+        return open_table(self.uri, self.storage_options)
 
     def exists(self) -> bool:
         return DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options)

@@ -20,6 +20,7 @@ from typing import Iterator
 
 from deltalake import DeltaTable
 
+from core.features import open_table
 from core.maintenance import maintenances
 
 # A checkpoint every 20 commits: a reader (a snapshot load, a kept handle opened again)
@@ -59,6 +60,6 @@ class WriterHandle:
             if (self._table.version() - version < CHECKPOINT_INTERVAL
                     and maintenances(self.uri) == maintained):
                 return self._table
-        self._table = DeltaTable(self.uri, storage_options=self.storage_options)
+        self._table = open_table(self.uri, self.storage_options)
         self._opened_at = (self._table.version(), maintenances(self.uri))
         return self._table

@@ -55,6 +55,7 @@ from deltalake.exceptions import DeltaError
 
 from core.config import LOG_RETENTION_MINUTES
 from core.faults import FaultPoints
+from core.features import open_table
 from core.storage import filesystem, under
 
 # Compacted files. Every file under the target is a candidate, so a run rewrites the new
@@ -110,7 +111,7 @@ def maintain_table(name: str, uri: str, storage_options: dict | None = None, *,
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
         report.notes.append("no table yet")
         return report
-    table = DeltaTable(uri, storage_options=storage_options)
+    table = open_table(uri, storage_options)
     report.files_before = len(table.file_uris())
     held = _held_by_reader(uri, storage_options, table.version(), reader_floor,
                            retention_hours, now or time.time())
@@ -149,7 +150,7 @@ def clean_log(uri: str, storage_options: dict | None = None, *,
     retention. Returns the notes (a log it could not clean, and why)."""
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
         return []
-    table = DeltaTable(uri, storage_options=storage_options)
+    table = open_table(uri, storage_options)
     if _keep_retention(table, log_retention_minutes):
         _MAINTAINED[uri] = _MAINTAINED.get(uri, 0) + 1      # a commit beside its writer
     report = TableReport(uri)
@@ -186,7 +187,7 @@ def _clean_log(uri: str, storage_options: dict | None, version: int,
         return                      # its stream has read nothing yet: it starts at the top
     keep_from = version if reader_floor is None else min(version, reader_floor + 1)
     try:
-        DeltaTable(uri, version=keep_from, storage_options=storage_options).cleanup_metadata()
+        open_table(uri, storage_options, version=keep_from).cleanup_metadata()
     except DeltaError as exc:       # its entry was cleaned before lakecdc kept the log
         report.notes.append(f"log not cleaned: version {keep_from} is unreadable ({exc})")
 
@@ -253,7 +254,7 @@ def table_size(uri: str, storage_options: dict | None = None) -> TableSize | Non
 
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
         return None
-    adds = DeltaTable(uri, storage_options=storage_options).get_add_actions(flatten=True)
+    adds = open_table(uri, storage_options).get_add_actions(flatten=True)
     fs, root = filesystem(uri, storage_options)
     log = fs.get_file_info(FileSelector(under(root, "_delta_log")))
     return TableSize(adds.num_rows, int(sum(adds.column("size_bytes").to_pylist())),

@@ -33,6 +33,7 @@ from core.captured import DIMS
 from core.commits import read_commits_rs
 from core.errors import UserError
 from core.faults import FaultPoints
+from core.features import open_table
 from core.postgres import Unreachable, connect
 from core.storage import gold_key, is_remote
 
@@ -168,7 +169,7 @@ def open_gold(gold_path: str, storage_options: dict | None = None,
               version: int | None = None) -> DeltaTable:
     uri = gold_path if is_remote(gold_path) else gold_key(gold_path)
     try:
-        return DeltaTable(uri, version=version, storage_options=storage_options)
+        return open_table(uri, storage_options, version=version)
     except TableNotFoundError:
         at = "" if version is None else f" (version {version})"
         raise UserError(f"there is no gold table at {gold_path}{at}: run `lakecdc stream` "

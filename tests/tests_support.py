@@ -14,6 +14,13 @@ from core.config import Config
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# What a Databricks workspace's spark-defaults.conf may turn on for every new table.
+WORKSPACE_DEFAULTS = {f"spark.databricks.delta.properties.defaults.{key}": value
+                      for key, value in {"enableDeletionVectors": "true",
+                                         "columnMapping.mode": "name",
+                                         "enableRowTracking": "true"}.items()}
+
+
 def cli_env(config: Config) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAKECDC_")}
     env.update({"LAKECDC_SOURCE_DSN": config.source_dsn, "LAKECDC_LAKEHOUSE": config.lakehouse,

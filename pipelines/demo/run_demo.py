@@ -20,11 +20,11 @@ import uuid
 from pathlib import Path
 
 import psycopg
-from deltalake import DeltaTable
 from psycopg import sql
 
 from core.config import Config
 from core.errors import DriftFound
+from core.features import open_table
 from core.layout import GOLD, mirror_path
 from infra.localpg import LocalPostgres
 from pipelines.demo.plot import plot
@@ -48,7 +48,7 @@ def _say(text: str) -> None:
 
 
 def gold_counts(path: str) -> dict[tuple, int]:
-    rows = DeltaTable(path).to_pyarrow_table(
+    rows = open_table(path).to_pyarrow_table(
         columns=["service_id", "template_id", "notification_type", "notification_status",
                  "count"]).to_pylist()
     return {(r["service_id"], r["template_id"], r["notification_type"],
@@ -168,7 +168,7 @@ def _reference_rows(conn: psycopg.Connection) -> None:
 
 def mirror_rows(config: Config, table: str, key: str) -> dict:
     """A mirror's rows by key, read with delta-rs (its lakecdc columns left out)."""
-    rows = DeltaTable(mirror_path(config.lakehouse, table)).to_pyarrow_table().to_pylist()
+    rows = open_table(mirror_path(config.lakehouse, table)).to_pyarrow_table().to_pylist()
     return {r[key]: {k: v for k, v in r.items() if not k.startswith("_lakecdc")}
             for r in rows}
 

@@ -26,6 +26,7 @@ from psycopg import sql
 
 from bronze import slot as slots
 from core.config import Config
+from core.features import open_table
 from core.layout import GOLD, QUARANTINE, SILVER
 from core.lsn import fmt
 from core.postgres import connect
@@ -96,7 +97,7 @@ def delta_layer(layer: str, uri: str, lsn_column: str, ts_column: str,
     """An append-only layer: the newest change it holds, from per-file statistics."""
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
         return LayerStatus(layer, note="not created yet")
-    table = DeltaTable(uri, storage_options=storage_options)
+    table = open_table(uri, storage_options)
     ts = _max_stat(table, ts_column)
     if isinstance(ts, dt.datetime) and ts.tzinfo is None:
         ts = ts.replace(tzinfo=dt.timezone.utc)
@@ -109,7 +110,7 @@ def gold_layer(uri: str, storage_options: dict | None = None) -> LayerStatus:
 
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
         return LayerStatus("gold", note="not created yet")
-    table = DeltaTable(uri, storage_options=storage_options)
+    table = open_table(uri, storage_options)
     commit_lsn, commit_ts = gold_position(uri, storage_options, table.version())
     if commit_ts is not None and commit_ts.tzinfo is None:
         commit_ts = commit_ts.replace(tzinfo=dt.timezone.utc)
@@ -137,7 +138,7 @@ def quarantine_rows(uri: str, storage_options: dict | None = None) -> int | None
     row counts; files without that statistic are counted from their Parquet footers."""
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
         return None
-    table = DeltaTable(uri, storage_options=storage_options)
+    table = open_table(uri, storage_options)
     counts = table.get_add_actions(flatten=True).column("num_records").to_pylist()
     if all(n is not None for n in counts):
         return int(sum(counts))

@@ -17,6 +17,7 @@ from typing import Callable
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
+from core.features import open_table
 from core.layout import MIRROR_MARKERS, path
 
 _MARKERS = pa.schema([("marker_lsn", pa.int64()), ("batch_id", pa.int64()),
@@ -42,6 +43,6 @@ def mirrors_position(lakehouse: str, storage_options: dict | None = None) -> int
     uri = path(lakehouse, MIRROR_MARKERS)
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
         return None
-    values = DeltaTable(uri, storage_options=storage_options).to_pyarrow_table(
+    values = open_table(uri, storage_options).to_pyarrow_table(
         columns=["marker_lsn"]).column("marker_lsn").to_pylist()
     return max(values, default=None)

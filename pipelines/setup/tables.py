@@ -44,6 +44,7 @@ from bronze.table import BronzeTable
 from core.config import TABLE_NAME, Config
 from core.errors import UserError
 from core.faults import FaultPoints
+from core.features import open_table
 from core.layout import mirror_path
 from core.locks import acquire, shipper_running
 from core.lsn import fmt
@@ -235,7 +236,7 @@ def _mirror_freshness(lakehouse: str, table: str, storage_options: dict | None):
     uri = mirror_path(lakehouse, table)
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
         return None, None, None
-    mirror = DeltaTable(uri, storage_options=storage_options)
+    mirror = open_table(uri, storage_options)
     files = pa.table(mirror.get_add_actions(flatten=True)).to_pylist()
     rows = sum(f.get("num_records") or 0 for f in files)
     newest = max((f.get("max._lakecdc_commit_ts") for f in files

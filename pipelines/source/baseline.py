@@ -18,6 +18,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from core.captured import DIMS, CountedTables
+from core.features import open_table
 
 APP_ID = "lakecdc-baseline"
 SCHEMA = pa.schema([*[pa.field(c, pa.string(), nullable=False) for c in DIMS],
@@ -50,5 +51,5 @@ def write_baseline(uri: str, counts: pa.Table, commit_lsn: int,
 def read_baseline(uri: str, storage_options: dict | None = None) -> tuple[int, pa.Table] | None:
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
         return None
-    table = DeltaTable(uri, storage_options=storage_options)
+    table = open_table(uri, storage_options)
     return table.transaction_version(APP_ID), table.to_pyarrow_table()

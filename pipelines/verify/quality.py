@@ -171,7 +171,9 @@ def record_checked(spark: SparkSession, state_path: str, checked: Checked,
     checked, the counts recorded before (one overwrite: the counts and the metadata that
     says what they are commit together)."""
     from core.commits import commit_metadata
+    from core.tables import create_table
 
+    create_table(spark, state_path, spark.createDataFrame([], _COUNTS).schema, {})
     if counts is None:
         counts = (spark.read.format("delta").load(state_path) if checked.watermark is not None
                   else spark.createDataFrame([], _COUNTS))
