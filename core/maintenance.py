@@ -133,8 +133,9 @@ def maintain_table(name: str, uri: str, storage_options: dict | None = None, *,
                                            enforce_retention_duration=False, full=True))
     table.update_incremental()
     report.files_after = len(table.file_uris())
-    _clean_log(uri, storage_options, table.version(),
-               reader_floor if log_floor is None else log_floor, report)    # the last use
+    note = _clean_log(uri, storage_options, table.version(),
+                      reader_floor if log_floor is None else log_floor)    # the last use
+    report.notes += [note] if note else []
     report.seconds = time.monotonic() - started
     _MAINTAINED[uri] = _MAINTAINED.get(uri, 0) + 1
     _record(uri, storage_options, report, now or time.time())
@@ -143,19 +144,17 @@ def maintain_table(name: str, uri: str, storage_options: dict | None = None, *,
 
 def clean_log(uri: str, storage_options: dict | None = None, *,
               log_retention_minutes: int = LOG_RETENTION_MINUTES,
-              log_floor: int | None = None) -> list[str]:
+              log_floor: int | None = None) -> str | None:
     """Steps 2 and 5 of ``maintain_table`` alone, between two maintenances: the log's
     retention set and its expired entries deleted (``log_floor`` as there). Cheap - a
     snapshot load and the deletes - so a writer does it often and its log stays near its
-    retention. Returns the notes (a log it could not clean, and why)."""
+    retention. Returns why the log could not be cleaned, or None."""
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
-        return []
+        return None
     table = open_table(uri, storage_options)
     if _keep_retention(table, log_retention_minutes):
         _MAINTAINED[uri] = _MAINTAINED.get(uri, 0) + 1      # a commit beside its writer
-    report = TableReport(uri)
-    _clean_log(uri, storage_options, table.version(), log_floor, report)
-    return report.notes
+    return _clean_log(uri, storage_options, table.version(), log_floor)
 
 
 def _keep_retention(table: DeltaTable, log_retention_minutes: int) -> bool:
@@ -180,16 +179,18 @@ _MAINTAINED: dict[str, int] = {}
 
 
 def _clean_log(uri: str, storage_options: dict | None, version: int,
-               reader_floor: int | None, report: TableReport) -> None:
+               reader_floor: int | None) -> str | None:
     """Delete the expired log entries before the newest checkpoint at or before
-    ``reader_floor + 1``: the table's stream, restarted, reads the log from there."""
+    ``reader_floor + 1``: the table's stream, restarted, reads the log from there. Returns
+    why it could not, or None."""
     if reader_floor is not None and reader_floor < 0:
-        return                      # its stream has read nothing yet: it starts at the top
+        return None                 # its stream has read nothing yet: it starts at the top
     keep_from = version if reader_floor is None else min(version, reader_floor + 1)
     try:
         open_table(uri, storage_options, version=keep_from).cleanup_metadata()
     except DeltaError as exc:       # its entry was cleaned before lakecdc kept the log
-        report.notes.append(f"log not cleaned: version {keep_from} is unreadable ({exc})")
+        return f"log not cleaned: version {keep_from} is unreadable ({exc})"
+    return None
 
 
 def _record(uri: str, storage_options: dict | None, report: TableReport, at: float) -> None:

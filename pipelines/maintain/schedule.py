@@ -47,9 +47,10 @@ def clean_logs(tables: list[Maintained], config: Config, storage_options: dict |
                ) -> None:
     """Clean the expired log of each of ``tables`` now (``core.maintenance.clean_log``)."""
     for table in tables:
-        for note in clean_log(table.uri, storage_options,
-                              log_retention_minutes=table.log_retention_minutes,
-                              log_floor=_log_floor(table, config, storage_options)):
+        note = clean_log(table.uri, storage_options,
+                         log_retention_minutes=table.log_retention_minutes,
+                         log_floor=_log_floor(table, config, storage_options))
+        if note:
             log.info("%s: %s", table.name, note)
 
 
@@ -118,7 +119,6 @@ class Maintainer:
         return reports
 
     def _clean_logs(self) -> None:
-        self.last_log = self.clock()
         try:
             tables = tables_of(self.config, self.group, self.mirrored())
             with self.exclusive():
