@@ -166,8 +166,8 @@ class OnePass:
         the query cancels its jobs too).
 
         With ``ahead``, the gold thread hands its step, as soon as it is planned, to a third
-        thread that pushes it to the dashboard, before gold's write and whether or not
-        silver's appends are done (``verify`` waits for silver to hold what the dashboard
+        thread that pushes it to the dashboard, beside gold's write of the step and whether or
+        not silver's appends are done (``verify`` waits for silver to hold what the dashboard
         holds before reading it). Neither half waits for that push: an upsert into the
         dashboard grows with the dashboard's rows, gold's step does not. The batch waits
         for it, so a batch's steps reach the dashboard in order, and before the push loop
