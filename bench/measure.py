@@ -370,6 +370,9 @@ class Bench:
                               "mean": round(statistics.fmean(gold), 4) if gold else None,
                               "p90": _percentiles(gold, 3).get("p90") if gold else None,
                               "folds": _merges_since(gold_path, gold_before),
+                              "ahead_median": round(statistics.median(
+                                  b.get("ahead_s", 0.0) for b in self.passes.passes[mark:]), 4)
+                              if gold else None,
                               "step_keys_median": statistics.median(
                                   b.get("step_keys", 0) for b in self.passes.passes[mark:])
                               if gold else None}

@@ -109,6 +109,7 @@ class PassLog:
                                 "silver_s": result.silver_seconds,
                                 "parse_s": result.parse_seconds,
                                 "gold_s": result.gold.seconds,
+                                "ahead_s": result.ahead_seconds,
                                 "merge_s": result.gold.merge_seconds,
                                 "merged_keys": result.gold.merged_keys,
                                 "step_keys": result.gold.step_keys,
@@ -126,6 +127,7 @@ class PassLog:
             return {"batches": 0}
         n = len(passes)
         out = {"batches": n}
-        for key in ("rows", "seconds", "parse_s", "silver_s", "gold_s", "merge_s", "jobs"):
+        for key in ("rows", "seconds", "parse_s", "silver_s", "gold_s", "merge_s", "ahead_s",
+                    "jobs"):
             out[key] = round(sum(p[key] for p in passes) / n, 3)
         return out

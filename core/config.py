@@ -41,6 +41,9 @@ LOG_CLEAN_INTERVAL_S = 30.0
 # a fold (gold.push.push_ahead).
 GOLD_FOLD_SHARE = 0.1
 _SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
+# The masters lakecdc is tested on: one machine, or a standalone cluster (with standby
+# masters: spark://a:7077,b:7077).
+_SPARK_MASTER = re.compile(r"local(\[(\d+|\*)\])?|spark://[\w.-]+:\d+(,[\w.-]+:\d+)*")
 # A table as LAKECDC_TABLES and `lakecdc tables add` take it: schema.table, plain names.
 TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
 
@@ -129,6 +132,11 @@ class Config:
     # JVM starts (core.spark). None: the terminal. LAKECDC_SPARK_LOG; the CLI's default is
     # one file per user in the temporary directory (``default_spark_log``).
     spark_log: str | None = None
+    # The Spark master a session this process starts connects to (LAKECDC_SPARK_MASTER):
+    # ``local[2]`` on one machine, ``spark://host:7077`` for a standalone cluster whose
+    # executors run in JVMs of their own (docs/databricks.md, "A real cluster"). On
+    # Databricks the runtime's session is used as it is, whatever this says.
+    spark_master: str = "local[2]"
     # S3 lakehouse (core.storage): a non-AWS endpoint (MinIO, moto) and the region.
     # Credentials are not configuration: each engine reads the standard AWS chain.
     s3_endpoint_url: str | None = None
@@ -148,6 +156,7 @@ class Config:
             "slot": env.get("LAKECDC_SLOT", cls.slot),
             "faults": env.get("LAKECDC_FAULT", ""),
             "spark_log": env.get("LAKECDC_SPARK_LOG") or default_spark_log(),
+            "spark_master": env.get("LAKECDC_SPARK_MASTER") or cls.spark_master,
             "s3_endpoint_url": env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"),
             "s3_region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
             "disabled_guards": frozenset(
@@ -217,6 +226,9 @@ class Config:
         if unknown:
             raise UserError(f"unknown guard(s) in LAKECDC_UNSAFE_DISABLE_GUARDS: "
                             f"{', '.join(sorted(unknown))}; known: {', '.join(sorted(GUARDS))}.")
+        if not _SPARK_MASTER.fullmatch(self.spark_master):
+            raise UserError(f"the Spark master {self.spark_master!r} (LAKECDC_SPARK_MASTER) is "
+                            "not one lakecdc runs on: use local[N] or spark://host:port.")
         if self.upto_nchanges < 1 or self.peek_timeout_s < 1 or self.chunk_mb <= 0:
             raise UserError("--max-changes, --peek-timeout and --chunk-mb must be positive.")
         if self.heartbeat_interval_s < 0:

@@ -56,7 +56,7 @@ from deltalake.exceptions import DeltaError
 from core.config import LOG_RETENTION_MINUTES
 from core.faults import FaultPoints
 from core.features import open_table
-from core.storage import filesystem, under
+from core.storage import WRITE_BUFFER, filesystem, under
 
 # Compacted files. Every file under the target is a candidate, so a run rewrites the new
 # small files and at most one partly filled file besides: the target bounds the pause. At
@@ -197,7 +197,7 @@ def _record(uri: str, storage_options: dict | None, report: TableReport, at: flo
     """The report beside the table's log (``MAINTENANCE_FILE``; Delta readers and vacuum
     pass over names starting with ``_``), for ``lakecdc status`` and the metrics."""
     fs, root = filesystem(uri, storage_options)
-    with fs.open_output_stream(under(root, MAINTENANCE_FILE)) as out:
+    with fs.open_output_stream(under(root, MAINTENANCE_FILE), buffer_size=WRITE_BUFFER) as out:
         out.write(json.dumps({"at": at, "files_before": report.files_before,
                               "files_after": report.files_after,
                               "compacted": report.compacted, "vacuumed": report.vacuumed,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -125,9 +126,13 @@ def _on_databricks() -> bool:
 
 def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None = None,
                   log_level: str = "WARN", lakehouse: Lakehouse | None = None,
-                  output: str | Path | None = None) -> SparkSession:
-    """A Spark session with Delta. Outside Databricks, starts ``local[2]`` with Delta jars,
-    plus hadoop-aws and its s3a settings when ``lakehouse`` is on S3.
+                  output: str | Path | None = None, master: str = "local[2]") -> SparkSession:
+    """A Spark session with Delta. Outside Databricks, starts one on ``master``
+    (``Config.spark_master``: ``local[2]``, or a standalone cluster's ``spark://host:port``,
+    checked reachable first) with Delta jars, plus hadoop-aws and its s3a settings when
+    ``lakehouse`` is on S3. A cluster's executors fetch the jars from this driver; they run
+    Python functions (``mapInArrow``) with this process's interpreter path, so lakecdc must
+    be installed there as here.
 
     ``log_level`` is Spark's own (log4j) level. The CLI uses FATAL unless ``-v``: errors
     that matter reach lakecdc as exceptions and are reported once, by lakecdc.
@@ -146,8 +151,10 @@ def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None =
     # Python workers (``silver.parse.parse_changes``) run this process's interpreter, which
     # has lakecdc's dependencies, not whatever ``python3`` is first on the PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if running is None:
+        _require_master(master)
     builder = (SparkSession.builder.appName(app_name)
-               .master("local[2]")
+               .master(master)
                .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
                .config("spark.sql.catalog.spark_catalog",
                        "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
@@ -164,6 +171,22 @@ def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None =
     if s3:
         _require_s3a(spark, lakehouse, started_here=running is None)
     return spark
+
+
+def _require_master(master: str, timeout_s: float = 5.0) -> None:
+    """A standalone master that does not answer is one sentence, before a JVM starts
+    (Spark itself would retry for a minute, then leave a session without executors)."""
+    if not master.startswith("spark://"):
+        return
+    for address in master[len("spark://"):].split(","):
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout_s).close()
+            return
+        except OSError:
+            continue
+    raise UserError(f"the Spark master {master} (LAKECDC_SPARK_MASTER) does not answer: start "
+                    "it, or set local[2] to run Spark in this process.")
 
 
 def _launch_jvm(builder: SparkSession.Builder, output: Path) -> None:

@@ -195,6 +195,13 @@ def filesystem(uri: str, storage_options: dict | None = None):
     return pafs.PyFileSystem(DeltaStorageHandler(uri, storage_options)), ""
 
 
+# The buffer for a stream Python writes to on ``filesystem``: delta-rs's object store
+# stream takes bytes, and pyarrow hands a Python ``write`` its own Buffer objects (refused:
+# "'Buffer' object is not an instance of 'bytes'") unless a buffer in between writes them
+# on as plain bytes. Writers inside pyarrow (Parquet) need none.
+WRITE_BUFFER = 1 << 16
+
+
 def under(root: str, name: str) -> str:
     """``name`` below the root ``filesystem`` returned (an object store's paths are relative
     to the URI it was opened on: ``root`` is empty there)."""

@@ -138,7 +138,8 @@ class Planned:
     ``after_lsn`` to ``commit_lsn`` by adding ``key_deltas`` (Arrow, ``gold.plan``'s
     ``KEY_DELTA_COLUMNS``: dims, delta, last_commit_lsn). A replay of the batch plans the
     same step (its inputs are fixed), so the dashboard may take it ahead of gold
-    (``gold.push.push_ahead``)."""
+    (``gold.push.push_ahead``); a replay whose step gold holds already does not hand it on
+    (its ``after_lsn`` would be gold's, past the step)."""
 
     batch_id: int
     after_lsn: int
@@ -374,7 +375,13 @@ class GoldBatchWriter:
                       applied_transactions=plan.applied,
                       pending_transactions=plan.carried_transactions)
         if plan.applied:
-            if planned is not None:
+            # A step gold holds already (written before a kill that left _pending and
+            # Spark's commit unwritten) is in the dashboard too, or being caught up from
+            # gold: handed on again, its starting watermark would be gold's, past it, and
+            # the fence would let the dashboard count it twice.
+            with self._state:
+                recorded = self._recorded
+            if planned is not None and not self._holds(batch_id, recorded):
                 if watermark is None:
                     watermark = self.watermark(spark)
                 if watermark is not None:
@@ -500,7 +507,7 @@ class GoldBatchWriter:
         per gold table (the gold lock) makes the check and the commit one step."""
         with self._state:
             recorded, waiting = self._recorded, self._unfolded
-        if self.guard and recorded is not None and recorded >= batch_id:
+        if self._holds(batch_id, recorded):
             return 0, False
         ts = plan.commit_ts
         step = Step(plan.key_deltas, dict(
@@ -525,6 +532,12 @@ class GoldBatchWriter:
                 self._unfolded.append(step)
         self.fold_if_due()
         return 0, False
+
+    def _holds(self, batch_id: int, recorded: int | None) -> bool:
+        """Whether gold, recording version ``recorded`` (read by ``recover`` - after
+        folding what _deltas held - and moved by each fold), holds batch ``batch_id``'s
+        step."""
+        return self.guard and recorded is not None and recorded >= batch_id
 
     def _commit(self, step: dict, transaction: bool = True):
         return rs_commit(metadata(**step), self.app_id if self.guard and transaction else None,

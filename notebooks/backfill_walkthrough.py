@@ -68,7 +68,7 @@ from core.storage import Lakehouse
 
 config = Config.load(lakehouse=param("lakehouse") or None, source_dsn=secret_dsn())
 pipeline = Pipeline(config, spark_factory=lambda: get_or_create(
-    lakehouse=Lakehouse.from_config(config)))
+    lakehouse=Lakehouse.from_config(config), master=config.spark_master))
 spark, where = pipeline.spark, pipeline.where
 
 # COMMAND ----------

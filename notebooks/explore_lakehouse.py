@@ -52,7 +52,7 @@ from core.spark import get_or_create
 from core.storage import Lakehouse
 
 config = Config.load(lakehouse=param("lakehouse") or None)
-spark = get_or_create(lakehouse=Lakehouse.from_config(config))
+spark = get_or_create(lakehouse=Lakehouse.from_config(config), master=config.spark_master)
 paths = table_paths(config)
 registered = register_tables(spark, paths)
 print(f"lakehouse {config.lakehouse}: tables {', '.join(registered)}")

@@ -51,7 +51,7 @@ from core.spark import get_or_create
 from core.storage import Lakehouse
 
 config = Config.load(lakehouse=param("lakehouse") or None)
-spark = get_or_create(lakehouse=Lakehouse.from_config(config))
+spark = get_or_create(lakehouse=Lakehouse.from_config(config), master=config.spark_master)
 gold_path = table_paths(config)["gold_service_stats"]
 
 # COMMAND ----------

@@ -88,7 +88,8 @@ def make_pipeline(ctx, **flags):
     config = load_config(ctx, **flags)
     lakehouse = Lakehouse.from_config(config)
     return Pipeline(config, spark_factory=lambda: get_or_create(
-        log_level=level, lakehouse=lakehouse, output=config.spark_log))
+        log_level=level, lakehouse=lakehouse, output=config.spark_log,
+        master=config.spark_master))
 
 
 

@@ -125,7 +125,8 @@ class Pipeline:
                 from core.storage import Lakehouse
 
                 lakehouse = Lakehouse.from_config(self.config)
-                self._spark_factory = lambda: get_or_create(lakehouse=lakehouse)
+                self._spark_factory = lambda: get_or_create(
+                    lakehouse=lakehouse, master=self.config.spark_master)
             self._spark = self._spark_factory()
         return self._spark
 

@@ -12,7 +12,9 @@ One query reads bronze; its ``foreachBatch`` (``OnePass``) does, per micro-batch
      MERGEd into ``gold/service_stats`` (app transaction ``lakecdc-gold[@epoch]``, version
      ``b``), partial transactions carried in ``gold/_pending``;
 3. ``ahead`` (``lakecdc run``): as soon as gold has planned its step, the step goes to the
-   dashboard (``gold.push.push_ahead``), while silver appends and the MERGE runs;
+   dashboard (``gold.push.push_ahead``) in a third thread, while silver appends and gold
+   writes its step: the dashboard's upsert, which grows with the dashboard, is on neither
+   half's path, and the batch ends when all three are done;
 4. ``on_pass`` callbacks: metrics, and the push thread woken so the dashboard follows gold
    at once (``pipelines.run.pipeline``).
 
@@ -73,6 +75,7 @@ class PassResult:
     # The batch's bronze rows. Spark's progress does not count them (its ``numInputRows``
     # is 0 when the batch's files are read by pyarrow: ``silver.writer.batch_rows``).
     input_rows: int = 0
+    ahead_seconds: float = 0.0      # the push of gold's step ahead of gold, beside both halves
 
 
 @dataclass
@@ -133,13 +136,13 @@ class OnePass:
     def _pass(self, bronze: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         try:
-            written, applied, parse_seconds, silver_seconds, rows = self._both(
-                bronze, batch_id, started)
+            written, applied, parse_seconds, silver_seconds, rows, ahead_seconds = \
+                self._both(bronze, batch_id, started)
         except BaseException as exc:
             self.failure = exc
             raise
         result = PassResult(batch_id, written, applied, time.monotonic() - started,
-                            silver_seconds, parse_seconds, rows)
+                            silver_seconds, parse_seconds, rows, ahead_seconds)
         self.run.add(result)
         log.info("batch %d: %d rows to silver (%d quarantined), %d transactions applied to "
                  "gold (%d keys), %d carried, %.2fs%s", batch_id, written.rows,
@@ -162,15 +165,29 @@ class OnePass:
         thread inherits the batch's Spark job properties (its query's job group: stopping
         the query cancels its jobs too).
 
-        With ``ahead``, the gold thread pushes its step to the dashboard as soon as it is
-        planned, before the MERGE and whether or not silver's appends are done (``verify``
-        waits for silver to hold what the dashboard holds before reading it)."""
+        With ``ahead``, the gold thread hands its step, as soon as it is planned, to a third
+        thread that pushes it to the dashboard, beside gold's write of the step and whether or
+        not silver's appends are done (``verify`` waits for silver to hold what the dashboard
+        holds before reading it). Neither half waits for that push: an upsert into the
+        dashboard grows with the dashboard's rows, gold's step does not. The batch waits
+        for it, so a batch's steps reach the dashboard in order, and before the push loop
+        is woken for the batch (``on_pass``)."""
         gold: dict = {}
         parsed_batch: Future = Future()
+        pushes: list[threading.Thread] = []
+        ahead_seconds: list[float] = []
 
-        def plan(step: Planned) -> None:
+        def push(step: Planned) -> None:
+            begun = time.monotonic()
             if self._push_ahead(step):
                 self.faults.hit("after_ahead_push")
+            ahead_seconds.append(time.monotonic() - begun)
+
+        def plan(step: Planned) -> None:
+            pusher = threading.Thread(target=push, args=(step,), daemon=True,
+                                      name=f"lakecdc-ahead-{batch_id}")
+            pushes.append(pusher)
+            pusher.start()
 
         spark = bronze.sparkSession
 
@@ -198,9 +215,12 @@ class OnePass:
             self.faults.hit("after_silver_append")
         finally:
             thread.join()
+            for pusher in pushes:
+                pusher.join()
         if "error" in gold:
             raise gold["error"]
-        return written, gold["result"], parse_seconds, silver_seconds, parsed.rows.num_rows
+        return (written, gold["result"], parse_seconds, silver_seconds, parsed.rows.num_rows,
+                sum(ahead_seconds))
 
     def _push_ahead(self, step: Planned) -> bool:
         try:

@@ -67,6 +67,13 @@ def test_the_mirrors_interval_is_seconds_and_defaults_to_30():
     assert Config.load(env={"LAKECDC_MIRROR_INTERVAL": "2.5"}).mirror_interval_s == 2.5
 
 
+@pytest.mark.parametrize("master", ["local[2]", "local[*]", "local", "spark://10.0.0.5:7077",
+                                    "spark://a.example:7077,b.example:7077"])
+def test_the_spark_master_is_local_or_a_standalone_cluster(master):
+    assert Config.load(env={}).spark_master == "local[2]"
+    assert Config.load(env={"LAKECDC_SPARK_MASTER": master}).spark_master == master
+
+
 def test_gold_fold_share_is_a_share_and_defaults_to_a_tenth():
     assert Config.load(env={}).gold_fold_share == 0.1
     assert Config.load(env={"LAKECDC_GOLD_FOLD_SHARE": "1"}).gold_fold_share == 1.0
@@ -81,6 +88,8 @@ def test_gold_fold_share_is_a_share_and_defaults_to_a_tenth():
     ({"LAKECDC_UNSAFE_DISABLE_GUARDS": "nonsense"}, "unknown guard"),
     ({"LAKECDC_MIRROR_INTERVAL": "0"}, "LAKECDC_MIRROR_INTERVAL"),
     ({"LAKECDC_MIRROR_INTERVAL": "soon"}, "LAKECDC_MIRROR_INTERVAL"),
+    ({"LAKECDC_SPARK_MASTER": "yarn"}, "LAKECDC_SPARK_MASTER.*spark://host:port"),
+    ({"LAKECDC_SPARK_MASTER": "spark://host"}, "LAKECDC_SPARK_MASTER"),
 ])
 def test_invalid_configuration_is_a_user_error(env, fragment):
     with pytest.raises(UserError, match=fragment):
