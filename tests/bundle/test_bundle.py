@@ -165,6 +165,7 @@ def test_configuration_reaches_every_cluster_and_dsns_only_from_secrets():
             env = cluster["new_cluster"]["spark_env_vars"]
             assert env["LAKECDC_LAKEHOUSE"] == "${var.lakehouse_root}", name
             assert env["LAKECDC_SLOT"] == "${var.slot}", name
+            assert env["AWS_REGION"] == "${var.aws_region}", name      # docs/s3.md: required
             dsns = {k: v for k, v in env.items() if k.endswith("_DSN")}
             assert dsns == {k: SECRET[k] for k in NEEDS[name]}, name
         keys = {c["job_cluster_key"] for c in job["job_clusters"]}
