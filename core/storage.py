@@ -234,14 +234,18 @@ def check_writable(uri: str, lakehouse: Lakehouse | None = None) -> None:
 
     Local: the directory is created and a probe file written. S3: the credentials are
     found, the bucket exists and a probe object is written under the prefix
-    (``Lakehouse.check``). ``lakehouse`` carries the endpoint and region from the
+    (``Lakehouse.check``). Another scheme (``abfss://``, ``gs://``, ``dbfs:/``) is refused:
+    not every engine lakecdc runs can write it. ``lakehouse`` carries the endpoint and region from the
     configuration; without it boto3 reads the standard AWS environment itself.
     """
     if is_s3(uri):
         (lakehouse or Lakehouse(uri)).check()
         return
-    if is_remote(uri):
-        return       # another object store: its engine reports its own errors
+    scheme = urlparse(uri).scheme
+    if scheme not in ("", "file"):
+        raise UserError(f"the lakehouse {uri} is on {scheme}:, which lakecdc cannot write "
+                        "yet: use s3:// or a path every process reaches (docs/databricks.md, "
+                        "\"Which workspace you have\").")
     root = Path(uri.removeprefix("file://"))
     probe = root / f".lakecdc-write-probe-{uuid.uuid4().hex}"
     try:
