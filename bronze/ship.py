@@ -53,7 +53,7 @@ from bronze.table import BronzeTable, Progress
 from core.config import Config
 from core.errors import UserError, first_line, redact
 from core.faults import FaultPoints
-from core.locks import acquire, ship_application, ship_lock_name
+from core.locks import acquire, release, ship_application, ship_lock_name
 from core.lsn import fmt
 from core.postgres import connect, open_connection
 from core.units import byte_size
@@ -412,6 +412,7 @@ class Shipper:
                     break
                 stop.wait(self.config.poll_interval_s)
         finally:
+            release(conn, ship_lock_name(self.config.slot))
             conn.close()
             totals.heartbeats, totals.reconnects = self.heartbeat.sent, self.reconnects
         return totals

@@ -135,10 +135,17 @@ def exclusive(dsn: str, name: str, busy: str, what: str = "dashboard") -> Iterat
         try:
             yield
         finally:
-            try:
-                conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [name])
-            except psycopg.Error:
-                pass    # the session is gone (server restart): so is its lock
+            release(conn, name)
+
+
+def release(conn: psycopg.Connection, name: str) -> None:
+    """Give advisory lock ``name`` back now. Closing the connection releases it too, but
+    only once the server's backend has exited, a moment after the client left: the next
+    process (``run --once`` right after another) could still find it held and refuse."""
+    try:
+        conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [name])
+    except psycopg.Error:
+        pass    # the session is gone (server restart): so is its lock
 
 
 @contextmanager

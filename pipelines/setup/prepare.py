@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from bronze import slot as slots
+from bronze.backfill_source import nan_columns, nan_loss_sentence
 from bronze.capture_list import CAPTURED, CaptureList
 from bronze.failover import NEW_LAKEHOUSE
 from bronze.not_null import make_not_null
@@ -60,6 +61,11 @@ class SetupReport:
     def did(self, text: str) -> None:
         self.actions.append(text)
 
+    def noting(self, notes: list[str]) -> "SetupReport":
+        """The report, with ``notes`` (what setup found, not did; blanks skipped) at its end."""
+        self.actions.extend(n for n in notes if n)
+        return self
+
 
 def setup(config: Config, rebaseline: bool = False,
           storage_options: dict | None = None, online_not_null: bool = False,
@@ -90,6 +96,7 @@ def setup(config: Config, rebaseline: bool = False,
                 report.did(f"set REPLICA IDENTITY USING INDEX on {table}")
         # The tables a mirror can be kept of (docs/silver.md, "Mirrors").
         keyed = tuple(t for t in config.mirrored if mirror_key(conn, t)[1])
+        lossy = [nan_loss_sentence(t, nan_columns(conn, t)) for t in config.tables]
     _dashboard_tables(config.dashboard)
     with connect(dsn) as conn:
         db = conn.execute("SELECT current_database()").fetchone()[0]
@@ -100,7 +107,7 @@ def setup(config: Config, rebaseline: bool = False,
                 report.did(f"stored the captured set ({', '.join(config.tables)})")
             else:
                 report.did(f"slot {config.slot} and bronze already set up (nothing changed)")
-            return report
+            return report.noting(lossy)
         if not rebaseline:
             if state is not None:
                 raise UserError(f"replication slot {config.slot} exists but there is no bronze "
@@ -133,8 +140,8 @@ def setup(config: Config, rebaseline: bool = False,
                    f"notifications in {counts.num_rows:,} keys as the baseline at "
                    f"{fmt(created.consistent_point)}")
         if mirrored:
-            report.did("kept the rows of " + ", ".join(f"{t} ({n:,})"
-                                                       for t, n in mirrored.items())
+            report.did("kept the rows of " + ", ".join(f"{t} ({b.rows:,})"
+                                                       for t, b in mirrored.items())
                        + " for their mirrors")
         if _store_captured_set(config, storage_options):
             report.did(f"stored the captured set ({', '.join(config.tables)})")
@@ -148,7 +155,7 @@ def setup(config: Config, rebaseline: bool = False,
         with connect(dsn) as conn:
             slots.drop_slot(conn, config.slot)
         raise
-    return report
+    return report.noting(lossy)
 
 
 def _rebaseline(bronze: BronzeTable, slot: str, start: int, ident: SourceIdentity,

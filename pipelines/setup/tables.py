@@ -30,6 +30,7 @@ from deltalake import DeltaTable
 
 from bronze import heartbeat
 from bronze.backfill import run_snapshot_backfill
+from bronze.backfill_source import nan_columns, nan_loss_sentence
 from bronze.capture_list import (
     ACK_SUFFIX,
     CAPTURED,
@@ -123,6 +124,7 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
                 f"{table} has no primary key (its replica identity is FULL): `tables add` "
                 "reads a table's current rows in the order of a unique key, and keeps its "
                 "mirror by it; add a primary key and rerun; nothing was changed.")
+        lossy = nan_loss_sentence(table, nan_columns(conn, table))
         states = _states(stored, config)
         if states.get(table) != SNAPSHOTTING:
             states[table] = SNAPSHOTTING
@@ -145,7 +147,7 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
     rows = sum(p.rows for p in report.per_table.values())
     return (f"{table}: captured from {fmt(at)}, its {rows:,} current rows read in "
             f"{time.monotonic() - started:.1f}s (backfill run {report.run}); its mirror is "
-            f"{mirror_path(config.lakehouse, table)}.")
+            f"{mirror_path(config.lakehouse, table)}." + (f"\n{lossy}" if lossy else ""))
 
 
 def remove_table(config: Config, name: str, storage_options: dict | None = None,

@@ -6,16 +6,19 @@ is counted in) and keeps its rows, as text, in
 ``<lakehouse>/silver/_mirror_baselines/<schema>/<table>`` (written without Spark, the
 consistent point as a Delta app transaction). A mirror starts from it
 (``pipelines.run.mirrors.seed_mirror``): exact as of that point, then kept by the changes after
-it.
+it. ``lakecdc verify`` reads its truth the same way.
 
 Each value is read as the text wal2json prints for it, so a row from here and a row from
 the WAL convert alike (``silver.mirror_types``): the type's output, numbers with
 ``NaN``/``±Infinity`` as NULL (wal2json 2.5 prints them as ``null``), bytea as hex digits.
+The rows that held such a value are counted as they are read (``Baseline.lost``): the known
+loss, reported apart from drift.
 The read is chunked through a server-side cursor: memory is bounded by a chunk, not a table.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator
 
 import psycopg
@@ -23,7 +26,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from psycopg import sql
 
-from bronze.backfill_source import BYTEA, NUMBER_TYPES
+from bronze.backfill_source import BYTEA, NAN_TYPES, NOT_A_NUMBER, NUMBER_TYPES
 from core.layout import mirror_baseline_path
 
 APP_ID = "lakecdc-mirror-baseline"
@@ -31,46 +34,60 @@ CHUNK_ROWS = 10_000
 
 
 
-def column_texts(conn: psycopg.Connection, table: str) -> list[tuple[str, sql.Composable]]:
-    """(name, the SQL giving its value as wal2json's text) per column, in attribute order."""
+@dataclass(frozen=True)
+class Baseline:
+    rows: int
+    lost: int       # rows holding a NaN or ±Infinity, read as NULL (``NAN_TYPES``)
+
+
+def column_texts(conn: psycopg.Connection, table: str
+                 ) -> tuple[list[tuple[str, sql.Composable]], sql.Composable]:
+    """(name, the SQL giving its value as wal2json's text) per column, in attribute order;
+    and the SQL telling whether a row holds a value that text loses (NaN, ±Infinity)."""
     schema, name = table.split(".", 1)
     rows = conn.execute("""
         SELECT a.attname, a.atttypid::int8 FROM pg_attribute a
         JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
         ORDER BY a.attnum""", [schema, name]).fetchall()
-    out = []
+    out, lossy = [], []
+    not_a_number = sql.SQL(", ").join(sql.Literal(v) for v in NOT_A_NUMBER)
     for column, type_oid in rows:
         c = sql.Identifier(column)
         if type_oid in NUMBER_TYPES:
-            text = sql.SQL("CASE WHEN {c}::text IN ('NaN', 'Infinity', '-Infinity') THEN NULL "
-                           "ELSE {c}::text END").format(c=c)
+            text = sql.SQL("CASE WHEN {c}::text IN ({n}) THEN NULL "
+                           "ELSE {c}::text END").format(c=c, n=not_a_number)
+            if type_oid in NAN_TYPES:
+                lossy.append(sql.SQL("coalesce({c}::text IN ({n}), false)").format(
+                    c=c, n=not_a_number))
         elif type_oid == BYTEA:
             text = sql.SQL("encode({}, 'hex')").format(c)
         else:   # the type's output function (a cast to text would trim char(n)'s padding)
             text = sql.SQL("CASE WHEN {c} IS NOT NULL THEN format('%s', {c}) END").format(c=c)
         out.append((column, text))
-    return out
+    return out, sql.SQL(" OR ").join(lossy) if lossy else sql.SQL("false")
 
 
 def _chunks(conn: psycopg.Connection, table: str,
-            columns: list[tuple[str, sql.Composable]], schema: pa.Schema
-            ) -> Iterator[pa.RecordBatch]:
-    query = sql.SQL("SELECT {} FROM {}").format(
-        sql.SQL(", ").join(text for _, text in columns),
+            columns: list[tuple[str, sql.Composable]], lost: sql.Composable,
+            schema: pa.Schema) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """The rows as text, a chunk at a time, each with how many of its rows lost a value."""
+    query = sql.SQL("SELECT {}, {} FROM {}").format(
+        sql.SQL(", ").join(text for _, text in columns), lost,
         sql.Identifier(*table.split(".", 1)))
     with conn.cursor(name="lakecdc_mirror_baseline") as cursor:
         cursor.execute(query)
         while rows := cursor.fetchmany(CHUNK_ROWS):
             yield pa.RecordBatch.from_arrays(
                 [pa.array([r[i] for r in rows], pa.string()) for i in range(len(columns))],
-                schema=schema)
+                schema=schema), sum(1 for r in rows if r[-1])
 
 
 def write_baselines(dsn: str, snapshot_name: str, tables: tuple[str, ...], lakehouse: str,
-                    commit_lsn: int, storage_options: dict | None = None) -> dict[str, int]:
+                    commit_lsn: int, storage_options: dict | None = None
+                    ) -> dict[str, Baseline]:
     """Read every table in ``tables`` inside the exported snapshot and replace its baseline
-    (one commit each, app transaction ``commit_lsn``); returns table → rows."""
+    (one commit each, app transaction ``commit_lsn``); returns what each held."""
     from core.postgres import connect
 
     written = {}
@@ -78,23 +95,24 @@ def write_baselines(dsn: str, snapshot_name: str, tables: tuple[str, ...], lakeh
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
         for table in tables:
-            columns = column_texts(conn, table)
+            columns, lost = column_texts(conn, table)
             schema = pa.schema([pa.field(n, pa.string()) for n, _ in columns])
-            count = 0
+            count = lossy = 0
 
-            def counted(batches):
-                nonlocal count
-                for batch in batches:
+            def counted(chunks):
+                nonlocal count, lossy
+                for batch, lost_rows in chunks:
                     count += batch.num_rows
+                    lossy += lost_rows
                     yield batch
 
             reader = pa.RecordBatchReader.from_batches(
-                schema, counted(_chunks(conn, table, columns, schema)))
+                schema, counted(_chunks(conn, table, columns, lost, schema)))
             write_deltalake(mirror_baseline_path(lakehouse, table), reader, mode="overwrite",
                             schema_mode="overwrite", storage_options=storage_options,
                             commit_properties=CommitProperties(
                                 app_transactions=[Transaction(APP_ID, commit_lsn)]))
-            written[table] = count
+            written[table] = Baseline(count, lossy)
         conn.rollback()
     return written
 

@@ -106,9 +106,9 @@ def verify_once(config: Config, where: Locations, start_spark: Callable[[], Spar
         log.info("verify: consistent point %s, marker %s; counting the source",
                  fmt(point.lsn), fmt(marker))
         truth_src = count_at(source, point, config.counted, "verify: counting source rows")
-        if mirrored:             # the mirrored tables' rows at the point (verify_mirrors)
-            write_baselines(source, point.snapshot_name, mirrored,
-                            scratch_root(config.lakehouse), point.lsn, options)
+        read = {} if not mirrored else write_baselines(   # the mirrored tables at the point
+            source, point.snapshot_name, mirrored, scratch_root(config.lakehouse), point.lsn,
+            options)
     # The temporary slot is gone: nothing of verify pins WAL from here on.
 
     layers = ("gold", "dashboard", *(("mirrors",) if mirrored else ()))
@@ -136,7 +136,8 @@ def verify_once(config: Config, where: Locations, start_spark: Callable[[], Spar
     dash_at = asof.subtract(dash_now, asof.net_deltas(_from(spark, silver, point.lsn,
                                                             dash_lsn), config.counted))
 
-    mirrors = tuple(check_mirror(spark, config, t, point.lsn, silver) for t in mirrored)
+    mirrors = tuple(check_mirror(spark, config, t, point.lsn, silver, read[t].lost)
+                    for t in mirrored)
     purged = _history_purges(spark, silver, state.floor, point.lsn, config.counted)
     truth = Counter(truth_src)
     truth.update(purged)

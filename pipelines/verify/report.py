@@ -83,11 +83,14 @@ def _rows(n: int) -> str:
 
 def _mirror_line(m) -> str:
     where = f"(version {m.version}, holding its changes up to LSN {fmt(m.holds)})"
+    lost = (f"; known loss: {_rows(m.lost)} of the source held NaN or ±Infinity, which the "
+            "mirror holds as NULL (wal2json 2.5)") if m.lost else ""
     if m.exact:
-        return f"mirror {m.table}: exact, {_rows(m.rows)} {where}"
+        state = "equal to the source" if m.lost else "exact"
+        return f"mirror {m.table}: {state}, {_rows(m.rows)} {where}{lost}"
     keys = "; ".join(", ".join(str(v) for v in k) for k in m.keys)
     return (f"mirror {m.table}: {_rows(m.differing)} differ from the source's {_rows(m.rows)} "
-            f"{where}; keys: {keys}")
+            f"{where}; keys: {keys}{lost}")
 
 
 def render(v: Verdict, rows: int = TABLE_ROWS) -> str:
@@ -137,7 +140,8 @@ def document(v: Verdict, rows: int = DOCUMENT_ROWS) -> dict:
     if v.mirrors:
         doc["mirrors"] = [{"table": m.table, "exact": m.exact, "rows": m.rows,
                            "version": m.version, "holds_up_to": fmt(m.holds),
-                           "differing_rows": m.differing, "keys": [list(k) for k in m.keys]}
+                           "differing_rows": m.differing, "keys": [list(k) for k in m.keys],
+                           "known_loss_rows": m.lost}
                           for m in v.mirrors]
     return doc
 

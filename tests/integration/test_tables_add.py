@@ -299,7 +299,7 @@ def test_a_composite_key_table_added_keeps_toasted_values_an_update_leaves_out_i
 @pytest.mark.parametrize("guard", ["on", "off"])
 def test_add_reads_rows_only_once_the_shipper_took_up_the_set_and_without_that_a_change_is_lost(
         source_db, config, monkeypatch, guard):
-    """The shipper here reads the stored set once every 45 s (``ShipperSet.CHECK_S``), so it
+    """The shipper here reads the stored set once every 20 s (``ShipperSet.CHECK_S``), so it
     takes up a new set late. ``tables add`` waits for that before it reads the table's rows,
     so a change committed as soon as it returns reaches bronze. With the wait switched off
     (``capture_ack``: the negative control) that change falls between the read and the
@@ -314,10 +314,10 @@ def test_add_reads_rows_only_once_the_shipper_took_up_the_set_and_without_that_a
     from tests.truth import bronze_rows
 
     with source_db.connect() as conn:
-        conn.execute("CREATE TABLE extra (id integer PRIMARY KEY, v integer)")
+        conn.execute("CREATE TABLE extra (id integer PRIMARY KEY, v double precision)")
         conn.execute("INSERT INTO extra SELECT i, 0 FROM generate_series(1, 50) AS i")
     setup(config)
-    monkeypatch.setattr(ShipperSet, "CHECK_S", 45.0)
+    monkeypatch.setattr(ShipperSet, "CHECK_S", 20.0)
     monkeypatch.setattr(tables, "ACK_TIMEOUT_S", 300.0)
     store, bronze = CaptureList(config.lakehouse), BronzeTable(config.bronze_path)
     app = config.slot + ACK_SUFFIX
@@ -343,6 +343,7 @@ def test_add_reads_rows_only_once_the_shipper_took_up_the_set_and_without_that_a
         said = tables.add_table(config.with_(disabled_guards=off), "public.extra",
                                 chunk_rows=100)
         assert "public.extra: captured from" in said and "50 current rows" in said, said
+        assert "public.extra: NaN and ±Infinity in v arrive as NULL" in said, said
         source_db.execute("UPDATE extra SET v = 424242 WHERE id = 1")
         # A notification after it: once bronze holds that, the slot has moved past the
         # UPDATE with whichever set the shipper peeked with (a peek decodes anew from there).

@@ -53,3 +53,22 @@ def test_composite_keys():
                       identity={"a": "1", "b": "x"})]
     assert fold(rows, changes, key) == {("1", "x"): None,
                                         ("1", "y"): {"a": "1", "b": "y", "v": "new"}}
+
+
+def test_a_known_loss_is_named_apart_from_exact_and_from_drift():
+    from bronze.backfill_source import nan_loss_sentence
+    from pipelines.verify.mirrors import MirrorCheck
+    from pipelines.verify.report import _mirror_line
+
+    clean = _mirror_line(MirrorCheck("public.t", 10, 3, 100, 0))
+    assert clean.startswith("mirror public.t: exact, 10 rows") and "loss" not in clean
+    lost = _mirror_line(MirrorCheck("public.t", 10, 3, 100, 0, lost=2))
+    assert lost.startswith("mirror public.t: equal to the source, 10 rows"), lost
+    assert "exact" not in lost and lost.endswith(
+        "known loss: 2 rows of the source held NaN or ±Infinity, which the mirror holds as "
+        "NULL (wal2json 2.5)")
+    drift = _mirror_line(MirrorCheck("public.t", 10, 3, 100, 2, (("7",),), lost=1))
+    assert "2 rows differ" in drift and "keys: 7; known loss: 1 row of" in drift, drift
+    assert nan_loss_sentence("public.t", ()) == ""
+    assert nan_loss_sentence("public.t", ("a", "b")).startswith(
+        "public.t: NaN and ±Infinity in a, b arrive as NULL (wal2json 2.5 prints them as null)")
