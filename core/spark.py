@@ -123,9 +123,11 @@ def session_conf(spark: SparkSession, conf: dict[str, str]):
 def is_connect(spark) -> bool:
     """Whether ``spark`` is a Spark Connect session: what ``SparkSession.builder.getOrCreate()``
     returns on Databricks' standard (shared) access mode and on serverless, and wherever
-    ``SPARK_REMOTE`` is set. Told from its class, so no call reaches the server and nothing
-    that needs the ``connect`` extra (grpcio) is imported."""
-    return type(spark).__module__.startswith("pyspark.sql.connect.")
+    ``SPARK_REMOTE`` is set. Told from its class (or a class it derives from, as a vendor's
+    session may), so no call reaches the server and nothing that needs the ``connect``
+    extra (grpcio) is imported."""
+    return any(cls.__module__.startswith("pyspark.sql.connect.")
+               for cls in type(spark).__mro__)
 
 
 def require_classic(spark, command: str) -> None:
