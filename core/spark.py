@@ -120,6 +120,33 @@ def session_conf(spark: SparkSession, conf: dict[str, str]):
                 spark.conf.set(key, value)
 
 
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect session: what ``SparkSession.builder.getOrCreate()``
+    returns on Databricks' standard (shared) access mode and on serverless, and wherever
+    ``SPARK_REMOTE`` is set. Told from its class (or a class it derives from, as a vendor's
+    session may), so no call reaches the server and nothing that needs the ``connect``
+    extra (grpcio) is imported."""
+    return any(cls.__module__.startswith("pyspark.sql.connect.")
+               for cls in type(spark).__mro__)
+
+
+def require_classic(spark, command: str) -> None:
+    """Refuse a Spark Connect session, with one sentence, before ``command`` does anything.
+
+    ``stream`` and ``mirrors`` (and ``run``, which holds both) need a classic session: their
+    ``foreachBatch`` writers (``pipelines.run.stream.OnePass``, ``silver.mirror.MirrorWriter``)
+    keep locks, threads, delta-rs handles and the Spark session across batches, and the
+    driver reads what they did (the batch's own error, gold's steps folded between batches,
+    the push woken after each). Spark Connect runs that function in a Python process of the
+    server's, pickled: it refuses to pickle them, and that process's state would never
+    reach the driver (docs/databricks.md, "Which workspace you have")."""
+    if is_connect(spark):
+        raise UserError(
+            f"`lakecdc {command}` needs a classic Spark session and this one is Spark Connect "
+            "(standard access mode or serverless): run it on a cluster in dedicated (single "
+            "user) access mode, as the bundle's jobs do.")
+
+
 def _on_databricks() -> bool:
     return on_databricks()
 

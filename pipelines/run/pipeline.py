@@ -23,7 +23,7 @@ from bronze.ship import Shipper
 from core.config import Config
 from core.faults import FaultPoints
 from core.layout import GOLD, GOLD_DELTAS, GOLD_PENDING, STREAM_CHECKPOINT, Table
-from core.spark import low_latency
+from core.spark import low_latency, require_classic
 from gold.apply import GoldPaths
 from gold.push import AheadPush, push_once, run_push
 from pipelines.maintain.schedule import Maintainer
@@ -129,6 +129,13 @@ class Pipeline:
                     lakehouse=lakehouse, master=self.config.spark_master)
             self._spark = self._spark_factory()
         return self._spark
+
+    def classic_spark(self, command: str):
+        """The session, refused with one sentence when it is Spark Connect
+        (``core.spark.require_classic``): ``command``'s queries need a classic one. Checked
+        first, before any lock, connection or table is touched."""
+        require_classic(self.spark, command)
+        return self.spark
 
     @property
     def _delta_rs_options(self) -> dict | None:
@@ -248,7 +255,8 @@ class Pipeline:
                max_files_per_trigger: int | None = None) -> StreamRun:
         """bronze → silver → gold: with ``once`` until bronze is drained, else until ``stop``
         is set or a batch fails (raised as its own error)."""
-        with self.gold_lock(), low_latency(self.spark, not once):
+        spark = self.classic_spark("stream")
+        with self.gold_lock(), low_latency(spark, not once):
             query, writer = self.start_stream(once, accept_errors_upto,
                                               max_files_per_trigger=max_files_per_trigger)
             return await_stream(query, writer, stop)
@@ -298,6 +306,7 @@ class Pipeline:
                 accept_errors_upto: int | None = None) -> dict:
         """silver → the mirrors: with ``once`` until silver is drained, else until ``stop``
         is set or a batch fails. Returns table → batches merged."""
+        self.classic_spark("mirrors")
         with self.mirrors_lock():
             query, writer = self.start_mirrors(once, accept_errors_upto)
             return await_stream(query, writer, stop)
@@ -313,6 +322,7 @@ class Pipeline:
     # --- all stages -----------------------------------------------------------------------
 
     def run_once(self) -> OnceReport:
+        self.classic_spark("run --once")        # before the shipper moves the slot
         report = OnceReport()
         started = time.monotonic()
         report.shipped = self._shipper().run(once=True).changes
@@ -332,6 +342,7 @@ class Pipeline:
         return report
 
     def run_continuous(self, stop: threading.Event) -> None:
+        self.classic_spark("run")
         with self.gold_lock(), self.mirrors_lock():
             self._run_continuous(stop)
 

@@ -7,6 +7,8 @@
 - targets: ``dev`` is the default and ``mode: development``; ``prod`` is ``mode:
   production`` with a shared ``root_path``, ``run_as`` and permissions from variables;
 - every ``${var.…}`` is defined, every variable is used, DSNs come only from secrets;
+- every task runs on a job cluster in dedicated access mode (``SINGLE_USER``), never
+  serverless: ``stream`` and ``mirrors`` refuse Spark Connect;
 - continuous jobs have no task dependencies (Databricks refuses them); schedules have a
   Quartz expression and a real time zone;
 - the entry point ends a successful run without ``SystemExit`` (a wheel task would be
@@ -172,6 +174,20 @@ def test_configuration_reaches_every_cluster_and_dsns_only_from_secrets():
         assert {t["job_cluster_key"] for t in job["tasks"]} <= keys, name
     everything = list(_strings(BUNDLE)) + [s for j in JOBS.values() for s in _strings(j)]
     assert not [s for s in everything if "postgres" in s.lower() and "://" in s]
+
+
+def test_every_task_runs_on_a_dedicated_job_cluster_not_serverless():
+    """``stream``, ``mirrors`` and ``run`` refuse Spark Connect (standard access mode and
+    serverless: ``core.spark.require_classic``), so every task names a job cluster (a task
+    without one runs serverless) and every cluster asks for dedicated access mode."""
+    for name, job in JOBS.items():
+        assert "environments" not in job, name
+        keys = {c["job_cluster_key"] for c in job["job_clusters"]}
+        for task in job["tasks"]:
+            assert task.get("job_cluster_key") in keys and "environment_key" not in task, \
+                (name, task["task_key"])
+        for cluster in job["job_clusters"]:
+            assert cluster["new_cluster"]["data_security_mode"] == "SINGLE_USER", name
 
 
 def test_continuous_jobs_have_no_dependencies_and_run_once_at_a_time():
