@@ -369,6 +369,23 @@ def explain_store_error(uri: str, message: str) -> str:
            "and the credentials."
 
 
+# The clouds' variables the bundle sets on every cluster, from variables that are empty
+# where a deployment uses another cloud (databricks.yml). An empty one means unset: delta-rs
+# would take an empty AZURE_STORAGE_ACCOUNT_KEY for a key and never try the service
+# principal or managed identity beside it.
+BUNDLE_CLOUD_VARIABLES = ("AWS_REGION", "AZURE_STORAGE_ACCOUNT_NAME",
+                          "AZURE_STORAGE_ACCOUNT_KEY", "GOOGLE_SERVICE_ACCOUNT_KEY")
+
+
+def drop_empty_cloud_variables(environ) -> list[str]:
+    """Remove ``BUNDLE_CLOUD_VARIABLES`` set to nothing from ``environ`` (the process's
+    own, at the CLI's start, before any engine reads it); returns their names."""
+    empty = [name for name in BUNDLE_CLOUD_VARIABLES if environ.get(name) == ""]
+    for name in empty:
+        del environ[name]
+    return empty
+
+
 def require_spark_reach(lakehouse: Lakehouse | None, databricks: bool) -> None:
     """A Spark session for an Azure or GCS lakehouse outside Databricks is refused with one
     sentence: lakecdc loads no ABFS or GCS connector into a local Spark (Hadoop's ABFS

@@ -107,8 +107,9 @@ def test_spark_outside_databricks_is_refused_with_one_sentence(config, blob_endp
 
 def test_setup_without_credentials_is_one_sentence_and_exit_2(source_db, config,
                                                               blob_endpoint, container):
-    result = run_cli(["setup"], _env(config, _root(container), blob_endpoint,
-                                     credentials=False))
+    """As a bundle deploys it without a key: AZURE_STORAGE_ACCOUNT_KEY set but empty."""
+    env = _env(config, _root(container), blob_endpoint, credentials=False)
+    result = run_cli(["setup"], {**env, "AZURE_STORAGE_ACCOUNT_KEY": ""})
     error_line(result, "no Azure credentials", "AZURE_STORAGE_ACCOUNT_KEY")
     assert blob_names(blob_endpoint, container, "") == []
     with source_db.connect() as conn:
