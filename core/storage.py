@@ -1,7 +1,9 @@
-"""Where the lakehouse lives - a local path or S3 - and what each engine needs to reach it.
+"""Where the lakehouse lives - a local path, S3, ADLS Gen2 or GCS - and what each engine
+needs to reach it.
 
 Users write one root, ``LAKECDC_LAKEHOUSE`` (``./lakehouse``, ``/data/lakehouse``,
-``s3://bucket/prefix``). Two engines read and write the tables under it, and this module is
+``s3://bucket/prefix``, ``abfss://container@account.dfs.core.windows.net/prefix``,
+``gs://bucket/prefix``). Two engines read and write the tables under it, and this module is
 the one place that turns the root into each engine's terms:
 
 - **delta-rs** (shipper, setup, push, status; no JVM; and in the stream, gold's and the
@@ -14,14 +16,24 @@ the one place that turns the root into each engine's terms:
   pyspark plus the AWS SDK v2 modules it calls (``SPARK_PACKAGES``), and the ``fs.s3a.*``
   settings come from ``spark_conf``. On Databricks the runtime's own S3 access applies:
   paths stay ``s3://`` and nothing is loaded.
+- **ADLS Gen2 and GCS** (``abfss://``, ``abfs://``, ``az://``; ``gs://``): delta-rs's object
+  store reads the standard variables of each cloud itself (``AZURE_STORAGE_ACCOUNT_NAME``
+  with ``AZURE_STORAGE_ACCOUNT_KEY``, a SAS token or a service principal's
+  ``AZURE_CLIENT_ID`` / ``AZURE_CLIENT_SECRET`` / ``AZURE_TENANT_ID``; a managed identity;
+  ``GOOGLE_APPLICATION_CREDENTIALS`` or ``GOOGLE_SERVICE_ACCOUNT``, or the machine's service
+  account), so its options carry nothing; an emulator's endpoint comes the same way
+  (``AZURE_STORAGE_ENDPOINT`` with ``AZURE_ALLOW_HTTP``; a service account file's
+  ``gcs_base_url``). Spark reaches them only on Databricks, whose runtime has the ABFS and
+  GCS connectors and the cluster's credentials: outside it a Spark session is refused with one
+  sentence (``require_spark_reach``) rather than failing at its first read.
 
 It also checks that the root can be written (``check_writable``, before ``setup`` writes
 anything) and names a gold table the same way whichever engine spells its path
 (``gold_key``).
 
 Credentials are never copied into options or configuration: delta-rs, boto3 and Hadoop each
-take them from the standard AWS chain (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` /
-``AWS_SESSION_TOKEN``, a profile, or the instance role).
+take them from the standard chain of the cloud (for AWS ``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, a profile, or the instance role).
 """
 
 from __future__ import annotations
@@ -52,8 +64,28 @@ SPARK_EXCLUDES = "software.amazon.awssdk:bundle"
 S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
 
 
+# The schemes delta-rs's object store takes for each cloud (ADLS Gen2's ``abfss://`` is
+# what Databricks and Hadoop write; ``az://`` and ``abfs://`` name the same store).
+AZURE_SCHEMES = ("abfss", "abfs", "az")
+GCS_SCHEMES = ("gs",)
+# A probe of an object store gives up after this long instead of delta-rs's default three
+# minutes of retries: a wrong endpoint or a missing token service is one sentence quickly.
+PROBE_OPTIONS = {"timeout": "20s", "connect_timeout": "5s", "max_retries": "1",
+                 "retry_timeout": "20s"}
+
+
 def is_s3(uri: str) -> bool:
     return uri.startswith(("s3://", "s3a://"))
+
+
+def cloud(uri: str) -> str | None:
+    """``"azure"`` or ``"gcs"`` for a root on those stores (S3 has ``is_s3``), else None."""
+    scheme = urlparse(uri).scheme
+    if scheme in AZURE_SCHEMES:
+        return "azure"
+    if scheme in GCS_SCHEMES:
+        return "gcs"
+    return None
 
 
 def canonical(uri: str) -> str:
@@ -86,6 +118,10 @@ class Lakehouse:
         return is_s3(self.root)
 
     @property
+    def cloud(self) -> str | None:
+        return cloud(self.root)
+
+    @property
     def bucket(self) -> str:
         return urlparse(self.root).netloc
 
@@ -98,7 +134,10 @@ class Lakehouse:
         return bool(self.endpoint_url and self.endpoint_url.startswith("http://"))
 
     def delta_rs_options(self) -> dict[str, str] | None:
-        """``storage_options`` for delta-rs; None for a local lakehouse."""
+        """``storage_options`` for delta-rs; None for a local lakehouse. Empty for Azure and
+        GCS: their object stores read every setting from the cloud's own variables."""
+        if self.cloud:
+            return {}
         if not self.is_s3:
             return None
         options = {}
@@ -234,18 +273,22 @@ def check_writable(uri: str, lakehouse: Lakehouse | None = None) -> None:
 
     Local: the directory is created and a probe file written. S3: the credentials are
     found, the bucket exists and a probe object is written under the prefix
-    (``Lakehouse.check``). Another scheme (``abfss://``, ``gs://``, ``dbfs:/``) is refused:
-    not every engine lakecdc runs can write it. ``lakehouse`` carries the endpoint and region from the
-    configuration; without it boto3 reads the standard AWS environment itself.
+    (``Lakehouse.check``). Azure and GCS: the same, through delta-rs's own object store
+    (``check_object_store``). Another scheme (``dbfs:/``, ``wasbs://``...) is refused: not
+    every engine lakecdc runs can write it. ``lakehouse`` carries the endpoint and region
+    from the configuration; without it boto3 reads the standard AWS environment itself.
     """
     if is_s3(uri):
         (lakehouse or Lakehouse(uri)).check()
         return
+    if cloud(uri):
+        check_object_store(uri)
+        return
     scheme = urlparse(uri).scheme
     if scheme not in ("", "file"):
-        raise UserError(f"the lakehouse {uri} is on {scheme}:, which lakecdc cannot write "
-                        "yet: use s3:// or a path every process reaches (docs/databricks.md, "
-                        "\"Which workspace you have\").")
+        raise UserError(f"the lakehouse {uri} is on {scheme}:, which lakecdc cannot write: "
+                        "use s3://, abfss://, gs:// or a path every process reaches "
+                        "(docs/databricks.md, \"Which workspace you have\").")
     root = Path(uri.removeprefix("file://"))
     probe = root / f".lakecdc-write-probe-{uuid.uuid4().hex}"
     try:
@@ -255,3 +298,102 @@ def check_writable(uri: str, lakehouse: Lakehouse | None = None) -> None:
     except OSError as exc:
         raise UserError(f"the lakehouse path {root} is not writable ({exc.strerror}); choose "
                         "another LAKECDC_LAKEHOUSE / --lakehouse or fix its permissions.") from None
+
+
+_STORE = {"azure": ("Azure", "container", "AZURE_STORAGE_ACCOUNT_NAME with "
+                    "AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN or a service "
+                    "principal (AZURE_CLIENT_ID, AZURE_CLIENT_SECRET, AZURE_TENANT_ID)"),
+          "gcs": ("Google", "bucket", "GOOGLE_APPLICATION_CREDENTIALS (or "
+                  "GOOGLE_SERVICE_ACCOUNT) to a service account key file, or run on a "
+                  "cluster with a service account")}
+
+
+def check_object_store(uri: str) -> None:
+    """Azure or GCS: list under the prefix (credentials, the container or bucket), then
+    write and delete a probe object, with delta-rs's own object store - the client every
+    delta-rs writer then uses, reading the same variables. Each failure is one sentence;
+    retries are cut short (``PROBE_OPTIONS``)."""
+    import pyarrow.fs as pafs
+    from deltalake.fs import DeltaStorageHandler
+
+    parsed = urlparse(uri)
+    store = cloud(uri)
+    _, noun, _ = _STORE[store]
+    if not parsed.netloc or (store == "azure" and parsed.scheme != "az"
+                             and not parsed.netloc.split("@")[0]):
+        example = ("abfss://container@account.dfs.core.windows.net/prefix" if store == "azure"
+                   else "gs://bucket/prefix")
+        raise UserError(f"the lakehouse URI {uri} has no {noun}: write it as {example} "
+                        "(LAKECDC_LAKEHOUSE or --lakehouse).")
+    probe = f".lakecdc-write-probe-{uuid.uuid4().hex}"
+    try:
+        fs = pafs.PyFileSystem(DeltaStorageHandler(uri.rstrip("/"), dict(PROBE_OPTIONS)))
+        fs.get_file_info(pafs.FileSelector("", allow_not_found=True))
+        with fs.open_output_stream(probe, buffer_size=WRITE_BUFFER) as out:
+            out.write(b"ok")
+        fs.delete_file(probe)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise UserError(explain_store_error(uri, str(exc))) from None
+
+
+def explain_store_error(uri: str, message: str) -> str:
+    """The one sentence for an object store's failure on the lakehouse ``uri``: the object
+    store's errors are text, so the known cases are told apart by the service's own codes
+    in it."""
+    store = cloud(uri)
+    cloud_name, noun, how = _STORE[store]
+    parsed = urlparse(uri)
+    container = parsed.netloc.split("@")[0]
+    # Only the service's answer counts: the URI (a container named "missing") must not.
+    text = message.replace(uri, "").lower()
+    # Azure's and GCS's codes; fake-gcs-server says "no bucket named" (with a 500).
+    if "containernotfound" in text or "nosuchbucket" in text or "no bucket named" in text \
+            or "404 not found" in text:
+        return (f"the {cloud_name} {noun} {container} of the lakehouse {uri} does not exist: "
+                "create it, or point LAKECDC_LAKEHOUSE / --lakehouse at an existing "
+                f"{noun}.")
+    if "token request" in text or "metadata" in text or "credential" in text:
+        return f"no {cloud_name} credentials found for the lakehouse {uri}: set {how}."
+    if "authenticationfailed" in text or "failed to authenticate" in text \
+            or "401" in text or "invalid_grant" in text:
+        return f"{cloud_name} rejected the credentials for the lakehouse {uri}: check {how}."
+    if "403" in text or "permission" in text or "privileges" in text:
+        return (f"access to the lakehouse {uri} was denied to the {cloud_name} credentials "
+                f"found: grant them read, write and delete on the {noun} under the prefix.")
+    if "error sending request" in text or "connect" in text or "dns" in text:
+        return (f"cannot reach {cloud_name} storage for the lakehouse {uri}: check the "
+                "network and any endpoint setting (AZURE_STORAGE_ENDPOINT; a service account "
+                "file's gcs_base_url).")
+    first = message.strip().splitlines()[0][:200] if message.strip() else "unknown error"
+    return f"{cloud_name} storage refused the lakehouse {uri} ({first}); check the {noun} " \
+           "and the credentials."
+
+
+# The clouds' variables the bundle sets on every cluster, from variables that are empty
+# where a deployment uses another cloud (databricks.yml). An empty one means unset: delta-rs
+# would take an empty AZURE_STORAGE_ACCOUNT_KEY for a key and never try the service
+# principal or managed identity beside it.
+BUNDLE_CLOUD_VARIABLES = ("AWS_REGION", "AZURE_STORAGE_ACCOUNT_NAME",
+                          "AZURE_STORAGE_ACCOUNT_KEY", "GOOGLE_SERVICE_ACCOUNT_KEY")
+
+
+def drop_empty_cloud_variables(environ) -> list[str]:
+    """Remove ``BUNDLE_CLOUD_VARIABLES`` set to nothing from ``environ`` (the process's
+    own, at the CLI's start, before any engine reads it); returns their names."""
+    empty = [name for name in BUNDLE_CLOUD_VARIABLES if environ.get(name) == ""]
+    for name in empty:
+        del environ[name]
+    return empty
+
+
+def require_spark_reach(lakehouse: Lakehouse | None, databricks: bool) -> None:
+    """A Spark session for an Azure or GCS lakehouse outside Databricks is refused with one
+    sentence: lakecdc loads no ABFS or GCS connector into a local Spark (Hadoop's ABFS
+    driver needs the DFS endpoint no emulator serves, so it could not be tested here), and
+    without one every Spark read would fail at its first batch."""
+    if databricks or lakehouse is None or not lakehouse.cloud:
+        return
+    raise UserError(f"Spark outside Databricks cannot reach the lakehouse {lakehouse.root}: "
+                    "run the Spark stages (stream, mirrors, verify, quality, backfill) on "
+                    "Databricks, whose runtime has the connector (docs/storage.md); ship, "
+                    "push, status and maintain run anywhere.")

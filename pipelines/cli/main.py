@@ -17,7 +17,7 @@ import traceback
 import click
 
 from core.errors import DriftFound, UserError, redact
-from core.storage import on_databricks
+from core.storage import drop_empty_cloud_variables, on_databricks
 from pipelines.cli import backfill, demo, maintain, observe, run, setup, tables, verify
 from pipelines.observe.logs import configure_logging
 
@@ -49,6 +49,7 @@ for command in (setup.setup, run.ship, run.stream, run.mirrors, run.push, run.ru
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting."""
+    drop_empty_cloud_variables(os.environ)
     try:
         cli.main(args=argv, prog_name="lakecdc", standalone_mode=False)
     except click.exceptions.Abort:

@@ -37,7 +37,7 @@ from core.config import Config
 from core.errors import UserError, first_line
 from core.lsn import fmt
 from core.postgres import connect
-from core.storage import check_writable
+from core.storage import Lakehouse, check_writable
 from gold.push import ensure_dashboard_tables
 from pipelines.source.baseline import count_in_snapshot, write_baseline
 from pipelines.source.mirror_baseline import write_baselines
@@ -74,7 +74,7 @@ def setup(config: Config, rebaseline: bool = False,
     writers (``bronze.not_null``); ``echo`` receives each statement it runs."""
     report = SetupReport()
     dsn = config.require_source()
-    check_writable(config.lakehouse)
+    check_writable(config.lakehouse, Lakehouse.from_config(config))
     bronze = BronzeTable(config.bronze_path, storage_options)
     with connect(dsn) as conn:
         check_source(conn, config.tables)

@@ -27,6 +27,8 @@ from pathlib import Path
 import click
 import pytest
 import yaml
+
+from core.storage import BUNDLE_CLOUD_VARIABLES
 from databricks.bundles.jobs import Job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,6 +170,13 @@ def test_configuration_reaches_every_cluster_and_dsns_only_from_secrets():
             assert env["LAKECDC_LAKEHOUSE"] == "${var.lakehouse_root}", name
             assert env["LAKECDC_SLOT"] == "${var.slot}", name
             assert env["AWS_REGION"] == "${var.aws_region}", name      # docs/s3.md: required
+            # One variable per cloud's credentials (docs/storage.md), empty by default.
+            assert {k: env[k] for k in ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY",
+                                        "GOOGLE_SERVICE_ACCOUNT_KEY")} == {
+                "AZURE_STORAGE_ACCOUNT_NAME": "${var.azure_storage_account}",
+                "AZURE_STORAGE_ACCOUNT_KEY": "${var.azure_storage_key}",
+                "GOOGLE_SERVICE_ACCOUNT_KEY": "${var.gcp_service_account_key}"}, name
+            assert set(BUNDLE_CLOUD_VARIABLES) <= set(env), name
             dsns = {k: v for k, v in env.items() if k.endswith("_DSN")}
             assert dsns == {k: SECRET[k] for k in NEEDS[name]}, name
         keys = {c["job_cluster_key"] for c in job["job_clusters"]}
@@ -268,3 +277,15 @@ def test_a_first_start_waits_for_inputs_and_transient_failures_are_retried():
     gates = {t["task_key"] for j in JOBS.values() for t in j["tasks"]
              if t["python_wheel_task"]["parameters"][0] == "quality"}
     assert gates and not gates & retried
+
+
+def test_an_empty_cloud_variable_from_the_bundle_counts_as_unset():
+    """The bundle sets every cloud's variables on every cluster, empty where the lakehouse
+    is elsewhere: the CLI drops the empty ones before delta-rs can take an empty key."""
+    from core.storage import drop_empty_cloud_variables
+
+    environ = {"AZURE_STORAGE_ACCOUNT_KEY": "", "AZURE_STORAGE_ACCOUNT_NAME": "acct",
+               "GOOGLE_SERVICE_ACCOUNT_KEY": "", "LAKECDC_SLOT": ""}
+    assert drop_empty_cloud_variables(environ) == ["AZURE_STORAGE_ACCOUNT_KEY",
+                                                   "GOOGLE_SERVICE_ACCOUNT_KEY"]
+    assert environ == {"AZURE_STORAGE_ACCOUNT_NAME": "acct", "LAKECDC_SLOT": ""}
