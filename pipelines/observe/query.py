@@ -62,7 +62,8 @@ def use_tables(spark: SparkSession, config) -> list[str]:
     catalog = Catalog.from_config(spark, config)
     catalog.require_schema()
     spark.sql(f"USE {quoted(config.catalog, config.catalog_schema)}")
-    return [name for name in table_paths(config) if catalog.location_of(name) is not None]
+    return [name for name in table_paths(config)
+            if spark.catalog.tableExists(catalog.name(name))]
 
 
 def register_tables(spark: SparkSession, paths: dict[str, str]) -> list[str]:

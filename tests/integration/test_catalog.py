@@ -7,11 +7,12 @@ missing schema, a name pointing elsewhere), each before anything was changed. Th
 catalog is Spark's in-memory one, which the CLI refuses: those tests call ``setup`` with the
 persistence check passed over, and one test runs the CLI to see the refusal itself.
 
+Also there, ``tables add`` (a shipper running) registers the new table's mirror.
+
 In new processes, with Spark's Hive metastore in an embedded Derby database under the test's
-directory (``hive-site.xml`` in ``SPARK_CONF_DIR``): ``setup`` registers the lakehouse,
-``tables add`` (a shipper running) the new table's mirror, and after a run a third process,
-``lakecdc sql``, reads every name - what it finds equals the data at the paths and the
-source's own ``GROUP BY``.
+directory (``hive-site.xml`` in ``SPARK_CONF_DIR``): ``setup`` registers the lakehouse, and
+after a run (this process, by path) another process, ``lakecdc sql``, reads every name: what
+it finds equals the data at the paths and the source's own ``GROUP BY``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from core.errors import UserError
 from core.layout import mirror_path
 from core.locks import is_held, ship_lock_name
 from pipelines.setup.prepare import setup
+from pipelines.setup.tables import add_table
 from tests.integration.workload import mixed
 from tests.tests_support import ROOT, cli_env, one_sentence, run_cli, wait_for
 from tests.truth import source_truth
@@ -78,7 +80,7 @@ def test_a_catalog_that_forgets_names_is_refused_before_anything_changes(
     assert not _slot_exists(source_db, config.slot)
 
 
-def test_setup_registers_every_table_once_and_refuses_names_pointing_elsewhere(
+def test_setup_and_tables_add_register_every_table_once_and_refuse_names_pointing_elsewhere(
         source_db, config, spark, schema, in_memory, tmp_path):
     with source_db.connect() as conn:
         conn.execute(SERVICES)
@@ -100,6 +102,24 @@ def test_setup_registers_every_table_once_and_refuses_names_pointing_elsewhere(
     again = setup(named, spark_factory=lambda: spark)
     assert not [a for a in again.actions if a.startswith("registered ")], again.actions
     assert any("already registered" in a for a in again.actions), again.actions
+
+    # A table added while a shipper runs: `tables add` registers its mirror.
+    log = tmp_path / "ship.log"
+    ship = subprocess.Popen([sys.executable, "-m", "pipelines", "ship"],
+                            env=cli_env(named), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=log.open("w"))
+    try:
+        with source_db.connect() as conn:
+            wait_for(lambda: ship.poll() is not None or is_held(
+                conn, ship_lock_name(config.slot)), timeout=60)
+        assert ship.poll() is None, log.read_text()[-3000:]
+        added = add_table(named, "public.templates", spark_factory=lambda: spark)
+    finally:
+        ship.send_signal(signal.SIGTERM)
+        assert ship.wait(timeout=60) == 0, log.read_text()[-3000:]
+    assert f"registered spark_catalog.{schema}.silver_public_templates at" in added, added
+    assert same_location(catalog.location_of("silver_public_templates"),
+                         mirror_path(config.lakehouse, "public.templates"))
 
     # A lakehouse whose name is taken by another table is refused before its slot exists;
     # so is a schema that does not exist.
@@ -129,7 +149,7 @@ def _hive_env(config, tmp_path) -> dict[str, str]:
     env.update({"LAKECDC_CATALOG": "spark_catalog", "LAKECDC_SCHEMA": "default",
                 "LAKECDC_TABLES": "public.notifications,public.notification_history,"
                                   "public.services",
-                "LAKECDC_MIRRORS": "all", "SPARK_CONF_DIR": str(conf),
+                "LAKECDC_MIRRORS": "public.services", "SPARK_CONF_DIR": str(conf),
                 "SPARK_SUBMIT_OPTS": (env.get("SPARK_SUBMIT_OPTS", "") +
                                       f" -Dderby.system.home={tmp_path}").strip()})
     return env
@@ -143,26 +163,9 @@ def test_names_persist_in_a_metastore_and_read_what_the_paths_hold(
     env = _hive_env(config, tmp_path)
     first = run_cli(["setup"], env)
     assert first.returncode == 0, first.stderr[-3000:]
-    for name in (*LAKEHOUSE_NAMES, *MIRROR_NAMES):
+    for name in (*LAKEHOUSE_NAMES, "silver_public_services"):
         assert f"registered spark_catalog.default.{name} at" in first.stdout, first.stdout
     purged = mixed(source_db.dsn, seed=37)
-
-    # A table added while a shipper runs: its mirror is registered by `tables add`.
-    log = tmp_path / "ship.log"
-    ship = subprocess.Popen([sys.executable, "-m", "pipelines", "ship"], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=log.open("w"))
-    try:
-        with source_db.connect() as conn:
-            wait_for(lambda: ship.poll() is not None or is_held(
-                conn, ship_lock_name(config.slot)), timeout=60)
-        assert ship.poll() is None, log.read_text()[-3000:]
-        added = run_cli(["tables", "add", "public.templates"], env)
-        assert added.returncode == 0, added.stderr[-3000:]
-        assert "registered spark_catalog.default.silver_public_templates at" in added.stdout, \
-            added.stdout
-    finally:
-        ship.send_signal(signal.SIGTERM)
-        assert ship.wait(timeout=60) == 0, log.read_text()[-3000:]
 
     # The pipeline writes by path, in this process (it never opens the metastore).
     done = cli_here(["run", "--once"], {k: v for k, v in env.items()
@@ -172,7 +175,7 @@ def test_names_persist_in_a_metastore_and_read_what_the_paths_hold(
     # A third process finds every name, and reads through it what the paths hold.
     counted = {"bronze_wal2json_changes": "COUNT(*)", "silver_changes": "COUNT(*)",
                "silver_quarantine": "COUNT(*)", "gold_service_stats": "SUM(count)",
-               "silver_public_services": "COUNT(*)", "silver_public_templates": "COUNT(*)"}
+               "silver_public_services": "COUNT(*)"}
     query = " UNION ALL ".join(f"SELECT '{n}' AS name, {f} AS n FROM {n}"
                                for n, f in counted.items())
     read = run_cli(["sql", query, "--format", "csv"], env)
@@ -189,6 +192,5 @@ def test_names_persist_in_a_metastore_and_read_what_the_paths_hold(
     assert by_name == {n: at_path(n) for n in counted}
     assert by_name["gold_service_stats"] == sum(source_truth(source_db.dsn, purged).values())
     with source_db.connect() as conn:
-        for table in ("services", "templates"):
-            rows = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-            assert by_name[f"silver_public_{table}"] == rows > 0, table
+        rows = conn.execute("SELECT count(*) FROM services").fetchone()[0]
+    assert by_name["silver_public_services"] == rows > 0
