@@ -94,16 +94,17 @@ def spark_factory(ctx, config: Config, names: bool = False):
     LAKECDC_CATALOG set, its local session keeps names in Spark's Hive metastore
     (``core.catalog``). The others never open the metastore: a local one (Derby) admits
     one process at a time, and a long ``run`` would hold it."""
+    from core.storage import Lakehouse
+
     level = "WARN" if ctx.obj["verbose"] else "FATAL"
+    lakehouse = Lakehouse.from_config(config)
 
     def start():
-        from core.spark import get_or_create
-        from core.storage import Lakehouse
-
         _require_spark()
-        return get_or_create(log_level=level, lakehouse=Lakehouse.from_config(config),
-                             output=config.spark_log, master=config.spark_master,
-                             metastore=names and config.registers)
+        from core.spark import get_or_create
+
+        return get_or_create(log_level=level, lakehouse=lakehouse, output=config.spark_log,
+                             master=config.spark_master, metastore=names and config.registers)
     return start
 
 
