@@ -2,12 +2,11 @@
 wal2json, Spark and Delta.
 
 Two halves. In this process, on the suite's Spark session: what ``setup`` registers, that a
-second ``setup`` changes nothing, and the refusals (a session whose catalog forgets names, a
-missing schema, a name pointing elsewhere), each before anything was changed. That session's
-catalog is Spark's in-memory one, which the CLI refuses: those tests call ``setup`` with the
-persistence check passed over, and one test runs the CLI to see the refusal itself.
-
-Also there, ``tables add`` (a shipper running) registers the new table's mirror.
+second ``setup`` changes nothing, that ``tables add`` (a shipper running) registers the new
+table's mirror, and the refusals (a session whose catalog forgets names, a missing schema, a
+name pointing elsewhere), each before anything was changed. That session's catalog is
+Spark's in-memory one, which the CLI refuses: those tests call ``setup`` and ``add_table``
+with the persistence check passed over, and one test runs the CLI to see the refusal itself.
 
 In new processes, with Spark's Hive metastore in an embedded Derby database under the test's
 directory (``hive-site.xml`` in ``SPARK_CONF_DIR``): ``setup`` registers the lakehouse, and
