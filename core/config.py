@@ -46,6 +46,10 @@ _SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
 _SPARK_MASTER = re.compile(r"local(\[(\d+|\*)\])?|spark://[\w.-]+:\d+(,[\w.-]+:\d+)*")
 # A table as LAKECDC_TABLES and `lakecdc tables add` take it: schema.table, plain names.
 TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
+# A catalog or schema that lakecdc registers its tables in (LAKECDC_CATALOG, LAKECDC_SCHEMA):
+# a plain identifier, which every catalog takes and which needs no quoting rules beyond the
+# backquotes core.catalog puts around it anyway.
+CATALOG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
 
 # Guards that tests may switch off on purpose to prove the checker catches the damage
 # (negative controls). Never set this in production.
@@ -137,6 +141,10 @@ class Config:
     # executors run in JVMs of their own (docs/databricks.md, "A real cluster"). On
     # Databricks the runtime's session is used as it is, whatever this says.
     spark_master: str = "local[2]"
+    # Where every table is registered by name, ``<catalog>.<schema>.<name>`` (core.catalog,
+    # docs/databricks.md "Unity Catalog"): both set, or neither (paths only).
+    catalog: str | None = None
+    catalog_schema: str | None = None
     # S3 lakehouse (core.storage): a non-AWS endpoint (MinIO, moto) and the region.
     # Credentials are not configuration: each engine reads the standard AWS chain.
     s3_endpoint_url: str | None = None
@@ -157,6 +165,8 @@ class Config:
             "faults": env.get("LAKECDC_FAULT", ""),
             "spark_log": env.get("LAKECDC_SPARK_LOG") or default_spark_log(),
             "spark_master": env.get("LAKECDC_SPARK_MASTER") or cls.spark_master,
+            "catalog": env.get("LAKECDC_CATALOG", "").strip() or None,
+            "catalog_schema": env.get("LAKECDC_SCHEMA", "").strip() or None,
             "s3_endpoint_url": env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"),
             "s3_region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
             "disabled_guards": frozenset(
@@ -229,6 +239,15 @@ class Config:
         if not _SPARK_MASTER.fullmatch(self.spark_master):
             raise UserError(f"the Spark master {self.spark_master!r} (LAKECDC_SPARK_MASTER) is "
                             "not one lakecdc runs on: use local[N] or spark://host:port.")
+        if (self.catalog is None) != (self.catalog_schema is None):
+            raise UserError("LAKECDC_CATALOG and LAKECDC_SCHEMA go together: set both to "
+                            "register the tables by name (catalog.schema.table), or neither.")
+        for name, env in ((self.catalog, "LAKECDC_CATALOG"),
+                          (self.catalog_schema, "LAKECDC_SCHEMA")):
+            if name is not None and not CATALOG_NAME.fullmatch(name):
+                raise UserError(f"{env}={name!r} is not a name lakecdc registers tables "
+                                "under: use letters, digits and underscores, not starting "
+                                "with a digit.")
         if self.upto_nchanges < 1 or self.peek_timeout_s < 1 or self.chunk_mb <= 0:
             raise UserError("--max-changes, --peek-timeout and --chunk-mb must be positive.")
         if self.heartbeat_interval_s < 0:
@@ -257,6 +276,11 @@ class Config:
     def mirrored(self) -> tuple[str, ...]:
         """The captured tables kept as typed mirrors."""
         return self.tables if self.mirrors is None else self.mirrors
+
+    @property
+    def registers(self) -> bool:
+        """Whether every table is also registered by name (LAKECDC_CATALOG/SCHEMA)."""
+        return self.catalog is not None
 
     @property
     def counted(self) -> CountedTables:

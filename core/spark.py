@@ -159,7 +159,8 @@ def _on_databricks() -> bool:
 
 def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None = None,
                   log_level: str = "WARN", lakehouse: Lakehouse | None = None,
-                  output: str | Path | None = None, master: str = "local[2]") -> SparkSession:
+                  output: str | Path | None = None, master: str = "local[2]",
+                  metastore: bool = False) -> SparkSession:
     """A Spark session with Delta. Outside Databricks, starts one on ``master``
     (``Config.spark_master``: ``local[2]``, or a standalone cluster's ``spark://host:port``,
     checked reachable first) with Delta jars, plus hadoop-aws and its s3a settings when
@@ -174,6 +175,13 @@ def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None =
     it: Ivy's resolution report on a first start, log4j's banner and lines, the Python
     workers' output. The CLI passes one, so a terminal shows only lakecdc's own lines (and
     one naming the file); ``None`` leaves them on this process's stdout and stderr.
+
+    ``metastore``: the session keeps table names in Spark's Hive metastore, beyond the
+    process (``core.catalog``: the commands that register or read tables by name). Spark
+    configures it as it always does: ``hive-site.xml`` in ``SPARK_CONF_DIR``, or else an
+    embedded Derby database ``metastore_db`` in the working directory, which one process at
+    a time can open. Only when this call starts the JVM; on Databricks the runtime's
+    catalog (Unity Catalog) is there anyway.
     """
     if _on_databricks():
         return SparkSession.builder.getOrCreate()
@@ -193,6 +201,7 @@ def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None =
                .config("spark.sql.catalog.spark_catalog",
                        "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
     conf = {**_LOCAL_CONF, **(lakehouse.spark_conf() if s3 else {}),
+            **({"spark.sql.catalogImplementation": "hive"} if metastore else {}),
             **(extra_conf or {})}
     for key, value in conf.items():
         builder = builder.config(key, value)

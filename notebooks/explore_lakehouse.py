@@ -12,7 +12,8 @@
 # MAGIC
 # MAGIC Runs on Databricks (set the `lakehouse` widget, e.g. `s3://bucket/lakecdc/prod`) and
 # MAGIC locally with delta-spark (`LAKECDC_LAKEHOUSE`, as for the `lakecdc` command). It only
-# MAGIC reads.
+# MAGIC reads. With `LAKECDC_CATALOG` and `LAKECDC_SCHEMA` set (Unity Catalog), it reads the
+# MAGIC tables by the names `setup` registered there; otherwise by path.
 
 # COMMAND ----------
 
@@ -47,15 +48,20 @@ from pyspark.sql import functions as F
 
 from core.config import Config
 from core.lsn import fmt
-from pipelines.observe.query import register_tables, table_paths
+from pipelines.observe.query import table_paths, use_tables
 from core.spark import get_or_create
 from core.storage import Lakehouse
 
 config = Config.load(lakehouse=param("lakehouse") or None)
-spark = get_or_create(lakehouse=Lakehouse.from_config(config), master=config.spark_master)
+spark = get_or_create(lakehouse=Lakehouse.from_config(config), master=config.spark_master,
+                      metastore=config.registers)
+# With LAKECDC_CATALOG and LAKECDC_SCHEMA set, the tables are read by their registered names
+# in that schema (it becomes the current one); otherwise as temporary views over the paths.
+registered = use_tables(spark, config)
 paths = table_paths(config)
-registered = register_tables(spark, paths)
-print(f"lakehouse {config.lakehouse}: tables {', '.join(registered)}")
+where = (f"{config.catalog}.{config.catalog_schema}" if config.registers
+         else f"lakehouse {config.lakehouse}")
+print(f"{where}: tables {', '.join(registered)}")
 assert "gold_service_stats" in registered, "no gold table yet: run the pipeline first"
 
 # COMMAND ----------

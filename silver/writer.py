@@ -135,10 +135,7 @@ class SilverWriter:
 
     def prepare(self, spark: SparkSession) -> None:
         """Create both tables if absent; refuse a table of another schema."""
-        ensure_table(spark, self.silver_path, SILVER_CHANGES, "lakecdc silver/changes",
-                     SILVER_ADDED)
-        ensure_table(spark, self.quarantine_path, SILVER_QUARANTINE,
-                     "lakecdc silver/quarantine")
+        ensure_silver_tables(spark, self.silver_path, self.quarantine_path)
 
     def parse(self, bronze: DataFrame) -> ParsedBatch:
         """The batch's bronze rows on the driver (``batch_rows``), parsed once."""
@@ -263,6 +260,13 @@ def whole_local_files(splits: list[tuple[str, int, int, int]]) -> list[str] | No
         if end != sizes[uri].pop():
             return None
     return [unquote(urlparse(uri).path) for uri in spans]
+
+
+def ensure_silver_tables(spark: SparkSession, silver_path: str, quarantine_path: str) -> None:
+    """``silver/changes`` and ``silver/quarantine``, created if absent (by the stream, or by
+    ``setup`` to register them by name), their schemas checked if not."""
+    ensure_table(spark, silver_path, SILVER_CHANGES, "lakecdc silver/changes", SILVER_ADDED)
+    ensure_table(spark, quarantine_path, SILVER_QUARANTINE, "lakecdc silver/quarantine")
 
 
 def ensure_table(spark: SparkSession, path: str, schema: StructType, description: str,

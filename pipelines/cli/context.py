@@ -78,18 +78,34 @@ def needs_spark(command):
     return checked
 
 
-def make_pipeline(ctx, **flags):
-    """The ``Pipeline`` a command runs, with the Spark session it starts when it needs one."""
-    from core.spark import get_or_create
-    from core.storage import Lakehouse
+def make_pipeline(ctx, names: bool = False, **flags):
+    """The ``Pipeline`` a command runs, with the Spark session it starts when it needs one.
+    ``names``: the command reads tables by name, so with LAKECDC_CATALOG set its session
+    keeps them in a metastore (``spark_factory``)."""
     from pipelines.run.pipeline import Pipeline
 
-    level = "WARN" if ctx.obj["verbose"] else "FATAL"
     config = load_config(ctx, **flags)
+    return Pipeline(config, spark_factory=spark_factory(ctx, config, names))
+
+
+def spark_factory(ctx, config: Config, names: bool = False):
+    """What starts the command's Spark session, when it needs one. ``names``: a command that
+    registers or reads tables by name (``setup``, ``tables add``, ``sql``); with
+    LAKECDC_CATALOG set, its local session keeps names in Spark's Hive metastore
+    (``core.catalog``). The others never open the metastore: a local one (Derby) admits
+    one process at a time, and a long ``run`` would hold it."""
+    from core.storage import Lakehouse
+
+    level = "WARN" if ctx.obj["verbose"] else "FATAL"
     lakehouse = Lakehouse.from_config(config)
-    return Pipeline(config, spark_factory=lambda: get_or_create(
-        log_level=level, lakehouse=lakehouse, output=config.spark_log,
-        master=config.spark_master))
+
+    def start():
+        _require_spark()
+        from core.spark import get_or_create
+
+        return get_or_create(log_level=level, lakehouse=lakehouse, output=config.spark_log,
+                             master=config.spark_master, metastore=names and config.registers)
+    return start
 
 
 

@@ -30,15 +30,16 @@ def status(ctx, as_json):
 @click.pass_context
 @needs_spark
 def sql_command(ctx, query, query_file, fmt, limit):
-    """Spark SQL on the lakehouse tables, registered by name: bronze_wal2json_changes,
-    silver_changes, silver_quarantine, gold_service_stats."""
-    from pipelines.observe.query import read_query, register_tables, render, run_query, table_paths
+    """Spark SQL on the lakehouse tables, by name: bronze_wal2json_changes, silver_changes,
+    silver_quarantine, gold_service_stats, silver_<schema>_<table> (the catalog's tables
+    with LAKECDC_CATALOG and LAKECDC_SCHEMA set)."""
+    from pipelines.observe.query import read_query, render, run_query, use_tables
 
     if bool(query) == bool(query_file):
         raise click.UsageError("give a query or --file, not both and not neither.")
     text = read_query(query_file) if query_file else query
-    pipeline = make_pipeline(ctx)
-    register_tables(pipeline.spark, table_paths(pipeline.config))
+    pipeline = make_pipeline(ctx, names=True)
+    use_tables(pipeline.spark, pipeline.config)
     click.echo(render(run_query(pipeline.spark, text), fmt, limit))
 
 

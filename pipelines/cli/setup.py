@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pipelines.cli.context import load_config
+from pipelines.cli.context import load_config, spark_factory
 
 
 @click.command()
@@ -16,10 +16,12 @@ from pipelines.cli.context import load_config
                    "(NOT VALID check, VALIDATE, SET NOT NULL; docs/source-tables.md).")
 @click.pass_context
 def setup(ctx, rebaseline, online_not_null):
-    """Idempotent: replica identity, slot, lakehouse tables."""
+    """Idempotent: replica identity, slot, lakehouse tables; with LAKECDC_CATALOG and
+    LAKECDC_SCHEMA, every table registered by name in that schema (Spark starts for it)."""
     from pipelines.setup.prepare import setup as run_setup
 
-    report = run_setup(load_config(ctx), rebaseline=rebaseline, online_not_null=online_not_null,
-                       echo=click.echo)
+    config = load_config(ctx)
+    report = run_setup(config, rebaseline=rebaseline, online_not_null=online_not_null,
+                       echo=click.echo, spark_factory=spark_factory(ctx, config, names=True))
     for line in report.actions:
         click.echo(line)

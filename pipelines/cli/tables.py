@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pipelines.cli.context import load_config
+from pipelines.cli.context import load_config, spark_factory
 from pipelines.run.signals import stop_on_signals
 
 
@@ -51,7 +51,8 @@ def add_command(ctx, table, chunk_rows, timeout_s):
     from pipelines.setup.tables import add_table
 
     config, options = _context(ctx)
-    click.echo(add_table(config, table, options, stop_on_signals(), chunk_rows, timeout_s))
+    click.echo(add_table(config, table, options, stop_on_signals(), chunk_rows, timeout_s,
+                         spark_factory=spark_factory(ctx, config, names=True)))
 
 
 @tables.command("remove")

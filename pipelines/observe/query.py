@@ -14,6 +14,11 @@ version when registered (``register_tables``):
 The same names work in notebooks (locally and on Databricks) and in the dashboard queries
 under ``sql/``. Views are read-only: nothing here writes a table. For an earlier version use
 Delta's time travel on the path (``docs/notebooks.md``).
+
+With ``LAKECDC_CATALOG`` and ``LAKECDC_SCHEMA`` set, the tables are registered by these
+names in that schema (``pipelines.setup.catalog``): ``use_tables`` then makes it the
+session's current schema instead of making views, so the same unqualified names reach the
+catalog's tables, with the catalog's grants.
 """
 
 from __future__ import annotations
@@ -44,6 +49,21 @@ def table_paths(config) -> dict[str, str]:
     return {**paths, **{mirror_view_name(t): spark_path(mirror_path(config.lakehouse, t),
                                                          on_databricks())
                         for t in tables}}
+
+
+def use_tables(spark: SparkSession, config) -> list[str]:
+    """The tables by their names, unqualified, for a query or a notebook; returns the names
+    there. With a catalog: its schema becomes the session's current one (the names
+    registered there); without: a temporary view per table (``register_tables``)."""
+    if not config.registers:
+        return register_tables(spark, table_paths(config))
+    from core.catalog import Catalog, quoted
+
+    catalog = Catalog.from_config(spark, config)
+    catalog.require_schema()
+    spark.sql(f"USE {quoted(config.catalog, config.catalog_schema)}")
+    return [name for name in table_paths(config)
+            if spark.catalog.tableExists(catalog.name(name))]
 
 
 def register_tables(spark: SparkSession, paths: dict[str, str]) -> list[str]:

@@ -13,12 +13,10 @@ import json
 import logging
 from typing import Callable
 
-import psycopg
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from bronze.source import mirror_key
 from core.checkpoints import remove_checkpoint, source_table_ids
 from core.commits import commit_metadata
 from core.errors import UserError
@@ -27,13 +25,13 @@ from core.lsn import fmt
 from core.postgres import connect
 from core.storage import on_databricks, spark_path
 from pipelines.source.mirror_baseline import baseline_point
+from pipelines.source.mirror_specs import table_specs
 from silver.mirror import (
     COMMIT_LSN,
     COMMIT_TS,
     SEED_APP_ID,
     TYPES_PROPERTY,
     MirrorWriter,
-    TableSpec,
     bad_values_stop,
     create_mirror,
     q,
@@ -44,16 +42,6 @@ from silver.writer import ADDED_AT_PROPERTY
 log = logging.getLogger("lakecdc.mirrors")
 
 QUERY_NAME = "lakecdc_mirrors"
-
-
-def table_specs(conn: psycopg.Connection, tables: tuple[str, ...]) -> list[TableSpec]:
-    """What each captured table's mirror is created with, read from the source's catalog."""
-    specs = []
-    for table in tables:
-        columns, key = mirror_key(conn, table)
-        schema, name = table.split(".", 1)
-        specs.append(TableSpec(schema, name, tuple(columns), tuple(key)))
-    return specs
 
 
 def prepare_mirrors(spark: SparkSession, config,

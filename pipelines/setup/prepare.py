@@ -7,7 +7,10 @@ Steps, each skipped when already done:
    point counted inside that snapshot (the baseline gold is seeded with, so counts are exact
    from the first run on a populated database); the bronze table recording the consistent
    point as where shipping starts;
-4. the dashboard tables (``service_stats`` and the push progress table).
+4. the dashboard tables (``service_stats`` and the push progress table);
+5. with ``LAKECDC_CATALOG`` and ``LAKECDC_SCHEMA`` set, every lakehouse table registered by
+   name (``pipelines.setup.catalog``; its names are checked first, before step 1 changes
+   anything). Only then does setup start Spark.
 
 A slot without bronze, or bronze without its slot, is never papered over: both mean changes
 may have been missed, and only ``--rebaseline`` (an explicit decision) starts again.
@@ -39,6 +42,7 @@ from core.lsn import fmt
 from core.postgres import connect
 from core.storage import Lakehouse, check_writable
 from gold.push import ensure_dashboard_tables
+from pipelines.setup.tables import captured_tables
 from pipelines.source.baseline import count_in_snapshot, write_baseline
 from pipelines.source.mirror_baseline import write_baselines
 
@@ -69,9 +73,37 @@ class SetupReport:
 
 def setup(config: Config, rebaseline: bool = False,
           storage_options: dict | None = None, online_not_null: bool = False,
-          echo=None) -> SetupReport:
+          echo=None, spark_factory=None) -> SetupReport:
     """``online_not_null``: first make nullable identity columns NOT NULL without blocking
-    writers (``bronze.not_null``); ``echo`` receives each statement it runs."""
+    writers (``bronze.not_null``); ``echo`` receives each statement it runs.
+    ``spark_factory``: the session that registers the tables by name, called only when
+    ``config.registers`` (a session whose catalog keeps names: ``core.catalog``)."""
+    spark = None
+    if config.registers:
+        if spark_factory is None:
+            raise UserError("registering the tables by name (LAKECDC_CATALOG) needs Spark: "
+                            "run `lakecdc setup`, which starts it.")
+        from pipelines.setup.catalog import check_names
+
+        spark = spark_factory()
+        check_names(spark, config, _mirrored(config, storage_options))
+    report = _prepare(config, rebaseline, storage_options, online_not_null, echo)
+    if spark is not None:
+        from pipelines.setup.catalog import register_lakehouse
+
+        for line in register_lakehouse(spark, config, _mirrored(config, storage_options)):
+            report.did(line)
+    return report
+
+
+def _mirrored(config: Config, storage_options: dict | None) -> tuple[str, ...]:
+    """The captured tables (the stored set once there is one) that are mirrored."""
+    return tuple(t for t in captured_tables(config, storage_options)
+                 if config.mirrors is None or t in config.mirrors)
+
+
+def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
+             online_not_null: bool, echo) -> SetupReport:
     report = SetupReport()
     dsn = config.require_source()
     check_writable(config.lakehouse, Lakehouse.from_config(config))

@@ -14,6 +14,10 @@
 5. stores the table as ``captured``. Its mirror is created by the mirrors' query when the
    first of its changes or rows arrives, and kept from then on.
 
+With ``LAKECDC_CATALOG`` and ``LAKECDC_SCHEMA`` set, the mirror's name is checked before
+step 1, and between steps 1 and 2 the mirror is created (empty, as the mirrors' query would)
+and registered by name (``pipelines.setup.catalog``); a rerun registers it if it is not.
+
 ``remove`` stores the set without the table and waits for the shipper likewise; the mirror
 stays as it was. The counted tables cannot be removed.
 """
@@ -89,9 +93,20 @@ def _states(stored: CaptureSet | None, config: Config) -> dict[str, str]:
 
 def add_table(config: Config, name: str, storage_options: dict | None = None,
               stop: threading.Event | None = None, chunk_rows: int = 10_000,
-              timeout_s: float = 600.0) -> str:
-    """``lakecdc tables add``; returns the line to print."""
+              timeout_s: float = 600.0, spark_factory=None) -> str:
+    """``lakecdc tables add``; returns the line to print. ``spark_factory``: the session
+    that registers the mirror by name, called only when ``config.registers``."""
     table = _qualified(name)
+    spark = None
+    if config.registers:
+        from pipelines.setup.catalog import check_names
+
+        if spark_factory is None:
+            raise UserError("registering the mirror by name (LAKECDC_CATALOG) needs Spark: "
+                            "run `lakecdc tables add`, which starts it.")
+        spark = spark_factory()
+        check_names(spark, config, (table,))
+    registered = None
     stop = stop or threading.Event()
     store = CaptureList(config.lakehouse, storage_options)
     bronze = BronzeTable(config.bronze_path, storage_options)
@@ -104,7 +119,8 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
                 "wait for it to finish.")
         stored = store.read()
         if stored is not None and stored.state(table) == CAPTURED:
-            return f"{table} is already captured."
+            registered = _register(spark, config, table)
+            return f"{table} is already captured" + (f"; {registered}." if registered else ".")
         if not shipper_running(conn, config.slot):
             raise UserError(f"no lakecdc shipper is running on slot {config.slot}: `tables "
                             "add` reads the table's rows through the change stream, so start "
@@ -125,6 +141,7 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
                 "reads a table's current rows in the order of a unique key, and keeps its "
                 "mirror by it; add a primary key and rerun; nothing was changed.")
         lossy = nan_loss_sentence(table, nan_columns(conn, table))
+        registered = _register(spark, config, table)
         states = _states(stored, config)
         if states.get(table) != SNAPSHOTTING:
             states[table] = SNAPSHOTTING
@@ -147,7 +164,18 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
     rows = sum(p.rows for p in report.per_table.values())
     return (f"{table}: captured from {fmt(at)}, its {rows:,} current rows read in "
             f"{time.monotonic() - started:.1f}s (backfill run {report.run}); its mirror is "
-            f"{mirror_path(config.lakehouse, table)}." + (f"\n{lossy}" if lossy else ""))
+            f"{mirror_path(config.lakehouse, table)}" + (f"; {registered}." if registered
+                                                          else ".")
+            + (f"\n{lossy}" if lossy else ""))
+
+
+def _register(spark, config: Config, table: str) -> str | None:
+    """The mirror of ``table`` created and registered by name, when names are kept."""
+    if spark is None:
+        return None
+    from pipelines.setup.catalog import register_mirror
+
+    return register_mirror(spark, config, table)
 
 
 def remove_table(config: Config, name: str, storage_options: dict | None = None,

@@ -169,6 +169,8 @@ def test_configuration_reaches_every_cluster_and_dsns_only_from_secrets():
             env = cluster["new_cluster"]["spark_env_vars"]
             assert env["LAKECDC_LAKEHOUSE"] == "${var.lakehouse_root}", name
             assert env["LAKECDC_SLOT"] == "${var.slot}", name
+            assert env["LAKECDC_CATALOG"] == "${var.catalog}", name
+            assert env["LAKECDC_SCHEMA"] == "${var.schema}", name
             assert env["AWS_REGION"] == "${var.aws_region}", name      # docs/s3.md: required
             # One variable per cloud's credentials (docs/storage.md), empty by default.
             assert {k: env[k] for k in ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY",
@@ -289,3 +291,16 @@ def test_an_empty_cloud_variable_from_the_bundle_counts_as_unset():
     assert drop_empty_cloud_variables(environ) == ["AZURE_STORAGE_ACCOUNT_KEY",
                                                    "GOOGLE_SERVICE_ACCOUNT_KEY"]
     assert environ == {"AZURE_STORAGE_ACCOUNT_NAME": "acct", "LAKECDC_SLOT": ""}
+
+
+def test_the_catalog_variables_default_to_paths_only_and_name_a_schema_when_set():
+    """Unset (the defaults, empty), no table is registered by name; set, they are the
+    catalog and schema setup registers in (docs/databricks.md, "Unity Catalog")."""
+    from core.config import Config
+
+    variables = BUNDLE["variables"]
+    defaults = {"LAKECDC_CATALOG": variables["catalog"]["default"],
+                "LAKECDC_SCHEMA": variables["schema"]["default"]}
+    assert not Config.load(env=defaults).registers
+    named = Config.load(env={"LAKECDC_CATALOG": "main", "LAKECDC_SCHEMA": "lakecdc"})
+    assert (named.catalog, named.catalog_schema) == ("main", "lakecdc")
