@@ -3,7 +3,12 @@ properties."""
 
 from __future__ import annotations
 
+import re
+
 from core.features import PLAIN
+
+# What makes a ``_delta_log`` a table's: a commit, a checkpoint, or the pointer to one.
+_COMMITTED = re.compile(r"\d{20}\.(json|checkpoint(\.\d+\.\d+)?\.parquet)|_last_checkpoint")
 
 
 def create_table(spark, path: str, schema, properties: dict[str, str],
@@ -14,9 +19,33 @@ def create_table(spark, path: str, schema, properties: dict[str, str],
     session's defaults say."""
     from delta.tables import DeltaTable
 
+    if not DeltaTable.isDeltaTable(spark, path):
+        remove_uncommitted_log(spark, path)
     builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
     if comment:
         builder = builder.comment(comment)
     for key, value in {**PLAIN, **properties}.items():
         builder = builder.property(key, value)
     builder.execute()
+
+
+def remove_uncommitted_log(spark, path: str) -> bool:
+    """Remove the ``_delta_log`` folder at ``path`` if it holds no commit: what a process
+    killed while creating the table leaves (the folder, an uncommitted temporary file).
+    Delta takes such a folder for a table that is not there and refuses to create one
+    (``DELTA_TABLE_NOT_FOUND``), so every later start would fail the same way. With no
+    commit there is no table, and nothing to lose. Returns whether it removed one (never
+    on Spark Connect, which has no file system handle to do it with)."""
+    from core.spark import is_connect
+
+    if is_connect(spark):
+        return False
+    jvm = spark.sparkContext._jvm
+    log = jvm.org.apache.hadoop.fs.Path(f"{path.rstrip('/')}/_delta_log")
+    fs = log.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(log):
+        return False
+    if any(_COMMITTED.fullmatch(status.getPath().getName())
+           for status in fs.listStatus(log)):
+        return False
+    return bool(fs.delete(log, True))
