@@ -7,8 +7,8 @@ import re
 
 from core.features import PLAIN
 
-# What makes a ``_delta_log`` a table's: a commit, a checkpoint, or the pointer to one.
-_COMMITTED = re.compile(r"\d{20}\.(json|checkpoint(\.\d+\.\d+)?\.parquet)|_last_checkpoint")
+# A file Spark writes first and renames into place once complete (``.00…0.json.<uuid>.tmp``).
+_TEMPORARY = re.compile(r"\..*\.tmp")
 
 
 def create_table(spark, path: str, schema, properties: dict[str, str],
@@ -30,12 +30,13 @@ def create_table(spark, path: str, schema, properties: dict[str, str],
 
 
 def remove_uncommitted_log(spark, path: str) -> bool:
-    """Remove the ``_delta_log`` folder at ``path`` if it holds no commit: what a process
-    killed while creating the table leaves (the folder, an uncommitted temporary file).
-    Delta takes such a folder for a table that is not there and refuses to create one
-    (``DELTA_TABLE_NOT_FOUND``), so every later start would fail the same way. With no
-    commit there is no table, and nothing to lose. Returns whether it removed one (never
-    on Spark Connect, which has no file system handle to do it with)."""
+    """Remove the ``_delta_log`` folder at ``path`` if it holds no file but Spark's
+    temporary ones: what a process killed while creating the table leaves (the folder, an
+    empty ``_staged_commits`` in it, an uncommitted temporary file). Delta takes such a
+    folder for a table that is not there and refuses to create one (``DELTA_TABLE_NOT_FOUND``),
+    so every later start would fail the same way. With no commit there is no table, and
+    nothing to lose; any other file keeps the folder as it is. Returns whether it removed one
+    (never on Spark Connect, which has no file system handle to do it with)."""
     from core.spark import is_connect
 
     if is_connect(spark):
@@ -45,7 +46,8 @@ def remove_uncommitted_log(spark, path: str) -> bool:
     fs = log.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     if not fs.exists(log):
         return False
-    if any(_COMMITTED.fullmatch(status.getPath().getName())
-           for status in fs.listStatus(log)):
-        return False
+    files = fs.listFiles(log, True)
+    while files.hasNext():
+        if not _TEMPORARY.fullmatch(files.next().getPath().getName()):
+            return False
     return bool(fs.delete(log, True))

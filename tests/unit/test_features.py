@@ -61,17 +61,20 @@ def test_a_table_with_a_feature_delta_rs_handles_wrongly_is_refused_in_one_sente
 
 
 def test_a_table_whose_creation_was_killed_is_created_at_the_next_start(spark, tmp_path):
-    """A kill while Spark created a table leaves ``_delta_log`` without a commit (here: an
-    uncommitted temporary file, or nothing). Delta refuses to create a table there
-    (``DELTA_TABLE_NOT_FOUND``, found by the maintenance soak in CI); ``create_table``
-    removes the empty log first. A log with a commit is never touched."""
+    """A kill while Spark created a table leaves ``_delta_log`` without a commit (an empty
+    ``_staged_commits`` folder, as CI's maintenance soak found; an uncommitted temporary
+    file; nothing). Delta refuses to create a table there (``DELTA_TABLE_NOT_FOUND``);
+    ``create_table`` removes such a log first. A log with a commit is never touched."""
     from core.tables import remove_uncommitted_log
 
     schema = StructType([StructField("a", StringType())])
-    for name, leftover in (("tmp_file", ".00000000000000000000.json.1f2e.tmp"), ("empty", None)):
+    for name, leftover in (("staged", "_staged_commits/"), ("empty", None),
+                           ("tmp_file", ".00000000000000000000.json.1f2e.tmp")):
         log = tmp_path / name / "_delta_log"
         log.mkdir(parents=True)
-        if leftover:
+        if leftover and leftover.endswith("/"):
+            (log / leftover).mkdir()
+        elif leftover:
             (log / leftover).write_text("{")
         create_table(spark, str(tmp_path / name), schema, {})
         assert DeltaTable(str(tmp_path / name)).version() == 0
