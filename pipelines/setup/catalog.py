@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from core.catalog import Catalog, require_persistent
 from core.config import Config
+from core.errors import UserError
 from core.layout import (
     GOLD,
     GOLD_DELTAS,
@@ -53,6 +54,20 @@ def mirror_names(config: Config, tables) -> dict[str, str]:
     """Name → Spark path of the mirrors of ``tables`` (those ``LAKECDC_MIRRORS`` keeps)."""
     return {mirror_view_name(t): _spark_path(mirror_path(config.lakehouse, t))
             for t in tables if config.mirrors is None or t in config.mirrors}
+
+
+def names_session(config: Config, spark_factory, tables, command: str):
+    """The Spark session that registers names for ``command`` (``setup``, ``tables add``),
+    its names checked (``check_names``) before the command changes anything; None when
+    ``config.registers`` is off, so no JVM starts."""
+    if not config.registers:
+        return None
+    if spark_factory is None:
+        raise UserError(f"registering the tables by name (LAKECDC_CATALOG) needs Spark: run "
+                        f"`lakecdc {command}`, which starts it.")
+    spark = spark_factory()
+    check_names(spark, config, tables)
+    return spark
 
 
 def check_names(spark, config: Config, tables) -> Catalog:

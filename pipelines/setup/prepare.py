@@ -78,15 +78,11 @@ def setup(config: Config, rebaseline: bool = False,
     writers (``bronze.not_null``); ``echo`` receives each statement it runs.
     ``spark_factory``: the session that registers the tables by name, called only when
     ``config.registers`` (a session whose catalog keeps names: ``core.catalog``)."""
-    spark = None
-    if config.registers:
-        if spark_factory is None:
-            raise UserError("registering the tables by name (LAKECDC_CATALOG) needs Spark: "
-                            "run `lakecdc setup`, which starts it.")
-        from pipelines.setup.catalog import check_names
+    from pipelines.setup.catalog import names_session
 
-        spark = spark_factory()
-        check_names(spark, config, _mirrored(config, storage_options))
+    spark = names_session(config, spark_factory,
+                          _mirrored(config, storage_options) if config.registers else (),
+                          "setup")
     report = _prepare(config, rebaseline, storage_options, online_not_null, echo)
     if spark is not None:
         from pipelines.setup.catalog import register_lakehouse

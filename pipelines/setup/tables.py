@@ -97,15 +97,9 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
     """``lakecdc tables add``; returns the line to print. ``spark_factory``: the session
     that registers the mirror by name, called only when ``config.registers``."""
     table = _qualified(name)
-    spark = None
-    if config.registers:
-        from pipelines.setup.catalog import check_names
+    from pipelines.setup.catalog import names_session
 
-        if spark_factory is None:
-            raise UserError("registering the mirror by name (LAKECDC_CATALOG) needs Spark: "
-                            "run `lakecdc tables add`, which starts it.")
-        spark = spark_factory()
-        check_names(spark, config, (table,))
+    spark = names_session(config, spark_factory, (table,), "tables add")
     registered = None
     stop = stop or threading.Event()
     store = CaptureList(config.lakehouse, storage_options)

@@ -22,9 +22,9 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from tests.integration.test_s3 import _aws_env, _free_port, bucket, s3_endpoint  # noqa: F401
+from tests.integration.test_s3 import _aws_env, bucket, s3_endpoint  # noqa: F401
 from tests.integration.workload import mixed
-from tests.tests_support import ROOT, cli_env, error_line, run_cli, wait_for
+from tests.tests_support import ROOT, cli_env, error_line, free_port, run_cli, wait_for
 from tests.truth import check_gold
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.long]
@@ -37,7 +37,7 @@ class Cluster:
 
     def __init__(self, base: Path) -> None:
         self.base = base
-        self.port, self.ui = _free_port(), _free_port()
+        self.port, self.ui = free_port(), free_port()
         self.work = base / "work"
         self.work.mkdir(parents=True)
         # lakecdc importable by the executors' Python workers, as where it is installed on
@@ -66,7 +66,7 @@ class Cluster:
         wait_for(lambda: self._state() is not None, timeout=120, interval=0.5)
         self._daemon("worker", "org.apache.spark.deploy.worker.Worker", self.url,
                      "--host", "127.0.0.1", "--cores", "2", "--memory", "2g",
-                     "--work-dir", str(self.work), "--webui-port", str(_free_port()))
+                     "--work-dir", str(self.work), "--webui-port", str(free_port()))
         wait_for(lambda: any(w["state"] == "ALIVE" for w in self._state()["workers"]),
                  timeout=120, interval=0.5)
 
@@ -168,7 +168,7 @@ def test_stream_reprocess_and_quality_on_a_standalone_cluster_are_exact(
 
 
 def test_a_master_that_does_not_answer_is_one_sentence_and_exit_2(config):
-    env = {**cli_env(config), "LAKECDC_SPARK_MASTER": f"spark://127.0.0.1:{_free_port()}"}
+    env = {**cli_env(config), "LAKECDC_SPARK_MASTER": f"spark://127.0.0.1:{free_port()}"}
     assert run_cli(["setup"], env).returncode == 0          # setup itself needs no Spark
     error_line(run_cli(["stream", "--once"], env), "LAKECDC_SPARK_MASTER", "does not answer")
     env["LAKECDC_SPARK_MASTER"] = "yarn"

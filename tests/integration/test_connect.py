@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -30,8 +29,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from tests.integration.test_s3 import _free_port
-from tests.tests_support import ROOT, error_line, run_cli, wait_for
+from tests.tests_support import ROOT, error_line, free_port, listening, run_cli, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -42,7 +40,7 @@ SPARK_HOME = Path(pyspark.__file__).parent
 def connect_server(tmp_path_factory):
     """``sc://127.0.0.1:<port>`` of a Spark Connect server (``local[1]``, its own JVM)."""
     base = tmp_path_factory.mktemp("connect")
-    port = _free_port()
+    port = free_port()
     # The server's Python workers (foreachBatch's) run this interpreter, with lakecdc and
     # these tests importable: a pickled function names its module.
     env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1",
@@ -56,7 +54,7 @@ def connect_server(tmp_path_factory):
              "--conf", f"spark.connect.grpc.binding.port={port}"],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for(lambda: server.poll() is not None or _listening(port), timeout=180,
+        wait_for(lambda: server.poll() is not None or listening(port), timeout=180,
                  interval=0.2)
         assert server.poll() is None, (base / "server.log").read_text()[-3000:]
         yield f"sc://127.0.0.1:{port}"
@@ -69,20 +67,12 @@ def connect_server(tmp_path_factory):
             server.wait()
 
 
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("args", [["stream", "--once"], ["mirrors", "--once"],
                                   ["run", "--once"]], ids=" ".join)
 def test_a_connect_session_is_refused_before_anything_is_touched(connect_server, tmp_path,
                                                                   args):
     lakehouse = tmp_path / "lakehouse"
-    nowhere = f"postgresql://lakecdc@127.0.0.1:{_free_port()}/notify"
+    nowhere = f"postgresql://lakecdc@127.0.0.1:{free_port()}/notify"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAKECDC_")}
     env.update({"DATABRICKS_RUNTIME_VERSION": "18.0", "SPARK_REMOTE": connect_server,
                 "LAKECDC_SOURCE_DSN": nowhere, "LAKECDC_DASHBOARD_DSN": nowhere,

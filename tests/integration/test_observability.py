@@ -33,7 +33,7 @@ from bronze.ship import Shipper
 from pipelines.observe.metrics import pipeline_exporter
 from pipelines.run.pipeline import Pipeline
 from pipelines.setup.prepare import setup
-from tests.tests_support import ROOT, cli_env, run_cli, wait_for
+from tests.tests_support import ROOT, cli_env, free_port, run_cli, wait_for
 from tests.integration.workload import mixed
 
 pytestmark = [pytest.mark.integration]
@@ -64,12 +64,6 @@ def slot_lag(source_db) -> int:
 
 def rows(path: str, columns: list[str]):
     return DeltaTable(path).to_pyarrow_table(columns=columns)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def password_dsn(source_db) -> str:

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import uuid
@@ -24,17 +23,11 @@ from deltalake import DeltaTable
 
 from core.layout import SILVER
 from core.storage import HADOOP_VERSION, Lakehouse, canonical, spark_path
-from tests.tests_support import cli_env, error_line, run_cli, wait_for
+from tests.tests_support import cli_env, error_line, free_port, listening, run_cli, wait_for
 from tests.truth import check_gold, dashboard_counts, source_truth
 from tests.integration.workload import mixed
 
 REGION = "us-east-1"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -42,25 +35,17 @@ def s3_endpoint(tmp_path_factory):
     """moto's S3 server in a process of its own: in this one, a delta-rs call that keeps
     the GIL while it waits on the server (loading a table's log) would starve the server's
     thread until the request timed out."""
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
                                "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: _answers(port), timeout=60, interval=0.2)
+        wait_for(lambda: listening(port), timeout=60, interval=0.2)
         yield f"http://127.0.0.1:{port}"
     finally:
         server.terminate()
         server.wait(timeout=30)
         log.close()
-
-
-def _answers(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def _aws_env(endpoint: str, credentials: bool = True) -> dict[str, str]:

@@ -30,7 +30,7 @@ import psycopg
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
-from tests.integration.test_observability import free_port, password_dsn, rows, scrape, secrets_of, value
+from tests.integration.test_observability import password_dsn, rows, scrape, secrets_of, value
 
 from bronze.heartbeat import MIN_LAG_BYTES
 from bronze.heartbeat import PREFIX as HEARTBEAT_PREFIX
@@ -41,7 +41,7 @@ from bronze.session_loss import RECONNECT_REASONS
 from pipelines.observe.metrics import pipeline_exporter
 from pipelines.run.pipeline import Pipeline
 from pipelines.setup.prepare import setup
-from tests.tests_support import ROOT, cli_env, run_cli, wait_for
+from tests.tests_support import ROOT, cli_env, free_port, run_cli, wait_for
 from tests.integration.workload import insert, mixed
 
 pytestmark = [pytest.mark.integration]
