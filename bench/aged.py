@@ -8,9 +8,9 @@ beside a fresh one, in one run (issue 36: aged ≤ 1.2× fresh).
    bronze, ``silver/changes`` and gold each hold ``commits`` commits. Maintenance runs as
    the pipeline runs it, on a clock scaled to the faster commits so the tables hold what
    they hold in production between maintenances (``AGING_CONFIG``). The mirrors are off
-   on both lakehouses: their query commits once per ``LAKECDC_MIRROR_INTERVAL`` (30 s),
-   so 20,000 mirror commits through it would take a week; ``bench.aging`` ages one
-   through its write path.
+   on both lakehouses: their query commits at most once per ``LAKECDC_MIRROR_INTERVAL``,
+   so 20,000 mirror commits through it would take hours beside the rest; ``bench.aging``
+   ages one through its write path.
 2. **Fresh.** A second lakehouse on the same database (its own slot and dashboard),
    ``setup`` after the aging: the same source rows, none of the history. The aged one
    pushes into the source database, as every section of ``bench.measure`` does; the fresh

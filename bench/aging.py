@@ -56,6 +56,7 @@ from core.config import (
     BRONZE_LOG_RETENTION_MINUTES,
     LOG_CLEAN_INTERVAL_S,
     LOG_RETENTION_MINUTES,
+    MIRROR_INTERVAL_S,
     RETENTION_HOURS,
 )
 from core.handle import WriterHandle
@@ -297,7 +298,7 @@ def settle(tables: dict[str, str]) -> dict:
 # Commits a second of each table at 2,000 changes/s: the stream's batches for silver and
 # gold; one mirrors' batch per Config.mirror_interval_s; bronze's bytes follow its changes
 # (the shipper commits more often, with fewer rows each), so it is counted at the stream's.
-DAY_RATES = {"bronze": 2.3, "silver": 2.3, "gold": 2.3, "mirror": 1 / 30}
+DAY_RATES = {"bronze": 2.3, "silver": 2.3, "gold": 2.3, "mirror": 1 / MIRROR_INTERVAL_S}
 
 
 def day_bytes(name: str, series: dict, window: int) -> dict:

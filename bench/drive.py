@@ -1,5 +1,5 @@
 """The freshness runs' client side, in a process of its own: the traffic, the neighbours'
-traffic, the probe and the dashboard watcher.
+traffic, the probes and their watchers (the dashboard's; the ``services`` mirror's).
 
 Why a process: in the pipeline's own process these four threads share one interpreter lock
 with the shipper, the push and the stream's ``foreachBatch`` (the driver's part of every
@@ -16,7 +16,9 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import pyarrow.compute as pc
 
 from bench import workload
 from pipelines.demo.traffic import FreshnessProbe
@@ -34,18 +36,85 @@ class Drive:
     neighbour_changes: int
     neighbour_elapsed_s: float
     errors: list                        # repr of what failed in a thread, if anything
+    # (commit time, seconds until seen) per ``services`` row the mirror probe saw, if probed
+    mirror_latencies: list = field(default_factory=list)
+    mirror_probes_committed: int = 0
+
+
+@dataclass
+class MirrorProbe:
+    """The mirrors' freshness probe: every ``every_s``, a new ``services`` row committed on
+    its own (ids ``first_id``, ``first_id - 1``, ...: negative, which the neighbours'
+    traffic never updates or deletes); ``watch`` polls the ``services`` mirror (delta-rs,
+    every ``poll_s``) for them. A probe's latency runs from its commit returning to the first
+    poll whose snapshot of the mirror holds the row."""
+
+    dsn: str
+    mirror_uri: str
+    first_id: int
+    every_s: float = 0.5
+    poll_s: float = 0.1
+    committed: dict = field(default_factory=dict)     # id -> time.time() of commit
+    seen: dict = field(default_factory=dict)          # id -> time.time() first seen
+
+    def run(self, stop: threading.Event) -> None:
+        import psycopg
+
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            n = 0
+            started = time.monotonic()
+            while not stop.is_set():
+                row_id = self.first_id - n
+                conn.execute("INSERT INTO services (id, name, active) VALUES (%s, %s, true)",
+                             [row_id, f"probe {row_id}"])
+                self.committed[row_id] = time.time()
+                n += 1
+                stop.wait(max(0.0, started + n * self.every_s - time.monotonic()))
+
+    def watch(self, stop: threading.Event) -> None:
+        from deltalake import DeltaTable
+
+        given_up = None
+        mirror = None
+        while True:
+            pending = [i for i in list(self.committed) if i not in self.seen]
+            if pending:
+                # One handle, brought up to date by the commits since (a reader's cheapest
+                # look: the probe must not take the cores it measures).
+                try:
+                    mirror.update_incremental()
+                except Exception:               # none yet, or its log was cleaned past it
+                    mirror = DeltaTable(self.mirror_uri)
+                ids = mirror.to_pyarrow_dataset().to_table(
+                    columns=["id"], filter=pc.field("id").isin(pending)).column("id")
+                now = time.time()
+                for row_id in ids.to_pylist():
+                    self.seen.setdefault(row_id, now)
+            if stop.is_set():
+                given_up = given_up or time.monotonic() + 120
+                if not pending or time.monotonic() > given_up:
+                    return
+            time.sleep(self.poll_s)
+
+    def latencies(self) -> list[tuple[float, float]]:
+        return sorted((t, self.seen[i] - t) for i, t in self.committed.items()
+                      if i in self.seen)
 
 
 def drive(source_dsn: str, dashboard_dsn: str, rate: float, neighbour_rate: float,
-          neighbour_first_id: int, seconds: float, tag: str, services: int = 8) -> Drive:
+          neighbour_first_id: int, seconds: float, tag: str, services: int = 8,
+          mirror_uri: str | None = None) -> Drive:
     """Traffic at ``rate`` changes/s (inserts over ``services`` services), the neighbour
     tables at ``neighbour_rate`` rows/s each (none at 0) and a probe every 0.5 s for
-    ``seconds``; then waits for the watcher (every probe seen, or 120 s)."""
+    ``seconds``; then waits for the watcher (every probe seen, or 120 s). ``mirror_uri``:
+    the ``services`` mirror, probed too (``MirrorProbe``)."""
     stop = threading.Event()
     traffic = workload.SteadyTraffic(source_dsn, rate, tag=f"{tag}-", services=services)
     neighbours = workload.NeighbourTraffic(source_dsn, neighbour_rate,
                                            first_id=neighbour_first_id)
     probe = FreshnessProbe(source_dsn, dashboard_dsn, tag=tag)
+    mirror_probe = MirrorProbe(source_dsn, mirror_uri, -neighbour_first_id) \
+        if mirror_uri else None
     errors: list[str] = []
 
     def guarded(name: str, target) -> threading.Thread:
@@ -60,17 +129,21 @@ def drive(source_dsn: str, dashboard_dsn: str, rate: float, neighbour_rate: floa
     writers = [guarded("traffic", lambda: traffic.run(stop)),
                *([guarded("neighbours", lambda: neighbours.run(stop))] if neighbour_rate else []),
                guarded("probe", lambda: probe.run(stop))]
-    watcher = guarded("watch", lambda: probe.watch(stop))
+    watchers = [guarded("watch", lambda: probe.watch(stop))]
+    if mirror_probe is not None:
+        writers.append(guarded("mirror-probe", lambda: mirror_probe.run(stop)))
+        watchers.append(guarded("mirror-watch", lambda: mirror_probe.watch(stop)))
     started_at = time.time()
-    for thread in (*writers, watcher):
+    for thread in (*writers, *watchers):
         thread.start()
     stop.wait(seconds)
     stop.set()
-    for thread in (*writers, watcher):
+    for thread in (*writers, *watchers):
         thread.join()
     return Drive(traffic.written.as_dict(), traffic.elapsed_s, len(probe.committed),
                  probe.latencies(), started_at, neighbours.changes, neighbours.elapsed_s,
-                 errors)
+                 errors, mirror_probe.latencies() if mirror_probe else [],
+                 len(mirror_probe.committed) if mirror_probe else 0)
 
 
 def _child(conn, kwargs: dict) -> None:

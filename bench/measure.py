@@ -356,7 +356,9 @@ class Bench:
                     source_dsn=config.source_dsn, dashboard_dsn=config.dashboard, rate=rate,
                     neighbour_rate=NEIGHBOUR_RATE if neighbours else 0.0,
                     neighbour_first_id=self._runs * 1_000_000_000,
-                    seconds=seconds, tag=f"r{rate:g}-{self._runs}", services=services)
+                    seconds=seconds, tag=f"r{rate:g}-{self._runs}", services=services,
+                    mirror_uri=mirror_path(config.lakehouse, "public.services")
+                    if neighbours else None)
                 drove = client.result(timeout=seconds + 300)
         stop_pipeline.set()
         runner.join(timeout=300)
@@ -383,6 +385,10 @@ class Bench:
                                      / max(drove.traffic_elapsed_s, 1e-9))
         out["load_after"] = _load()
         out["latency_s"] = _percentiles([lat for _, lat in latencies])
+        if neighbours:
+            out["mirror_probes"] = {"committed": drove.mirror_probes_committed,
+                                    "seen": len(drove.mirror_latencies)}
+            out["mirror_latency_s"] = _percentiles([lat for _, lat in drove.mirror_latencies])
         # Freshness over time: each probe's latency against when it was committed.
         out["series"] = [(round(t - drove.started_at, 2), round(lat, 2))
                          for t, lat in latencies]

@@ -278,6 +278,15 @@ def _neighbours(run: dict) -> str:
             f"{'= source' if n['mirrors_equal_source'] else 'DIFFER'}")
 
 
+def _mirror_probes(run: dict) -> str:
+    """The mirror probe's columns of a freshness run (``-`` for a run without one)."""
+    if "mirror_latency_s" not in run:
+        return "- | -"
+    lat = run["mirror_latency_s"]
+    return (f"{_n(run['mirror_probes']['committed'])} / {_n(run['mirror_probes']['seen'])} | "
+            f"{_n(lat.get('p50'))} / {_n(lat.get('p95'))} / {_n(lat.get('max'))}")
+
+
 def _run_values(run: dict | None, prefix: str) -> dict:
     """A freshness run's figures for the prose, ``prefix``-named; "n/a" without the run."""
     keys = ("p50", "p95", "pmax", "rate", "probes", "batches", "batch_s", "silver_s",
@@ -362,7 +371,7 @@ def _values(doc: dict, images: dict[str, str]) -> dict:
         f"| {_n(r['rate'])} | {_n(r['achieved_rate'])} | {_n(r['written']['changes'])} | "
         f"{_n(r['probes']['committed'])} / {_n(r['probes']['seen'])} | "
         f"{_n(r['latency_s'].get('p50'))} | {_n(r['latency_s'].get('p95'))} | "
-        f"{_n(r['latency_s'].get('max'))} | "
+        f"{_n(r['latency_s'].get('max'))} | {_mirror_probes(r)} | "
         f"{r['load_before'][0]} → {r['load_after'][0]} | "
         f"{'exact' if _exact(r['lakecdc']) else 'NOT exact'} | {_neighbours(r)} |"
         for r in f["runs"])

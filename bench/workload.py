@@ -285,9 +285,9 @@ _NEIGHBOUR_ROWS = {
         "INSERT INTO services (id, name, active, message_limit) SELECT g, 'service ' || g, "
         "g %% 2 = 0, g * 1000 FROM generate_series(%(first)s::bigint, %(last)s::bigint) g",
         "UPDATE services SET name = name || '+', active = NOT active, updated_at = now() "
-        "WHERE id IN (SELECT id FROM services ORDER BY random() LIMIT %(n)s)",
-        "DELETE FROM services WHERE id IN (SELECT id FROM services ORDER BY random() "
-        "LIMIT %(n)s)"),
+        "WHERE id IN (SELECT id FROM services WHERE id > 0 ORDER BY random() LIMIT %(n)s)",
+        "DELETE FROM services WHERE id IN (SELECT id FROM services WHERE id > 0 "
+        "ORDER BY random() LIMIT %(n)s)"),
     "templates": (
         "INSERT INTO templates SELECT g, g %% 97, 'template ' || g, 1, repeat(md5(g::text), "
         "80) FROM generate_series(%(first)s::bigint, %(last)s::bigint) g",

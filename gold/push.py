@@ -43,6 +43,7 @@ STATS_TABLE = "service_stats"
 PROGRESS_TABLE = "lakecdc_push_progress"
 LAYER_TABLE = "lakecdc_layer_progress"
 LAYERS = ("bronze", "silver", "gold", "dashboard")
+MIRRORS_LAYER = "mirrors"       # recorded by the mirrors' query (``pipelines.run.mirror_progress``)
 _STAGE = "lakecdc_push_stage"
 _KEEP = ("insert", "update_postimage", "delete")
 
@@ -352,10 +353,11 @@ def claim(conn: psycopg.Connection, key: str, take_over: bool) -> None:
                 ", ".join(others))
 
 
-def _record_layers(conn: psycopg.Connection, key: str, marks: dict) -> None:
-    """Upsert what each layer holds everything up to; between full pushes a mark never
-    moves backwards."""
-    rows = [(key, layer, *marks[layer]) for layer in LAYERS
+def _record_layers(conn: psycopg.Connection, key: str, marks: dict,
+                   layers: tuple[str, ...] = LAYERS) -> None:
+    """Upsert what each of ``layers`` holds everything up to; between full pushes a mark
+    never moves backwards."""
+    rows = [(key, layer, *marks[layer]) for layer in layers
             if layer in marks and marks[layer][0] is not None]
     if not rows:
         return
@@ -368,6 +370,25 @@ def _record_layers(conn: psycopg.Connection, key: str, marks: dict) -> None:
             "source_commit_ts = EXCLUDED.source_commit_ts, updated_at = EXCLUDED.updated_at "
             "WHERE t.source_commit_lsn IS NULL OR t.source_commit_lsn <= EXCLUDED.source_commit_lsn"
         ).format(t=sql.Identifier(LAYER_TABLE)), rows)
+
+
+def record_layer(conn: psycopg.Connection, key: str, layer: str, lsn: int, at) -> None:
+    """Upsert one layer's mark (a writer beside the push: the mirrors' query)."""
+    _record_layers(conn, key, {layer: (lsn, at)}, (layer,))
+
+
+def read_layer(dsn: str, key: str, layer: str) -> tuple[int, datetime] | None:
+    """(commit LSN, commit time) ``layer`` of gold table ``key`` holds everything up to, or
+    None: no row yet, or the dashboard cannot be read (a listing shows "-", never fails)."""
+    try:
+        with connect(dsn, what="dashboard") as conn:
+            row = conn.execute(sql.SQL(
+                "SELECT source_commit_lsn, source_commit_ts FROM {} WHERE gold_table = %s "
+                "AND layer = %s").format(sql.Identifier(LAYER_TABLE)), [key, layer]).fetchone()
+    except Exception as exc:
+        log.info("%s's progress could not be read from the dashboard: %s", layer, exc)
+        return None
+    return None if row is None or row[0] is None else (row[0], row[1])
 
 
 def feed_changes(table: DeltaTable, start: int, end: int) -> tuple[list[tuple], list[tuple]]:

@@ -5,15 +5,19 @@ source's columns under their own names, typed by ``silver.mirror_types``, plus
 ``_lakecdc_commit_lsn`` / ``_lakecdc_commit_ts`` (the source commit of the row's last change).
 docs/silver.md, "Mirrors", is the user's account; the rules, per micro-batch of silver:
 
-- A table's changes fold to one row per primary key (``final_rows``), in ``(commit_lsn,
-  seq)`` order: the last change decides whether the row exists; each column takes its value
-  from the last change that carried it, so an UPDATE that leaves a TOASTed value out (wal2json
-  omits it) keeps the mirror's value. An UPDATE that changes the key deletes the old key.
+- The batch comes to the driver as Arrow (``silver.writer.batch_rows``: its files read by
+  pyarrow where they are local) and each table's changes fold to one row per primary key
+  there (``silver.mirror_fold.fold_changes``), in ``(commit_lsn, seq)`` order: the last
+  change decides whether the row exists; each column takes its value from the last change
+  that carried it, so an UPDATE that leaves a TOASTed value out (wal2json omits it) keeps
+  the mirror's value. An UPDATE that changes the key deletes the old key.
 - A TRUNCATE empties the mirror: changes before the batch's last TRUNCATE of the table are
   dropped and the MERGE deletes every row its source does not name.
-- One MERGE per changed table: Spark folds and types the changes into the MERGE's source,
-  which comes to the driver as Arrow, and delta-rs runs the MERGE (a Spark MERGE cost 1-2
-  s and a few CPU-seconds per table per batch, whatever its size; docs/gold.md). It sets
+- One MERGE per changed table: Spark types the folded rows into the MERGE's source (one
+  job on a local relation, ``merge_source``; ``silver.mirror_types`` is the types' one
+  implementation), which comes back as Arrow, and delta-rs runs the MERGE (a Spark MERGE
+  cost 1-2 s and a few CPU-seconds per table per batch, whatever its size; docs/gold.md);
+  two tables at a time (``MirrorWriter._tables``). It sets
   final rows, not increments, so re-applying a batch after a kill (before the query's
   checkpoint commit) leaves the same mirror; its Delta app transaction ``lakecdc-mirror``,
   version = batch id (times ``PARTS``, plus the part), is checked first, so the tables
@@ -27,23 +31,23 @@ from __future__ import annotations
 
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
-from pyspark.sql import Column, DataFrame, SparkSession
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import inheritable_thread_target
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
-    IntegerType,
     LongType,
-    MapType,
-    StringType,
     StructField,
     StructType,
     TimestampType,
 )
 
-from core.captured import MARKER_PREFIX
 from core.commits import commit_metadata, merge_recorded, rs_commit
 from core.errors import UserError
 from core.faults import FaultPoints
@@ -51,8 +55,23 @@ from core.handle import CHECKPOINTS, WriterHandle
 from core.lsn import fmt
 from core.storage import delta_rs_uri
 from core.tables import create_table
+from silver.mirror_fold import (
+    HAS_PREFIX,
+    MIRROR_COLUMNS,
+    MIRRORED_OPS,
+    TEXT_PREFIX,
+    TableInBatch,
+    after,
+    column_values,
+    complete_through,
+    first_failure,
+    fold_changes,
+    in_order_range,
+    key_moves,
+    tables_in_batch,
+)
 from silver.mirror_types import BAD_VALUE, spark_type, typed
-from silver.parse import MESSAGE_ACTION
+from silver.writer import batch_rows
 
 log = logging.getLogger("lakecdc.mirror")
 
@@ -64,11 +83,11 @@ TYPES_PROPERTY = "lakecdc.sourceTypes"       # JSON {column: Postgres type}
 # No deletion vectors: delta-rs (deltalake 1.6.6) refuses to read a table with that reader
 # feature, and a mirror is read by delta-rs (``lakecdc tables``, the demo, users).
 PROPERTIES = {"delta.enableDeletionVectors": "false", **CHECKPOINTS}
-MIRRORED_OPS = ("I", "U", "D", "R")
 
+TIME_ZONE = "spark.sql.session.timeZone"     # the typing session keeps the query's
+TABLE_THREADS = 2        # tables merged at a time (``MirrorWriter._tables``)
 PARTS = 1_000_000       # txn version = batch id * PARTS + the part of the batch (chain_cuts)
-_EXISTS, _HAS = "__lakecdc_exists", "__lakecdc_has_"
-_TEXT_MAP = MapType(StringType(), StringType())
+_EXISTS, _HAS = "__lakecdc_exists", HAS_PREFIX
 
 
 @dataclass(frozen=True)
@@ -105,104 +124,25 @@ def create_mirror(spark: SparkSession, path: str, spec: TableSpec) -> None:
                  comment=f"lakecdc mirror of {spec.name}")
 
 
-def final_rows(changes: DataFrame, key: tuple[str, ...], key_moves: bool = True) -> DataFrame:
-    """One table's silver changes (ops I, U, D, R) folded to one row per key: ``_key``
-    (the key's text values), ``_exists`` (False: delete it), ``_values`` (column → text of
-    every column some change after the last delete carried; later changes win), ``_from``
-    (the old key when the row's state begins with an UPDATE that moved it there: the columns
-    that UPDATE left out are the old row's), ``_lsn`` / ``_ts`` (the newest change). Pure;
-    the rules are the module docstring's. ``key_moves=False``: no change moves a row to
-    another key (``_moves`` found none), so the plan leaves out looking for the old rows."""
-    new_key = F.struct(*[F.col("columns")[k].alias(k) for k in key])
-    old_key = F.struct(*[F.col("identity")[k].alias(k) for k in key])
-    empty = F.create_map().cast(_TEXT_MAP)
-
-    def event(k: Column, sub: int, upsert: bool, values: Column, src: Column) -> Column:
-        return F.struct(k.alias("k"), F.lit(sub).alias("sub"), F.lit(upsert).alias("upsert"),
-                        values.alias("vals"), src.alias("src"))
-
-    op = F.col("op")
-    moved = (op == "U") & F.col("identity").isNotNull() & (old_key != new_key)
-    no_key = F.lit(None).cast(StructType([StructField(k, StringType()) for k in key]))
-    delete_old = event(old_key, 0, False, empty, no_key)
-    upsert_new = event(new_key, 1, True, F.col("columns"),
-                       F.when(moved, old_key))
-    events = (F.when(op == "D", F.array(delete_old))
-              .when(moved, F.array(delete_old, upsert_new))
-              .otherwise(F.array(upsert_new)))
-    flat = changes.select("commit_lsn", "seq", "commit_ts", F.inline(events))
-    order = F.struct("commit_lsn", "seq", "sub")
-    grouped = flat.groupBy("k").agg(
-        F.collect_list(F.struct(order.alias("o"), "upsert", "vals", "src")).alias("evs"),
-        F.max_by("commit_ts", order).alias("_ts"),
-        F.max("commit_lsn").alias("_lsn"))
-    order_type = StructType([StructField("commit_lsn", LongType()),
-                             StructField("seq", IntegerType()), StructField("sub", IntegerType())])
-
-    def ordered(evs: Column) -> Column:
-        return F.array_sort(evs, lambda l, r: F.when(l["o"] < r["o"], -1)
-                            .when(l["o"] > r["o"], 1).otherwise(0))
-    start = F.struct(F.lit(False).alias("exists"), empty.alias("vals"), no_key.alias("src"),
-                     F.lit(None).cast(order_type).alias("at"))
-
-    def step(acc: Column, e: Column) -> Column:
-        kept = F.map_filter(acc["vals"], lambda k, _: ~F.map_contains_key(e["vals"], k))
-        moved_in = e["src"].isNotNull()
-        return (F.when(e["upsert"] & moved_in,      # the row arrives from another key
-                       F.struct(F.lit(True).alias("exists"), e["vals"].alias("vals"),
-                                e["src"].alias("src"), e["o"].alias("at")))
-                .when(e["upsert"], F.struct(F.lit(True).alias("exists"),
-                                            F.map_concat(kept, e["vals"]).alias("vals"),
-                                            acc["src"].alias("src"), acc["at"].alias("at")))
-                .otherwise(start))
-
-    state = grouped.select("k", F.aggregate(ordered(F.col("evs")), start, step).alias("s"),
-                           "_lsn", "_ts")
-    if not key_moves:
-        return state.select(F.col("k").alias("_key"), F.col("s.exists").alias("_exists"),
-                            F.col("s.vals").alias("_values"), F.col("s.src").alias("_from"),
-                            "_lsn", "_ts")
-    # A moved row takes the columns its UPDATE left out from the old key's values in this
-    # batch before the move (and, in ``merge_source``, from the mirror's old row).
-    moves = state.where(F.col("s.src").isNotNull()).select(
-        F.col("k").alias("_to"), F.col("s.src").alias("_src"), F.col("s.at").alias("_at"))
-    # (Columns by name, not ``frame[...]``: both sides descend from ``flat``.)
-    before = (flat.join(moves, (F.col("k") == F.col("_src"))
-                        & (F.struct("commit_lsn", "seq") < F.struct(F.col("_at.commit_lsn"),
-                                                                    F.col("_at.seq"))))
-              .groupBy("_to").agg(F.collect_list(F.struct(order.alias("o"), "upsert", "vals",
-                                                           "src")).alias("evs"))
-              .select(F.col("_to"), F.aggregate(ordered(F.col("evs")), start, step)["vals"]
-                      .alias("_before")))
-    joined = state.join(before, F.col("k") == F.col("_to"), "left")
-    vals = F.col("s.vals")
-    inherited = F.map_filter(F.coalesce(F.col("_before"), empty),
-                             lambda k, _: ~F.map_contains_key(vals, k))
-    return joined.select(F.col("k").alias("_key"), F.col("s.exists").alias("_exists"),
-                         F.when(F.col("s.src").isNotNull(), F.map_concat(inherited, vals))
-                         .otherwise(vals).alias("_values"),
-                         F.col("s.src").alias("_from"), "_lsn", "_ts")
-
-
 def merge_source(final: DataFrame, key: tuple[str, ...], types: dict[str, str],
                  mirror: DataFrame | None = None) -> DataFrame:
-    """``final_rows`` typed as the mirror's columns (``types``: column → Postgres type),
-    with ``__lakecdc_exists`` and, per non-key column ``i``, ``__lakecdc_has_<i>``: whether
-    it is set (else the MERGE keeps the mirror's value). ``mirror`` (the mirror as the batch
-    starts): a row moved from another key takes the columns its UPDATE left out from the
-    mirror's row at that key."""
-    values = F.col("_values")
+    """``silver.mirror_fold.column_values``'s rows typed as the mirror's columns
+    (``types``: column → Postgres type; the i-th non-key column's text and whether it is
+    set are its ``__lakecdc_text_<i>`` and ``__lakecdc_has_<i>``), with ``__lakecdc_exists``
+    and, per non-key column ``i``, ``__lakecdc_has_<i>`` (unset: the MERGE keeps the
+    mirror's value). ``mirror`` (the mirror as the batch starts): a row moved from another
+    key takes the columns its UPDATE left out from the mirror's row at that key."""
     cols = [typed(F.col("_key")[k], types[k], k).alias(k) for k in key]
-    others = [(n, t) for n, t in types.items() if n not in key]
+    others = mirrored_columns(key, types)
     if mirror is not None:
         old = mirror.select(*[F.col(q(k)).alias(f"__old_k{i}") for i, k in enumerate(key)],
-                            *[F.col(q(n)).alias(f"__old_{i}") for i, (n, _) in
-                              enumerate(others)], F.lit(True).alias("__old"))
+                            *[F.col(q(n)).alias(f"__old_{i}") for i, n in enumerate(others)],
+                            F.lit(True).alias("__old"))
         final = final.join(old, [typed(F.col("_from")[k], types[k], k) == F.col(f"__old_k{i}")
                                  for i, k in enumerate(key)], "left")
-    for i, (name, pg_type) in enumerate(others):
-        carried = F.map_contains_key(values, name)
-        value = typed(F.try_element_at(values, F.lit(name)), pg_type, name)
+    for i, name in enumerate(others):
+        carried = F.col(f"{HAS_PREFIX}{i}")
+        value = typed(F.col(f"{TEXT_PREFIX}{i}"), types[name], name)
         if mirror is not None:
             value = F.when(carried, value).otherwise(F.col(f"__old_{i}"))
             carried = carried | F.col("__old").isNotNull()
@@ -211,12 +151,17 @@ def merge_source(final: DataFrame, key: tuple[str, ...], types: dict[str, str],
                         F.col("_lsn").alias(COMMIT_LSN), F.col("_ts").alias(COMMIT_TS))
 
 
+def mirrored_columns(key: tuple[str, ...], types: dict[str, str]) -> list[str]:
+    """The mirror's non-key columns, in the order ``merge_source`` numbers them."""
+    return [n for n in types if n not in key]
+
+
 def merge_changes(table, source, key: tuple[str, ...], types: dict[str, str], commit,
                   truncate: bool = False) -> dict:
     """The mirror's MERGE (delta-rs) of ``source`` (``merge_source``'s rows, in Arrow) into
     ``table``, committed with ``commit``; its metrics."""
     on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key)
-    others = [n for n in types if n not in key]
+    others = mirrored_columns(key, types)
     update = {q(n): f"CASE WHEN s.{q(f'{_HAS}{i}')} THEN s.{q(n)} ELSE t.{q(n)} END"
               for i, n in enumerate(others)}
     meta = {COMMIT_LSN: f"s.{COMMIT_LSN}", COMMIT_TS: f"s.{COMMIT_TS}"}
@@ -229,35 +174,6 @@ def merge_changes(table, source, key: tuple[str, ...], types: dict[str, str], co
     if truncate:
         merge = merge.when_not_matched_by_source_delete()
     return merge_recorded(table, merge, commit)
-
-
-@dataclass(frozen=True)
-class TableInBatch:
-    """What one Spark job learns of a batch, per table: the newest TRUNCATE (order) and the
-    (column, type) pairs its changes carried."""
-
-    schema: str
-    table: str
-    truncated: tuple[int, int] | None
-    types: dict[str, str]
-    moved: bool = False             # an UPDATE moved a row to another key (may have)
-    newest: int = 0                 # the newest commit LSN among its changes
-
-    @property
-    def name(self) -> str:
-        return f"{self.schema}.{self.table}"
-
-
-def _moves(changes: DataFrame, key: tuple[str, ...]) -> list[tuple]:
-    """The key-changing UPDATEs among one table's changes, in order: (commit_lsn, seq, old
-    key, new key), key values as text. One Spark job; only for a batch that has some."""
-    new_key = F.struct(*[F.col("columns")[k].alias(k) for k in key])
-    old_key = F.struct(*[F.col("identity")[k].alias(k) for k in key])
-    rows = (changes.where((F.col("op") == "U") & F.col("identity").isNotNull()
-                          & (old_key != new_key))
-            .select("commit_lsn", "seq", old_key.alias("old"), new_key.alias("new"))
-            .orderBy("commit_lsn", "seq").collect())
-    return [(r.commit_lsn, r.seq, tuple(r.old), tuple(r.new)) for r in rows]
 
 
 def chain_cuts(moves: list[tuple]) -> list[tuple[int, int]]:
@@ -273,55 +189,6 @@ def chain_cuts(moves: list[tuple]) -> list[tuple[int, int]]:
             moved_in = set()
         moved_in.add(new)
     return cuts
-
-
-def _before(at: tuple[int, int], inclusive: bool = False) -> Column:
-    """Changes ordered before ``at`` (commit_lsn, seq), or at it when ``inclusive``."""
-    lsn, seq = F.col("commit_lsn"), F.col("seq")
-    same = (seq <= F.lit(at[1])) if inclusive else (seq < F.lit(at[1]))
-    return (lsn < F.lit(at[0]).cast("long")) | ((lsn == F.lit(at[0]).cast("long")) & same)
-
-
-def _between(lo: tuple[int, int] | None, hi: tuple[int, int] | None) -> Column:
-    """Changes from ``lo`` (inclusive) to ``hi`` (exclusive); None: open."""
-    cond = F.lit(True)
-    if lo is not None:
-        cond = cond & ~_before(lo)
-    if hi is not None:
-        cond = cond & _before(hi)
-    return cond
-
-
-def tables_in_batch(batch: DataFrame, keys: dict[str, tuple[str, ...]] | None = None
-                    ) -> tuple[list[TableInBatch], int | None]:
-    """The batch's tables, and the newest verify marker in it (None: none), in one job.
-    ``keys`` (schema.table → its mirror's key): an UPDATE of such a table counts as moving
-    its row only if its identity's key differs from its new row's; of any other table, if
-    it carries an identity at all."""
-    marker = (F.col("op") == MESSAGE_ACTION) & (F.col("message_prefix") == MARKER_PREFIX)
-    changes = batch.where(F.col("op").isin(*MIRRORED_OPS, "T") | marker)
-    moves = F.col("identity").isNotNull()
-    for name, key in (keys or {}).items():
-        schema, table = name.split(".", 1)
-        differs = F.lit(False)
-        for k in key:
-            differs = differs | ~F.col("identity")[k].eqNullSafe(F.col("columns")[k])
-        moves = F.when((F.col("schema_name") == schema) & (F.col("table_name") == table),
-                       F.col("identity").isNotNull() & differs).otherwise(moves)
-    flat = changes.select("schema_name", "table_name", "op", "commit_lsn", "seq",
-                          ((F.col("op") == "U") & moves).alias("moves"),
-                          F.explode_outer("column_types").alias("name", "type"))
-    rows = flat.groupBy("schema_name", "table_name").agg(
-        F.max(F.when(F.col("op") == "T", F.struct("commit_lsn", "seq"))).alias("truncated"),
-        F.collect_set(F.when(F.col("name").isNotNull(), F.struct("name", "type")))
-        .alias("types"),
-        F.max("moves").alias("moved"),
-        F.max("commit_lsn").alias("newest")).collect()
-    markers = [r.newest for r in rows if r.table_name is None]
-    return [TableInBatch(r.schema_name, r.table_name,
-                         (r.truncated.commit_lsn, r.truncated.seq) if r.truncated else None,
-                         {t.name: t.type for t in r.types}, bool(r.moved), r.newest)
-            for r in rows if r.table_name is not None], max(markers, default=None)
 
 
 class MirrorStopped(UserError):
@@ -358,8 +225,14 @@ class MirrorWriter:
                  on_marker: Callable[[int, int], None] | None = None,
                  faults: FaultPoints | None = None,
                  storage_options: dict | None = None,
-                 after_batch: Callable[[], object] | None = None) -> None:
+                 after_batch: Callable[[], object] | None = None,
+                 on_complete: Callable[[int, object], None] | None = None,
+                 on_finish: Callable[[], None] | None = None) -> None:
         self.paths = dict(paths)
+        self.on_finish = on_finish
+        # Called with (commit LSN, commit time) after every batch that ends a transaction:
+        # every mirror holds every source transaction up to it (``complete_through``).
+        self.on_complete = on_complete
         # Called at the end of every batch, in the query's thread: the mirrors' maintenance
         # (``pipelines.maintain``), between two batches of their only writer.
         self.after_batch = after_batch
@@ -381,13 +254,17 @@ class MirrorWriter:
         self.merged: dict[str, int] = {}        # table -> batches merged by this writer
         self.run = self.merged                  # what ``pipelines.run.stream.await_stream`` returns
         self._handles: dict[str, WriterHandle] = {}     # path → the MERGEs' handle
+        self._typing_session: SparkSession | None = None
 
     def idle(self) -> None:
         """Between batches (``pipelines.run.stream.await_stream`` asks each writer): the
         mirrors have nothing waiting; each batch commits its MERGEs."""
 
     def finish(self) -> None:
-        """After the last batch: nothing to finish (see ``idle``)."""
+        """After the last batch: each batch committed its MERGEs (see ``idle``); what
+        records the mirrors' progress lets its connection go."""
+        if self.on_finish is not None:
+            self.on_finish()
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
@@ -397,18 +274,18 @@ class MirrorWriter:
             raise
 
     def _batch(self, batch: DataFrame, batch_id: int) -> None:
-        failed = batch.where(F.col("error").isNotNull()
-                             & (F.col("commit_lsn") > F.lit(self.accept_errors_upto))) \
-            .select("commit_lsn", "error").limit(1).collect()
+        rows = batch_rows(batch, MIRROR_COLUMNS)
+        failed = first_failure(rows, self.accept_errors_upto)
         if failed:
             raise MirrorStopped(
-                f"a change at commit LSN {fmt(failed[0].commit_lsn)} failed to parse "
-                f"({failed[0].error}), so no mirror can say it holds it; mirrors stopped. "
-                "Check silver/quarantine, then pass over it with `lakecdc mirrors "
-                "--accept-errors-upto` (docs/silver.md, \"Mirrors\").")
+                f"a change at commit LSN {fmt(failed[0])} failed to parse ({failed[1]}), so "
+                "no mirror can say it holds it; mirrors stopped. Check silver/quarantine, "
+                "then pass over it with `lakecdc mirrors --accept-errors-upto` "
+                "(docs/silver.md, \"Mirrors\").")
         spark = batch.sparkSession
-        found_tables, marker = tables_in_batch(batch, {
+        found_tables, marker = tables_in_batch(rows, {
             name: self._shape(spark, path)[0] for name, path in self.paths.items()})
+        work = []
         for found in found_tables:
             path = self.paths.get(found.name)
             if path is None and self.discover is not None \
@@ -420,33 +297,53 @@ class MirrorWriter:
                     self.paths[found.name] = path
             if path is None:
                 continue                       # captured without a mirror (docs/silver.md)
-            self._table(batch, batch_id, found, path)
+            work.append((found, path))
+        self._tables(spark, rows, batch_id, work)
+        complete = complete_through(rows)
+        if complete is not None and self.on_complete is not None:
+            self.on_complete(*complete)
         if marker is not None and self.on_marker is not None:
             self.on_marker(marker, batch_id)     # every mirror holds the batch now
         if self.after_batch is not None:
             self.after_batch()
 
-    def _table(self, batch: DataFrame, batch_id: int, found: TableInBatch, path: str) -> None:
-        spark = batch.sparkSession
+    def _tables(self, spark: SparkSession, rows: pa.Table, batch_id: int,
+                work: list[tuple[TableInBatch, str]]) -> None:
+        """Each table's MERGEs; ``TABLE_THREADS`` tables at a time. A table's Spark job
+        and MERGE are mostly the driver's waiting (planning, scheduling, a commit), so two
+        tables overlap well on two cores. Every table is done (or failed) before the batch
+        ends; the first failure is raised."""
+        self._typing(spark)                     # made once, before the threads share it
+        if len(work) <= 1:
+            for found, path in work:
+                self._table(spark, rows, batch_id, found, path)
+            return
+        run = inheritable_thread_target(
+            lambda item: self._table(spark, rows, batch_id, *item))
+        with ThreadPoolExecutor(TABLE_THREADS, thread_name_prefix="lakecdc-mirror") as pool:
+            futures = [pool.submit(run, item) for item in work]
+        for future in futures:
+            future.result()
+
+    def _table(self, spark: SparkSession, rows: pa.Table, batch_id: int, found: TableInBatch,
+               path: str) -> None:
         key, types = self._evolve(spark, path, found)
-        mine = (F.col("schema_name") == found.schema) & (F.col("table_name") == found.table) \
-            & F.col("op").isin(*MIRRORED_OPS) \
-            & (F.col("commit_lsn") >= F.lit(self.floors.get(found.name, 0)))
+        changes = found.rows.filter(pc.field("op").isin(MIRRORED_OPS)
+                                    & (pc.field("commit_lsn") >= self.floors.get(found.name, 0)))
         if found.truncated is not None:
-            mine = mine & ~_before(found.truncated, inclusive=True)
-        changes = batch.where(mine)
+            changes = after(changes, found.truncated)
         # An UPDATE carrying its old row's identity may still keep its key (a replica
         # identity of more columns than the key, like the counted tables'): only a batch
         # whose key really changed pays for reading the mirror's old rows.
-        moves = _moves(changes, key) if found.moved else []
+        moves = key_moves(changes, key) if found.moved else []
         bounds = [None, *chain_cuts(moves), None]
         for part, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
-            self._merge(spark, path, changes.where(_between(lo, hi)), key, types, found,
+            self._merge(spark, path, in_order_range(changes, lo, hi), key, types, found,
                         batch_id, part, truncate=part == 0 and found.truncated is not None,
                         last=hi is None, moved=bool(moves))
         self.merged[found.name] = self.merged.get(found.name, 0) + 1
 
-    def _merge(self, spark: SparkSession, path: str, changes: DataFrame, key: tuple[str, ...],
+    def _merge(self, spark: SparkSession, path: str, changes: pa.Table, key: tuple[str, ...],
                types: dict[str, str], found: TableInBatch, batch_id: int, part: int,
                truncate: bool, last: bool, moved: bool) -> None:
         """One MERGE of ``changes`` (part ``part`` of the batch's changes of the table;
@@ -458,10 +355,15 @@ class MirrorWriter:
             recorded = table.transaction_version(APP_ID)
             if recorded is not None and recorded >= version:
                 return                                  # merged before a kill: a replay
-            final = final_rows(changes, key, key_moves=moved)
-            mirror = DeltaTable.forPath(spark, path).toDF() if moved else None
+            typing = self._typing(spark)
+            final = typing.createDataFrame(column_values(
+                fold_changes(changes, key, key_moves=moved), mirrored_columns(key, types)))
+            mirror = DeltaTable.forPath(typing, path).toDF() if moved else None
             with bad_values_stop(found.name):
-                source = merge_source(final, key, types, mirror).toArrow()
+                # One chunk: delta-rs's MERGE panicked on the chunks this plan's toArrow
+                # gave in batches that move keys (an out-of-range offset in arrow-rs's
+                # concatenation; tests/integration/test_mirrors.py).
+                source = merge_source(final, key, types, mirror).toArrow().combine_chunks()
             # ``newest``: the mirror now holds every change of its table up to this LSN
             # (``pipelines.verify.mirrors``); not after a batch's part but the last, which may
             # end inside a transaction. A batch's parts are told apart by the version.
@@ -470,6 +372,19 @@ class MirrorWriter:
                                                truncated=truncate, **held), APP_ID, version)
             merge_changes(table, source, key, types, commit, truncate)
         self.faults.hit("after_mirror_merge")
+
+    def _typing(self, spark: SparkSession) -> SparkSession:
+        """The session the MERGE sources are typed in: one of its own (``newSession``:
+        the context's settings, not the low-latency ones a continuous run gives its
+        queries, ``core.spark.low_latency``), so Spark compiles the typing expressions.
+        Their plan is the same batch after batch, so the code is compiled once; interpreted,
+        a batch of ~3,000 of the benchmark's notifications took 0.4-1.0 s to type, compiled
+        0.23-0.35 s (2 cores, under 2,000 changes/s)."""
+        if self._typing_session is None:
+            session = spark.newSession()
+            session.conf.set(TIME_ZONE, spark.conf.get(TIME_ZONE))
+            self._typing_session = session
+        return self._typing_session
 
     def _handle(self, path: str) -> WriterHandle:
         if path not in self._handles:

@@ -189,22 +189,24 @@ class SilverWriter:
         return rows.num_rows
 
 
-def batch_rows(bronze: DataFrame) -> pa.Table:
-    """A stream micro-batch's bronze rows (``BRONZE_COLUMNS``) on the driver, as Arrow.
+def batch_rows(batch: DataFrame, columns: Iterable[str] = BRONZE_COLUMNS) -> pa.Table:
+    """A stream micro-batch's rows (``columns``) on the driver, as Arrow; by default the
+    bronze columns the parse reads.
 
-    A Delta stream's batch of bronze is a set of whole Parquet files: bronze is append-only
-    (the Delta source refuses any other commit), unpartitioned and has no deletion vectors,
-    so its files hold exactly its rows. When the batch is such files on a local lakehouse
-    (``batch_files``), pyarrow reads them itself: 0.3-1.0 s for the benchmark's 308,289
-    rows, where Spark's ``toArrow`` took 2-4 s (docs/silver.md, "Parsing"). Otherwise (S3,
-    Databricks, any other plan) Spark collects the batch."""
-    files = batch_files(bronze)
+    A Delta stream's batch of an append-only table (bronze; ``silver/changes`` for the
+    mirrors) is a set of whole Parquet files: the Delta source refuses any other commit,
+    and neither table is partitioned or has deletion vectors, so its files hold exactly its
+    rows. When the batch is such files on a local lakehouse (``batch_files``), pyarrow reads
+    them itself: 0.3-1.0 s for the benchmark's 308,289 bronze rows, where Spark's
+    ``toArrow`` took 2-4 s (docs/silver.md, "Parsing"). Otherwise (S3, Databricks, any other
+    plan) Spark collects the batch."""
+    files = batch_files(batch)
     if files:
         try:
-            return pq.ParquetDataset(files).read(columns=list(BRONZE_COLUMNS))
+            return pq.ParquetDataset(files).read(columns=list(columns))
         except (OSError, pa.ArrowException, KeyError):    # unreadable here: Spark reads it
-            log.debug("bronze files read by Spark instead", exc_info=True)
-    return bronze.select(*BRONZE_COLUMNS).toArrow()
+            log.debug("batch files read by Spark instead", exc_info=True)
+    return batch.select(*columns).toArrow()
 
 
 _PASS_THROUGH_RDDS = ("org.apache.spark.sql.execution.SQLExecutionRDD",

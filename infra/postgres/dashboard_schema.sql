@@ -32,16 +32,17 @@ CREATE TABLE IF NOT EXISTS lakecdc_push_progress (
     pushed_at           timestamptz
 );
 
--- lakecdc_layer_progress: per gold table and layer (bronze, silver, gold, dashboard), the
+-- lakecdc_layer_progress: per gold table and layer (bronze, silver, gold, dashboard, mirrors), the
 -- source commit that layer holds everything up to, as of updated_at. Written by the push,
 -- in the same transaction as service_stats (gold and dashboard: the pushed watermark;
 -- bronze and silver: what the stream of the same `lakecdc run` has seen, when it runs in
--- that process). A dashboard shows "exact as of <source_commit_ts>" from the dashboard row
--- and how far behind each layer is from the others.
+-- that process; mirrors: every mirror holds every source transaction up to it, written by
+-- the mirrors' query after each of its batches). A dashboard shows "exact as of
+-- <source_commit_ts>" from the dashboard row and how far behind each layer is from the others.
 CREATE TABLE IF NOT EXISTS lakecdc_layer_progress (
     gold_table          text        NOT NULL,
     layer               text        NOT NULL
-        CHECK (layer IN ('bronze', 'silver', 'gold', 'dashboard')),
+        CHECK (layer IN ('bronze', 'silver', 'gold', 'dashboard', 'mirrors')),
     source_commit_lsn   bigint,
     source_commit_ts    timestamptz,
     updated_at          timestamptz NOT NULL DEFAULT now(),

@@ -42,6 +42,9 @@ from silver.writer import ADDED_AT_PROPERTY
 log = logging.getLogger("lakecdc.mirrors")
 
 QUERY_NAME = "lakecdc_mirrors"
+# The most compressed silver bytes one batch reads (Delta's ``maxBytesPerTrigger``): a batch
+# is folded on the driver (``silver.mirror_fold``), beside the stream's own batch in ``run``.
+BATCH_BYTES = "8m"
 
 
 def prepare_mirrors(spark: SparkSession, config,
@@ -135,7 +138,8 @@ def start_mirrors(spark: SparkSession, silver_path: str, checkpoint: str,
         log.warning("silver/changes at %s is a new table; the mirrors' query starts over "
                     "on it", silver_path)
         remove_checkpoint(spark, checkpoint)
-    reader = spark.readStream.format("delta").option("skipChangeCommits", "true")
+    reader = (spark.readStream.format("delta").option("skipChangeCommits", "true")
+              .option("maxBytesPerTrigger", BATCH_BYTES))
     added = DeltaTable.forPath(spark, silver_path).detail().first().properties \
         .get(ADDED_AT_PROPERTY)
     if added is not None:

@@ -278,7 +278,9 @@ class Pipeline:
     def start_mirrors(self, once: bool, accept_errors_upto: int | None = None):
         """Create missing mirrors and start their query (``pipelines.run.mirrors``); returns
         (query, writer). Silver must exist (the stream creates it)."""
+        from core.storage import gold_key
         from pipelines.run.markers import record_marker
+        from pipelines.run.mirror_progress import MirrorProgress
         from pipelines.run.mirrors import (
             checkpoint_path,
             mirror_discovery,
@@ -291,10 +293,12 @@ class Pipeline:
         options = self._delta_rs_options
         config = self.config.with_(tables=captured_tables(self.config, options))
         paths, floors = prepare_mirrors(self.spark, config, options)
+        progress = MirrorProgress(self.config.dashboard, gold_key(self.where.gold))
         writer = MirrorWriter(paths, accept_errors_upto or 0, floors,
                               discover=mirror_discovery(self.spark, self.config, options),
                               on_marker=record_marker(self.config.lakehouse, options),
-                              faults=self.faults, storage_options=options)
+                              faults=self.faults, storage_options=options,
+                              on_complete=progress.record, on_finish=progress.close)
         writer.after_batch = Maintainer(self.config, "mirrors", options,
                                         mirrored=lambda: tuple(writer.paths)).after_batch
         query = start_mirrors(self.spark, self.where.silver.silver_path,
@@ -395,6 +399,8 @@ class Pipeline:
                 for running in (query, mirrors[0] if mirrors else None):
                     if running is not None:
                         stop_between_batches(running)
+                if mirrors:
+                    mirrors[1].finish()
                 if writer is not None:
                     try:
                         writer.finish()     # service_stats holds every step applied

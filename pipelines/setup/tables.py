@@ -50,10 +50,12 @@ from core.config import TABLE_NAME, Config
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.features import open_table
-from core.layout import mirror_path
+from core.layout import GOLD, mirror_path
 from core.locks import acquire, shipper_running
 from core.lsn import fmt
 from core.postgres import connect
+from core.storage import gold_key, on_databricks, spark_path
+from gold.push import MIRRORS_LAYER, read_layer
 
 ACK_TIMEOUT_S = 120.0
 
@@ -243,16 +245,27 @@ class TableLine:
     mirror_rows: int | None = None
     mirror_updated: datetime | None = None
     newest_change: datetime | None = None
+    # Every source transaction up to this commit (LSN, time) is in the mirror: the mirrors'
+    # query's mark (``pipelines.run.mirror_progress``), for a captured table with a mirror.
+    complete_as_of: tuple[int, datetime] | None = None
 
 
 def list_tables(config: Config, storage_options: dict | None = None) -> list[TableLine]:
     """Every table captured or once captured, with its mirror's size and freshness (read
-    from the Delta log: no Spark)."""
+    from the Delta log: no Spark) and where it is complete (the dashboard's
+    ``lakecdc_layer_progress``; "-" when that cannot be read)."""
     stored = CaptureList(config.lakehouse, storage_options).read()
     entries = ([(t, s, at) for t, (s, at) in stored.states.items()] if stored is not None
                else [(t, CAPTURED, None) for t in config.tables])
-    return [TableLine(t, s, at, *_mirror_freshness(config.lakehouse, t, storage_options))
-            for t, s, at in entries]
+    gold = gold_key(spark_path(config.table_path(GOLD), on_databricks()))
+    complete = read_layer(config.dashboard, gold, MIRRORS_LAYER) if config.dashboard else None
+    lines = []
+    for table, state, at in entries:
+        mirror = _mirror_freshness(config.lakehouse, table, storage_options)
+        lines.append(TableLine(table, state, at, *mirror,
+                               complete if state == CAPTURED and mirror[0] is not None
+                               else None))
+    return lines
 
 
 def _mirror_freshness(lakehouse: str, table: str, storage_options: dict | None):
@@ -281,10 +294,15 @@ def render_tables(lines: list[TableLine], now: datetime | None = None) -> str:
             at = at.replace(tzinfo=timezone.utc)
         return f"{at:%Y-%m-%d %H:%M:%S}Z ({max(0.0, (now - at).total_seconds()):,.0f}s ago)"
 
-    header = ("table", "state", "since", "mirror rows", "mirror updated", "newest change")
+    def complete(mark: tuple[int, datetime] | None) -> str:
+        return "-" if mark is None else f"{fmt(mark[0])} {ago(mark[1])}"
+
+    header = ("table", "state", "since", "mirror rows", "mirror updated", "newest change",
+              "complete as of")
     rows = [(ln.table, ln.state, ago(ln.since),
              "-" if ln.mirror_rows is None else f"{ln.mirror_rows:,}",
-             ago(ln.mirror_updated), ago(ln.newest_change)) for ln in lines]
+             ago(ln.mirror_updated), ago(ln.newest_change), complete(ln.complete_as_of))
+            for ln in lines]
     widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
     return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip()
                      for r in (header, *rows))

@@ -339,3 +339,54 @@ def test_verify_checks_each_mirror_against_its_source_under_traffic_and_names_a_
     assert "2 rows differ" in line and f"keys: {k1}, {k2}" in line, line
     assert "known loss: 2 rows of the source held NaN or ±Infinity" in line, line
     assert "the mirror of public.typed_rows on 2 rows" in drift.stderr, drift.stderr
+
+
+def test_the_dashboard_and_lakecdc_tables_show_where_the_mirrors_are_complete(
+        source_db, config, cli_here):
+    """After a batch, the mirrors' query records the newest source transaction every mirror
+    holds whole (``lakecdc_layer_progress``, layer ``mirrors``), and ``lakecdc tables``
+    shows it. Its LSN is at least the last source transaction's: the WAL position read from
+    the source before that transaction began. A dashboard whose table predates the row
+    keeps the mirrors running and says, once, what its owner runs."""
+    import psycopg
+
+    from core.lsn import fmt
+    from pipelines.run.mirror_progress import UPGRADE_SQL
+
+    env = mirrored_after_one_run(source_db, config, cli_here, seed=5, rounds=10)
+    with source_db.connect() as conn:
+        before = conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::bigint").fetchone()[0]
+        started = dt.datetime.now(dt.timezone.utc)
+        conn.execute("UPDATE typed_rows SET small = small + 1")
+    assert cli_here(["run", "--once"], env).returncode == 0
+    assert_mirror_is_source(source_db, config)
+
+    def mark():
+        with psycopg.connect(config.dashboard, autocommit=True) as dash:
+            return dash.execute("SELECT source_commit_lsn, source_commit_ts FROM "
+                                "lakecdc_layer_progress WHERE layer = 'mirrors'").fetchone()
+    lsn, at = mark()
+    assert lsn > before and at >= started - dt.timedelta(seconds=1)
+    listed = cli_here(["tables"], env)
+    assert listed.returncode == 0
+    line = next(ln for ln in listed.stdout.splitlines() if ln.startswith(TABLE))
+    assert fmt(lsn) in line
+
+    with psycopg.connect(config.dashboard, autocommit=True) as dash:    # an older dashboard
+        dash.execute("DELETE FROM lakecdc_layer_progress WHERE layer = 'mirrors'")
+        dash.execute("ALTER TABLE lakecdc_layer_progress DROP CONSTRAINT "
+                     "lakecdc_layer_progress_layer_check, ADD CONSTRAINT "
+                     "lakecdc_layer_progress_layer_check CHECK (layer IN ('bronze', 'silver', "
+                     "'gold', 'dashboard'))")
+    with source_db.connect() as conn:
+        conn.execute("UPDATE typed_rows SET small = small + 1")
+    older = cli_here(["run", "--once"], env)
+    assert older.returncode == 0 and "predates the mirrors' row" in older.stderr
+    assert mark() is None
+    assert_mirror_is_source(source_db, config)
+    with psycopg.connect(config.dashboard, autocommit=True) as dash:    # its owner upgrades
+        dash.execute(UPGRADE_SQL)
+    with source_db.connect() as conn:
+        conn.execute("UPDATE typed_rows SET small = small + 1")
+    assert cli_here(["run", "--once"], env).returncode == 0
+    assert mark()[0] > lsn

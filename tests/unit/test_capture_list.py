@@ -52,13 +52,15 @@ def test_the_listing_shows_state_age_and_the_mirror():
     now = datetime(2026, 11, 26, 12, 0, 0, tzinfo=timezone.utc)
     text = render_tables([
         TableLine("public.services", CAPTURED, now - timedelta(seconds=90), 1234,
-                  now - timedelta(seconds=3), now - timedelta(seconds=4)),
+                  now - timedelta(seconds=3), now - timedelta(seconds=4),
+                  (0x1A2B3C, now - timedelta(seconds=2))),
         TableLine("public.templates", SNAPSHOTTING, now - timedelta(seconds=5)),
     ], now)
     lines = text.splitlines()
     assert lines[0].split() == ["table", "state", "since", "mirror", "rows", "mirror",
-                                "updated", "newest", "change"]
+                                "updated", "newest", "change", "complete", "as", "of"]
     assert "public.services" in lines[1] and "1,234" in lines[1] and "(3s ago)" in lines[1]
+    assert lines[1].endswith("0/1A2B3C 2026-11-26 11:59:58Z (2s ago)")
     assert "2026-11-26 11:58:30Z (90s ago)" in lines[1]
     assert lines[2].split()[:2] == ["public.templates", "snapshotting"]
     assert lines[2].rstrip().endswith("-")

@@ -63,7 +63,7 @@ def test_mirrored_tables_are_all_none_or_a_list_of_captured_tables():
 
 
 def test_the_mirrors_interval_is_seconds_and_defaults_to_30():
-    assert Config.load(env={}).mirror_interval_s == 30
+    assert Config.load(env={}).mirror_interval_s == 1
     assert Config.load(env={"LAKECDC_MIRROR_INTERVAL": "2.5"}).mirror_interval_s == 2.5
 
 
