@@ -6,7 +6,7 @@ tables; the rules are ``silver.mirror``'s docstring.
 Why Arrow: the same fold as Spark expressions (a ``groupBy`` per table, an ``aggregate`` with
 lambdas, interpreted in a continuous run's low-latency session) cost a 15,000-change batch
 of the benchmark's five tables 5-7 s on 2 cores, so the mirrors trailed the source by
-10-37 s (docs/benchmarks.md, "Mirrors"). Here sorting and grouping are numpy's, and the
+10-37 s (docs/silver.md, "Mirrors"). Here sorting and grouping are numpy's, and the
 columns an UPDATE carries are overlaid as flattened map entries, never as Python dicts.
 """
 
@@ -115,8 +115,8 @@ def tables_in_batch(batch: pa.Table, keys: dict[str, tuple[str, ...]] | None = N
     changes = batch.filter(pc.fill_null(pc.is_in(op, pa.array([*MIRRORED_OPS, "T"])),
                                         False)).combine_chunks()
     # Each table's rows, taken once: a stable sort of the rows by their table's code.
-    tables = pc.dictionary_encode(pc.binary_join_element_wise(
-        _array(changes, "schema_name"), _array(changes, "table_name"), "."))
+    tables = pc.dictionary_encode(pc.binary_join_element_wise(       # NUL: in no name
+        _array(changes, "schema_name"), _array(changes, "table_name"), "\0"))
     codes = _np(pc.fill_null(tables.indices, -1))
     order = np.argsort(codes, kind="stable")
     starts = np.nonzero(np.r_[True, codes[order][1:] != codes[order][:-1]])[0] \
@@ -126,7 +126,7 @@ def tables_in_batch(batch: pa.Table, keys: dict[str, tuple[str, ...]] | None = N
         code = codes[order[start]]
         if code < 0:
             continue                           # a change without a table (none expected)
-        schema, table = tables.dictionary[code].as_py().split(".", 1)
+        schema, table = tables.dictionary[code].as_py().split("\0")
         mine = changes.take(pa.array(order[start:end]))
         truncates = mine.filter(pc.equal(mine["op"], "T"))
         truncated = None
@@ -278,8 +278,9 @@ def fold_changes(changes: pa.Table, key: tuple[str, ...], key_moves: bool = True
 def column_values(final: pa.Table, names: list[str]) -> pa.Table:
     """``fold_changes``'s rows with ``_values`` spread into flat columns, per ``names[i]``:
     ``__lakecdc_text_<i>`` (its text; NULL where not set or NULL) and ``__lakecdc_has_<i>``
-    (whether the row sets it). Flat strings cross into Spark and are typed there at a
-    fraction of a map's cost: a catch-up batch of 48,380 rows took 3.1 s to type from maps."""
+    (whether the row sets it). Flat strings cross into Spark and are typed there cheaper
+    than a map: a catch-up batch of 48,380 rows took 3.1 s to type from maps, 1.6-1.9 s
+    from flat columns (2 cores, beside another table's)."""
     values = _array(final, "_values")
     entry_names, texts, parent = _entries(values)
     encoded = pc.dictionary_encode(entry_names)

@@ -65,9 +65,9 @@ def test_dashboard_total_is_constant_under_count_neutral_traffic(source_db, conf
     for thread in threads:
         thread.start()
     try:
-        # Enough pushes of changing counts to make the check meaningful.
-        wait_for(lambda: failures or len({v for _, v in seen}) > 4, timeout=600,
-                 interval=0.2)
+        # Enough traffic and pushes of changing counts to make the check meaningful.
+        wait_for(lambda: failures or (len({v for _, v in seen}) > 4 and len(moves) > 10),
+                 timeout=600, interval=0.2)
     finally:
         stop_traffic.set()
         stop_pipeline.set()
