@@ -16,12 +16,13 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pyarrow.compute as pc
 
 from bench import workload
-from pipelines.demo.traffic import FreshnessProbe
+from pipelines.demo.traffic import FreshnessProbe, Probe
 
 
 @dataclass(frozen=True)
@@ -41,64 +42,38 @@ class Drive:
     mirror_probes_committed: int = 0
 
 
-@dataclass
-class MirrorProbe:
-    """The mirrors' freshness probe: every ``every_s``, a new ``services`` row committed on
-    its own (ids ``first_id``, ``first_id - 1``, ...: negative, which the neighbours'
-    traffic never updates or deletes); ``watch`` polls the ``services`` mirror (delta-rs,
-    every ``poll_s``) for them. A probe's latency runs from its commit returning to the first
-    poll whose snapshot of the mirror holds the row."""
+@dataclass(kw_only=True)
+class MirrorProbe(Probe):
+    """The mirrors' probe: a new ``services`` row (ids ``first_id``, ``first_id - 1``, ...:
+    negative, which the neighbours' traffic never updates or deletes), looked for in the
+    ``services`` mirror with delta-rs."""
 
-    dsn: str
     mirror_uri: str
     first_id: int
-    every_s: float = 0.5
-    poll_s: float = 0.1
-    committed: dict = field(default_factory=dict)     # id -> time.time() of commit
-    seen: dict = field(default_factory=dict)          # id -> time.time() first seen
 
-    def run(self, stop: threading.Event) -> None:
-        import psycopg
+    def commit(self, conn, n: int) -> int:
+        row_id = self.first_id - n
+        conn.execute("INSERT INTO services (id, name, active) VALUES (%s, %s, true)",
+                     [row_id, f"probe {row_id}"])
+        return row_id
 
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            n = 0
-            started = time.monotonic()
-            while not stop.is_set():
-                row_id = self.first_id - n
-                conn.execute("INSERT INTO services (id, name, active) VALUES (%s, %s, true)",
-                             [row_id, f"probe {row_id}"])
-                self.committed[row_id] = time.time()
-                n += 1
-                stop.wait(max(0.0, started + n * self.every_s - time.monotonic()))
-
-    def watch(self, stop: threading.Event) -> None:
+    @contextmanager
+    def looking(self):
         from deltalake import DeltaTable
 
-        given_up = None
-        mirror = None
-        while True:
-            pending = [i for i in list(self.committed) if i not in self.seen]
-            if pending:
-                # One handle, brought up to date by the commits since (a reader's cheapest
-                # look: the probe must not take the cores it measures).
-                try:
-                    mirror.update_incremental()
-                except Exception:               # none yet, or its log was cleaned past it
-                    mirror = DeltaTable(self.mirror_uri)
-                ids = mirror.to_pyarrow_dataset().to_table(
-                    columns=["id"], filter=pc.field("id").isin(pending)).column("id")
-                now = time.time()
-                for row_id in ids.to_pylist():
-                    self.seen.setdefault(row_id, now)
-            if stop.is_set():
-                given_up = given_up or time.monotonic() + 120
-                if not pending or time.monotonic() > given_up:
-                    return
-            time.sleep(self.poll_s)
+        # One handle, brought up to date by the commits since (a reader's cheapest look:
+        # the probe must not take the cores it measures), opened once the mirror exists
+        # and again if its log was cleaned past the handle.
+        handle: list = []
 
-    def latencies(self) -> list[tuple[float, float]]:
-        return sorted((t, self.seen[i] - t) for i, t in self.committed.items()
-                      if i in self.seen)
+        def look(pending: list) -> list:
+            try:
+                handle[0].update_incremental()
+            except Exception:
+                handle[:] = [DeltaTable(self.mirror_uri)]
+            return handle[0].to_pyarrow_dataset().to_table(
+                columns=["id"], filter=pc.field("id").isin(pending)).column("id").to_pylist()
+        yield look
 
 
 def drive(source_dsn: str, dashboard_dsn: str, rate: float, neighbour_rate: float,
@@ -112,8 +87,9 @@ def drive(source_dsn: str, dashboard_dsn: str, rate: float, neighbour_rate: floa
     traffic = workload.SteadyTraffic(source_dsn, rate, tag=f"{tag}-", services=services)
     neighbours = workload.NeighbourTraffic(source_dsn, neighbour_rate,
                                            first_id=neighbour_first_id)
-    probe = FreshnessProbe(source_dsn, dashboard_dsn, tag=tag)
-    mirror_probe = MirrorProbe(source_dsn, mirror_uri, -neighbour_first_id) \
+    probe = FreshnessProbe(dsn=source_dsn, dashboard_dsn=dashboard_dsn, tag=tag)
+    mirror_probe = MirrorProbe(dsn=source_dsn, mirror_uri=mirror_uri,
+                               first_id=-neighbour_first_id, poll_s=0.1) \
         if mirror_uri else None
     errors: list[str] = []
 

@@ -110,7 +110,7 @@ def run_demo(seconds: float, out_dir: str, stop: threading.Event,
 
         # Freshness as a dashboard user sees it: a notification of a never-seen service
         # committed every 0.5 s, timed until its row shows on the dashboard.
-        probe = FreshnessProbe(dsn, dsn, tag=uuid.uuid4().hex)
+        probe = FreshnessProbe(dsn=dsn, dashboard_dsn=dsn, tag=uuid.uuid4().hex)
         pipe = threading.Thread(target=pipeline.run_continuous, args=(pipeline_stop,),
                                 daemon=True)
         sources = [threading.Thread(target=traffic.run, args=(traffic_stop, 0.1, STEP_INSERTS),

@@ -13,7 +13,9 @@ import random
 import threading
 import time
 import uuid
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from typing import Callable, Iterable
 
 import psycopg
 
@@ -90,24 +92,26 @@ class _Rollback(Exception):
     pass
 
 
-@dataclass
-class FreshnessProbe:
-    """The freshness probe: every ``every_s``, one notification of a service never seen
-    before, committed on its own; ``watch`` polls the dashboard for those services.
-
-    A probe's latency runs from its commit returning to the first dashboard poll that shows
-    its service (polls every ``poll_s``: the figure errs high by up to that much). Probes go
-    into ``notification_history``, which the traffic never changes, so no later change of
-    the traffic can cancel one inside a batch.
-    """
+@dataclass(kw_only=True)
+class Probe:
+    """A freshness probe: every ``every_s``, one change committed on its own (``commit``,
+    which returns its key); ``watch`` looks for the keys at the far end (``looking``) every
+    ``poll_s``. A probe's latency runs from its commit returning to the first look that
+    finds it (the figure errs high by up to ``poll_s``)."""
 
     dsn: str
-    dashboard_dsn: str
-    tag: str
     every_s: float = 0.5
     poll_s: float = 0.05
-    committed: dict = field(default_factory=dict)     # service id -> time.time() of commit
-    seen: dict = field(default_factory=dict)          # service id -> time.time() first seen
+    committed: dict = field(default_factory=dict)     # key -> time.time() of commit
+    seen: dict = field(default_factory=dict)          # key -> time.time() first seen
+
+    def commit(self, conn: psycopg.Connection, n: int):
+        """Commit probe ``n``; its key."""
+        raise NotImplementedError
+
+    def looking(self) -> AbstractContextManager[Callable[[list], Iterable]]:
+        """A look: the keys among those given that the far end holds."""
+        raise NotImplementedError
 
     def run(self, stop: threading.Event) -> None:
         """Commit probes until ``stop`` is set."""
@@ -115,30 +119,23 @@ class FreshnessProbe:
             n = 0
             started = time.monotonic()
             while not stop.is_set():
-                service = str(uuid.uuid5(uuid.NAMESPACE_URL, f"lakecdc-probe/{self.tag}/{n}"))
-                conn.execute(
-                    "INSERT INTO notification_history (id, service_id, template_id, "
-                    "notification_type, notification_status, key_type, created_at) "
-                    "VALUES (gen_random_uuid(), %s, %s, 'email', 'delivered', 'normal', now())",
-                    [service, service])
-                self.committed[service] = time.time()
+                key = self.commit(conn, n)
+                self.committed[key] = time.time()
                 n += 1
                 stop.wait(max(0.0, started + n * self.every_s - time.monotonic()))
 
     def watch(self, stop: threading.Event) -> None:
-        """Poll the dashboard for probe services until ``stop`` is set and every committed
-        probe has been seen (or ``stop`` has been set for 120 s)."""
+        """Look for the probes until ``stop`` is set and every committed probe has been
+        seen (or ``stop`` has been set for 120 s)."""
         given_up = None
-        with psycopg.connect(self.dashboard_dsn, autocommit=True) as conn:
+        with self.looking() as look:
             while True:
-                pending = [s for s in list(self.committed) if s not in self.seen]
+                pending = [k for k in list(self.committed) if k not in self.seen]
                 if pending:
-                    found = conn.execute(
-                        "SELECT DISTINCT service_id FROM service_stats "
-                        "WHERE service_id = ANY(%s)", [pending]).fetchall()
+                    found = look(pending)
                     now = time.time()
-                    for (service,) in found:
-                        self.seen.setdefault(service, now)
+                    for key in found:
+                        self.seen.setdefault(key, now)
                 if stop.is_set():
                     given_up = given_up or time.monotonic() + 120
                     if not pending or time.monotonic() > given_up:
@@ -147,5 +144,32 @@ class FreshnessProbe:
 
     def latencies(self) -> list[tuple[float, float]]:
         """(commit time, seconds until seen) per probe seen, in commit order."""
-        return sorted((t, self.seen[s] - t) for s, t in self.committed.items()
-                      if s in self.seen)
+        return sorted((t, self.seen[k] - t) for k, t in self.committed.items()
+                      if k in self.seen)
+
+
+@dataclass(kw_only=True)
+class FreshnessProbe(Probe):
+    """The dashboard's probe: a notification of a service never seen before, looked for in
+    the dashboard's ``service_stats``. Probes go into ``notification_history``, which the
+    traffic never changes, so no later change of the traffic can cancel one inside a batch.
+    """
+
+    dashboard_dsn: str
+    tag: str
+
+    def commit(self, conn: psycopg.Connection, n: int) -> str:
+        service = str(uuid.uuid5(uuid.NAMESPACE_URL, f"lakecdc-probe/{self.tag}/{n}"))
+        conn.execute(
+            "INSERT INTO notification_history (id, service_id, template_id, "
+            "notification_type, notification_status, key_type, created_at) "
+            "VALUES (gen_random_uuid(), %s, %s, 'email', 'delivered', 'normal', now())",
+            [service, service])
+        return service
+
+    @contextmanager
+    def looking(self):
+        with psycopg.connect(self.dashboard_dsn, autocommit=True) as conn:
+            yield lambda pending: [service for (service,) in conn.execute(
+                "SELECT DISTINCT service_id FROM service_stats WHERE service_id = ANY(%s)",
+                [pending]).fetchall()]
