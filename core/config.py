@@ -50,6 +50,8 @@ TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
 # a plain identifier, which every catalog takes and which needs no quoting rules beyond the
 # backquotes core.catalog puts around it anyway.
 CATALOG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
+# The engines that write the lakehouse (LAKECDC_WRITER).
+WRITERS = ("delta-rs", "spark")
 
 # Guards that tests may switch off on purpose to prove the checker catches the damage
 # (negative controls). Never set this in production.
@@ -149,6 +151,11 @@ class Config:
     # Credentials are not configuration: each engine reads the standard AWS chain.
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
+    # Which engine writes and reads the lakehouse's tables (LAKECDC_WRITER): ``delta-rs``
+    # on the driver, the fast path; or ``spark``, every read and write through Spark's Delta,
+    # for workspaces where only Spark can reach storage (Unity Catalog external locations).
+    # docs/databricks.md, "Which workspace you have".
+    writer: str = "delta-rs"
     # Test hooks: fault points ("name:n,...") and guards switched off (negative controls).
     faults: str = ""
     disabled_guards: frozenset[str] = field(default_factory=frozenset)
@@ -169,6 +176,7 @@ class Config:
             "catalog_schema": env.get("LAKECDC_SCHEMA", "").strip() or None,
             "s3_endpoint_url": env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"),
             "s3_region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
+            "writer": env.get("LAKECDC_WRITER", "").strip() or cls.writer,
             "disabled_guards": frozenset(
                 g for g in env.get("LAKECDC_UNSAFE_DISABLE_GUARDS", "").split(",") if g),
         }
@@ -239,6 +247,10 @@ class Config:
         if not _SPARK_MASTER.fullmatch(self.spark_master):
             raise UserError(f"the Spark master {self.spark_master!r} (LAKECDC_SPARK_MASTER) is "
                             "not one lakecdc runs on: use local[N] or spark://host:port.")
+        if self.writer not in WRITERS:
+            raise UserError(f"LAKECDC_WRITER={self.writer!r} is not a writer lakecdc has: use "
+                            "delta-rs (the default) or spark (where only Spark can reach "
+                            "the lakehouse's storage).")
         if (self.catalog is None) != (self.catalog_schema is None):
             raise UserError("LAKECDC_CATALOG and LAKECDC_SCHEMA go together: set both to "
                             "register the tables by name (catalog.schema.table), or neither.")
@@ -276,6 +288,11 @@ class Config:
     def mirrored(self) -> tuple[str, ...]:
         """The captured tables kept as typed mirrors."""
         return self.tables if self.mirrors is None else self.mirrors
+
+    @property
+    def spark_writes(self) -> bool:
+        """Whether every table is read and written through Spark (LAKECDC_WRITER=spark)."""
+        return self.writer == "spark"
 
     @property
     def registers(self) -> bool:
