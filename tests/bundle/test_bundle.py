@@ -171,6 +171,7 @@ def test_configuration_reaches_every_cluster_and_dsns_only_from_secrets():
             assert env["LAKECDC_SLOT"] == "${var.slot}", name
             assert env["LAKECDC_CATALOG"] == "${var.catalog}", name
             assert env["LAKECDC_SCHEMA"] == "${var.schema}", name
+            assert env["LAKECDC_WRITER"] == "${var.writer}", name
             assert env["AWS_REGION"] == "${var.aws_region}", name      # docs/s3.md: required
             # One variable per cloud's credentials (docs/storage.md), empty by default.
             assert {k: env[k] for k in ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY",
@@ -304,3 +305,13 @@ def test_the_catalog_variables_default_to_paths_only_and_name_a_schema_when_set(
     assert not Config.load(env=defaults).registers
     named = Config.load(env={"LAKECDC_CATALOG": "main", "LAKECDC_SCHEMA": "lakecdc"})
     assert (named.catalog, named.catalog_schema) == ("main", "lakecdc")
+
+
+def test_the_writer_variable_defaults_to_delta_rs_and_takes_spark():
+    """Unset, the clusters' own credentials write through delta-rs; ``spark`` sends every
+    read and write through Spark (docs/databricks.md, "Which workspace you have")."""
+    from core.config import Config
+
+    default = BUNDLE["variables"]["writer"]["default"]
+    assert not Config.load(env={"LAKECDC_WRITER": default}).spark_writes
+    assert Config.load(env={"LAKECDC_WRITER": "spark"}).spark_writes

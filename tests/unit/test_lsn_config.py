@@ -62,7 +62,13 @@ def test_mirrored_tables_are_all_none_or_a_list_of_captured_tables():
         Config.load(env={"LAKECDC_MIRRORS": "public.services"})
 
 
-def test_the_mirrors_interval_is_seconds_and_defaults_to_30():
+def test_the_writer_is_delta_rs_unless_spark_is_asked_for():
+    assert Config.load(env={}).writer == "delta-rs"
+    assert not Config.load(env={}).spark_writes
+    assert Config.load(env={"LAKECDC_WRITER": " spark "}).spark_writes
+
+
+def test_the_mirrors_interval_is_seconds_and_defaults_to_1():
     assert Config.load(env={}).mirror_interval_s == 1
     assert Config.load(env={"LAKECDC_MIRROR_INTERVAL": "2.5"}).mirror_interval_s == 2.5
 
@@ -90,6 +96,7 @@ def test_gold_fold_share_is_a_share_and_defaults_to_a_tenth():
     ({"LAKECDC_MIRROR_INTERVAL": "soon"}, "LAKECDC_MIRROR_INTERVAL"),
     ({"LAKECDC_SPARK_MASTER": "yarn"}, "LAKECDC_SPARK_MASTER.*spark://host:port"),
     ({"LAKECDC_SPARK_MASTER": "spark://host"}, "LAKECDC_SPARK_MASTER"),
+    ({"LAKECDC_WRITER": "polars"}, "LAKECDC_WRITER='polars'.*delta-rs.*spark"),
 ])
 def test_invalid_configuration_is_a_user_error(env, fragment):
     with pytest.raises(UserError, match=fragment):
