@@ -183,7 +183,7 @@ class Lakehouse:
         if session.get_credentials() is None:
             raise UserError(f"no AWS credentials found for the lakehouse {self.root}: set "
                             "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
-                            "or run with an instance profile.")
+                            "or run with an instance profile; " + ONLY_SPARK)
         client = session.client("s3", endpoint_url=self.endpoint_url, config=BotoConfig(
             connect_timeout=5, read_timeout=20, retries={"max_attempts": 2},
             s3={"addressing_style": "path" if self.endpoint_url else "auto"}))
@@ -300,6 +300,12 @@ def check_writable(uri: str, lakehouse: Lakehouse | None = None) -> None:
                         "another LAKECDC_LAKEHOUSE / --lakehouse or fix its permissions.") from None
 
 
+# Where delta-rs finds no credentials, the cluster's Spark may hold them (on Databricks:
+# Unity Catalog's external locations): said at the end of each "no credentials" sentence.
+ONLY_SPARK = ("where only Spark holds them (a Unity Catalog external location), set "
+              "LAKECDC_WRITER=spark.")
+
+
 _STORE = {"azure": ("Azure", "container", "AZURE_STORAGE_ACCOUNT_NAME with "
                     "AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN or a service "
                     "principal (AZURE_CLIENT_ID, AZURE_CLIENT_SECRET, AZURE_TENANT_ID)"),
@@ -353,7 +359,8 @@ def explain_store_error(uri: str, message: str) -> str:
                 "create it, or point LAKECDC_LAKEHOUSE / --lakehouse at an existing "
                 f"{noun}.")
     if "token request" in text or "metadata" in text or "credential" in text:
-        return f"no {cloud_name} credentials found for the lakehouse {uri}: set {how}."
+        return f"no {cloud_name} credentials found for the lakehouse {uri}: set {how}; " \
+               + ONLY_SPARK
     if "authenticationfailed" in text or "failed to authenticate" in text \
             or "401" in text or "invalid_grant" in text:
         return f"{cloud_name} rejected the credentials for the lakehouse {uri}: check {how}."

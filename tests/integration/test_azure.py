@@ -110,7 +110,7 @@ def test_setup_without_credentials_is_one_sentence_and_exit_2(source_db, config,
     """As a bundle deploys it without a key: AZURE_STORAGE_ACCOUNT_KEY set but empty."""
     env = _env(config, _root(container), blob_endpoint, credentials=False)
     result = run_cli(["setup"], {**env, "AZURE_STORAGE_ACCOUNT_KEY": ""})
-    error_line(result, "no Azure credentials", "AZURE_STORAGE_ACCOUNT_KEY")
+    error_line(result, "no Azure credentials", "AZURE_STORAGE_ACCOUNT_KEY", "LAKECDC_WRITER=spark")
     assert blob_names(blob_endpoint, container, "") == []
     with source_db.connect() as conn:
         assert conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone()[0] == 0

@@ -225,7 +225,8 @@ def test_s3_lakehouse_without_credentials_writes_nothing(source_db, config):
                AWS_SHARED_CREDENTIALS_FILE="/nonexistent/credentials",
                AWS_CONFIG_FILE="/nonexistent/config", AWS_EC2_METADATA_DISABLED="true",
                AWS_REGION="eu-west-2")
-    error_line(run_cli(["setup"], env), "no AWS credentials", "AWS_ACCESS_KEY_ID")
+    error_line(run_cli(["setup"], env), "no AWS credentials", "AWS_ACCESS_KEY_ID",
+               "LAKECDC_WRITER=spark")
     assert what_was_written(source_db.dsn, config.with_(lakehouse="/nonexistent")) == []
 
 
