@@ -1,0 +1,180 @@
+"""Where only Spark can reach storage (``LAKECDC_WRITER=spark``): every table written by
+Spark alone, and exact.
+
+The lakehouse is on moto's S3, which checks keys (``tests.cloud_servers.guarded_s3``). The
+keys are in ``spark-defaults.conf`` only, as a Databricks cluster's Unity Catalog external
+location holds them: the CLI's environment has none, so delta-rs and pyarrow cannot reach
+the bucket, and anything lakecdc wrote without Spark would fail.
+
+- ``setup`` on a populated database, traffic, ``run --once``, ``verify``, ``maintain --once``:
+  gold equals a ``GROUP BY`` of the source, the dashboard equals gold, every mirror equals
+  its table, and every commit of every table in the bucket was made by Spark.
+- The continuous ``run`` under traffic, killed with ``kill -9`` once gold has moved, then
+  restarted and drained: exact.
+
+This test holds the keys itself, to read the tables (delta-rs) as an independent witness.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from datetime import datetime, timezone
+
+import psycopg
+import pytest
+from deltalake import DeltaTable
+from psycopg import sql
+
+from core.layout import mirror_path
+from tests.cloud_servers import guarded_s3
+from tests.tests_support import ROOT, cli_env, run_cli, wait_for
+from tests.truth import dashboard_counts, source_truth
+from tests.integration.workload import mixed
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    with guarded_s3(tmp_path_factory.mktemp("guarded-s3")) as server:
+        yield server
+
+
+@pytest.fixture
+def lakehouse(s3):
+    bucket = f"lakecdc-{uuid.uuid4().hex[:12]}"
+    s3.make_bucket(bucket)
+    return bucket, f"s3://{bucket}/lakehouse"
+
+
+def _env(config, s3, lakehouse: str, conf_dir) -> dict[str, str]:
+    """The CLI's environment: the endpoint and region, no keys; Spark's settings hold them."""
+    env = {k: v for k, v in cli_env(config).items() if not k.startswith("AWS_")}
+    env.update(s3.env(), LAKECDC_LAKEHOUSE=lakehouse, LAKECDC_WRITER="spark",
+               SPARK_CONF_DIR=str(s3.spark_conf_dir(conf_dir)))
+    return env
+
+
+def _options(s3) -> dict[str, str]:
+    """This test's own keys, for its delta-rs reads."""
+    return {"AWS_ENDPOINT_URL": s3.endpoint, "AWS_REGION": "us-east-1",
+            "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": s3.key_id,
+            "AWS_SECRET_ACCESS_KEY": s3.secret}
+
+
+def _ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def _writers(s3, bucket: str) -> dict[str, Counter]:
+    """Per table in the bucket, how many of its commits each engine made (the commit's
+    ``engineInfo`` for Spark; delta-rs writes ``clientVersion`` instead)."""
+    client = s3.client()
+    found: dict[str, Counter] = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        for item in page.get("Contents", []):
+            key = item["Key"]
+            if "/_delta_log/" not in key or not key.endswith(".json"):
+                continue
+            table = key.split("/_delta_log/")[0]
+            body = client.get_object(Bucket=bucket, Key=key)["Body"].read().decode()
+            for line in body.splitlines():
+                info = json.loads(line).get("commitInfo")
+                if info is not None:
+                    engine = info.get("engineInfo") or info.get("clientVersion") or "unknown"
+                    found.setdefault(table, Counter())[engine.split("/")[0]] += 1
+    return found
+
+
+def _gold(s3, lakehouse: str) -> dict:
+    rows = DeltaTable(f"{lakehouse}/gold/service_stats",
+                      storage_options=_options(s3)).to_pyarrow_table().to_pylist()
+    return {(r["service_id"], r["template_id"], r["notification_type"],
+             r["notification_status"]): r["count"] for r in rows if r["count"]}
+
+
+def _check_exact(s3, lakehouse: str, source_dsn: str, purged: Counter) -> None:
+    truth = {k: v for k, v in source_truth(source_dsn, purged).items() if v}
+    assert sum(truth.values()) > 0
+    gold = _gold(s3, lakehouse)
+    assert gold == truth, f"gold differs from the source on {len(set(gold) ^ set(truth))} keys"
+    assert {k: v for k, v in dashboard_counts(source_dsn).items() if v} == gold
+
+
+def _mirror_equals_source(s3, lakehouse: str, dsn: str, table: str) -> bool:
+    with psycopg.connect(dsn) as conn:
+        cur = conn.execute(sql.SQL("SELECT * FROM {}").format(
+            sql.Identifier(*table.split(".", 1))))
+        columns = [d.name for d in cur.description]
+        source = {tuple(_utc(v) for v in row) for row in cur}
+    mirror = DeltaTable(mirror_path(lakehouse, table), storage_options=_options(s3)
+                        ).to_pyarrow_table(columns=columns).to_pylist()
+    return source == {tuple(_utc(r[c]) for c in columns) for r in mirror}
+
+
+def _utc(value):
+    return value.astimezone(timezone.utc) if isinstance(value, datetime) else value
+
+
+def test_every_table_is_written_by_spark_alone_and_exact(source_db, config, s3, lakehouse,
+                                                         tmp_path):
+    bucket, root = lakehouse
+    env = _env(config, s3, root, tmp_path / "conf")
+    purged = mixed(source_db.dsn, seed=71)              # a populated database first
+    _ok(run_cli(["setup"], env, timeout=600))
+    purged.update(mixed(source_db.dsn, seed=72))
+    _ok(run_cli(["run", "--once"], env, timeout=900))
+    _check_exact(s3, root, source_db.dsn, purged)
+    for table in config.tables:
+        assert _mirror_equals_source(s3, root, source_db.dsn, table), table
+
+    _ok(run_cli(["verify"], env, timeout=600))
+    _ok(run_cli(["maintain", "--once"], env, timeout=600))
+    purged.update(mixed(source_db.dsn, seed=73))
+    _ok(run_cli(["run", "--once"], env, timeout=900))
+    _check_exact(s3, root, source_db.dsn, purged)
+
+    writers = _writers(s3, bucket)
+    for table in ("bronze/wal2json_changes", "silver/changes", "gold/service_stats"):
+        assert f"lakehouse/{table}" in writers, f"{table} is not in the bucket"
+    not_spark = {t: dict(c) for t, c in writers.items() if set(c) != {"Apache-Spark"}}
+    assert not not_spark, f"commits not made by Spark: {not_spark}"
+
+
+@pytest.mark.long
+def test_the_continuous_run_killed_once_gold_moved_ends_exact(source_db, config, s3,
+                                                              lakehouse, traffic, tmp_path):
+    _, root = lakehouse
+    env = _env(config, s3, root, tmp_path / "conf")
+    _ok(run_cli(["setup"], env, timeout=600))
+    purged = mixed(source_db.dsn, seed=74)
+    gold = f"{root}/gold/service_stats"
+
+    def gold_version() -> int:
+        try:
+            return DeltaTable(gold, storage_options=_options(s3)).version()
+        except Exception:                   # not created yet
+            return -1
+
+    before = gold_version()
+    with open(tmp_path / "run.log", "wb") as log:
+        run = subprocess.Popen([sys.executable, "-m", "pipelines", "run"], env=env, cwd=ROOT,
+                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_for(lambda: gold_version() > before + 1 or run.poll() is not None,
+                     timeout=600, interval=0.5)
+            assert run.poll() is None, (tmp_path / "run.log").read_text()[-4000:]
+        finally:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(timeout=60)
+    assert traffic() > 0
+    purged.update(mixed(source_db.dsn, seed=75))
+    _ok(run_cli(["run", "--once"], env, timeout=900))
+    _check_exact(s3, root, source_db.dsn, purged)
