@@ -17,6 +17,9 @@
   ``pipelines.demo.traffic.FreshnessProbe`` commits a never-seen service every 0.5 s and times
   each until its row is on the dashboard. Then everything is drained and checked, the
   neighbours' mirrors against their tables too.
+- ``catch_up``: ``lakecdc run`` as its own process, frozen (SIGSTOP) while a backlog of
+  ``changes`` is committed then thawed, and started cold on one: from the thaw (the start)
+  to an exact dashboard (``bench.catch_up``).
 - ``gold_scaling``: per gold size (10,000 to 1,000,000 keys), a database holding that many
   keys before ``setup`` (they reach gold through the baseline), then ``lakecdc run`` under
   2,000 changes/s spread over every service, probed (and 200/s at the largest): the gold
@@ -45,7 +48,7 @@ import psycopg
 from deltalake import DeltaTable
 from psycopg import sql
 
-from bench import decode, poc, workload
+from bench import catch_up, decode, poc, workload
 from bench.drive import Drive, DriveProcess
 from bench.profile import PassLog, ProgressLog
 from core.captured import COUNTED
@@ -396,6 +399,19 @@ class Bench:
         out["lakecdc"] = exactness(config)
         return out, drove
 
+    def catch_up(self) -> dict:
+        """The end-to-end catch-up of a ``lakecdc run`` process, warm (frozen while the
+        backlog is committed, then thawed) and cold (started on the backlog), each on a
+        database of its own (``bench.catch_up``)."""
+        p = self.params
+        out: dict = {"load_before": _load()}
+        for name, measure in (("warm", catch_up.warm), ("cold", catch_up.cold)):
+            config = self.database(f"catchup_{name}")
+            setup(config)
+            out[name] = measure(config, self.work, p.changes, p.tx_size)
+            out[name]["lakecdc"] = exactness(config)
+        return out
+
     def gold_scaling(self) -> dict:
         """Per gold size (``scale_keys``): a database holding that many keys before
         ``setup`` (``workload.populate_keys``: gold seeded with them), then ``lakecdc run``
@@ -461,6 +477,7 @@ def run_all(params: Params, say=lambda text: None, save=lambda doc: None) -> dic
     with Bench(params) as bench:
         t = time.perf_counter()
         for name, section in (("backlog", bench.backlog), ("freshness", bench.freshness),
+                              ("catch_up", bench.catch_up),
                               ("gold_scaling", bench.gold_scaling),
                               ("big_transaction", bench.big_transaction)):
             say(f"{name} (load {_load()}) ...")

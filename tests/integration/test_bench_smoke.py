@@ -22,6 +22,7 @@ METRICS = {
     "backlog": ["workload", "decode", "layers", "lakecdc", "poc_same_wal", "poc_pk_identity",
                 "twin_identical", "spark_progress", "load_before"],
     "freshness": ["runs", "load_before"],
+    "catch_up": ["warm", "cold", "load_before"],
     "gold_scaling": ["points", "key_growth", "batch_growth", "batch_growth_mean",
                      "load_before"],
     "big_transaction": ["peak_rss_mb", "ship_s", "bronze_rows", "load_before"],
@@ -50,6 +51,10 @@ def test_quick_bench_measures_everything_and_lakecdc_is_exact(tmp_path):
     per_batch = layers["stream"]["per_batch"]
     assert per_batch["batches"] >= 1 and per_batch["jobs"] > 0, per_batch
     assert {"rows", "seconds", "silver_s", "gold_s", "merge_s"} <= set(per_batch)
+    for start in ("warm", "cold"):
+        run = doc["catch_up"][start]
+        assert run["changes_per_s"] > 0 and run["lakecdc"]["dashboard"]["exact"], run
+    assert doc["catch_up"]["cold"]["start_up_s"] > 0
     for run in doc["freshness"]["runs"]:
         missing = [k for k in ("latency_s", "series", "achieved_rate", "probes", "lakecdc",
                                "load_before") if k not in run]

@@ -1,0 +1,143 @@
+"""Catch-up, end to end: from the moment ``lakecdc run`` can work on a backlog to the moment
+the dashboard equals the source.
+
+``lakecdc run`` is the real CLI in a process group of its own (Spark's JVM inside it),
+with its defaults: shipping, the one pass, the push and the mirrors share the machine.
+
+- **warm**: a running ``lakecdc run``, caught up on a warm-up round, is frozen (SIGSTOP to
+  its group); the backlog is committed (``bench.workload.write_backlog``: about
+  ``changes`` changes in transactions of ``tx_size`` rows); the group is thawed (SIGCONT).
+  Timed from the thaw.
+- **cold**: ``lakecdc run`` started on such a backlog. Timed from the process's start, with
+  its start-up apart: from the start to the stream's first batch (the first entry in the
+  stream checkpoint's ``offsets``: Python, the JVM, the Delta jars, the query), then from
+  there to an exact dashboard.
+
+The dashboard is read every 50 ms and compared with the source's ``GROUP BY``, taken once
+the backlog is committed (nothing else writes the source meanwhile).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench import workload
+from core.config import Config
+from core.layout import STREAM_CHECKPOINT
+
+ROOT = Path(__file__).resolve().parent.parent
+POLL_S = 0.05
+WARM_CHANGES = 20_000
+
+
+class RunProcess:
+    """``python -m pipelines run`` for ``config``, in a process group of its own."""
+
+    def __init__(self, config: Config, log: Path) -> None:
+        env = {"LAKECDC_SOURCE_DSN": config.source_dsn, "LAKECDC_LAKEHOUSE": config.lakehouse,
+               "LAKECDC_SLOT": config.slot, "LAKECDC_DASHBOARD_DSN": config.dashboard,
+               "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+               "HOME": os.environ.get("HOME", "/root"),
+               **{k: v for k, v in os.environ.items()
+                  if k in ("SPARK_SUBMIT_OPTS", "JAVA_HOME", "LAKECDC_SPARK_LOG")}}
+        self.log = log
+        self._sink = open(log, "ab")
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipelines", "run"], env=env,
+                                     cwd=ROOT, stdout=self._sink, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def signal(self, sig: int) -> None:
+        os.killpg(self.proc.pid, sig)
+
+    def check(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"lakecdc run exited ({self.proc.returncode}): "
+                               f"{self.log.read_text(errors='replace')[-2000:]}")
+
+    def stop(self) -> None:
+        """SIGTERM (a clean stop), then SIGKILL if it has not ended within a minute."""
+        try:
+            if self.proc.poll() is None:
+                self.signal(signal.SIGCONT)
+                self.signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    self.signal(signal.SIGKILL)
+                    self.proc.wait(timeout=60)
+        finally:
+            self._sink.close()
+
+
+def _until_exact(run: RunProcess, config: Config, expected: dict, timeout: float) -> float:
+    """Wait until the dashboard equals ``expected``; returns when (``perf_counter``)."""
+    from bench.measure import dashboard_counts
+
+    want = {k: v for k, v in expected.items() if v}
+    deadline = time.perf_counter() + timeout
+    while True:
+        got = {k: v for k, v in dashboard_counts(config.dashboard).items() if v}
+        if got == want:
+            return time.perf_counter()
+        run.check()
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"the dashboard was not exact within {timeout:.0f} s")
+        time.sleep(POLL_S)
+
+
+def _first_batch(config: Config) -> Path:
+    return Path(config.table_path(STREAM_CHECKPOINT)) / "offsets" / "0"
+
+
+def warm(config: Config, work: Path, changes: int, tx_size: int) -> dict:
+    """The warm figure on ``config``'s database (set up, empty)."""
+    from bench.measure import _load, _rate, truth
+
+    run = RunProcess(config, work / "catch-up-warm.log")
+    try:
+        workload.write_backlog(config.source_dsn, WARM_CHANGES, tx_size, round_rows=1000,
+                               tag="w")
+        _until_exact(run, config, truth(config.source_dsn), timeout=600)
+        run.signal(signal.SIGSTOP)
+        load = _load()
+        written = workload.write_backlog(config.source_dsn, changes, tx_size)
+        expected = truth(config.source_dsn)
+        thawed = time.perf_counter()
+        run.signal(signal.SIGCONT)
+        exact = _until_exact(run, config, expected, timeout=1800)
+    finally:
+        run.stop()
+    seconds = exact - thawed
+    return {"load_before": load, "workload": written.as_dict(), "seconds": round(seconds, 2),
+            "changes_per_s": _rate(written.changes, seconds)}
+
+
+def cold(config: Config, work: Path, changes: int, tx_size: int) -> dict:
+    """The cold figure on ``config``'s database (set up, empty)."""
+    from bench.measure import _load, _rate, truth
+
+    written = workload.write_backlog(config.source_dsn, changes, tx_size)
+    expected = truth(config.source_dsn)
+    load = _load()
+    run = RunProcess(config, work / "catch-up-cold.log")
+    try:
+        first = _first_batch(config)
+        while not first.exists():
+            run.check()
+            time.sleep(POLL_S)
+        up = time.perf_counter()
+        exact = _until_exact(run, config, expected, timeout=1800)
+    finally:
+        run.stop()
+    total = exact - run.started
+    return {"load_before": load, "workload": written.as_dict(),
+            "seconds": round(total, 2), "changes_per_s": _rate(written.changes, total),
+            "start_up_s": round(up - run.started, 2),
+            "after_start_up_s": round(exact - up, 2),
+            "after_start_up_changes_per_s": _rate(written.changes, exact - up)}
