@@ -6,19 +6,23 @@ Databricks the session is ``local[2]``, tuned as a small single-machine session:
 shuffle partitions, no UI, modest memory.
 On Databricks the runtime's session already exists; ``get_or_create`` returns it unchanged.
 
-An S3 lakehouse also needs Hadoop's s3a connector in the session (``core.storage``),
-and jars can only be added when the JVM starts. So the lakehouse a process works on is
-passed as ``lakehouse=`` to the call that starts its session (the CLI's ``Pipeline``
-factory and the notebooks do). A session that is already running without s3a is refused
-with one sentence rather than failing later inside a stream.
+An S3 or GCS lakehouse also needs a Hadoop connector in the session (s3a; Google's GCS
+connector, whose jar this module fetches once: ``gcs_connector_jar``), with the settings
+``core.storage`` derives, and jars can only be added when the JVM starts. So the lakehouse a
+process works on is passed as ``lakehouse=`` to the call that starts its session (the CLI's
+``Pipeline`` factory and the notebooks do). A session that is already running without the
+connector is refused with one sentence rather than failing later inside a stream.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
 import sys
+import tempfile
+import urllib.request
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,7 +35,8 @@ from pyspark.sql.types import StructType
 from core.errors import UserError
 from core.handle import CHECKPOINT_INTERVAL
 from core.storage import (
-    S3A_FILESYSTEM,
+    GCS_CONNECTOR_SHA256,
+    GCS_CONNECTOR_URL,
     SPARK_PACKAGES,
     Lakehouse,
     on_databricks,
@@ -164,9 +169,10 @@ def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None =
     """A Spark session with Delta. Outside Databricks, starts one on ``master``
     (``Config.spark_master``: ``local[2]``, or a standalone cluster's ``spark://host:port``,
     checked reachable first) with Delta jars, plus hadoop-aws and its s3a settings when
-    ``lakehouse`` is on S3. A cluster's executors fetch the jars from this driver; they run
-    Python functions (``mapInArrow``) with this process's interpreter path, so lakecdc must
-    be installed there as here.
+    ``lakehouse`` is on S3, or the GCS connector and its settings when it is on GCS. A
+    cluster's executors fetch the jars from this driver; they run Python functions
+    (``mapInArrow``) with this process's interpreter path, so lakecdc must be installed there
+    as here.
 
     ``log_level`` is Spark's own (log4j) level. The CLI uses FATAL unless ``-v``: errors
     that matter reach lakecdc as exceptions and are reported once, by lakecdc.
@@ -189,6 +195,7 @@ def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None =
     from delta import configure_spark_with_delta_pip
 
     s3 = lakehouse is not None and lakehouse.is_s3
+    gcs = lakehouse is not None and lakehouse.cloud == "gcs"
     running = SparkContext._active_spark_context
     # Python workers (``silver.parse.parse_changes``) run this process's interpreter, which
     # has lakecdc's dependencies, not whatever ``python3`` is first on the PATH.
@@ -200,9 +207,12 @@ def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None =
                .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
                .config("spark.sql.catalog.spark_catalog",
                        "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
-    conf = {**_LOCAL_CONF, **(lakehouse.spark_conf() if s3 else {}),
+    conf = {**_LOCAL_CONF, **(lakehouse.spark_conf() if lakehouse else {}),
             **({"spark.sql.catalogImplementation": "hive"} if metastore else {}),
             **(extra_conf or {})}
+    if gcs:
+        conf["spark.jars"] = ",".join(
+            jar for jar in (conf.get("spark.jars"), str(gcs_connector_jar())) if jar)
     for key, value in conf.items():
         builder = builder.config(key, value)
     builder = configure_spark_with_delta_pip(
@@ -211,9 +221,44 @@ def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None =
         _launch_jvm(builder, Path(output))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
-    if s3:
-        _require_s3a(spark, lakehouse, started_here=running is None)
+    if lakehouse is not None and lakehouse.spark_filesystem:
+        _require_connector(spark, lakehouse, started_here=running is None)
     return spark
+
+
+def gcs_connector_jar() -> Path:
+    """The GCS connector's shaded jar (``core.storage.GCS_CONNECTOR_URL``), fetched from
+    Maven Central on first use into the directory where ``spark.jars.packages`` leaves the
+    jars it resolves (Spark 4's Ivy home, ``~/.ivy2.5.2/jars``), under the name Spark's own
+    resolution would give it; found there afterwards. 40 MB, so fetched once, not by Spark
+    at every start as a URL in ``spark.jars`` would be. A download whose SHA-256 differs is
+    refused; two processes fetching at once each write a file of their own and rename it
+    into place. Without Maven Central, the file can be put there by hand."""
+    jars = Path.home() / ".ivy2.5.2" / "jars"
+    target = jars / ("com.google.cloud.bigdataoss_" + GCS_CONNECTOR_URL.rsplit("/", 1)[1])
+    if target.exists():
+        return target
+    jars.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=jars, prefix=".gcs-connector-", delete=False) as out:
+        digest = hashlib.sha256()
+        try:
+            with urllib.request.urlopen(GCS_CONNECTOR_URL, timeout=60) as response:
+                while chunk := response.read(1 << 20):
+                    digest.update(chunk)
+                    out.write(chunk)
+        except OSError as exc:
+            os.unlink(out.name)
+            raise UserError(f"cannot fetch Spark's GCS connector from {GCS_CONNECTOR_URL} "
+                            f"({exc}): let this machine reach Maven Central, or put that file "
+                            f"at {target}.") from None
+    if digest.hexdigest() != GCS_CONNECTOR_SHA256:
+        os.unlink(out.name)
+        raise UserError(f"the GCS connector fetched from {GCS_CONNECTOR_URL} is not the "
+                        f"expected file (SHA-256 {digest.hexdigest()}): check any proxy or "
+                        f"mirror in between, or put the right file at {target}.")
+    os.replace(out.name, target)
+    log.info("fetched Spark's GCS connector into %s", target)
+    return target
 
 
 def _require_master(master: str, timeout_s: float = 5.0) -> None:
@@ -254,15 +299,17 @@ def _launch_jvm(builder: SparkSession.Builder, output: Path) -> None:
     log.info("Spark's own output (Ivy, log4j) goes to %s", output)
 
 
-def _require_s3a(spark: SparkSession, lakehouse: Lakehouse, started_here: bool) -> None:
-    """A session started before the lakehouse was known lacks the s3a jars: refuse it. Its
-    Hadoop settings are (re)applied, since an existing context ignores builder settings."""
+def _require_connector(spark: SparkSession, lakehouse: Lakehouse, started_here: bool) -> None:
+    """A session started before the lakehouse was known lacks the connector's jars: refuse
+    it. Its Hadoop settings are (re)applied, since an existing context ignores builder
+    settings."""
     if not spark.sparkContext._jvm.org.apache.spark.util.Utils.classIsLoadable(
-            S3A_FILESYSTEM):
-        raise UserError(f"this Spark session was started without S3 support, so it cannot "
-                        f"reach the lakehouse {lakehouse.root}: start a new process (or "
-                        "call core.spark.get_or_create(lakehouse=...) before any other "
-                        "Spark use).") from None
+            lakehouse.spark_filesystem):
+        scheme = lakehouse.root.split("://", 1)[0]
+        raise UserError(f"this Spark session was started without the {scheme}:// connector, "
+                        f"so it cannot reach the lakehouse {lakehouse.root}: start a new "
+                        "process (or call core.spark.get_or_create(lakehouse=...) before any "
+                        "other Spark use).") from None
     if not started_here:
         hadoop = spark.sparkContext._jsc.hadoopConfiguration()
         for key, value in lakehouse.spark_conf().items():

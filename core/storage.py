@@ -20,12 +20,19 @@ the one place that turns the root into each engine's terms:
   store reads the standard variables of each cloud itself (``AZURE_STORAGE_ACCOUNT_NAME``
   with ``AZURE_STORAGE_ACCOUNT_KEY``, a SAS token or a service principal's
   ``AZURE_CLIENT_ID`` / ``AZURE_CLIENT_SECRET`` / ``AZURE_TENANT_ID``; a managed identity;
-  ``GOOGLE_APPLICATION_CREDENTIALS`` or ``GOOGLE_SERVICE_ACCOUNT``, or the machine's service
+  ``GOOGLE_SERVICE_ACCOUNT`` or ``GOOGLE_APPLICATION_CREDENTIALS``, or the machine's service
   account), so its options carry nothing; an emulator's endpoint comes the same way
   (``AZURE_STORAGE_ENDPOINT`` with ``AZURE_ALLOW_HTTP``; a service account file's
-  ``gcs_base_url``). Spark reaches them only on Databricks, whose runtime has the ABFS and
-  GCS connectors and the cluster's credentials: outside it a Spark session is refused with one
-  sentence (``require_spark_reach``) rather than failing at its first read.
+  ``gcs_base_url``). On Databricks Spark uses the runtime's ABFS and GCS connectors and the
+  cluster's credentials.
+- **Spark outside Databricks on GCS** loads Google's Hadoop connector, its shaded jar
+  (``GCS_CONNECTOR_URL``, fetched once by ``core.spark``), and ``spark_conf`` turns the same
+  Google variables delta-rs reads, in delta-rs's order, into the connector's ``fs.gs.*``
+  settings (``gcs_spark_conf``). Delta commits there through its GCS log store, which
+  delta-spark picks for ``gs://`` itself (put-if-absent). **On ADLS Gen2** it is refused
+  with one sentence (``require_spark_reach``) rather than failing at its first read:
+  Hadoop's ABFS driver speaks the DFS endpoint, which no emulator serves, so it could not be
+  tested here.
 
 It also checks that the root can be written (``check_writable``, before ``setup`` writes
 anything) and names a gold table the same way whichever engine spells its path
@@ -33,13 +40,16 @@ anything) and names a gold table the same way whichever engine spells its path
 
 Credentials are never copied into options or configuration: delta-rs, boto3 and Hadoop each
 take them from the standard chain of the cloud (for AWS ``AWS_ACCESS_KEY_ID`` /
-``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, a profile, or the instance role).
+``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, a profile, or the instance role). For GCS
+Hadoop is given the key file's path, never the key.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -62,6 +72,25 @@ SPARK_PACKAGES = (
 )
 SPARK_EXCLUDES = "software.amazon.awssdk:bundle"
 S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+
+# Google's Hadoop connector for gs:// (GoogleCloudDataproc/hadoop-connectors), the jar with
+# the ``shaded`` classifier: its Google client libraries (Guava, protobuf, gRPC...) are renamed
+# inside, so they cannot clash with those in pyspark's jars. The 4.0 line is built against
+# HADOOP_VERSION, the Hadoop inside pyspark, and needs Java 17 as Spark 4 does. 3.0.4 (built
+# against Hadoop 3.3.6) appends, but Parquet's vectored reads of a data file (a MERGE's, a
+# query's) fail with it: it calls a VectoredReadUtils method whose signature Hadoop 3.4.1
+# changed (NoSuchMethodError, seen here against fake-gcs-server). 4.0.4 is the newest with files on
+# Maven Central (4.0.5 to 4.0.9 are in its metadata, without jars).
+# Spark's ``spark.jars.packages`` takes group:artifact:version and no classifier, so
+# ``core.spark`` fetches this one file itself and checks it against the SHA-256 below (taken
+# from the file whose SHA-1 is Maven Central's published one, 7ffdc04d...).
+GCS_CONNECTOR_VERSION = "4.0.4"
+GCS_CONNECTOR_URL = ("https://repo1.maven.org/maven2/com/google/cloud/bigdataoss/gcs-connector/"
+                     f"{GCS_CONNECTOR_VERSION}/gcs-connector-{GCS_CONNECTOR_VERSION}-shaded.jar")
+GCS_CONNECTOR_SHA256 = "dfb5832738686436e597026a8e4bab01aa22e75ebfb15d37d096981f6599d73c"
+GCS_FILESYSTEM = "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFileSystem"
+# Hadoop's FileContext API (Spark's streaming checkpoints) goes through this one.
+GCS_ABSTRACT_FILESYSTEM = "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFS"
 
 
 # The schemes delta-rs's object store takes for each cloud (ADLS Gen2's ``abfss://`` is
@@ -149,8 +178,19 @@ class Lakehouse:
             options["AWS_REGION"] = self.region
         return options
 
-    def spark_conf(self) -> dict[str, str]:
-        """Session settings for Hadoop's s3a connector (empty for a local lakehouse)."""
+    @property
+    def spark_filesystem(self) -> str | None:
+        """The Hadoop FileSystem class a Spark outside Databricks must load for this root;
+        None where Hadoop's own serves it (a local path) or lakecdc loads none (Azure)."""
+        if self.is_s3:
+            return S3A_FILESYSTEM
+        return GCS_FILESYSTEM if self.cloud == "gcs" else None
+
+    def spark_conf(self, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+        """Session settings for Hadoop's s3a connector, or for the GCS connector from the
+        Google variables in ``environ`` (``gcs_spark_conf``); empty for a local or Azure root."""
+        if self.cloud == "gcs":
+            return gcs_spark_conf(environ)
         if not self.is_s3:
             return {}
         conf = {
@@ -219,6 +259,53 @@ class Lakehouse:
                     "found: grant them s3:ListBucket on the bucket and s3:GetObject, "
                     "s3:PutObject and s3:DeleteObject under the prefix.")
         return f"S3 refused the lakehouse {self.root} ({exc}); check the bucket and its policy."
+
+
+def gcs_spark_conf(environ: Mapping[str, str]) -> dict[str, str]:
+    """The GCS connector's settings (its gcs/CONFIGURATION.md, 4.0.4) from the variables
+    delta-rs's object store reads, taken in delta-rs's order, so both engines use the same
+    account and endpoint:
+
+    - a service account file (``GOOGLE_SERVICE_ACCOUNT``, or ``GOOGLE_SERVICE_ACCOUNT_PATH``):
+      Hadoop signs with its key (``SERVICE_ACCOUNT_JSON_KEYFILE``), or with nothing when the
+      file says ``disable_oauth`` (an emulator: ``UNAUTHENTICATED``); the file's
+      ``gcs_base_url``, where an emulator's API is, becomes ``fs.gs.storage.root.url``;
+    - else Google's application default credentials (``APPLICATION_DEFAULT``):
+      ``GOOGLE_APPLICATION_CREDENTIALS``, gcloud's own file, then the machine's service
+      account, delta-rs's chain too. The connector's default (``COMPUTE_ENGINE``) would go
+      straight to the metadata server.
+
+    A key given as JSON text (``GOOGLE_SERVICE_ACCOUNT_KEY``, as the bundle passes it on
+    Databricks) the connector cannot take, and lakecdc writes no key to disk: refused with
+    one sentence. Hadoop gets the key file's path, and needs it at that path on every
+    machine of a cluster."""
+    conf = {"spark.hadoop.fs.gs.impl": GCS_FILESYSTEM,
+            "spark.hadoop.fs.AbstractFileSystem.gs.impl": GCS_ABSTRACT_FILESYSTEM}
+    variable = next((name for name in ("GOOGLE_SERVICE_ACCOUNT", "GOOGLE_SERVICE_ACCOUNT_PATH")
+                     if environ.get(name)), None)
+    if variable is None:
+        if environ.get("GOOGLE_SERVICE_ACCOUNT_KEY"):
+            raise UserError("Spark outside Databricks reads a Google service account key only "
+                            "from a file: write the key of GOOGLE_SERVICE_ACCOUNT_KEY to a file "
+                            "only you can read and set GOOGLE_SERVICE_ACCOUNT (or "
+                            "GOOGLE_APPLICATION_CREDENTIALS) to its path instead.")
+        return {**conf, "spark.hadoop.fs.gs.auth.type": "APPLICATION_DEFAULT"}
+    path = os.path.abspath(environ[variable])
+    try:
+        key = json.loads(Path(path).read_text())
+        if not isinstance(key, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise UserError(f"the Google service account file {path} ({variable}) cannot be read "
+                        f"({reason}): point {variable} at a service account's JSON key "
+                        "file.") from None
+    if key.get("gcs_base_url"):
+        conf["spark.hadoop.fs.gs.storage.root.url"] = key["gcs_base_url"]
+    if key.get("disable_oauth") is True:
+        return {**conf, "spark.hadoop.fs.gs.auth.type": "UNAUTHENTICATED"}
+    return {**conf, "spark.hadoop.fs.gs.auth.type": "SERVICE_ACCOUNT_JSON_KEYFILE",
+            "spark.hadoop.fs.gs.auth.service.account.json.keyfile": path}
 
 
 def filesystem(uri: str, storage_options: dict | None = None):
@@ -394,11 +481,11 @@ def drop_empty_cloud_variables(environ) -> list[str]:
 
 
 def require_spark_reach(lakehouse: Lakehouse | None, databricks: bool) -> None:
-    """A Spark session for an Azure or GCS lakehouse outside Databricks is refused with one
-    sentence: lakecdc loads no ABFS or GCS connector into a local Spark (Hadoop's ABFS
-    driver needs the DFS endpoint no emulator serves, so it could not be tested here), and
-    without one every Spark read would fail at its first batch."""
-    if databricks or lakehouse is None or not lakehouse.cloud:
+    """A Spark session for an Azure lakehouse outside Databricks is refused with one
+    sentence: lakecdc loads no ABFS connector into a local Spark (Hadoop's ABFS driver needs
+    the DFS endpoint no emulator serves, so it could not be tested here), and without one
+    every Spark read would fail at its first batch. GCS has its connector (``spark_conf``)."""
+    if databricks or lakehouse is None or lakehouse.cloud != "azure":
         return
     raise UserError(f"Spark outside Databricks cannot reach the lakehouse {lakehouse.root}: "
                     "run the Spark stages (stream, mirrors, verify, quality, backfill) on "

@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -113,6 +114,13 @@ def make_bucket(url: str, name: str) -> None:
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
+
+
+def gcs_object_names(url: str, bucket: str, prefix: str) -> list[str]:
+    """The names under ``prefix`` in a fake-gcs-server bucket, through the JSON API."""
+    query = urllib.parse.urlencode({"prefix": prefix})
+    with urllib.request.urlopen(f"{url}/storage/v1/b/{bucket}/o?{query}", timeout=10) as answer:
+        return [item["name"] for item in json.load(answer).get("items", [])]
 
 
 def gcs_service_account(url: str, path: Path) -> Path:
