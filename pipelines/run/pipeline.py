@@ -151,7 +151,8 @@ class Pipeline:
         from pipelines.source.baseline import read_baseline
 
         self.faults.hit("before_gold_seed")
-        baseline = read_baseline(self.config.baseline_path)
+        baseline = read_baseline(self.config.baseline_path,
+                                 spark=self.spark if self.config.spark_writes else None)
         if baseline is None or holds_counts(self.spark, self.where.gold):
             return False
         commit_lsn, counts = baseline
@@ -422,7 +423,16 @@ class Pipeline:
             if self.metrics is not None:
                 self.metrics.on_ship_batch(result, progress)
             maintainer.after_batch()        # bronze, between two of the shipper's commits
-        return Shipper(self.config, on_batch=on_batch)
+        return Shipper(self.config, on_batch=on_batch, writes=self.spark_writes())
+
+    def spark_writes(self):
+        """A writer of its own through this pipeline's session when ``LAKECDC_WRITER=spark``
+        (``core.spark_writes``); None on the delta-rs path."""
+        if not self.config.spark_writes:
+            return None
+        from core.spark_writes import SparkWrites
+
+        return SparkWrites(self.spark)
 
     def _observe_streams(self) -> None:
         """Record Spark streaming progress (rows and batch durations per query) into

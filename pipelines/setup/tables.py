@@ -60,9 +60,11 @@ from gold.push import MIRRORS_LAYER, read_layer
 ACK_TIMEOUT_S = 120.0
 
 
-def captured_tables(config: Config, storage_options: dict | None = None) -> tuple[str, ...]:
-    """The tables captured now: the stored set, else ``LAKECDC_TABLES``."""
-    stored = CaptureList(config.lakehouse, storage_options).read()
+def captured_tables(config: Config, storage_options: dict | None = None,
+                    writes=None) -> tuple[str, ...]:
+    """The tables captured now: the stored set, else ``LAKECDC_TABLES`` (read through
+    ``writes``, a ``core.spark_writes.SparkWrites``, when given)."""
+    stored = CaptureList(config.lakehouse, storage_options, writes).read()
     return stored.active if stored is not None else config.tables
 
 
