@@ -39,6 +39,7 @@ The source identity is the table's description, as on the delta-rs path, read wi
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -57,8 +58,11 @@ from bronze.table import (
     _parse_description,
 )
 from core.commits import commit_metadata, newest, read_commits
+from core.lsn import fmt
 from core.spark_writes import SparkWrites
 from core.storage import on_databricks, spark_path
+
+log = logging.getLogger("lakecdc.ship")
 
 LAYER = "bronze"
 # Found in every bronze progress commit's metadata text (``commit_metadata`` sorts its keys).
@@ -66,6 +70,7 @@ _MENTION = '"lakecdc": "bronze"'
 # Commits read back per look: the newest progress commit is among the last few (OPTIMIZE
 # and other maintenance commits carry none); the whole history only if not.
 _RECENT = 50
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 def bronze_table(config, storage_options: dict | None = None,
@@ -105,12 +110,18 @@ class SparkBronzeTable:
         return DeltaTable.isDeltaTable(self._spark, self.path)
 
     def create(self, ident: SourceIdentity, end_lsn: int) -> None:
-        """Create the empty table (``TABLE_CONFIG``, the identity as its description), then
-        record the slot's starting point in a progress-only commit. A kill between the two
-        leaves a table without progress: the shipper refuses it and ``setup`` says so."""
-        self.writes.create(self.path, BRONZE_SCHEMA, TABLE_CONFIG, comment=_describe(ident))
-        self._commit(None, ident.slot, Progress(0, end_lsn), {"lakecdc.operation": "setup"},
-                     None, previous={})
+        """Create the empty table (``TABLE_CONFIG``, the identity as its description) in one
+        commit whose metadata records the slot's starting point, as delta-rs's create does:
+        no table ever exists without its progress. (The metadata goes in as the session's
+        setting, the way ``SparkWrites.merge`` passes it: a create takes no write options.)"""
+        state = progress_map(ident.slot, Progress(0, end_lsn), {}, None)
+        meta = commit_metadata(LAYER, **state, info={"lakecdc.operation": "setup"})
+        self._spark.conf.set(USER_METADATA, meta)
+        try:
+            self.writes.create(self.path, BRONZE_SCHEMA, TABLE_CONFIG, comment=_describe(ident))
+        finally:
+            self._spark.conf.unset(USER_METADATA)
+        self._state = {"lakecdc": LAYER, **state}
 
     def identity(self) -> SourceIdentity:
         from delta.tables import DeltaTable
@@ -189,16 +200,17 @@ class SparkBronzeTable:
         self.commit(None, slot, progress, metadata, app_versions)
 
     def _commit(self, files: "SparkRows | None", slot: str, progress: Progress,
-                metadata: dict | None, app_versions: dict[str, int] | None,
-                previous: dict | None = None) -> bool:
-        if previous is None:
-            previous = (self._state or self._read_state() or {}).get("apps", {})
+                metadata: dict | None, app_versions: dict[str, int] | None) -> bool:
+        previous = (self._state or self._read_state() or {}).get("apps", {})
         state = progress_map(slot, progress, previous, app_versions)
         meta = commit_metadata(LAYER, **state,
                                info={k: str(v) for k, v in (metadata or {}).items()})
         rows = files.table() if files is not None else BRONZE_SCHEMA.empty_table()
         app = (slot + END_SUFFIX, progress.end_lsn) if self.skip_replays else None
         written = self.writes.append(self.path, rows, meta=meta, app=app)
+        if not written:
+            log.warning("bronze already records end_lsn %s for slot %s: Spark skipped this "
+                        "replay of a commit it holds", fmt(progress.end_lsn), slot)
         self._state = {"lakecdc": LAYER, **state}
         return written
 

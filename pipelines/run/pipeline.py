@@ -168,12 +168,12 @@ class Pipeline:
 
         ``setup --rebaseline`` restarts the slot past changes that were never captured;
         counts carried on from before it would silently miss them."""
-        from bronze.table import BronzeTable
+        from bronze.spark_table import bronze_table
         from core.lsn import fmt
         from gold.apply import seed_floor
         from gold.deltas import REBUILD, GoldStopped
 
-        bronze = BronzeTable(self.config.bronze_path)
+        bronze = bronze_table(self.config, writes=self.spark_writes())
         at = bronze.rebaselined_at(self.config.slot) if bronze.exists() else None
         if at is None:
             return
