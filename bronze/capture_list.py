@@ -108,8 +108,10 @@ class CaptureList:
         return self._read
 
     def _read_spark(self) -> CaptureSet | None:
+        """``read`` through Spark: a Spark job per look, so the table, once seen, is not
+        looked for again (it is never dropped)."""
         self._checked = time.monotonic()
-        if not self.exists():
+        if self._read is None and not self.exists():
             return None
         version = self.writes.version(self._spark_path)
         if self._read is None or self._read.version != version:
