@@ -24,7 +24,8 @@ advance. Should a replay still reach ``commit`` (a second writer despite the shi
 Spark skips it by the app transaction: the rows are in bronze under the earlier commit with
 that same ``end_lsn``, so advancing to it stays safe. The shipper's ``version_check`` guard
 switched off (negative controls only) drops the app transaction too: then nothing stops a
-replay, and a test can see the duplicate.
+replay, and a test can see the duplicate (and Spark does not record a progress-only commit
+without one: ``skipRecordingEmptyCommits``).
 
 **Rows.** One commit's rows are collected as Arrow (spilled to local disk past the shipper's
 ``--memory-budget-mb``, ``bronze.buffer``) and handed to Spark at the commit, in one Delta

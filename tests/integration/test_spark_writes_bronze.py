@@ -19,10 +19,16 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
+from datetime import datetime, timezone
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from bronze.records import BRONZE_SCHEMA
+from bronze.spark_table import SparkBronzeTable
+from bronze.table import Progress, SourceIdentity
+from core.spark_writes import SparkWrites
 from core.commits import parse_commit_metadata
 from tests.cloud_servers import guarded_s3
 from tests.integration.workload import mixed
@@ -132,3 +138,36 @@ def test_setup_refuses_a_lakehouse_spark_cannot_write(source_db, config, tmp_pat
     with source_db.connect() as conn:
         assert conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
                             [source_db.slot]).fetchone()[0] == 0
+
+
+def test_the_spark_table_keeps_identity_and_every_app_version_across_commits(spark, tmp_path):
+    """Re-baseline and a source change through Spark (``setup --rebaseline``'s calls), read
+    back by Spark and by delta-rs; a replayed commit (same ``end_lsn``) is skipped by Spark
+    and, with the replay guard off (``skip_replays=False``), is not."""
+    path = str(tmp_path / "bronze")
+    table = SparkBronzeTable(path, SparkWrites(spark))
+    table.create(SourceIdentity("s", "db", "123", 1), 100)
+    assert table.progress("s") == Progress(0, 100) and table.rebaselined_at("s") is None
+    table.record_progress("s", Progress(0, 200), {"lakecdc.operation": "rebaseline"},
+                          {"s:rebaseline": 200})
+    table.set_source("456", 2)
+    table.record_progress("s", Progress(0, 300), None, {"s:captured": 7})
+    assert table.progress("s") == Progress(0, 300)
+    assert (table.rebaselined_at("s"), table.app_version("s:captured")) == (200, 7)
+    assert table.identity() == SourceIdentity("s", "db", "456", 2)
+    rs = DeltaTable(path)
+    assert rs.transaction_version("s:end_lsn") == 300
+    assert rs.metadata().configuration["delta.appendOnly"] == "true"
+
+    # A replay of rows at a recorded end_lsn: skipped by Spark; without the guard, not.
+    row = pa.RecordBatch.from_pylist([{
+        "slot": "s", "commit_lsn": 250, "seq": 0, "tx_changes": 1, "xid": 9, "lsn": 250,
+        "commit_ts": None, "action": "I", "shipped_at": datetime.now(timezone.utc),
+        "data": "{}"}], schema=BRONZE_SCHEMA)
+    version = table.version()
+    table.append(iter([row]), "s", Progress(250, 300))
+    assert table.version() == version and rs.to_pyarrow_table().num_rows == 0
+    unguarded = SparkBronzeTable(path, SparkWrites(spark), skip_replays=False)
+    unguarded.append(iter([row]), "s", Progress(250, 300))
+    assert table.version() == version + 1
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 1
