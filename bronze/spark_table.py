@@ -59,6 +59,7 @@ from bronze.table import (
     _parse_description,
 )
 from core.commits import commit_metadata, newest, read_commits
+from core.errors import UserError
 from core.lsn import fmt
 from core.spark_writes import SparkWrites
 from core.storage import on_databricks, spark_path
@@ -86,6 +87,17 @@ def bronze_table(config, storage_options: dict | None = None,
                             skip_replays=config.guard_on("version_check"),
                             budget_bytes=config.memory_budget_mb << 20,
                             spill_dir=config.spill_dir)
+
+
+def refuse_spark_writer(config, command: str) -> None:
+    """One sentence (exit 2) for a command that writes the lakehouse with delta-rs only
+    (the snapshot backfill's staging, changing the captured set while running): with
+    ``LAKECDC_WRITER=spark`` its writes could not reach storage, and would fail half-way."""
+    if config.spark_writes:
+        raise UserError(f"`lakecdc {command}` does not run with LAKECDC_WRITER=spark yet (its "
+                        "writes need delta-rs's storage access); run it where delta-rs can "
+                        "reach the lakehouse, or change LAKECDC_TABLES and rerun `lakecdc "
+                        "setup --rebaseline`; nothing was changed.")
 
 
 class SparkBronzeTable:
