@@ -47,6 +47,7 @@ from bronze.backfill_staging import (
     app_id,
     staging_path,
 )
+from bronze.spark_table import refuse_spark_writer
 from bronze.table import BronzeTable
 from core.config import Config
 from core.errors import UserError
@@ -136,6 +137,7 @@ def run_snapshot_backfill(config: Config, tables: Iterable[str] | None = None,
     """``lakecdc backfill snapshot``: run or continue the backfill of ``tables``.
     ``since_us``: runs of these tables started before this time (µs since the epoch) are
     passed over (``lakecdc tables add``: a table captured again is read again)."""
+    refuse_spark_writer(config, "backfill snapshot")
     chosen = resolve_tables(config, tables)
     if chunk_rows < 1 or max_ahead < 0 or timeout_s <= 0:
         raise UserError("--chunk-rows and --timeout must be positive.")

@@ -15,6 +15,9 @@ with it, so the set is committed with the progress it governs. Once bronze holds
 ``v``, every change committed after that bronze commit reaches bronze under set ``v`` or a
 newer one (docs/source-tables.md, "Adding and removing tables while running").
 
+With ``LAKECDC_WRITER=spark`` (``writes`` given) the same table is read and written through
+Spark's Delta (``core.spark_writes``): where only Spark reaches storage.
+
 ``setup`` writes the first version from ``LAKECDC_TABLES``. A lakehouse set up before this
 table existed has none; it is then created by the first ``tables add`` or ``remove``.
 """
@@ -66,18 +69,32 @@ class CaptureSet:
 class CaptureList:
     """The ``bronze/_captured`` table of one lakehouse."""
 
-    def __init__(self, lakehouse: str, storage_options: dict | None = None) -> None:
+    def __init__(self, lakehouse: str, storage_options: dict | None = None,
+                 writes=None) -> None:
         self.uri = path(lakehouse, CAPTURE_LIST)
         self.storage_options = storage_options
+        self.writes = writes          # a ``core.spark_writes.SparkWrites``: through Spark
         self._table: DeltaTable | None = None
         self._read: CaptureSet | None = None          # the newest version read
         self._checked = 0.0
 
     def exists(self) -> bool:
+        if self.writes is not None:
+            from delta.tables import DeltaTable as SparkTable
+
+            return SparkTable.isDeltaTable(self.writes.spark, self._spark_path)
         return DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options)
+
+    @property
+    def _spark_path(self) -> str:
+        from core.storage import on_databricks, spark_path
+
+        return spark_path(self.uri, on_databricks())
 
     def read(self) -> CaptureSet | None:
         """The newest version (None: no set was stored)."""
+        if self.writes is not None:
+            return self._read_spark()
         if self._table is None:
             if not self.exists():
                 return None
@@ -88,6 +105,19 @@ class CaptureList:
         self._checked = time.monotonic()
         if self._read is None or self._read.version != self._table.version():
             self._read = _decode(self._table.version(), self._table.to_pyarrow_table())
+        return self._read
+
+    def _read_spark(self) -> CaptureSet | None:
+        """``read`` through Spark: a Spark job per look, so the table, once seen, is not
+        looked for again (it is never dropped)."""
+        self._checked = time.monotonic()
+        if self._read is None and not self.exists():
+            return None
+        version = self.writes.version(self._spark_path)
+        if self._read is None or self._read.version != version:
+            data = self.writes.spark.read.format("delta").option("versionAsOf", version) \
+                .load(self._spark_path).toArrow()
+            self._read = _decode(version, data)
         return self._read
 
     def read_at_most_every(self, seconds: float, last: CaptureSet | None) -> CaptureSet | None:
@@ -107,9 +137,17 @@ class CaptureList:
                 for t, s in states.items()}
         data = pa.table({"table_name": list(rows), "state": [s for s, _ in rows.values()],
                          "changed_at": [at for _, at in rows.values()]}, schema=SCHEMA)
-        write_deltalake(self.uri, data, mode="overwrite" if previous is not None else "error",
-                        storage_options=self.storage_options,
-                        description="lakecdc: the captured source tables (docs/source-tables.md)")
+        if self.writes is not None:
+            self.writes.create(self._spark_path, SCHEMA, comment="lakecdc: the captured "
+                               "source tables (docs/source-tables.md)")
+            self.writes.append(self._spark_path, data, overwrite=previous is not None)
+            self._read = None
+        else:
+            write_deltalake(self.uri, data,
+                            mode="overwrite" if previous is not None else "error",
+                            storage_options=self.storage_options,
+                            description="lakecdc: the captured source tables "
+                                        "(docs/source-tables.md)")
         self._table = None
         stored = self.read()
         assert stored is not None
@@ -128,8 +166,8 @@ class ShipperSet:
     CHECK_S = 1.0
 
     def __init__(self, lakehouse: str, slot: str, default: tuple[str, ...],
-                 storage_options: dict | None = None) -> None:
-        self.store = CaptureList(lakehouse, storage_options)
+                 storage_options: dict | None = None, writes=None) -> None:
+        self.store = CaptureList(lakehouse, storage_options, writes)
         self.app_id = slot + ACK_SUFFIX
         self.default = default             # ``LAKECDC_TABLES``, for a lakehouse without a set
         self.current: CaptureSet | None = None

@@ -49,7 +49,8 @@ from bronze.failover import check_same_history, slot_ahead, slot_lost, slot_miss
 from bronze.records import UTC_US, TransactionAssembler
 from bronze.session_loss import diagnose, reconnect_reason, transient
 from bronze.source import check_replication_role, require_identity
-from bronze.table import BronzeTable, Progress
+from bronze.spark_table import bronze_table
+from bronze.table import Progress
 from core.config import Config
 from core.errors import UserError, first_line, redact
 from core.faults import FaultPoints
@@ -106,14 +107,18 @@ class ShipTotals:
 class Shipper:
     def __init__(self, config: Config, faults: FaultPoints | None = None,
                  storage_options: dict | None = None,
-                 on_batch: Callable[[ShipBatch, Progress], None] | None = None) -> None:
+                 on_batch: Callable[[ShipBatch, Progress], None] | None = None,
+                 writes=None) -> None:
+        """``writes``: the ``core.spark_writes.SparkWrites`` every lakehouse read and write
+        goes through when ``config.spark_writes`` (``bronze.spark_table``); else unused."""
         self.config = config
         # Called after every batch (metrics); must not raise.
         self.on_batch = on_batch
         self.faults = faults or FaultPoints(config.faults)
-        self.table = BronzeTable(config.bronze_path, storage_options)
+        self.table = bronze_table(config, storage_options, writes)
         self.backfill = BackfillEmitter(config, self.table, storage_options)
-        self.captured = ShipperSet(config.lakehouse, config.slot, config.tables, storage_options)
+        self.captured = ShipperSet(config.lakehouse, config.slot, config.tables, storage_options,
+                                   writes if config.spark_writes else None)
         # When bronze last committed, so the slot last moved (heartbeats are due after
         # ``heartbeat_interval_s`` without a move).
         self._last_progress_commit = time.monotonic()

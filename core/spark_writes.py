@@ -64,6 +64,15 @@ class SparkWrites:
         return frame.select(*[F.col(f"`{f.name}`").cast(f.dataType).alias(f.name)
                               for f in schema])
 
+    def create(self, path: str, schema: pa.Schema, properties: dict[str, str] | None = None,
+               comment: str | None = None) -> None:
+        """Create the Delta table at ``path`` for Arrow ``schema`` unless one is there
+        (``core.tables.create_table``): ``append`` writes only into an existing table."""
+        from core.tables import create_table
+
+        create_table(self._spark, path, self._spark.createDataFrame(schema.empty_table()).schema,
+                     properties or {}, comment=comment)
+
     def append(self, path: str, rows: pa.Table, *, meta: str | None = None,
                app: tuple[str, int] | None = None, overwrite: bool = False) -> bool:
         """Append ``rows`` to the Delta table at ``path`` (replace its rows: ``overwrite``)

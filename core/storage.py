@@ -387,6 +387,27 @@ def check_writable(uri: str, lakehouse: Lakehouse | None = None) -> None:
                         "another LAKECDC_LAKEHOUSE / --lakehouse or fix its permissions.") from None
 
 
+def check_spark_writable(spark, uri: str) -> None:
+    """``LAKECDC_WRITER=spark``: fail with one sentence unless Spark can write and read back
+    under the lakehouse root ``uri`` - the only engine holding its credentials then (Unity
+    Catalog external locations). The probe (one row of Parquet) is overwritten by the next
+    check rather than deleted: Spark has no public delete of a path. A local root keeps
+    ``check_writable``'s checks first (it creates the directory)."""
+    from core.errors import first_line
+
+    if not is_remote(uri):
+        check_writable(uri)
+    probe = spark_path(f"{uri.rstrip('/')}/_lakecdc/write_probe", on_databricks())
+    try:
+        spark.range(1).write.mode("overwrite").parquet(probe)
+        if spark.read.parquet(probe).count() != 1:
+            raise RuntimeError("the probe written could not be read back")
+    except Exception as exc:
+        raise UserError(f"Spark cannot write the lakehouse {uri} ({first_line(exc)[:300]}); "
+                        "grant this cluster write access to it (with LAKECDC_WRITER=spark, "
+                        "Spark's own storage settings are the ones used).") from None
+
+
 # Where delta-rs finds no credentials, the cluster's Spark may hold them (on Databricks:
 # Unity Catalog's external locations): said at the end of each "no credentials" sentence.
 ONLY_SPARK = ("where only Spark holds them (a Unity Catalog external location), set "

@@ -65,13 +65,14 @@ class Witness:
                          "WHERE slot_name = %s", [self.name])
 
 
-def bronze_rows(path: str) -> list[dict]:
-    return DeltaTable(path).to_pyarrow_table().to_pylist()
+def bronze_rows(path: str, storage_options: dict | None = None) -> list[dict]:
+    return DeltaTable(path, storage_options=storage_options).to_pyarrow_table().to_pylist()
 
 
-def check_bronze(path: str, witnessed: dict[int, list[str]]) -> None:
+def check_bronze(path: str, witnessed: dict[int, list[str]],
+                 storage_options: dict | None = None) -> None:
     """I1: every witnessed transaction exactly once and whole; nothing else."""
-    rows = bronze_rows(path)
+    rows = bronze_rows(path, storage_options)
     keys = [(r["commit_lsn"], r["seq"]) for r in rows]
     dupes = len(keys) - len(set(keys))
     assert dupes == 0, f"bronze holds {dupes} duplicate (commit_lsn, seq) keys"

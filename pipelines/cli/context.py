@@ -88,6 +88,17 @@ def make_pipeline(ctx, names: bool = False, **flags):
     return Pipeline(config, spark_factory=spark_factory(ctx, config, names))
 
 
+def spark_writes(ctx, config: Config):
+    """A writer through Spark (``core.spark_writes.SparkWrites``) when
+    ``LAKECDC_WRITER=spark``, on the command's session; None on the delta-rs path, which
+    starts no JVM."""
+    if not config.spark_writes:
+        return None
+    from core.spark_writes import SparkWrites
+
+    return SparkWrites(spark_factory(ctx, config)())
+
+
 def spark_factory(ctx, config: Config, names: bool = False):
     """What starts the command's Spark session, when it needs one. ``names``: a command that
     registers or reads tables by name (``setup``, ``tables add``, ``sql``); with

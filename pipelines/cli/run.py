@@ -15,6 +15,7 @@ from pipelines.cli.context import (
     needs_spark,
     once_option,
     shipper_safety_options,
+    spark_writes,
     stage_metrics,
     wait_option,
 )
@@ -49,7 +50,8 @@ def ship(ctx, once, metrics_port, **flags):
             if metrics is not None:
                 metrics.on_ship_batch(result, progress)
             maintainer.after_batch()        # bronze, between two of the shipper's commits
-        totals = Shipper(config, on_batch=on_batch).run(once=once, stop=stop_on_signals())
+        totals = Shipper(config, on_batch=on_batch, writes=spark_writes(ctx, config)).run(
+            once=once, stop=stop_on_signals())
     click.echo(f"shipped {totals.changes} changes in {totals.transactions} transactions "
                f"({totals.commits} bronze commits)")
 

@@ -151,7 +151,8 @@ class Pipeline:
         from pipelines.source.baseline import read_baseline
 
         self.faults.hit("before_gold_seed")
-        baseline = read_baseline(self.config.baseline_path)
+        baseline = read_baseline(self.config.baseline_path,
+                                 spark=self.spark if self.config.spark_writes else None)
         if baseline is None or holds_counts(self.spark, self.where.gold):
             return False
         commit_lsn, counts = baseline
@@ -167,12 +168,12 @@ class Pipeline:
 
         ``setup --rebaseline`` restarts the slot past changes that were never captured;
         counts carried on from before it would silently miss them."""
-        from bronze.table import BronzeTable
+        from bronze.spark_table import bronze_table
         from core.lsn import fmt
         from gold.apply import seed_floor
         from gold.deltas import REBUILD, GoldStopped
 
-        bronze = BronzeTable(self.config.bronze_path)
+        bronze = bronze_table(self.config, writes=self.spark_writes())
         at = bronze.rebaselined_at(self.config.slot) if bronze.exists() else None
         if at is None:
             return
@@ -422,7 +423,16 @@ class Pipeline:
             if self.metrics is not None:
                 self.metrics.on_ship_batch(result, progress)
             maintainer.after_batch()        # bronze, between two of the shipper's commits
-        return Shipper(self.config, on_batch=on_batch)
+        return Shipper(self.config, on_batch=on_batch, writes=self.spark_writes())
+
+    def spark_writes(self):
+        """A writer of its own through this pipeline's session when ``LAKECDC_WRITER=spark``
+        (``core.spark_writes``); None on the delta-rs path."""
+        if not self.config.spark_writes:
+            return None
+        from core.spark_writes import SparkWrites
+
+        return SparkWrites(self.spark)
 
     def _observe_streams(self) -> None:
         """Record Spark streaming progress (rows and batch durations per query) into

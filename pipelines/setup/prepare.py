@@ -12,6 +12,10 @@ Steps, each skipped when already done:
    name (``pipelines.setup.catalog``; its names are checked first, before step 1 changes
    anything). Only then does setup start Spark.
 
+With ``LAKECDC_WRITER=spark`` Spark starts first, and every lakehouse read and write goes
+through it (``core.spark_writes``): the storage check, the captured set, bronze
+(``bronze.spark_table``), gold's baseline and the mirrors' baselines.
+
 A slot without bronze, or bronze without its slot, is never papered over: both mean changes
 may have been missed, and only ``--rebaseline`` (an explicit decision) starts again.
 """
@@ -35,12 +39,13 @@ from bronze.source import (
     mirror_key,
     nullable_identity_columns,
 )
-from bronze.table import REBASELINE_SUFFIX, BronzeTable, Progress, SourceIdentity
+from bronze.spark_table import bronze_table
+from bronze.table import REBASELINE_SUFFIX, Progress, SourceIdentity
 from core.config import Config
 from core.errors import UserError, first_line
 from core.lsn import fmt
 from core.postgres import connect
-from core.storage import Lakehouse, check_writable
+from core.storage import Lakehouse, check_spark_writable, check_writable
 from gold.push import ensure_dashboard_tables
 from pipelines.setup.tables import captured_tables
 from pipelines.source.baseline import count_in_snapshot, write_baseline
@@ -80,30 +85,39 @@ def setup(config: Config, rebaseline: bool = False,
     ``config.registers`` (a session whose catalog keeps names: ``core.catalog``)."""
     from pipelines.setup.catalog import names_session
 
+    writes = None
+    if config.spark_writes:
+        from core.spark_writes import SparkWrites
+
+        writes = SparkWrites(spark_factory())
     spark = names_session(config, spark_factory,
-                          _mirrored(config, storage_options) if config.registers else (),
-                          "setup")
-    report = _prepare(config, rebaseline, storage_options, online_not_null, echo)
+                          _mirrored(config, storage_options, writes) if config.registers
+                          else (), "setup")
+    report = _prepare(config, rebaseline, storage_options, online_not_null, echo, writes)
     if spark is not None:
         from pipelines.setup.catalog import register_lakehouse
 
-        for line in register_lakehouse(spark, config, _mirrored(config, storage_options)):
+        for line in register_lakehouse(spark, config, _mirrored(config, storage_options,
+                                                                writes)):
             report.did(line)
     return report
 
 
-def _mirrored(config: Config, storage_options: dict | None) -> tuple[str, ...]:
+def _mirrored(config: Config, storage_options: dict | None, writes=None) -> tuple[str, ...]:
     """The captured tables (the stored set once there is one) that are mirrored."""
-    return tuple(t for t in captured_tables(config, storage_options)
+    return tuple(t for t in captured_tables(config, storage_options, writes)
                  if config.mirrors is None or t in config.mirrors)
 
 
 def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
-             online_not_null: bool, echo) -> SetupReport:
+             online_not_null: bool, echo, writes=None) -> SetupReport:
     report = SetupReport()
     dsn = config.require_source()
-    check_writable(config.lakehouse, Lakehouse.from_config(config))
-    bronze = BronzeTable(config.bronze_path, storage_options)
+    if writes is not None:
+        check_spark_writable(writes.spark, config.lakehouse)
+    else:
+        check_writable(config.lakehouse, Lakehouse.from_config(config))
+    bronze = bronze_table(config, storage_options, writes)
     with connect(dsn) as conn:
         check_source(conn, config.tables)
         check_plugin(conn)
@@ -131,7 +145,7 @@ def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
         state = slots.slot_state(conn, config.slot)
         has_bronze = bronze.exists()
         if state is not None and has_bronze and not rebaseline:
-            if _store_captured_set(config, storage_options):     # set up before it was kept
+            if _store_captured_set(config, storage_options, writes):     # set up before it was kept
                 report.did(f"stored the captured set ({', '.join(config.tables)})")
             else:
                 report.did(f"slot {config.slot} and bronze already set up (nothing changed)")
@@ -156,14 +170,15 @@ def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
             # The exported snapshot is importable while rconn stays open and idle.
             counts = count_in_snapshot(dsn, created.snapshot_name, config.counted)
             mirrored = write_baselines(dsn, created.snapshot_name, keyed, config.lakehouse,
-                                       created.consistent_point, storage_options)
+                                       created.consistent_point, storage_options, writes)
         except BaseException:
             with connect(dsn) as conn:
                 slots.drop_slot(conn, config.slot)
             raise
     ident = SourceIdentity(config.slot, db, system_id, timeline)
     try:
-        write_baseline(config.baseline_path, counts, created.consistent_point, storage_options)
+        write_baseline(config.baseline_path, counts, created.consistent_point, storage_options,
+                       writes)
         report.did(f"counted {sum(counts.column('count').to_pylist()):,} existing "
                    f"notifications in {counts.num_rows:,} keys as the baseline at "
                    f"{fmt(created.consistent_point)}")
@@ -171,7 +186,7 @@ def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
             report.did("kept the rows of " + ", ".join(f"{t} ({b.rows:,})"
                                                        for t, b in mirrored.items())
                        + " for their mirrors")
-        if _store_captured_set(config, storage_options):
+        if _store_captured_set(config, storage_options, writes):
             report.did(f"stored the captured set ({', '.join(config.tables)})")
         if not has_bronze:
             bronze.create(ident, created.consistent_point)
@@ -186,7 +201,7 @@ def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
     return report.noting(lossy)
 
 
-def _rebaseline(bronze: BronzeTable, slot: str, start: int, ident: SourceIdentity,
+def _rebaseline(bronze, slot: str, start: int, ident: SourceIdentity,
                 report: SetupReport) -> None:
     """Restart bronze's position at a new slot's consistent point."""
     progress = bronze.progress(slot) or Progress(0, 0)
@@ -205,11 +220,11 @@ def _rebaseline(bronze: BronzeTable, slot: str, start: int, ident: SourceIdentit
                "stopped until you run `lakecdc backfill rebuild-gold`")
 
 
-def _store_captured_set(config: Config, storage_options: dict | None) -> bool:
+def _store_captured_set(config: Config, storage_options: dict | None, writes=None) -> bool:
     """Store ``LAKECDC_TABLES`` as the captured set (``bronze.capture_list``) unless a set
     is stored; from then on ``lakecdc tables add/remove`` change it. Returns whether it
     stored one."""
-    store = CaptureList(config.lakehouse, storage_options)
+    store = CaptureList(config.lakehouse, storage_options, writes)
     if store.exists():
         return False
     store.write({t: CAPTURED for t in config.tables}, None)

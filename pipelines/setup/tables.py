@@ -45,6 +45,7 @@ from bronze.capture_list import (
     ShipperSet,
 )
 from bronze.source import identity_blocker, mirror_key
+from bronze.spark_table import refuse_spark_writer
 from bronze.table import BronzeTable
 from core.config import TABLE_NAME, Config
 from core.errors import UserError
@@ -60,9 +61,11 @@ from gold.push import MIRRORS_LAYER, read_layer
 ACK_TIMEOUT_S = 120.0
 
 
-def captured_tables(config: Config, storage_options: dict | None = None) -> tuple[str, ...]:
-    """The tables captured now: the stored set, else ``LAKECDC_TABLES``."""
-    stored = CaptureList(config.lakehouse, storage_options).read()
+def captured_tables(config: Config, storage_options: dict | None = None,
+                    writes=None) -> tuple[str, ...]:
+    """The tables captured now: the stored set, else ``LAKECDC_TABLES`` (read through
+    ``writes``, a ``core.spark_writes.SparkWrites``, when given)."""
+    stored = CaptureList(config.lakehouse, storage_options, writes).read()
     return stored.active if stored is not None else config.tables
 
 
@@ -99,6 +102,7 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
     """``lakecdc tables add``; returns the line to print. ``spark_factory``: the session
     that registers the mirror by name, called only when ``config.registers``."""
     table = _qualified(name)
+    refuse_spark_writer(config, "tables add")
     from pipelines.setup.catalog import names_session
 
     spark = names_session(config, spark_factory, (table,), "tables add")
@@ -178,6 +182,7 @@ def remove_table(config: Config, name: str, storage_options: dict | None = None,
                  stop: threading.Event | None = None) -> str:
     """``lakecdc tables remove``; returns the line to print."""
     table = _qualified(name)
+    refuse_spark_writer(config, "tables remove")
     if table in config.counted.names:
         raise UserError(f"{table} is counted by service_stats, so it stays captured "
                         "(LAKECDC_NOTIFICATIONS_TABLE, LAKECDC_HISTORY_TABLE).")

@@ -13,7 +13,11 @@ the WAL convert alike (``silver.mirror_types``): the type's output, numbers with
 ``NaN``/``±Infinity`` as NULL (wal2json 2.5 prints them as ``null``), bytea as hex digits.
 The rows that held such a value are counted as they are read (``Baseline.lost``): the known
 loss, reported apart from drift.
-The read is chunked through a server-side cursor: memory is bounded by a chunk, not a table.
+The read is chunked through a server-side cursor: memory is bounded by a chunk, not a table
+- except with ``LAKECDC_WRITER=spark``, where a table's rows are collected and written
+through Spark in one commit (``core.spark_writes``; the consistent point then also in the
+commit's lakecdc metadata, layer ``mirror_baseline``): one table's text rows are held in
+memory there.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from psycopg import sql
 
 from bronze.backfill_source import BYTEA, NAN_TYPES, NOT_A_NUMBER, NUMBER_TYPES
+from core.commits import commit_metadata, newest, read_commits
 from core.layout import mirror_baseline_path
 
 APP_ID = "lakecdc-mirror-baseline"
+LAYER = "mirror_baseline"       # its commits' lakecdc metadata (``core.commits``)
 CHUNK_ROWS = 10_000
 
 
@@ -84,10 +90,11 @@ def _chunks(conn: psycopg.Connection, table: str,
 
 
 def write_baselines(dsn: str, snapshot_name: str, tables: tuple[str, ...], lakehouse: str,
-                    commit_lsn: int, storage_options: dict | None = None
+                    commit_lsn: int, storage_options: dict | None = None, writes=None
                     ) -> dict[str, Baseline]:
     """Read every table in ``tables`` inside the exported snapshot and replace its baseline
-    (one commit each, app transaction ``commit_lsn``); returns what each held."""
+    (one commit each, app transaction ``commit_lsn``; through ``writes``, a
+    ``core.spark_writes.SparkWrites``, when given); returns what each held."""
     from core.postgres import connect
 
     written = {}
@@ -108,19 +115,37 @@ def write_baselines(dsn: str, snapshot_name: str, tables: tuple[str, ...], lakeh
 
             reader = pa.RecordBatchReader.from_batches(
                 schema, counted(_chunks(conn, table, columns, lost, schema)))
-            write_deltalake(mirror_baseline_path(lakehouse, table), reader, mode="overwrite",
-                            schema_mode="overwrite", storage_options=storage_options,
-                            commit_properties=CommitProperties(
-                                app_transactions=[Transaction(APP_ID, commit_lsn)]))
+            if writes is not None:
+                path = _spark_path(mirror_baseline_path(lakehouse, table))
+                writes.create(path, schema)
+                writes.append(path, reader.read_all(), overwrite=True,
+                              app=(APP_ID, commit_lsn),
+                              meta=commit_metadata(LAYER, commit_lsn=commit_lsn))
+            else:
+                write_deltalake(mirror_baseline_path(lakehouse, table), reader,
+                                mode="overwrite", schema_mode="overwrite",
+                                storage_options=storage_options,
+                                commit_properties=CommitProperties(
+                                    app_transactions=[Transaction(APP_ID, commit_lsn)]))
             written[table] = Baseline(count, lossy)
         conn.rollback()
     return written
 
 
-def baseline_point(lakehouse: str, table: str, storage_options: dict | None = None
-                   ) -> int | None:
-    """The consistent point of ``table``'s baseline, or None if it has none."""
+def baseline_point(lakehouse: str, table: str, storage_options: dict | None = None,
+                   spark=None) -> int | None:
+    """The consistent point of ``table``'s baseline, or None if it has none (read through
+    ``spark`` when given)."""
     uri = mirror_baseline_path(lakehouse, table)
+    if spark is not None:
+        meta = newest(read_commits(spark, _spark_path(uri), LAYER, limit=20))
+        return None if meta is None else int(meta["commit_lsn"])
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
         return None
     return DeltaTable(uri, storage_options=storage_options).transaction_version(APP_ID)
+
+
+def _spark_path(uri: str) -> str:
+    from core.storage import on_databricks, spark_path
+
+    return spark_path(uri, on_databricks())
