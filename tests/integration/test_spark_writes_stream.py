@@ -1,0 +1,118 @@
+"""The one pass through Spark (issue 37, ``LAKECDC_WRITER=spark``): silver's appends, gold's
+steps and folds, and the push's reads of gold all go through Spark's Delta, and stay
+exactly once.
+
+Bronze is shipped with delta-rs (its Spark path is tested on its own), then the stream and
+the push run with ``LAKECDC_WRITER=spark`` on that lakehouse. Checked against independent
+truth: the source's GROUP BY (``tests.truth``), bronze's rows read from the Delta log, and
+which engine made each commit (``commitInfo.engineInfo`` in the log's own JSON). A kill
+right after gold's MERGE replays exactly; with the ``gold_txn`` guard off the same replay
+counts twice (the negative control).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from tests.integration.workload import mixed
+from tests.tests_support import cli_env, run_cli
+from tests.truth import check_gold
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+SPARK = {"LAKECDC_WRITER": "spark"}
+# Each step folded into gold with its batch, so the kill lands right after a MERGE.
+KILLED = {**SPARK, "LAKECDC_GOLD_FOLD_SHARE": "1", "LAKECDC_FAULT": "after_gold_merge:1"}
+
+
+def lakecdc_commits(table: Path) -> list[dict]:
+    """The commitInfo of every commit of ``table`` carrying lakecdc's metadata, oldest
+    first, read from the Delta log's JSON (no Delta reader in between)."""
+    found = []
+    for entry in sorted((table / "_delta_log").glob("*.json")):
+        for line in entry.read_text().splitlines():
+            info = json.loads(line).get("commitInfo")
+            if info and "lakecdc" in (info.get("userMetadata") or ""):
+                found.append({**info, "version": int(entry.stem)})
+    return found
+
+
+def assert_made_by_spark(table: Path, operations: set[str]) -> None:
+    commits = lakecdc_commits(table)
+    assert {c["operation"] for c in commits} >= operations, (table, commits)
+    other = [c for c in commits if "Apache-Spark" not in (c.get("engineInfo") or "")]
+    assert not other, f"{table}: commits not made by Spark: {other[:2]}"
+
+
+def assert_silver_is_bronze(lakehouse: Path) -> None:
+    """One silver row per bronze row (key ``(commit_lsn, seq)``), none twice."""
+    def keys(path: Path) -> Counter:
+        rows = DeltaTable(str(path)).to_pyarrow_table(columns=["commit_lsn", "seq"])
+        return Counter(zip(*(rows.column(c).to_pylist() for c in ("commit_lsn", "seq"))))
+
+    bronze, silver = keys(lakehouse / "bronze" / "wal2json_changes"), \
+        keys(lakehouse / "silver" / "changes")
+    assert max(silver.values()) == 1, "a bronze row reached silver twice"
+    assert silver == bronze
+
+
+def ship(lakecdc, config) -> None:
+    code, _, err = lakecdc(config, "ship", "--once")       # delta-rs: the default writer
+    assert code == 0, err[-3000:]
+
+
+def killed_then_replayed(source_db, config, lakecdc, guards: dict[str, str]) -> Counter:
+    """Setup, traffic, ship; the stream through Spark killed right after gold's MERGE of
+    batch 0 (before the checkpoint records it); then the stream and a push through Spark
+    again. Returns the purged history rows (for the truth)."""
+    code, _, err = lakecdc(config, "setup")
+    assert code == 0, err[-3000:]
+    purged = mixed(source_db.dsn, seed=37)
+    ship(lakecdc, config)
+    killed = run_cli(["stream", "--once"], {**cli_env(config), **KILLED, **guards})
+    assert killed.returncode == 137, killed.stderr[-3000:]
+    lakehouse = Path(config.lakehouse)
+    merged = lakecdc_commits(lakehouse / "gold" / "service_stats")[-1]
+    assert merged["operation"] == "MERGE" and "Apache-Spark" in merged["engineInfo"], merged
+    assert json.loads(merged["userMetadata"])["batch_id"] == 0
+    assert not (lakehouse / "_checkpoints" / "stream" / "commits" / "0").exists(), \
+        "the kill was meant to land between gold's MERGE and the checkpoint"
+    for args in (("stream", "--once"), ("push", "--once")):
+        code, _, err = lakecdc(config, *args, env={**SPARK, **guards})
+        assert code == 0, err[-3000:]
+    return purged
+
+
+def test_the_one_pass_through_spark_is_exact_after_a_kill_and_spark_made_every_commit(
+        source_db, config, lakecdc):
+    purged = killed_then_replayed(source_db, config, lakecdc, {})
+    lakehouse = Path(config.lakehouse)
+    check_gold(config.lakehouse, source_db.dsn, config.dashboard, purged)
+    assert_silver_is_bronze(lakehouse)
+
+    # More traffic: the next push reads gold's change data feed through Spark.
+    purged += mixed(source_db.dsn, seed=38)
+    ship(lakecdc, config)
+    for args in (("stream", "--once"), ("push", "--once")):
+        code, out, err = lakecdc(config, *args, env=SPARK)
+        assert code == 0, err[-3000:]
+    assert "already pushed" not in out and "not readable" not in err, err[-3000:]
+    check_gold(config.lakehouse, source_db.dsn, config.dashboard, purged)
+    assert_silver_is_bronze(lakehouse)
+
+    assert_made_by_spark(lakehouse / "silver" / "changes", {"WRITE"})
+    assert_made_by_spark(lakehouse / "gold" / "service_stats", {"MERGE"})
+
+
+def test_negative_control_without_gold_txn_the_replay_counts_twice(source_db, config, lakecdc):
+    """The same kill and replay with gold's app transaction off: Spark does not skip the
+    replayed MERGE, nor does the writer, so gold counts batch 0 twice."""
+    purged = killed_then_replayed(source_db, config, lakecdc,
+                                  {"LAKECDC_UNSAFE_DISABLE_GUARDS": "gold_txn"})
+    with pytest.raises(AssertionError, match="gold differs from the source"):
+        check_gold(config.lakehouse, source_db.dsn, config.dashboard, purged)
