@@ -105,6 +105,16 @@ def test_the_one_pass_through_spark_is_exact_after_a_kill_and_spark_made_every_c
     check_gold(config.lakehouse, source_db.dsn, config.dashboard, purged)
     assert_silver_is_bronze(lakehouse)
 
+    # status reads every layer through Spark: silver holds what bronze does, gold's version
+    # is its log's newest.
+    code, out, err = lakecdc(config, "status", "--json", env=SPARK)
+    assert code == 0, err[-3000:]
+    layers = {layer["layer"]: layer for layer in json.loads(out)["layers"]}
+    assert layers["silver"]["commit_lsn"] == layers["bronze"]["commit_lsn"] is not None
+    assert layers["gold"]["version"] == DeltaTable(str(lakehouse / "gold" / "service_stats")
+                                                   ).version()
+    assert layers["gold"]["commit_lsn"] is not None
+
     assert_made_by_spark(lakehouse / "silver" / "changes", {"WRITE"})
     assert_made_by_spark(lakehouse / "gold" / "service_stats", {"MERGE"})
 
