@@ -7,7 +7,8 @@ the push run with ``LAKECDC_WRITER=spark`` on that lakehouse. Checked against in
 truth: the source's GROUP BY (``tests.truth``), bronze's rows read from the Delta log, and
 which engine made each commit (``commitInfo.engineInfo`` in the log's own JSON). A kill
 right after gold's MERGE replays exactly; with the ``gold_txn`` guard off the same replay
-counts twice (the negative control).
+counts twice, and with ``silver_txn`` off a replay after silver's append appends it twice
+(the negative controls).
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from tests.truth import check_gold
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 SPARK = {"LAKECDC_WRITER": "spark"}
-# Each step folded into gold with its batch, so the kill lands right after a MERGE.
-KILLED = {**SPARK, "LAKECDC_GOLD_FOLD_SHARE": "1", "LAKECDC_FAULT": "after_gold_merge:1"}
+# Each step folded into gold with its batch, so a kill after gold's step is right after a
+# MERGE.
+FOLD_EACH = {"LAKECDC_GOLD_FOLD_SHARE": "1"}
+AFTER_MERGE = "after_gold_merge:1"
 
 
 def lakecdc_commits(table: Path) -> list[dict]:
@@ -66,22 +69,28 @@ def ship(lakecdc, config) -> None:
     assert code == 0, err[-3000:]
 
 
-def killed_then_replayed(source_db, config, lakecdc, guards: dict[str, str]) -> Counter:
-    """Setup, traffic, ship; the stream through Spark killed right after gold's MERGE of
-    batch 0 (before the checkpoint records it); then the stream and a push through Spark
-    again. Returns the purged history rows (for the truth)."""
+def killed_then_replayed(source_db, config, lakecdc, fault: str,
+                         guards: dict[str, str]) -> Counter:
+    """Setup, traffic, ship; the stream through Spark killed at ``fault`` in batch 0
+    (before the checkpoint records it); then the stream and a push through Spark again.
+    Returns the purged history rows (for the truth)."""
     code, _, err = lakecdc(config, "setup")
     assert code == 0, err[-3000:]
     purged = mixed(source_db.dsn, seed=37)
     ship(lakecdc, config)
-    killed = run_cli(["stream", "--once"], {**cli_env(config), **KILLED, **guards})
+    killed = run_cli(["stream", "--once"], {**cli_env(config), **SPARK, **FOLD_EACH,
+                                            "LAKECDC_FAULT": fault, **guards})
     assert killed.returncode == 137, killed.stderr[-3000:]
     lakehouse = Path(config.lakehouse)
-    merged = lakecdc_commits(lakehouse / "gold" / "service_stats")[-1]
-    assert merged["operation"] == "MERGE" and "Apache-Spark" in merged["engineInfo"], merged
-    assert json.loads(merged["userMetadata"])["batch_id"] == 0
     assert not (lakehouse / "_checkpoints" / "stream" / "commits" / "0").exists(), \
-        "the kill was meant to land between gold's MERGE and the checkpoint"
+        "the kill was meant to land inside batch 0"
+    if fault == AFTER_MERGE:
+        merged = lakecdc_commits(lakehouse / "gold" / "service_stats")[-1]
+        assert merged["operation"] == "MERGE" and "Apache-Spark" in merged["engineInfo"]
+        assert json.loads(merged["userMetadata"])["batch_id"] == 0
+    else:
+        appended = lakecdc_commits(lakehouse / "silver" / "changes")[-1]
+        assert json.loads(appended["userMetadata"])["batch_id"] == 0
     for args in (("stream", "--once"), ("push", "--once")):
         code, _, err = lakecdc(config, *args, env={**SPARK, **guards})
         assert code == 0, err[-3000:]
@@ -90,18 +99,18 @@ def killed_then_replayed(source_db, config, lakecdc, guards: dict[str, str]) -> 
 
 def test_the_one_pass_through_spark_is_exact_after_a_kill_and_spark_made_every_commit(
         source_db, config, lakecdc):
-    purged = killed_then_replayed(source_db, config, lakecdc, {})
+    purged = killed_then_replayed(source_db, config, lakecdc, AFTER_MERGE, {})
     lakehouse = Path(config.lakehouse)
     check_gold(config.lakehouse, source_db.dsn, config.dashboard, purged)
     assert_silver_is_bronze(lakehouse)
 
-    # More traffic: the next push reads gold's change data feed through Spark.
+    # More traffic, shipped with delta-rs, then ``run --once`` through Spark (nothing left
+    # to ship): its push reads gold's change data feed through Spark.
     purged += mixed(source_db.dsn, seed=38)
     ship(lakecdc, config)
-    for args in (("stream", "--once"), ("push", "--once")):
-        code, out, err = lakecdc(config, *args, env=SPARK)
-        assert code == 0, err[-3000:]
-    assert "already pushed" not in out and "not readable" not in err, err[-3000:]
+    code, out, err = lakecdc(config, "run", "--once", env={**SPARK, "LAKECDC_MIRRORS": "none"})
+    assert code == 0, err[-3000:]
+    assert "not readable" not in err, err[-3000:]
     check_gold(config.lakehouse, source_db.dsn, config.dashboard, purged)
     assert_silver_is_bronze(lakehouse)
 
@@ -119,10 +128,19 @@ def test_the_one_pass_through_spark_is_exact_after_a_kill_and_spark_made_every_c
     assert_made_by_spark(lakehouse / "gold" / "service_stats", {"MERGE"})
 
 
-def test_negative_control_without_gold_txn_the_replay_counts_twice(source_db, config, lakecdc):
-    """The same kill and replay with gold's app transaction off: Spark does not skip the
-    replayed MERGE, nor does the writer, so gold counts batch 0 twice."""
-    purged = killed_then_replayed(source_db, config, lakecdc,
-                                  {"LAKECDC_UNSAFE_DISABLE_GUARDS": "gold_txn"})
-    with pytest.raises(AssertionError, match="gold differs from the source"):
-        check_gold(config.lakehouse, source_db.dsn, config.dashboard, purged)
+@pytest.mark.parametrize("guard", ["gold_txn", "silver_txn"])
+def test_negative_controls_without_a_txn_guard_the_replay_writes_twice(
+        source_db, config, lakecdc, guard):
+    """The same kill and replay with an app transaction off. ``gold_txn``: killed after
+    gold's MERGE, neither Spark nor the writer skips the replayed MERGE, so gold counts
+    batch 0 twice. ``silver_txn``: killed after silver's append, the replay appends it
+    again."""
+    fault = AFTER_MERGE if guard == "gold_txn" else "after_silver_append:1"
+    purged = killed_then_replayed(source_db, config, lakecdc, fault,
+                                  {"LAKECDC_UNSAFE_DISABLE_GUARDS": guard})
+    if guard == "gold_txn":
+        with pytest.raises(AssertionError, match="gold differs from the source"):
+            check_gold(config.lakehouse, source_db.dsn, config.dashboard, purged)
+    else:
+        with pytest.raises(AssertionError, match="reached silver twice"):
+            assert_silver_is_bronze(Path(config.lakehouse))
