@@ -14,6 +14,7 @@ counts twice, and with ``silver_txn`` off a replay after silver's append appends
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -144,3 +145,40 @@ def test_negative_controls_without_a_txn_guard_the_replay_writes_twice(
     else:
         with pytest.raises(AssertionError, match="reached silver twice"):
             assert_silver_is_bronze(Path(config.lakehouse))
+
+
+def test_a_continuous_run_through_spark_pushes_ahead_and_ends_exact(source_db, config,
+                                                                    lakecdc, spark):
+    """``lakecdc run`` (continuous) with ``LAKECDC_WRITER=spark`` in this process: the
+    stream's batches push their steps ahead of gold, the push thread reads gold through
+    Spark; the dashboard reaches the source while it runs, and gold equals it after."""
+    from pipelines.run.pipeline import Pipeline
+    from tests.truth import dashboard_counts, source_truth
+    from tests.tests_support import wait_for
+
+    code, _, err = lakecdc(config, "setup")
+    assert code == 0, err[-3000:]
+    pipeline = Pipeline(config.with_(writer="spark"), spark_factory=lambda: spark,
+                        push_interval_s=0.5)
+    passes = []
+    pipeline.on_pass.append(passes.append)
+    stop = threading.Event()
+    runner = threading.Thread(target=pipeline.run_continuous, args=(stop,))
+    runner.start()
+    try:
+        assert pipeline.started.wait(300)
+        purged = mixed(source_db.dsn, seed=39)
+        truth = {k: v for k, v in source_truth(source_db.dsn, purged).items() if v}
+        wait_for(lambda: not runner.is_alive() or
+                 {k: v for k, v in dashboard_counts(source_db.dsn).items() if v} == truth,
+                 timeout=300, interval=0.5)
+        assert runner.is_alive(), "the continuous run stopped"
+    finally:
+        stop.set()
+        runner.join(timeout=300)
+    assert not runner.is_alive()
+    assert any(p.ahead_seconds > 0 for p in passes), "no step was pushed ahead of gold"
+    check_gold(config.lakehouse, source_db.dsn, config.dashboard, purged)
+    lakehouse = Path(config.lakehouse)
+    assert_made_by_spark(lakehouse / "silver" / "changes", {"WRITE"})
+    assert_made_by_spark(lakehouse / "gold" / "_deltas", {"WRITE"})
