@@ -19,8 +19,8 @@ replay": (1) return if ``_pending``'s newest commit is ``b``'s; (2) read ``_pend
 pinned version (known empty, and not read, after this writer's own empty ``b-1``); (3) the
 batch's contribution lines (Arrow, on the driver), planned (``gold.plan``) and checked for stop
 conditions before any write; (4) the step - the net key deltas of the complete prefix, with
-the watermark - through delta-rs (Spark with ``LAKECDC_WRITER=spark``: ``gold.writes``): appended to ``_deltas``, which a fold in the background
-MERGEs into gold every few seconds (app transaction of its newest batch; ``gold.fold``),
+the watermark - through delta-rs (Spark with ``LAKECDC_WRITER=spark``: ``gold.writes``):
+appended to ``_deltas``, which a fold in the background MERGEs into gold every few seconds (app transaction of its newest batch; ``gold.fold``),
 or with a fold share of 1 MERGEd into gold with the batch (app transaction ``b``); skipped
 when gold records ``b`` already (a writer folds what ``_deltas`` holds before its first
 batch); (5) overwrite ``_pending`` with the carried rest (Spark,
