@@ -20,8 +20,9 @@ pinned version (known empty, and not read, after this writer's own empty ``b-1``
 batch's contribution lines (Arrow, on the driver), planned (``gold.plan``) and checked for stop
 conditions before any write; (4) the step - the net key deltas of the complete prefix, with
 the watermark - through delta-rs (Spark with ``LAKECDC_WRITER=spark``: ``gold.writes``):
-appended to ``_deltas``, which a fold in the background MERGEs into gold every few seconds (app transaction of its newest batch; ``gold.fold``),
-or with a fold share of 1 MERGEd into gold with the batch (app transaction ``b``); skipped
+appended to ``_deltas``, which a fold in the background MERGEs into gold every few
+seconds (app transaction of its newest batch; ``gold.fold``), or with a fold share of 1
+MERGEd into gold with the batch (app transaction ``b``); skipped
 when gold records ``b`` already (a writer folds what ``_deltas`` holds before its first
 batch); (5) overwrite ``_pending`` with the carried rest (Spark,
 ``txnAppId``/``txnVersion = b``); (6) return. A replay after a kill anywhere skips what is
