@@ -19,9 +19,10 @@ replay": (1) return if ``_pending``'s newest commit is ``b``'s; (2) read ``_pend
 pinned version (known empty, and not read, after this writer's own empty ``b-1``); (3) the
 batch's contribution lines (Arrow, on the driver), planned (``gold.plan``) and checked for stop
 conditions before any write; (4) the step - the net key deltas of the complete prefix, with
-the watermark - through delta-rs: appended to ``_deltas``, which a fold in the background
-MERGEs into gold every few seconds (app transaction of its newest batch; ``gold.fold``),
-or with a fold share of 1 MERGEd into gold with the batch (app transaction ``b``); skipped
+the watermark - through delta-rs (Spark with ``LAKECDC_WRITER=spark``: ``gold.writes``):
+appended to ``_deltas``, which a fold in the background MERGEs into gold every few
+seconds (app transaction of its newest batch; ``gold.fold``), or with a fold share of 1
+MERGEd into gold with the batch (app transaction ``b``); skipped
 when gold records ``b`` already (a writer folds what ``_deltas`` holds before its first
 batch); (5) overwrite ``_pending`` with the carried rest (Spark,
 ``txnAppId``/``txnVersion = b``); (6) return. A replay after a kill anywhere skips what is
@@ -47,31 +48,21 @@ from typing import Callable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 from delta.tables import DeltaTable
-from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from core.captured import DIMS
-from core.commits import (
-    META_KIND,
-    last_metadata,
-    merge_recorded,
-    newest,
-    read_commits,
-    read_commits_rs,
-    rs_commit,
-)
+from core.commits import META_KIND, last_metadata, newest, read_commits
 from core.commits import commit_metadata as metadata
 from core.config import GOLD_FOLD_SHARE
 from core.errors import UserError
 from core.faults import FaultPoints
-from core.handle import CHECKPOINTS, WriterHandle
+from core.handle import CHECKPOINTS
 from core.layout import GOLD_DELTAS, GOLD_PENDING
 from core.lsn import fmt
 from core.spark import local_frame
-from core.storage import delta_rs_uri
 from core.tables import create_table
 from gold import deltas as D
 from gold.asof import gold_state
@@ -85,6 +76,7 @@ from gold.fold import (
 )
 from gold.plan import LINES, Plan, lines_table
 from gold.plan import plan as plan_batch
+from gold.writes import gold_writes
 
 log = logging.getLogger("lakecdc.gold")
 
@@ -116,7 +108,6 @@ PENDING_PROPERTIES = {**CHECKPOINTS, "delta.enableDeletionVectors": "false"}
 
 # The MERGE's source: the plan's key deltas and gold's updated_at.
 _UPDATED_AT = to_arrow_schema(GOLD_SCHEMA).field("updated_at")
-_ON = " AND ".join(f"g.{c} = s.{c}" for c in DIMS)
 
 
 @dataclass(frozen=True)
@@ -280,6 +271,8 @@ class GoldBatchWriter:
     ``guard=False`` switches the app-transaction protection off (none recorded, none
     checked): negative controls only.
     ``storage_options``: delta-rs's, for a lakehouse on S3 (``Lakehouse.delta_rs_options``).
+    ``spark_writes``: a ``core.spark_writes.SparkWrites`` when every commit goes through
+    Spark (``LAKECDC_WRITER=spark``); None, delta-rs (``gold.writes``).
     ``fold_share``: the most of its time folding ``_deltas`` into gold may take
     (``gold.fold``); below 1 a fold runs in the background, beside the batches (they take
     their steps into ``_deltas``), 1.0 folds each batch's step with the batch, 0 only when
@@ -289,11 +282,11 @@ class GoldBatchWriter:
     def __init__(self, paths: GoldPaths, tables: D.CountedTables = D.COUNTED, *,
                  floor_lsn: int = 0, epoch: int | None = None, accept_errors_upto: int = 0,
                  guard: bool = True, faults: FaultPoints | None = None,
-                 storage_options: dict | None = None, fold_share: float = GOLD_FOLD_SHARE) -> None:
+                 storage_options: dict | None = None, fold_share: float = GOLD_FOLD_SHARE,
+                 spark_writes=None) -> None:
         self.paths = paths
         self.storage_options = storage_options
-        self._gold = WriterHandle(delta_rs_uri(paths.gold), storage_options)   # the folds'
-        self._deltas = WriterHandle(delta_rs_uri(paths.deltas), storage_options)
+        self._writes = gold_writes(paths.gold, paths.deltas, storage_options, spark_writes)
         self.tables = tables
         self.floor_lsn = floor_lsn
         self.epoch = epoch
@@ -420,11 +413,8 @@ class GoldBatchWriter:
         self.wait_for_fold()
         state = gold_state(spark, self.paths.gold)
         folded = state.batch_id if state is not None else None
-        with self._gold.use() as table:
-            recorded = table.transaction_version(self.app_id)
-        with self._deltas.use() as table:
-            step = newest(read_commits_rs(table.table_uri, self.storage_options, limit=100))
-            rows = table.to_pyarrow_table()
+        recorded = self._writes.recorded(self.app_id, self.epoch)
+        step, rows = self._writes.deltas(spark)
         with self._state:
             self._unfolded, self._recorded = [], recorded
         batch_id = step.get("batch_id") if step else None
@@ -517,12 +507,10 @@ class GoldBatchWriter:
         if self._in_batch:
             return self._fold([*(waiting or ()), step]), True
         try:
-            with self._deltas.use() as table:
-                # The first step after a fold replaces what _deltas held: all in gold. (Not
-                # known: appended; ``recover`` reads past what gold holds.)
-                write_deltalake(table, stamped(plan.key_deltas, batch_id),
-                                mode="overwrite" if waiting == [] else "append",
-                                commit_properties=self._commit(step.meta, transaction=False))
+            # The first step after a fold replaces what _deltas held: all in gold. (Not
+            # known: appended; ``recover`` reads past what gold holds.)
+            self._writes.append_step(stamped(plan.key_deltas, batch_id), metadata(**step.meta),
+                                     overwrite=waiting == [])
         except BaseException:
             with self._state:
                 self._unfolded = None
@@ -539,9 +527,9 @@ class GoldBatchWriter:
         step."""
         return self.guard and recorded is not None and recorded >= batch_id
 
-    def _commit(self, step: dict, transaction: bool = True):
-        return rs_commit(metadata(**step), self.app_id if self.guard and transaction else None,
-                         step["batch_id"])
+    def _app(self, batch_id: int) -> tuple[str, int] | None:
+        """The app transaction of a fold whose newest step is ``batch_id``'s."""
+        return (self.app_id, batch_id) if self.guard else None
 
     def _fold(self, parts: list[Step]) -> int:
         """MERGE the key deltas of ``parts`` (the oldest steps waiting, and the batch's own
@@ -551,30 +539,19 @@ class GoldBatchWriter:
 
         delta-rs runs it outside the JVM: a continuous batch's MERGE of a few hundred keys
         took 1.2-1.6 s and about three CPU-seconds in Spark, 0.03 s in delta-rs
-        (docs/gold.md, "Measured"). delta-rs releases the GIL while it works."""
+        (docs/gold.md, "Measured"). delta-rs releases the GIL while it works. Spark runs it
+        where only Spark reaches storage (``gold.writes``)."""
         newest_meta = parts[-1].meta
         meta = {**newest_meta,
                 "transactions": sum(part.meta.get("transactions", 0) for part in parts)}
         deltas = summed([part.key_deltas for part in parts])
         source = deltas.append_column(_UPDATED_AT, pa.repeat(
             pa.scalar(datetime.now(timezone.utc), _UPDATED_AT.type), deltas.num_rows))
-        commit = self._commit(meta)
         try:
             with self._merging:
                 started = time.monotonic()          # the fold's own time, not its wait
-                with self._gold.use() as table:
-                    merge = (table.merge(source, _ON, source_alias="s", target_alias="g",
-                                         commit_properties=commit)
-                             .when_matched_update(updates={
-                                 "count": "g.count + s.delta",
-                                 "last_commit_lsn":
-                                     "greatest(g.last_commit_lsn, s.last_commit_lsn)",
-                                 "updated_at": "s.updated_at"})
-                             .when_not_matched_insert(updates={
-                                 **{c: f"s.{c}" for c in DIMS}, "count": "s.delta",
-                                 "last_commit_lsn": "s.last_commit_lsn",
-                                 "updated_at": "s.updated_at"}))
-                    metrics = merge_recorded(table, merge, commit)
+                metrics = self._writes.fold(source, metadata(**meta),
+                                            self._app(newest_meta["batch_id"]))
         except BaseException:
             with self._state:
                 self._unfolded = None

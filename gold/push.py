@@ -1,6 +1,8 @@
 """``lakecdc push [--once]``: gold → the dashboard's Postgres ``service_stats``.
 
-JVM-free: gold is read with delta-rs, Postgres written with psycopg 3. One push takes steps
+JVM-free: gold is read with delta-rs, Postgres written with psycopg 3 (where only Spark
+reaches storage, ``LAKECDC_WRITER=spark``, gold is read through a Spark session the caller
+passes in: ``gold.view``). One push takes steps
 1-4 of docs/gold.md, "The push": one Postgres transaction at one gold version ``V``, fenced
 on this gold table's row of ``lakecdc_push_progress``, so a replayed or stale push changes
 nothing (step 2b: a version the dashboard is already past is only recorded); then the
@@ -24,18 +26,17 @@ from importlib import resources
 from typing import Callable
 
 import psycopg
-import pyarrow as pa
-from deltalake import DeltaTable
-from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.exceptions import DeltaError
 from psycopg import sql
 
 from core.captured import DIMS
 from core.commits import read_commits_rs
 from core.errors import UserError
 from core.faults import FaultPoints
-from core.features import open_table
 from core.postgres import Unreachable, connect
-from core.storage import gold_key, is_remote
+from core.storage import gold_key
+from gold.view import FeedUnreadable, GoldView, gold_view, position_of
+from gold.view import open_gold as open_gold  # where the tests and callers find it
 
 log = logging.getLogger("lakecdc.push")
 
@@ -45,7 +46,6 @@ LAYER_TABLE = "lakecdc_layer_progress"
 LAYERS = ("bronze", "silver", "gold", "dashboard")
 MIRRORS_LAYER = "mirrors"       # recorded by the mirrors' query (``pipelines.run.mirror_progress``)
 _STAGE = "lakecdc_push_stage"
-_KEEP = ("insert", "update_postimage", "delete")
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,9 @@ def ensure_dashboard_tables(conn: psycopg.Connection) -> None:
 def push_once(gold_path: str, dashboard_dsn: str, storage_options: dict | None = None, *,
               version: int | None = None, faults=None, full: bool = False,
               marks: dict | None = None, fence: bool = True, sole: bool = True,
-              take_over: bool = False) -> PushResult:
+              take_over: bool = False, spark=None) -> PushResult:
     """Push gold (at its latest version, or ``version``) to the dashboard; see module doc.
+    ``spark``: gold read through this session (``gold.view``), else with delta-rs.
 
     ``full``: replace the dashboard with every gold row even if the feed is readable (after
     a rebuild), still guarded by version. ``marks``: what bronze and silver hold (layer →
@@ -93,17 +94,18 @@ def push_once(gold_path: str, dashboard_dsn: str, storage_options: dict | None =
     beside them: negative controls only."""
     with connect(dashboard_dsn, what="dashboard") as conn:
         return _push(conn, gold_path, storage_options, version=version, faults=faults,
-                     full=full, marks=marks, fence=fence, sole=sole, take_over=take_over)
+                     full=full, marks=marks, fence=fence, sole=sole, take_over=take_over,
+                     spark=spark)
 
 
 def _push(conn: psycopg.Connection, gold_path: str, storage_options: dict | None, *,
           version: int | None = None, faults=None, full: bool = False,
           marks: dict | None = None, fence: bool = True, sole: bool = True,
-          take_over: bool = False) -> PushResult:
+          take_over: bool = False, spark=None) -> PushResult:
     started = time.monotonic()
-    table = open_gold(gold_path, storage_options, version)
+    table = gold_view(gold_path, storage_options, version, spark)
     result = push_table(conn, table, gold_key(gold_path), faults or FaultPoints(), full, marks,
-                        fence, storage_options, sole=sole, take_over=take_over)
+                        fence, sole=sole, take_over=take_over)
     result = PushResult(**{**result.__dict__, "seconds": time.monotonic() - started})
     if result.pushed:
         log.info("pushed gold version %d (%s push): %d rows upserted, %d deleted, %.2fs",
@@ -118,8 +120,9 @@ def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
              on_result: Callable[[PushResult], None] | None = None,
              wake: threading.Event | None = None,
              marks: Callable[[], dict] | None = None,
-             fence: bool = True, sole: bool = True) -> list[PushResult]:
+             fence: bool = True, sole: bool = True, spark=None) -> list[PushResult]:
     """Push until ``stop`` is set (``once``: a single push). Returns the pushes that wrote.
+    ``spark``: gold read through this session (``push_once``).
 
     Pushes every ``interval_s``, and at once whenever ``wake`` is set (the stream sets it
     after each batch: the dashboard follows gold within one push). One connection is kept
@@ -142,8 +145,9 @@ def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
                     conn = connect(dashboard_dsn, what="dashboard")
                 result = _push(conn, gold_path, storage_options,
                                marks=marks() if marks is not None else None, fence=fence,
-                               sole=sole)
-            except (psycopg.OperationalError, DeltaError, OSError, Unreachable) as exc:
+                               sole=sole, spark=spark)
+            except (psycopg.OperationalError, DeltaError, OSError, Unreachable,
+                    *_spark_errors(spark)) as exc:
                 if conn is not None:
                     conn.close()
                     conn = None
@@ -166,37 +170,32 @@ def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
             conn.close()
 
 
-def open_gold(gold_path: str, storage_options: dict | None = None,
-              version: int | None = None) -> DeltaTable:
-    uri = gold_path if is_remote(gold_path) else gold_key(gold_path)
-    try:
-        return open_table(uri, storage_options, version=version)
-    except TableNotFoundError:
-        at = "" if version is None else f" (version {version})"
-        raise UserError(f"there is no gold table at {gold_path}{at}: run `lakecdc stream` "
-                        "first.") from None
+def _spark_errors(spark) -> tuple[type[BaseException], ...]:
+    """A gold read through Spark that failed (retried like delta-rs's ``DeltaError``)."""
+    if spark is None:
+        return ()
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    return (PySparkException, Py4JError)
 
 
 def gold_position(uri: str, storage_options: dict | None = None, version: int | None = None,
                   history_limit: int = 200) -> tuple[int | None, datetime | None]:
     """Gold's watermark at ``version`` (the newest if None): the source commit (LSN, time) it
-    includes."""
-    for commit in read_commits_rs(uri, storage_options, limit=history_limit, up_to=version):
-        meta = commit.meta
-        if meta and meta.get("commit_lsn") is not None:
-            ts = meta.get("commit_ts")
-            return int(meta["commit_lsn"]), datetime.fromisoformat(ts) if ts else None
-    return None, None
+    includes (delta-rs)."""
+    return position_of(read_commits_rs(uri, storage_options, limit=history_limit,
+                                       up_to=version))
 
 
-def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults,
+def push_table(conn: psycopg.Connection, table: GoldView, key: str, faults,
                force_full: bool = False, marks: dict | None = None,
-               fence: bool = True, storage_options: dict | None = None, *,
-               sole: bool = True, take_over: bool = False) -> PushResult:
-    """Steps 1-4 of docs/gold.md, "The push", on an open connection (autocommit mode); the layer
+               fence: bool = True, *, sole: bool = True, take_over: bool = False) -> PushResult:
+    """Steps 1-4 of docs/gold.md, "The push", on an open connection (autocommit mode), of
+    gold at one version (``gold.view``: delta-rs or Spark); the layer
     marks are recorded in the same transaction. ``fence=False`` (the ``ahead_fence`` guard
     off) skips step 2b: negative controls only. ``sole`` and ``take_over``: ``claim``."""
-    version, table_id = table.version(), table.metadata().id
+    version, table_id = table.version, table.table_id
     with conn.transaction():
         _lock_progress(conn)
         if sole:
@@ -212,7 +211,7 @@ def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults,
         if same_table and prev_version >= version:
             _record_layers(conn, key, marks or {})
             return PushResult(version, prev_version, pushed=False)
-        lsn, ts = gold_position(table.table_uri, storage_options, version)
+        lsn, ts = table.position()
         if fence and same_table and not force_full and behind(lsn, prev_lsn):
             # Step 2b: the dashboard is at or ahead of V already (ahead pushes).
             conn.execute(sql.SQL("UPDATE {} SET gold_version = %s WHERE gold_table = %s")
@@ -222,15 +221,15 @@ def push_table(conn: psycopg.Connection, table: DeltaTable, key: str, faults,
         rows, deleted, full = None, [], force_full or not same_table
         if not full:
             try:
-                rows, deleted = feed_changes(table, prev_version + 1, version)
-            except (DeltaError, pa.ArrowException) as exc:
+                rows, deleted = table.changes(prev_version + 1, version)
+            except FeedUnreadable as exc:
                 # Not in the log any more, or its files vacuumed (a dashboard behind gold by
                 # more than the retention, docs/operations.md): every row is as exact.
                 log.warning("gold's change data feed from version %d is not readable (%s); "
                             "pushing every row", prev_version + 1, exc)
                 full = True
         if full:
-            rows = snapshot_rows(table)
+            rows = table.rows()
         if lsn is None:       # no watermark recorded (old gold): the newest change pushed
             lsn = max([r[4] for r in rows if r[4] is not None] + [prev_lsn or 0]) or None
         _stage(conn, rows, deleted)
@@ -290,8 +289,10 @@ class AheadPush:
 
     def __init__(self, gold_path: str, dashboard_dsn: str,
                  storage_options: dict | None = None,
-                 marks: Callable[[], dict] | None = None, fence: bool = True) -> None:
+                 marks: Callable[[], dict] | None = None, fence: bool = True,
+                 spark=None) -> None:
         self.gold_path = gold_path
+        self.spark = spark              # gold's id read through Spark (``gold.view``)
         self.fence = fence
         self.dsn = dashboard_dsn
         self.storage_options = storage_options
@@ -303,12 +304,14 @@ class AheadPush:
     def __call__(self, step) -> bool:
         try:
             if self._table_id is None:
-                self._table_id = open_gold(self.gold_path, self.storage_options).metadata().id
+                self._table_id = gold_view(self.gold_path, self.storage_options,
+                                           spark=self.spark).table_id
             if self._conn is None:
                 self._conn = connect(self.dsn, what="dashboard")
             return push_ahead(self._conn, self.key, self._table_id, step,
                               self.marks() if self.marks is not None else None, self.fence)
-        except (psycopg.Error, DeltaError, OSError, Unreachable, UserError) as exc:
+        except (psycopg.Error, DeltaError, OSError, Unreachable, UserError,
+                *_spark_errors(self.spark)) as exc:
             log.warning("batch %d: not pushed ahead of gold (the push catches up): %s",
                         step.batch_id, exc)
             self.close()
@@ -389,37 +392,6 @@ def read_layer(dsn: str, key: str, layer: str) -> tuple[int, datetime] | None:
         log.info("%s's progress could not be read from the dashboard: %s", layer, exc)
         return None
     return None if row is None or row[0] is None else (row[0], row[1])
-
-
-def feed_changes(table: DeltaTable, start: int, end: int) -> tuple[list[tuple], list[tuple]]:
-    """Keys changed in gold versions [start, end]: (their rows at ``end``, deleted keys).
-
-    Gold rows are only inserted and updated, so the newest post-image (or insert) of a key is
-    its row at ``end``; a delete wins only when nothing newer follows (a table overwritten
-    in place deletes and re-inserts within one version: the insert wins).
-    """
-    feed = pa.table(table.load_cdf(starting_version=start, ending_version=end))
-    latest: dict[tuple, tuple[tuple[int, int], dict]] = {}
-    for change in feed.to_pylist():
-        kind = change["_change_type"]
-        if kind not in _KEEP:
-            continue
-        key = tuple(change[c] for c in DIMS)
-        order = (change["_commit_version"], 0 if kind == "delete" else 1)
-        if key not in latest or order > latest[key][0]:
-            latest[key] = (order, change)
-    rows, deleted = [], []
-    for key, (_, change) in latest.items():
-        if change["_change_type"] == "delete":
-            deleted.append(key)
-        else:
-            rows.append((*key, change["count"], change["last_commit_lsn"]))
-    return rows, deleted
-
-
-def snapshot_rows(table: DeltaTable) -> list[tuple]:
-    data = pa.table(table.to_pyarrow_table(columns=[*DIMS, "count", "last_commit_lsn"]))
-    return [tuple(r[c] for c in (*DIMS, "count", "last_commit_lsn")) for r in data.to_pylist()]
 
 
 def _stage(conn: psycopg.Connection, rows: list[tuple], deleted: list[tuple]) -> None:

@@ -48,14 +48,15 @@ def applied_batch(spark: SparkSession, paths: GoldPaths) -> int | None:
 def gold_writer(spark: SparkSession, paths: GoldPaths, *, tables: CountedTables = COUNTED,
                 accept_errors_upto: int = 0, guard: bool = True, faults=None,
                 storage_options: dict | None = None,
-                fold_share: float = GOLD_FOLD_SHARE) -> GoldBatchWriter:
+                fold_share: float = GOLD_FOLD_SHARE, spark_writes=None) -> GoldBatchWriter:
     """The gold half of a stream batch, floored at gold's baseline (its seed or rebuild),
-    with what an earlier process left in ``_deltas`` folded into gold."""
+    with what an earlier process left in ``_deltas`` folded into gold. ``spark_writes``:
+    its commits through Spark (``GoldBatchWriter``)."""
     state = gold_state(spark, paths.gold)
     writer = GoldBatchWriter(paths, tables, floor_lsn=state.floor if state else 0,
                              epoch=state.epoch if state else None,
                              accept_errors_upto=accept_errors_upto, guard=guard,
                              faults=faults, storage_options=storage_options,
-                             fold_share=fold_share)
+                             fold_share=fold_share, spark_writes=spark_writes)
     writer.recover(spark)
     return writer

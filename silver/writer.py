@@ -4,7 +4,8 @@
 ``parse`` brings the batch's bronze rows to the driver as Arrow (``batch_rows``) and
 parses them once (``silver.parse``) for silver and gold alike; ``append`` appends one row
 per bronze row to ``silver/changes`` and the batch's failed rows (raw JSON and the error)
-to ``silver/quarantine``, both with delta-rs. The stream bounds a batch's size, and so the
+to ``silver/quarantine``, both with delta-rs (or, where only Spark reaches storage, through
+Spark: ``LAKECDC_WRITER=spark``, ``core.spark_writes``). The stream bounds a batch's size, and so the
 driver's memory (``pipelines.run.stream.BATCH_BYTES``).
 
 - **Exactly once per table.** Each append carries a Delta app transaction
@@ -116,7 +117,7 @@ class SilverWriter:
                  known_tables: Iterable[str], guard: bool = True,
                  counted_tables: Iterable[str] | None = None,
                  refresh_known: Callable[[], Iterable[str]] | None = None,
-                 storage_options: dict | None = None) -> None:
+                 storage_options: dict | None = None, spark_writes=None) -> None:
         self.silver_path = silver_path
         self.storage_options = storage_options      # delta-rs's, for a lakehouse on S3
         self.quarantine_path = quarantine_path
@@ -130,8 +131,12 @@ class SilverWriter:
         # path -> the newest batch id this writer knows the table holds (read once per
         # process, or again after a failure); a replayed batch is skipped before any write.
         self._written: dict[str, int] = {}
-        self._handles = {path: WriterHandle(delta_rs_uri(path), storage_options)
-                         for path in (silver_path, quarantine_path)}
+        # ``core.spark_writes.SparkWrites``: every append through Spark, and the batch
+        # collected by Spark (no file is read here); None: delta-rs, kept handles.
+        self.spark_writes = spark_writes
+        self._handles = {} if spark_writes is not None else {
+            path: WriterHandle(delta_rs_uri(path), storage_options)
+            for path in (silver_path, quarantine_path)}
 
     def prepare(self, spark: SparkSession) -> None:
         """Create both tables if absent; refuse a table of another schema."""
@@ -141,7 +146,7 @@ class SilverWriter:
         """The batch's bronze rows on the driver (``batch_rows``), parsed once."""
         if self.refresh_known is not None:
             self.known_tables = tuple(self.refresh_known())
-        table = batch_rows(bronze)
+        table = batch_rows(bronze, local_files=self.spark_writes is None)
         rows = parse_table(table, self.known_tables, self.counted_tables)
         lsn = rows.column("commit_lsn").to_numpy()
         newest = int(np.argmax(lsn)) if len(lsn) else None
@@ -181,15 +186,21 @@ class SilverWriter:
             if self._written[path] >= batch_id:
                 return 0
         meta = commit_metadata("silver", batch_id=batch_id, rows=rows.num_rows)
-        with self._handles[path].use() as table:
-            write_deltalake(table, rows, mode="append",
-                            commit_properties=rs_commit(meta, app_id if self.guard else None,
-                                                        batch_id))
+        app = app_id if self.guard else None
+        if self.spark_writes is not None:
+            # Spark skips a version it has recorded; ``last_batch`` above already did.
+            self.spark_writes.append(path, rows, meta=meta,
+                                     app=None if app is None else (app, batch_id))
+        else:
+            with self._handles[path].use() as table:
+                write_deltalake(table, rows, mode="append",
+                                commit_properties=rs_commit(meta, app, batch_id))
         self._written[path] = batch_id
         return rows.num_rows
 
 
-def batch_rows(batch: DataFrame, columns: Iterable[str] = BRONZE_COLUMNS) -> pa.Table:
+def batch_rows(batch: DataFrame, columns: Iterable[str] = BRONZE_COLUMNS, *,
+               local_files: bool = True) -> pa.Table:
     """A stream micro-batch's rows (``columns``) on the driver, as Arrow; by default the
     bronze columns the parse reads.
 
@@ -199,8 +210,9 @@ def batch_rows(batch: DataFrame, columns: Iterable[str] = BRONZE_COLUMNS) -> pa.
     rows. When the batch is such files on a local lakehouse (``batch_files``), pyarrow reads
     them itself: 0.3-1.0 s for the benchmark's 308,289 bronze rows, where Spark's
     ``toArrow`` took 2-4 s (docs/silver.md, "Parsing"). Otherwise (S3, Databricks, any other
-    plan) Spark collects the batch."""
-    files = batch_files(batch)
+    plan) Spark collects the batch, and always with ``local_files=False`` (every read through
+    Spark: ``LAKECDC_WRITER=spark``)."""
+    files = batch_files(batch) if local_files else None
     if files:
         try:
             return pq.ParquetDataset(files).read(columns=list(columns))

@@ -143,5 +143,7 @@ def await_input(ctx, stage: str, wait_s: float, stop: threading.Event) -> None:
         from pipelines.run.inputs import wait_for_input
 
         config = load_config(ctx)
+        spark = make_pipeline(ctx).reader if config.spark_writes else None
         wait_for_input(config, stage, wait_s, stop=stop,
-                       storage_options=Lakehouse.from_config(config).delta_rs_options())
+                       storage_options=Lakehouse.from_config(config).delta_rs_options(),
+                       spark=spark)

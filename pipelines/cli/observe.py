@@ -16,7 +16,10 @@ def status(ctx, as_json):
     """Slot lag and wal_status; per layer the last commit LSN, version and freshness."""
     from pipelines.observe.status import collect, render, to_json
 
-    report = collect(load_config(ctx))
+    config = load_config(ctx)
+    # Where only Spark reaches storage, the lakehouse is read through a session.
+    spark = make_pipeline(ctx).reader if config.spark_writes else None
+    report = collect(config, spark=spark)
     click.echo(to_json(report) if as_json else render(report))
 
 

@@ -115,13 +115,18 @@ def _accepted(text: str | None) -> int | None:
 @metrics_option
 @click.pass_context
 def push(ctx, once, take_over, wait_s, metrics_port):
-    """gold → dashboard Postgres service_stats (JVM-free: delta-rs and psycopg)."""
+    """gold → dashboard Postgres service_stats (JVM-free: delta-rs and psycopg; with
+    LAKECDC_WRITER=spark gold is read through Spark)."""
     from core.faults import FaultPoints
     from gold.push import push_once, run_push
     from pipelines.observe.metrics import pipeline_exporter
 
     config = load_config(ctx)
     gold_path = config.table_path(GOLD)
+    spark = None
+    if config.spark_writes:     # only Spark reaches storage: gold is read through it
+        pipeline = make_pipeline(ctx)
+        spark, gold_path = pipeline.reader, pipeline.where.gold
     sole = config.guard_on("sole_dashboard")
     stop = stop_on_signals()
     await_input(ctx, "push", wait_s, stop)
@@ -129,10 +134,10 @@ def push(ctx, once, take_over, wait_s, metrics_port):
         on_result = metrics.on_push if metrics is not None else None
         if not once and not take_over:
             run_push(gold_path, config.dashboard, stop, interval_s=0.5,
-                     on_result=on_result, sole=sole)
+                     on_result=on_result, sole=sole, spark=spark)
             return
         result = push_once(gold_path, config.dashboard, faults=FaultPoints(config.faults),
-                           sole=sole, take_over=take_over)
+                           sole=sole, take_over=take_over, spark=spark)
         if on_result is not None:
             on_result(result)
     click.echo(f"push: gold version {result.gold_version}"

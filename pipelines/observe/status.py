@@ -12,6 +12,11 @@
 The parts are separate functions (``slot_status``, ``layer_status``, ``quarantine_rows``) so the
 Prometheus exporter (``pipelines.observe.metrics``) reads exactly what ``lakecdc status`` shows, each
 part on its own (one unreachable database does not hide the others).
+
+Where only Spark reaches storage (``LAKECDC_WRITER=spark``) the layers and the quarantine
+are read through the Spark session given (``spark``): the version from the table's
+history, the newest change by a MIN/MAX aggregate, which Delta answers from the same
+per-file statistics without reading the files.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from psycopg import sql
 from bronze import slot as slots
 from core.config import Config
 from core.features import open_table
-from core.layout import GOLD, QUARANTINE, SILVER
+from core.layout import BRONZE, GOLD, QUARANTINE, SILVER
 from core.lsn import fmt
 from core.postgres import connect
 from core.units import byte_size
@@ -133,9 +138,19 @@ def dashboard_layer(dsn: str) -> LayerStatus:
     return LayerStatus("dashboard", *row)
 
 
-def quarantine_rows(uri: str, storage_options: dict | None = None) -> int | None:
+def quarantine_rows(uri: str, storage_options: dict | None = None, spark=None) -> int | None:
     """Rows in the quarantine table (None: not created yet), from the Delta log's per-file
-    row counts; files without that statistic are counted from their Parquet footers."""
+    row counts; files without that statistic are counted from their Parquet footers.
+    Through ``spark`` when given (Delta answers the count from the same statistics)."""
+    if spark is not None:
+        from delta.tables import DeltaTable as SparkTable
+
+        from core.storage import on_databricks, spark_path
+
+        path = spark_path(uri, on_databricks())
+        if not SparkTable.isDeltaTable(spark, path):
+            return None
+        return spark.read.format("delta").load(path).count()
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
         return None
     table = open_table(uri, storage_options)
@@ -145,9 +160,49 @@ def quarantine_rows(uri: str, storage_options: dict | None = None) -> int | None
     return table.to_pyarrow_dataset().count_rows()
 
 
+def spark_layer(spark, layer: str, path: str, lsn_column: str,
+                ts_column: str) -> LayerStatus:
+    """``delta_layer`` through Spark."""
+    from delta.tables import DeltaTable as SparkTable
+    from pyspark.sql import functions as F
+
+    if not SparkTable.isDeltaTable(spark, path):
+        return LayerStatus(layer, note="not created yet")
+    version = SparkTable.forPath(spark, path).history(1).first()["version"]
+    row = spark.read.format("delta").option("versionAsOf", version).load(path).agg(
+        F.max(lsn_column).alias("lsn"), F.max(ts_column).alias("ts")).first()
+    ts = row["ts"]
+    if isinstance(ts, dt.datetime) and ts.tzinfo is None:
+        ts = ts.replace(tzinfo=dt.timezone.utc)
+    return LayerStatus(layer, version, row["lsn"], ts)
+
+
+def spark_gold_layer(spark, path: str) -> LayerStatus:
+    """``gold_layer`` through Spark."""
+    from core.errors import UserError
+    from gold.view import SparkGold
+
+    try:
+        gold = SparkGold(spark, path)
+    except UserError:
+        return LayerStatus("gold", note="not created yet")
+    commit_lsn, commit_ts = gold.position()
+    if commit_ts is not None and commit_ts.tzinfo is None:
+        commit_ts = commit_ts.replace(tzinfo=dt.timezone.utc)
+    return LayerStatus("gold", gold.version, commit_lsn, commit_ts)
+
+
 def layer_status(config: Config, layer: str,
-                 storage_options: dict | None = None) -> LayerStatus:
-    """One of ``LAYERS``."""
+                 storage_options: dict | None = None, spark=None) -> LayerStatus:
+    """One of ``LAYERS``; through ``spark`` when given (see the module's text)."""
+    if spark is not None and layer in ("bronze", "silver", "gold"):
+        from core.storage import on_databricks, spark_path
+
+        path = spark_path(config.table_path({"bronze": BRONZE, "silver": SILVER,
+                                             "gold": GOLD}[layer]), on_databricks())
+        if layer == "gold":
+            return spark_gold_layer(spark, path)
+        return spark_layer(spark, layer, path, "commit_lsn", "commit_ts")
     if layer == "bronze":
         return delta_layer("bronze", config.bronze_path, "commit_lsn", "commit_ts",
                            storage_options)
@@ -187,10 +242,11 @@ def table_sizes(config: Config, storage_options: dict | None = None) -> list[dic
     return rows
 
 
-def collect(config: Config, storage_options: dict | None = None) -> dict:
+def collect(config: Config, storage_options: dict | None = None, spark=None) -> dict:
+    """Everything ``status`` shows; the lakehouse read through ``spark`` when given."""
     state = slot_status(config)
-    layers = [layer_status(config, layer, storage_options) for layer in LAYERS]
-    quarantined = quarantine_rows(quarantine_path(config), storage_options)
+    layers = [layer_status(config, layer, storage_options, spark) for layer in LAYERS]
+    quarantined = quarantine_rows(quarantine_path(config), storage_options, spark)
     now = dt.datetime.now(dt.timezone.utc)
     return {
         "slot": None if state is None else {

@@ -130,6 +130,23 @@ class Pipeline:
             self._spark = self._spark_factory()
         return self._spark
 
+    @property
+    def reader(self):
+        """The session every read of the lakehouse outside a stream goes through (the push,
+        markers) when only Spark reaches storage (``LAKECDC_WRITER=spark``); None: they read
+        with delta-rs."""
+        return self.spark if self.config.spark_writes else None
+
+    def spark_writes(self):
+        """A writer's own commits through Spark (``core.spark_writes``) when
+        ``LAKECDC_WRITER=spark``, else None (delta-rs): decided here, once, for every
+        writer this pipeline makes."""
+        if not self.config.spark_writes:
+            return None
+        from core.spark_writes import SparkWrites
+
+        return SparkWrites(self.spark)
+
     def classic_spark(self, command: str):
         """The session, refused with one sentence when it is Spark Connect
         (``core.spark.require_classic``): ``command``'s queries need a classic one. Checked
@@ -230,7 +247,8 @@ class Pipeline:
                               refresh_known=known_tables(self.config, self._delta_rs_options),
                               guard=self.config.guard_on("silver_txn"),
                               counted_tables=self.config.counted.names,
-                              storage_options=self._delta_rs_options)
+                              storage_options=self._delta_rs_options,
+                              spark_writes=self.spark_writes())
         self._observe_streams()
         prepare(self.spark, paths, silver, self.faults)
         self.seed_gold_from_baseline()
@@ -239,7 +257,8 @@ class Pipeline:
                            accept_errors_upto=accept_errors_upto or 0,
                            guard=self.config.guard_on("gold_txn"), faults=self.faults,
                            storage_options=self._delta_rs_options,
-                           fold_share=self.config.gold_fold_share)
+                           fold_share=self.config.gold_fold_share,
+                           spark_writes=self.spark_writes())
         callbacks = [self.marks.on_pass, *self.on_pass, *(on_pass or []),
                      Maintainer(self.config, "stream", self._delta_rs_options,
                                 exclusive=gold.paused).after_batch]
@@ -267,14 +286,14 @@ class Pipeline:
         if once:
             result = push_once(self.where.gold, self.config.dashboard, faults=self.faults,
                                marks=self.marks.snapshot(), fence=self._fence,
-                               sole=self._sole)
+                               sole=self._sole, spark=self.reader)
             if self.metrics is not None:
                 self.metrics.on_push(result)
             return result
         return run_push(self.where.gold, self.config.dashboard, stop or threading.Event(),
                         interval_s=self.push_interval_s, wake=wake,
                         marks=self.marks.snapshot, fence=self._fence, sole=self._sole,
-                        on_result=self.metrics.on_push if self.metrics is not None else None)
+                        spark=self.reader, on_result=self.metrics.on_push if self.metrics is not None else None)
 
     def start_mirrors(self, once: bool, accept_errors_upto: int | None = None):
         """Create missing mirrors and start their query (``pipelines.run.mirrors``); returns
@@ -297,7 +316,8 @@ class Pipeline:
         progress = MirrorProgress(self.config.dashboard, gold_key(self.where.gold))
         writer = MirrorWriter(paths, accept_errors_upto or 0, floors,
                               discover=mirror_discovery(self.spark, self.config, options),
-                              on_marker=record_marker(self.config.lakehouse, options),
+                              on_marker=record_marker(self.config.lakehouse, options,
+                                                      self.spark_writes()),
                               faults=self.faults, storage_options=options,
                               on_complete=progress.record, on_finish=progress.close)
         writer.after_batch = Maintainer(self.config, "mirrors", options,
@@ -372,7 +392,7 @@ class Pipeline:
         query = writer = mirrors = None
         # Each batch's step reaches the dashboard while gold's MERGE runs (gold.push).
         ahead = AheadPush(self.where.gold, self.config.dashboard, marks=self.marks.snapshot,
-                          fence=self._fence)
+                          fence=self._fence, spark=self.reader)
         with ExitStack() as latency:
             try:
                 # The Spark session starts here, after the shipper.
