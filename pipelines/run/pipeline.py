@@ -445,15 +445,6 @@ class Pipeline:
             maintainer.after_batch()        # bronze, between two of the shipper's commits
         return Shipper(self.config, on_batch=on_batch, writes=self.spark_writes())
 
-    def spark_writes(self):
-        """A writer of its own through this pipeline's session when ``LAKECDC_WRITER=spark``
-        (``core.spark_writes``); None on the delta-rs path."""
-        if not self.config.spark_writes:
-            return None
-        from core.spark_writes import SparkWrites
-
-        return SparkWrites(self.spark)
-
     def _observe_streams(self) -> None:
         """Record Spark streaming progress (rows and batch durations per query) into
         ``self.metrics``: one listener per pipeline, kept on the session (removing it after
