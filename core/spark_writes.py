@@ -139,3 +139,9 @@ class SparkWrites:
         from delta.tables import DeltaTable
 
         return int(DeltaTable.forPath(self._spark, path).history(1).first()["version"])
+
+
+def writes_for(spark, config) -> SparkWrites | None:
+    """A ``SparkWrites`` through ``spark`` when ``config`` sends every read and write
+    through Spark (``LAKECDC_WRITER=spark``), else None: the delta-rs path."""
+    return SparkWrites(spark) if spark is not None and config.spark_writes else None

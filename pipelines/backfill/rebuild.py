@@ -45,6 +45,7 @@ from pyspark.sql import SparkSession
 from core.commits import commit_metadata as metadata
 from core.config import Config
 from core.lsn import fmt
+from core.spark_writes import writes_for
 from core.storage import Lakehouse
 from gold.apply import GOLD_SCHEMA, ensure_gold_tables
 from gold.asof import gold_state
@@ -141,7 +142,8 @@ def reprocess_and_rebuild(spark: SparkSession, config: Config, where: Locations,
     silver, then gold rebuilt and pushed, all under ``gold_lock()``."""
     started = time.monotonic()
     with gold_lock():
-        known = known_tables(config, Lakehouse.from_config(config).delta_rs_options())()
+        known = known_tables(config, Lakehouse.from_config(config).delta_rs_options(),
+                             writes_for(spark, config))()
         report = reprocess_silver(spark, where.silver, known, **range_,
                                   counted_tables=config.counted.names)
         rebuilt = rebuild_and_push(spark, config, where, gold_lock)

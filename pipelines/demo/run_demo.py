@@ -234,7 +234,7 @@ def _summarise(config: Config, dsn: str, traffic: Traffic, report, freshness, ou
             table_paths,
         )
 
-        register_tables(spark, table_paths(config))
+        register_tables(spark, table_paths(config, spark))
         lines += ["", f"{NAMES_QUERY.relative_to(NAMES_QUERY.parents[2])} (gold joined with "
                   "the services mirror):",
                   render(run_query(spark, read_query(str(NAMES_QUERY))))]

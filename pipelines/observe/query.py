@@ -36,16 +36,18 @@ from core.layout import QUERYABLE, mirror_path, mirror_view_name, view_name
 TABLES = {view_name(table): table for table in QUERYABLE}
 
 
-def table_paths(config) -> dict[str, str]:
+def table_paths(config, spark: SparkSession | None = None) -> dict[str, str]:
     """View name → the table's path as Spark sees it (``s3a://`` for S3 off Databricks).
     Mirrors: of every table ever captured (the stored set: added ones, and removed ones,
     whose mirrors stay); ``register_tables`` passes over those that do not exist."""
+    from core.spark_writes import writes_for
     from core.storage import Lakehouse, on_databricks, spark_path
     from pipelines.setup.tables import known_tables
 
     paths = {name: spark_path(config.table_path(where), on_databricks())
              for name, where in TABLES.items()}
-    tables = known_tables(config, Lakehouse.from_config(config).delta_rs_options())()
+    tables = known_tables(config, Lakehouse.from_config(config).delta_rs_options(),
+                          writes_for(spark, config))()
     return {**paths, **{mirror_view_name(t): spark_path(mirror_path(config.lakehouse, t),
                                                          on_databricks())
                         for t in tables}}
@@ -56,13 +58,13 @@ def use_tables(spark: SparkSession, config) -> list[str]:
     there. With a catalog: its schema becomes the session's current one (the names
     registered there); without: a temporary view per table (``register_tables``)."""
     if not config.registers:
-        return register_tables(spark, table_paths(config))
+        return register_tables(spark, table_paths(config, spark))
     from core.catalog import Catalog, quoted
 
     catalog = Catalog.from_config(spark, config)
     catalog.require_schema()
     spark.sql(f"USE {quoted(config.catalog, config.catalog_schema)}")
-    return [name for name in table_paths(config)
+    return [name for name in table_paths(config, spark)
             if spark.catalog.tableExists(catalog.name(name))]
 
 

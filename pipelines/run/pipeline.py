@@ -244,7 +244,8 @@ class Pipeline:
 
         paths = self.where.stream
         silver = SilverWriter(paths.silver, paths.quarantine, self.config.tables,
-                              refresh_known=known_tables(self.config, self._delta_rs_options),
+                              refresh_known=known_tables(self.config, self._delta_rs_options,
+                                                         self.spark_writes()),
                               guard=self.config.guard_on("silver_txn"),
                               counted_tables=self.config.counted.names,
                               storage_options=self._delta_rs_options,

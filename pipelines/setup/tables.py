@@ -69,10 +69,10 @@ def captured_tables(config: Config, storage_options: dict | None = None,
     return stored.active if stored is not None else config.tables
 
 
-def known_tables(config: Config, storage_options: dict | None = None):
+def known_tables(config: Config, storage_options: dict | None = None, writes=None):
     """A function returning every table bronze may hold changes of (silver's known tables),
-    read from the stored set each time it is called."""
-    store = CaptureList(config.lakehouse, storage_options)
+    read from the stored set each time it is called (through ``writes`` when given)."""
+    store = CaptureList(config.lakehouse, storage_options, writes)
 
     def known() -> tuple[str, ...]:
         stored = store.read()
