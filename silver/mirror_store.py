@@ -169,13 +169,12 @@ class SparkMirrors:
             if recorded is not None and recorded >= job.version:
                 return False
         c = merge_clauses(job.key, job.types)
-        counts = self.writes.merge(
-            job.path, job.source(), c.on, delete=c.delete_when, update=c.update,
-            update_when=c.exists, insert=c.insert, insert_when=c.exists,
-            delete_unmatched=job.truncate, meta=job.meta,
-            app=(APP_ID, job.version) if self.guard else None)
+        self.writes.merge(job.path, job.source(), c.on, delete=c.delete_when, update=c.update,
+                          update_when=c.exists, insert=c.insert, insert_when=c.exists,
+                          delete_unmatched=job.truncate, meta=job.meta,
+                          app=(APP_ID, job.version) if self.guard else None)
         self._recorded[job.path] = job.version
-        return counts is not None
+        return True
 
     def changed_beside(self, path: str) -> None:
         """Nothing kept that a commit beside it makes stale (Spark reads the log anew)."""
