@@ -93,14 +93,18 @@ class SparkWrites:
     def merge(self, path: str, source: pa.Table, on: str, *, update: dict | None = None,
               insert: dict | None = None, delete: str | None = None,
               update_when: str | None = None, meta: str | None = None,
-              app: tuple[str, int] | None = None) -> dict:
+              app: tuple[str, int] | None = None, insert_when: str | None = None,
+              delete_unmatched: bool = False) -> dict:
         """MERGE ``source`` (alias ``s``) into the Delta table at ``path`` (alias ``t``) on
         ``on``, in one commit with ``meta`` and ``app``:
 
         - ``delete``: a matched row meeting this condition is deleted (checked first);
         - ``update``: other matched rows (meeting ``update_when``, if given) get these
           column expressions;
-        - ``insert``: unmatched source rows are inserted with these.
+        - ``insert``: unmatched source rows (meeting ``insert_when``, if given) are
+          inserted with these;
+        - ``delete_unmatched``: target rows no source row matches are deleted (a mirror's
+          TRUNCATE).
 
         Returns delta-rs's names for the counts (``num_target_rows_updated`` /
         ``…_inserted`` / ``…_deleted``); zeros when Spark skipped it (``app`` recorded)."""
@@ -120,7 +124,10 @@ class SparkWrites:
                 if update is not None:
                     builder = builder.whenMatchedUpdate(condition=update_when, set=update)
                 if insert is not None:
-                    builder = builder.whenNotMatchedInsert(values=insert)
+                    builder = builder.whenNotMatchedInsert(condition=insert_when,
+                                                           values=insert)
+                if delete_unmatched:
+                    builder = builder.whenNotMatchedBySourceDelete()
                 result = builder.execute()
             finally:
                 for key in conf:

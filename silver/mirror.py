@@ -5,8 +5,8 @@ source's columns under their own names, typed by ``silver.mirror_types``, plus
 ``_lakecdc_commit_lsn`` / ``_lakecdc_commit_ts`` (the source commit of the row's last change).
 docs/silver.md, "Mirrors", is the user's account; the rules, per micro-batch of silver:
 
-- The batch comes to the driver as Arrow (``silver.writer.batch_rows``: its files read by
-  pyarrow where they are local) and each table's changes fold to one row per primary key
+- The batch comes to the driver as Arrow (``silver.mirror_store``: its files read by
+  pyarrow where they are local, or collected by Spark) and each table's changes fold to one row per primary key
   there (``silver.mirror_fold.fold_changes``), in ``(commit_lsn, seq)`` order: the last
   change decides whether the row exists; each column takes its value from the last change
   that carried it, so an UPDATE that leaves a TOASTed value out (wal2json omits it) keeps
@@ -16,7 +16,8 @@ docs/silver.md, "Mirrors", is the user's account; the rules, per micro-batch of 
 - One MERGE per changed table: Spark types the folded rows into the MERGE's source (one
   job on a local relation, ``merge_source``; ``silver.mirror_types`` is the types' one
   implementation), which comes back as Arrow, and delta-rs runs the MERGE (a Spark MERGE
-  cost 1-2 s and a few CPU-seconds per table per batch, whatever its size; docs/gold.md);
+  cost 1-2 s and a few CPU-seconds per table per batch, whatever its size; docs/gold.md) -
+  or Spark does, where only Spark reaches storage (``silver.mirror_store.SparkMirrors``);
   two tables at a time (``MirrorWriter._tables``). It sets
   final rows, not increments, so re-applying a batch after a kill (before the query's
   checkpoint commit) leaves the same mirror; its Delta app transaction ``lakecdc-mirror``,
@@ -48,16 +49,14 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from core.commits import commit_metadata, merge_recorded, rs_commit
+from core.commits import commit_metadata
 from core.errors import UserError
 from core.faults import FaultPoints
-from core.handle import CHECKPOINTS, WriterHandle
+from core.handle import CHECKPOINTS
 from core.lsn import fmt
-from core.storage import delta_rs_uri
 from core.tables import create_table
 from silver.mirror_fold import (
     HAS_PREFIX,
-    MIRROR_COLUMNS,
     MIRRORED_OPS,
     TEXT_PREFIX,
     TableInBatch,
@@ -70,24 +69,32 @@ from silver.mirror_fold import (
     key_moves,
     tables_in_batch,
 )
+from silver.mirror_store import (  # noqa: F401  (merge_changes, q: this module's names too)
+    APP_ID,
+    COMMIT_LSN,
+    COMMIT_TS,
+    EXISTS,
+    PARTS,
+    TYPES_PROPERTY,
+    MergeJob,
+    RsMirrors,
+    merge_changes,
+    mirrored_columns,
+    q,
+)
 from silver.mirror_types import BAD_VALUE, spark_type, typed
-from silver.writer import batch_rows
 
 log = logging.getLogger("lakecdc.mirror")
 
-APP_ID = "lakecdc-mirror"
 SEED_APP_ID = "lakecdc-mirror-seed"     # the initial rows (``pipelines.run.mirrors.seed_mirror``)
-COMMIT_LSN, COMMIT_TS = "_lakecdc_commit_lsn", "_lakecdc_commit_ts"
 KEY_PROPERTY = "lakecdc.keyColumns"          # JSON list of the primary key's columns
-TYPES_PROPERTY = "lakecdc.sourceTypes"       # JSON {column: Postgres type}
 # No deletion vectors: delta-rs (deltalake 1.6.6) refuses to read a table with that reader
 # feature, and a mirror is read by delta-rs (``lakecdc tables``, the demo, users).
 PROPERTIES = {"delta.enableDeletionVectors": "false", **CHECKPOINTS}
 
 TIME_ZONE = "spark.sql.session.timeZone"     # the typing session keeps the query's
 TABLE_THREADS = 2        # tables merged at a time (``MirrorWriter._tables``)
-PARTS = 1_000_000       # txn version = batch id * PARTS + the part of the batch (chain_cuts)
-_EXISTS, _HAS = "__lakecdc_exists", HAS_PREFIX
+_EXISTS, _HAS = EXISTS, HAS_PREFIX
 
 
 @dataclass(frozen=True)
@@ -103,11 +110,6 @@ class TableSpec:
     @property
     def name(self) -> str:
         return f"{self.schema}.{self.table}"
-
-
-def q(name: str) -> str:
-    """A column name quoted for a Spark SQL expression."""
-    return "`" + name.replace("`", "``") + "`"
 
 
 def mirror_schema(columns: list[tuple[str, str]]) -> StructType:
@@ -149,31 +151,6 @@ def merge_source(final: DataFrame, key: tuple[str, ...], types: dict[str, str],
         cols += [value.alias(name), carried.alias(f"{_HAS}{i}")]
     return final.select(*cols, F.col("_exists").alias(_EXISTS),
                         F.col("_lsn").alias(COMMIT_LSN), F.col("_ts").alias(COMMIT_TS))
-
-
-def mirrored_columns(key: tuple[str, ...], types: dict[str, str]) -> list[str]:
-    """The mirror's non-key columns, in the order ``merge_source`` numbers them."""
-    return [n for n in types if n not in key]
-
-
-def merge_changes(table, source, key: tuple[str, ...], types: dict[str, str], commit,
-                  truncate: bool = False) -> dict:
-    """The mirror's MERGE (delta-rs) of ``source`` (``merge_source``'s rows, in Arrow) into
-    ``table``, committed with ``commit``; its metrics."""
-    on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key)
-    others = mirrored_columns(key, types)
-    update = {q(n): f"CASE WHEN s.{q(f'{_HAS}{i}')} THEN s.{q(n)} ELSE t.{q(n)} END"
-              for i, n in enumerate(others)}
-    meta = {COMMIT_LSN: f"s.{COMMIT_LSN}", COMMIT_TS: f"s.{COMMIT_TS}"}
-    merge = (table.merge(source, on, source_alias="s", target_alias="t",
-                         commit_properties=commit)
-             .when_matched_delete(predicate=f"NOT s.{_EXISTS}")
-             .when_matched_update(updates={**update, **meta}, predicate=f"s.{_EXISTS}")
-             .when_not_matched_insert(updates={**{q(n): f"s.{q(n)}" for n in types}, **meta},
-                                      predicate=f"s.{_EXISTS}"))
-    if truncate:
-        merge = merge.when_not_matched_by_source_delete()
-    return merge_recorded(table, merge, commit)
 
 
 def chain_cuts(moves: list[tuple]) -> list[tuple[int, int]]:
@@ -227,8 +204,12 @@ class MirrorWriter:
                  storage_options: dict | None = None,
                  after_batch: Callable[[], object] | None = None,
                  on_complete: Callable[[int, object], None] | None = None,
-                 on_finish: Callable[[], None] | None = None) -> None:
+                 on_finish: Callable[[], None] | None = None,
+                 store: RsMirrors | None = None) -> None:
         self.paths = dict(paths)
+        # How the batch is read and each MERGE committed: delta-rs, or Spark where only it
+        # reaches storage (``silver.mirror_store``; the entry point chooses).
+        self.store = store or RsMirrors(storage_options)
         self.on_finish = on_finish
         # Called with (commit LSN, commit time) after every batch that ends a transaction:
         # every mirror holds every source transaction up to it (``complete_through``).
@@ -253,7 +234,6 @@ class MirrorWriter:
         self.failure: BaseException | None = None
         self.merged: dict[str, int] = {}        # table -> batches merged by this writer
         self.run = self.merged                  # what ``pipelines.run.stream.await_stream`` returns
-        self._handles: dict[str, WriterHandle] = {}     # path → the MERGEs' handle
         self._typing_session: SparkSession | None = None
 
     def idle(self) -> None:
@@ -274,7 +254,7 @@ class MirrorWriter:
             raise
 
     def _batch(self, batch: DataFrame, batch_id: int) -> None:
-        rows = batch_rows(batch, MIRROR_COLUMNS)
+        rows = self.store.rows(batch)
         failed = first_failure(rows, self.accept_errors_upto)
         if failed:
             raise MirrorStopped(
@@ -350,11 +330,7 @@ class MirrorWriter:
         ``moved``: some of the batch's changes move a row to another key)."""
         from delta.tables import DeltaTable
 
-        version = batch_id * PARTS + part
-        with self._handle(path).use() as table:
-            recorded = table.transaction_version(APP_ID)
-            if recorded is not None and recorded >= version:
-                return                                  # merged before a kill: a replay
+        def source():
             typing = self._typing(spark)
             final = typing.createDataFrame(column_values(
                 fold_changes(changes, key, key_moves=moved), mirrored_columns(key, types)))
@@ -363,14 +339,17 @@ class MirrorWriter:
                 # One chunk: delta-rs's MERGE panicked on the chunks this plan's toArrow
                 # gave in batches that move keys (an out-of-range offset in arrow-rs's
                 # concatenation; tests/integration/test_mirrors.py).
-                source = merge_source(final, key, types, mirror).toArrow().combine_chunks()
-            # ``newest``: the mirror now holds every change of its table up to this LSN
-            # (``pipelines.verify.mirrors``); not after a batch's part but the last, which may
-            # end inside a transaction. A batch's parts are told apart by the version.
-            held = {"newest": found.newest} if last else {"partial": True}
-            commit = rs_commit(commit_metadata("mirror", batch_id=batch_id, part=part,
-                                               truncated=truncate, **held), APP_ID, version)
-            merge_changes(table, source, key, types, commit, truncate)
+                return merge_source(final, key, types, mirror).toArrow().combine_chunks()
+
+        # ``newest``: the mirror now holds every change of its table up to this LSN
+        # (``pipelines.verify.mirrors``); not after a batch's part but the last, which may
+        # end inside a transaction. A batch's parts are told apart by the version.
+        held = {"newest": found.newest} if last else {"partial": True}
+        meta = commit_metadata("mirror", batch_id=batch_id, part=part, truncated=truncate,
+                               **held)
+        if not self.store.merge(MergeJob(path, batch_id * PARTS + part, meta, source, key,
+                                         types, truncate)):
+            return                                      # merged before a kill: a replay
         self.faults.hit("after_mirror_merge")
 
     def _typing(self, spark: SparkSession) -> SparkSession:
@@ -385,11 +364,6 @@ class MirrorWriter:
             session.conf.set(TIME_ZONE, spark.conf.get(TIME_ZONE))
             self._typing_session = session
         return self._typing_session
-
-    def _handle(self, path: str) -> WriterHandle:
-        if path not in self._handles:
-            self._handles[path] = WriterHandle(delta_rs_uri(path), self.storage_options)
-        return self._handles[path]
 
     def _evolve(self, spark: SparkSession, path: str,
                 found: TableInBatch) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -416,7 +390,7 @@ class MirrorWriter:
             spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
                       f"('{TYPES_PROPERTY}' = {_sql_string(json.dumps(types))})")
             self._shapes[path] = (key, types)
-            self._handle(path).reset()          # Spark committed beside the MERGEs' handle
+            self.store.changed_beside(path)     # Spark committed beside the MERGEs' handle
             log.info("mirror of %s: added column(s) %s", found.name, ", ".join(added))
         return key, types
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from pipelines.cli.context import load_config, once_option
+from pipelines.cli.context import load_config, make_pipeline, once_option
 from pipelines.run.signals import stop_on_signals
 
 
@@ -15,12 +15,14 @@ from pipelines.run.signals import stop_on_signals
 def maintain(ctx, once):
     """Compact small files, checkpoint and vacuum every table lakecdc writes, passing over
     the tables of a writer that is running (it maintains them itself); without --once,
-    again every LAKECDC_MAINTAIN_INTERVAL seconds until stopped. No Spark needed."""
+    again every LAKECDC_MAINTAIN_INTERVAL seconds until stopped. No Spark needed, unless
+    every write goes through Spark (LAKECDC_WRITER=spark)."""
     from pipelines.maintain.once import maintain_forever, maintain_once
 
     config = load_config(ctx)
+    writes = make_pipeline(ctx).spark_writes() if config.spark_writes else None
     if once:
-        for line in maintain_once(config):
+        for line in maintain_once(config, writes):
             click.echo(line)
     else:
-        maintain_forever(config, stop_on_signals(), click.echo)
+        maintain_forever(config, stop_on_signals(), click.echo, writes)

@@ -33,8 +33,9 @@ def _writer_lock(config: Config, group: str) -> tuple[str, str, str]:
     return config.dashboard, mirrors_lock_name(config.lakehouse), "dashboard"
 
 
-def maintain_once(config: Config) -> list[str]:
-    """Maintain every group's tables whose writer is not running; one line per table."""
+def maintain_once(config: Config, writes=None) -> list[str]:
+    """Maintain every group's tables whose writer is not running; one line per table.
+    ``writes``: a ``SparkWrites`` where every write goes through Spark, else None."""
     options = Lakehouse.from_config(config).delta_rs_options()
     lines = []
     for group in GROUPS:
@@ -45,7 +46,7 @@ def maintain_once(config: Config) -> list[str]:
         running = f"passed over: its writer ({group}) is running and maintains it."
         try:
             with exclusive(dsn, lock, running, what=what):
-                lines += [r.line() for r in maintain(tables, config, options)]
+                lines += [r.line() for r in maintain(tables, config, options, writes)]
         except UserError as exc:
             if not str(exc).startswith(running):
                 raise
@@ -53,9 +54,9 @@ def maintain_once(config: Config) -> list[str]:
     return lines
 
 
-def maintain_forever(config: Config, stop: threading.Event, echo) -> None:
+def maintain_forever(config: Config, stop: threading.Event, echo, writes=None) -> None:
     """``maintain_once`` every ``maintain_interval_s`` until ``stop`` is set."""
     while not stop.is_set():
-        for line in maintain_once(config):
+        for line in maintain_once(config, writes):
             echo(line)
         stop.wait(config.maintain_interval_s)

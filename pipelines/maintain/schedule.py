@@ -10,6 +10,11 @@ docs/operations.md, "Running for months". Between those, every ``LOG_CLEAN_INTER
 cleans their expired log entries (``core.maintenance.clean_log``: a snapshot load and the
 deletes). A failure is logged and tried again at the next interval; it never stops the
 writer (the table is then only larger, never wrong: F25).
+
+Where every write goes through Spark (``Config.spark_writes``) the writer hands a
+``SparkWrites`` (``writes``) and each table is kept by ``core.maintenance_spark`` instead,
+its stream's checkpoint read by Spark too; ``maintain`` and ``clean_logs`` are the one place
+that chooses.
 """
 
 from __future__ import annotations
@@ -23,33 +28,45 @@ from core.checkpoints import stream_position
 from core.config import LOG_CLEAN_INTERVAL_S, Config
 from core.faults import FaultPoints
 from core.maintenance import TableReport, clean_log, maintain_table
+from core.maintenance_spark import clean_log_spark, maintain_table_spark, stream_position_spark
+from core.storage import on_databricks, spark_path
 from pipelines.maintain.plan import Maintained, tables_of
 
 log = logging.getLogger("lakecdc.maintain")
 
 
-def maintain(tables: list[Maintained], config: Config, storage_options: dict | None
-             ) -> list[TableReport]:
-    """Maintain each of ``tables`` now (the caller is their writer, or holds its lock)."""
+def maintain(tables: list[Maintained], config: Config, storage_options: dict | None,
+             writes=None) -> list[TableReport]:
+    """Maintain each of ``tables`` now (the caller is their writer, or holds its lock);
+    through Spark with ``writes`` (a ``SparkWrites``)."""
     reports = []
     for table in tables:
-        watched = _watched(table, config)
+        floors = {"reader_floor": _position(table, config, storage_options, writes),
+                  "log_floor": _position(table, config, storage_options, writes, True)}
+        if writes is not None:
+            reports.append(maintain_table_spark(
+                writes, table.name, spark_path(table.uri, on_databricks()),
+                retention_hours=config.retention_hours,
+                log_retention_minutes=table.log_retention_minutes, **floors))
+            continue
         reports.append(maintain_table(
             table.name, table.uri, storage_options, retention_hours=config.retention_hours,
-            log_retention_minutes=table.log_retention_minutes,
-            reader_floor=stream_position(table.reader, storage_options) if watched else None,
-            log_floor=_log_floor(table, config, storage_options),
+            log_retention_minutes=table.log_retention_minutes, **floors,
             faults=FaultPoints(config.faults)))
     return reports
 
 
-def clean_logs(tables: list[Maintained], config: Config, storage_options: dict | None
-               ) -> None:
-    """Clean the expired log of each of ``tables`` now (``core.maintenance.clean_log``)."""
+def clean_logs(tables: list[Maintained], config: Config, storage_options: dict | None,
+               writes=None) -> None:
+    """Clean the expired log of each of ``tables`` now (``core.maintenance.clean_log``;
+    through Spark with ``writes``)."""
     for table in tables:
-        note = clean_log(table.uri, storage_options,
-                         log_retention_minutes=table.log_retention_minutes,
-                         log_floor=_log_floor(table, config, storage_options))
+        log_floor = _position(table, config, storage_options, writes, True)
+        note = clean_log_spark(writes, spark_path(table.uri, on_databricks()),
+                               log_retention_minutes=table.log_retention_minutes,
+                               log_floor=log_floor) if writes is not None else \
+            clean_log(table.uri, storage_options,
+                      log_retention_minutes=table.log_retention_minutes, log_floor=log_floor)
         if note:
             log.info("%s: %s", table.name, note)
 
@@ -61,10 +78,16 @@ def _watched(table: Maintained, config: Config) -> bool:
     return table.reader is not None and config.guard_on("reader_floor")
 
 
-def _log_floor(table: Maintained, config: Config, storage_options: dict | None
-               ) -> int | None:
-    return (stream_position(table.reader, storage_options, replayed=True)
-            if _watched(table, config) else None)
+def _position(table: Maintained, config: Config, storage_options: dict | None, writes,
+              replayed: bool = False) -> int | None:
+    """Where the table's stream is (``core.checkpoints.stream_position``; ``replayed``:
+    where it restarts), read by Spark with ``writes``; None when unwatched."""
+    if not _watched(table, config):
+        return None
+    if writes is not None:
+        return stream_position_spark(writes.spark, spark_path(table.reader, on_databricks()),
+                                     replayed)
+    return stream_position(table.reader, storage_options, replayed=replayed)
 
 
 class Maintainer:
@@ -76,8 +99,10 @@ class Maintainer:
     def __init__(self, config: Config, group: str, storage_options: dict | None = None,
                  mirrored: Callable[[], tuple[str, ...]] = tuple,
                  clock: Callable[[], float] = time.monotonic,
-                 exclusive: Callable[[], ContextManager] = nullcontext) -> None:
+                 exclusive: Callable[[], ContextManager] = nullcontext,
+                 writes=None) -> None:
         self.config = config
+        self.writes = writes             # a SparkWrites where only Spark writes (``maintain``)
         self.group = group
         self.storage_options = storage_options
         self.mirrored = mirrored
@@ -106,7 +131,7 @@ class Maintainer:
         try:
             tables = tables_of(self.config, self.group, self.mirrored())
             with self.exclusive():
-                reports = maintain(tables, self.config, self.storage_options)
+                reports = maintain(tables, self.config, self.storage_options, self.writes)
         except Exception as exc:
             log.warning("maintenance of the %s tables failed, tried again in %.0fs: %s",
                         self.group, self.config.maintain_interval_s, exc)
@@ -122,7 +147,7 @@ class Maintainer:
         try:
             tables = tables_of(self.config, self.group, self.mirrored())
             with self.exclusive():
-                clean_logs(tables, self.config, self.storage_options)
+                clean_logs(tables, self.config, self.storage_options, self.writes)
         except Exception as exc:
             log.warning("cleaning the %s tables' logs failed, tried again in %.0fs: %s",
                         self.group, LOG_CLEAN_INTERVAL_S, exc)

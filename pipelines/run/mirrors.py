@@ -9,7 +9,6 @@ own trigger interval. Silver is read as an append-only stream; commits that rewr
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Callable
 
@@ -30,12 +29,12 @@ from silver.mirror import (
     COMMIT_LSN,
     COMMIT_TS,
     SEED_APP_ID,
-    TYPES_PROPERTY,
     MirrorWriter,
     bad_values_stop,
     create_mirror,
     q,
 )
+from silver.mirror_store import RsMirrors
 from silver.mirror_types import typed
 from silver.writer import ADDED_AT_PROPERTY
 
@@ -47,13 +46,14 @@ QUERY_NAME = "lakecdc_mirrors"
 BATCH_BYTES = "8m"
 
 
-def prepare_mirrors(spark: SparkSession, config,
-                    storage_options: dict | None = None) -> tuple[dict[str, str], dict[str, int]]:
+def prepare_mirrors(spark: SparkSession, config, storage_options: dict | None = None,
+                    store=None) -> tuple[dict[str, str], dict[str, int]]:
     """Create the mirror of every captured table that has none (its columns and key from
     the source's catalog) and start each from its initial rows (``seed_mirror``). Returns
     schema.table → Spark path of every mirror kept, and → its floor: the LSN of the rows it
     started from (its changes below it are in them). A table without a key
-    (``REPLICA IDENTITY FULL`` and no primary key) gets no mirror."""
+    (``REPLICA IDENTITY FULL`` and no primary key) gets no mirror. ``store``: how the
+    mirrors are read (``silver.mirror_store``; delta-rs if None)."""
     from delta.tables import DeltaTable
 
     paths = {t: spark_path(mirror_path(config.lakehouse, t), on_databricks())
@@ -68,13 +68,14 @@ def prepare_mirrors(spark: SparkSession, config,
                     del paths[spec.name]
                     continue
                 create_mirror(spark, paths[spec.name], spec)
-    floors = {t: seed_mirror(spark, config.lakehouse, t, p, storage_options)
+    store = store or RsMirrors(storage_options)
+    floors = {t: seed_mirror(spark, config.lakehouse, t, p, storage_options, store)
               for t, p in paths.items()}
     return paths, floors
 
 
-def mirror_discovery(spark: SparkSession, config, storage_options: dict | None = None
-                     ) -> Callable[[str], str | None]:
+def mirror_discovery(spark: SparkSession, config, storage_options: dict | None = None,
+                     store=None) -> Callable[[str], str | None]:
     """For ``MirrorWriter``: the mirror of a table first seen in a batch - captured by
     ``lakecdc tables add`` while the query runs - created then (no initial rows: its rows
     arrive as the backfill's reads). None for a table that is not to be mirrored."""
@@ -85,29 +86,26 @@ def mirror_discovery(spark: SparkSession, config, storage_options: dict | None =
             return None
         if table not in captured_tables(config, storage_options):
             return None
-        paths, _ = prepare_mirrors(spark, config.with_(tables=(table,)), storage_options)
+        paths, _ = prepare_mirrors(spark, config.with_(tables=(table,)), storage_options,
+                                   store)
         return paths.get(table)
     return discover
 
 
 def seed_mirror(spark: SparkSession, lakehouse: str, table: str, path: str,
-                storage_options: dict | None = None) -> int:
+                storage_options: dict | None = None, store=None) -> int:
     """Replace the mirror's rows with ``table``'s initial rows (``pipelines.source.mirror_baseline``)
     unless it already holds them; returns its floor (0: no initial rows).
 
     Decided by the mirror's own record (app transaction ``lakecdc-mirror-seed``, version =
     the rows' consistent point), so a kill anywhere here seeds once on the next start, and
     a newer baseline (``setup --rebaseline``) replaces what an older one started."""
-    from deltalake import DeltaTable as RsTable
-
     point = baseline_point(lakehouse, table, storage_options)
     if point is None:
         return 0
-    mirror = RsTable(mirror_path(lakehouse, table), storage_options=storage_options)
-    seeded = mirror.transaction_version(SEED_APP_ID)
+    seeded, types = (store or RsMirrors(storage_options)).seed_state(path, SEED_APP_ID)
     if seeded is not None and seeded >= point:
         return seeded
-    types = json.loads(mirror.metadata().configuration[TYPES_PROPERTY])
     rows = spark.read.format("delta").load(spark_path(mirror_baseline_path(lakehouse, table),
                                                       on_databricks()))
     typed_rows = rows.select(*[typed(F.col(q(n)), t, n).alias(n) for n, t in types.items()

@@ -262,7 +262,7 @@ class Pipeline:
                            spark_writes=self.spark_writes())
         callbacks = [self.marks.on_pass, *self.on_pass, *(on_pass or []),
                      Maintainer(self.config, "stream", self._delta_rs_options,
-                                exclusive=gold.paused).after_batch]
+                                exclusive=gold.paused, writes=self.spark_writes()).after_batch]
         if self.metrics is not None:
             callbacks.append(self.metrics.on_pass)
         writer = OnePass(silver, gold, self.faults, callbacks, ahead)
@@ -310,19 +310,23 @@ class Pipeline:
         )
         from pipelines.setup.tables import captured_tables
         from silver.mirror import MirrorWriter
+        from silver.mirror_store import mirror_store
 
         options = self._delta_rs_options
-        config = self.config.with_(tables=captured_tables(self.config, options))
-        paths, floors = prepare_mirrors(self.spark, config, options)
+        writes = self.spark_writes()
+        store = mirror_store(writes, options, self.config.guard_on("mirror_txn"))
+        config = self.config.with_(tables=captured_tables(self.config, options, writes))
+        paths, floors = prepare_mirrors(self.spark, config, options, store)
         progress = MirrorProgress(self.config.dashboard, gold_key(self.where.gold))
         writer = MirrorWriter(paths, accept_errors_upto or 0, floors,
-                              discover=mirror_discovery(self.spark, self.config, options),
-                              on_marker=record_marker(self.config.lakehouse, options,
-                                                      self.spark_writes()),
+                              discover=mirror_discovery(self.spark, self.config, options, store),
+                              on_marker=record_marker(self.config.lakehouse, options, writes),
                               faults=self.faults, storage_options=options,
-                              on_complete=progress.record, on_finish=progress.close)
+                              on_complete=progress.record, on_finish=progress.close,
+                              store=store)
         writer.after_batch = Maintainer(self.config, "mirrors", options,
-                                        mirrored=lambda: tuple(writer.paths)).after_batch
+                                        mirrored=lambda: tuple(writer.paths),
+                                        writes=self.spark_writes()).after_batch
         query = start_mirrors(self.spark, self.where.silver.silver_path,
                               checkpoint_path(self.config), writer, once,
                               self.config.mirror_interval_s)
@@ -437,7 +441,8 @@ class Pipeline:
     # --- metrics hooks (no-ops without self.metrics) ---------------------------------------
 
     def _shipper(self) -> Shipper:
-        maintainer = Maintainer(self.config, "ship", self._delta_rs_options)
+        maintainer = Maintainer(self.config, "ship", self._delta_rs_options,
+                                writes=self.spark_writes())
 
         def on_batch(result, progress) -> None:
             self.marks.set("bronze", result.commit_lsn, result.commit_ts)

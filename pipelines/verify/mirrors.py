@@ -45,14 +45,20 @@ def scratch_root(lakehouse: str) -> str:
     return f"{lakehouse.rstrip('/')}/_verify"
 
 
-def tables_to_verify(config, storage_options: dict | None = None) -> tuple[str, ...]:
+def tables_to_verify(config, storage_options: dict | None = None, spark=None
+                     ) -> tuple[str, ...]:
     """The mirrored tables that are captured (not being added, not removed) and have a
-    mirror."""
+    mirror (looked for by ``spark`` where only Spark reaches storage)."""
     stored = CaptureList(config.lakehouse, storage_options).read()
     captured = (tuple(t for t, (s, _) in stored.states.items() if s == CAPTURED)
                 if stored is not None else config.tables)
     mirrored = captured if config.mirrors is None else \
         tuple(t for t in captured if t in config.mirrors)
+    if spark is not None:
+        from delta.tables import DeltaTable as SparkTable
+
+        return tuple(t for t in mirrored if SparkTable.isDeltaTable(
+            spark, spark_path(mirror_path(config.lakehouse, t), on_databricks())))
     return tuple(t for t in mirrored if DeltaTable.is_deltatable(
         mirror_path(config.lakehouse, t), storage_options=storage_options))
 

@@ -98,7 +98,10 @@ def verify_once(config: Config, where: Locations, start_spark: Callable[[], Spar
     source = config.require_source()
     _preflight(config)
     options = Lakehouse.from_config(config).delta_rs_options()
-    mirrored = tables_to_verify(config, options)
+    # Where only Spark reaches storage, every read of the lakehouse below is Spark's: the
+    # session starts here, before the source is counted, not after.
+    reader = start_spark() if config.spark_writes else None
+    mirrored = tables_to_verify(config, options, reader)
 
     with consistent_point(source) as point:
         # Emitted first so a running pipeline carries it along while the count runs.
@@ -112,7 +115,7 @@ def verify_once(config: Config, where: Locations, start_spark: Callable[[], Spar
     # The temporary slot is gone: nothing of verify pins WAL from here on.
 
     layers = ("gold", "dashboard", *(("mirrors",) if mirrored else ()))
-    how = _past_marker(config, where, drive, marker, timeout_s, layers)
+    how = _past_marker(config, where, drive, marker, timeout_s, layers, reader)
     spark = start_spark()
     from gold import asof
 
@@ -168,7 +171,8 @@ def _preflight(config: Config) -> None:
 # --- step 2: gold and the dashboard past the marker -------------------------------------
 
 def _past_marker(config: Config, where: Locations, drive: Callable[[], object], marker: int,
-                 timeout_s: float, layers: tuple[str, ...] = ("gold", "dashboard")) -> str:
+                 timeout_s: float, layers: tuple[str, ...] = ("gold", "dashboard"),
+                 spark: SparkSession | None = None) -> str:
     """Get gold and the dashboard to include the marker; returns how (for the report).
 
     While another process holds the shipper or the gold lock, a pipeline is running: wait
@@ -187,7 +191,7 @@ def _past_marker(config: Config, where: Locations, drive: Callable[[], object], 
                 log.info("verify: no pipeline running; running every stage once "
                          "(run --once)")
                 drive()
-                positions = _positions(config, where, dash, (*_LAYERS, *layers))
+                positions = _positions(config, where, dash, (*_LAYERS, *layers), spark)
                 if not _passed(positions, marker, layers):
                     raise UserError(_stuck(marker, "after `run --once`", positions,
                                            waited=False))
@@ -197,13 +201,14 @@ def _past_marker(config: Config, where: Locations, drive: Callable[[], object], 
                 log.info("verify: a pipeline is running; waiting up to %.0fs for gold and "
                          "the dashboard to pass the marker %s", timeout_s, fmt(marker))
                 waited = True
-            positions = _positions(config, where, dash, layers)
+            positions = _positions(config, where, dash, layers, spark)
             if _passed(positions, marker, layers):
                 return (f"a running pipeline passed the marker in "
                         f"{time.monotonic() - started:.1f}s")
             if time.monotonic() >= deadline:
                 raise UserError(_stuck(marker, f"after waiting {timeout_s:.0f}s",
-                                       _positions(config, where, dash, (*_LAYERS, *layers))))
+                                       _positions(config, where, dash, (*_LAYERS, *layers),
+                                                  spark)))
             time.sleep(POLL_S)
 
 
@@ -215,8 +220,11 @@ _LAYERS = ("bronze", "silver", "gold", "dashboard")
 
 
 def _positions(config: Config, where: Locations, dashboard: psycopg.Connection,
-               layers=_LAYERS) -> dict:
-    """Source commit LSN each layer includes (None: nothing yet), read without Spark."""
+               layers=_LAYERS, spark: SparkSession | None = None) -> dict:
+    """Source commit LSN each layer includes (None: nothing yet), read without Spark;
+    with ``spark``, where only Spark reaches storage, by it (``_positions_spark``)."""
+    if spark is not None:
+        return _positions_spark(config, where, dashboard, layers, spark)
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
@@ -241,6 +249,35 @@ def _positions(config: Config, where: Locations, dashboard: psycopg.Connection,
         found["dashboard"] = dashboard_position(dashboard, gold_key(where.gold))
     if "mirrors" in layers:
         found["mirrors"] = mirrors_position(config.lakehouse, options)
+    return found
+
+
+def _positions_spark(config: Config, where: Locations, dashboard: psycopg.Connection,
+                     layers, spark: SparkSession) -> dict:
+    """``_positions`` read by Spark: bronze and silver as the newest commit LSN they hold
+    (Delta answers a max from its file statistics), gold as its recorded watermark."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    from gold.asof import gold_state
+
+    def newest(path: str) -> int | None:
+        if not DeltaTable.isDeltaTable(spark, path):
+            return None
+        return spark.read.format("delta").load(path).agg(F.max("commit_lsn")).first()[0]
+
+    found = {}
+    if "bronze" in layers:
+        found["bronze"] = newest(where.silver.bronze_path)
+    if "silver" in layers:
+        found["silver"] = newest(where.silver.silver_path)
+    if "gold" in layers:
+        state = gold_state(spark, where.gold)
+        found["gold"] = state.watermark if state is not None else None
+    if "dashboard" in layers:
+        found["dashboard"] = dashboard_position(dashboard, gold_key(where.gold))
+    if "mirrors" in layers:
+        found["mirrors"] = mirrors_position(config.lakehouse, spark=spark)
     return found
 
 
