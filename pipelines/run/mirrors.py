@@ -84,7 +84,8 @@ def mirror_discovery(spark: SparkSession, config, storage_options: dict | None =
     def discover(table: str) -> str | None:
         if config.mirrors is not None and table not in config.mirrors:
             return None
-        if table not in captured_tables(config, storage_options):
+        if table not in captured_tables(config, storage_options,
+                                        getattr(store, "writes", None)):
             return None
         paths, _ = prepare_mirrors(spark, config.with_(tables=(table,)), storage_options,
                                    store)
