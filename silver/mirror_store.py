@@ -110,6 +110,8 @@ class RsMirrors:
     """The mirrors' tables through delta-rs (see the module's text): one kept handle per
     mirror."""
 
+    writes = None                   # no Spark writer: every read and write is delta-rs's
+
     def __init__(self, storage_options: dict | None = None, guard: bool = True) -> None:
         self.storage_options = storage_options
         self.guard = guard

@@ -85,7 +85,7 @@ def mirror_discovery(spark: SparkSession, config, storage_options: dict | None =
         if config.mirrors is not None and table not in config.mirrors:
             return None
         if table not in captured_tables(config, storage_options,
-                                        getattr(store, "writes", None)):
+                                        None if store is None else store.writes):
             return None
         paths, _ = prepare_mirrors(spark, config.with_(tables=(table,)), storage_options,
                                    store)
