@@ -101,10 +101,12 @@ def seed_mirror(spark: SparkSession, lakehouse: str, table: str, path: str,
     Decided by the mirror's own record (app transaction ``lakecdc-mirror-seed``, version =
     the rows' consistent point), so a kill anywhere here seeds once on the next start, and
     a newer baseline (``setup --rebaseline``) replaces what an older one started."""
-    point = baseline_point(lakehouse, table, storage_options)
+    store = store or RsMirrors(storage_options)
+    point = baseline_point(lakehouse, table, storage_options,
+                           None if store.writes is None else spark)
     if point is None:
         return 0
-    seeded, types = (store or RsMirrors(storage_options)).seed_state(path, SEED_APP_ID)
+    seeded, types = store.seed_state(path, SEED_APP_ID)
     if seeded is not None and seeded >= point:
         return seeded
     rows = spark.read.format("delta").load(spark_path(mirror_baseline_path(lakehouse, table),

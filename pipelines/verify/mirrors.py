@@ -33,6 +33,7 @@ from deltalake import DeltaTable
 from bronze.capture_list import CAPTURED, CaptureList
 from core.commits import parse_commit_metadata
 from core.layout import mirror_path
+from core.spark_writes import writes_for
 from core.storage import on_databricks, spark_path
 
 Key = tuple
@@ -49,7 +50,7 @@ def tables_to_verify(config, storage_options: dict | None = None, spark=None
                      ) -> tuple[str, ...]:
     """The mirrored tables that are captured (not being added, not removed) and have a
     mirror (looked for by ``spark`` where only Spark reaches storage)."""
-    stored = CaptureList(config.lakehouse, storage_options).read()
+    stored = CaptureList(config.lakehouse, storage_options, writes_for(spark, config)).read()
     captured = (tuple(t for t, (s, _) in stored.states.items() if s == CAPTURED)
                 if stored is not None else config.tables)
     mirrored = captured if config.mirrors is None else \

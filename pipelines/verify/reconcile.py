@@ -35,6 +35,7 @@ from core.layout import GOLD, SILVER
 from core.locks import gold_lock_name, is_held, ship_lock_name
 from core.lsn import fmt
 from core.postgres import connect
+from core.spark_writes import writes_for
 from core.storage import Lakehouse, gold_key
 from gold.push import PROGRESS_TABLE, STATS_TABLE
 from pipelines.run.markers import mirrors_position
@@ -111,7 +112,7 @@ def verify_once(config: Config, where: Locations, start_spark: Callable[[], Spar
         truth_src = count_at(source, point, config.counted, "verify: counting source rows")
         read = {} if not mirrored else write_baselines(   # the mirrored tables at the point
             source, point.snapshot_name, mirrored, scratch_root(config.lakehouse), point.lsn,
-            options)
+            options, writes_for(reader, config))
     # The temporary slot is gone: nothing of verify pins WAL from here on.
 
     layers = ("gold", "dashboard", *(("mirrors",) if mirrored else ()))
