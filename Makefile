@@ -3,7 +3,7 @@
 #   make test   - the test suite on real Postgres + wal2json, Spark + Delta
 #   make bench  - the benchmarks (python -m bench, then bench.aging and bench.aged):
 #                 docs/benchmarks.md, docs/benchmarks/aging.md and aged.md, their JSON
-#                 and plots
+#                 and plots; then the soaks (pytest -m soak)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -40,9 +40,12 @@ venv: $(VENV)/.installed $(VENV)/node/.installed-$(AZURITE_VERSION)
 # The suite's batches are small and their plans new, so Spark interprets expressions rather
 # than compiling code for each (core/spark.py's LOW_LATENCY_CONF, here for every JVM through
 # system properties): a fresh JVM's first three MERGEs 18.4 -> 14.4 s, a warm one 3.1 -> 2.7 s.
+# C1 alone shrinks the JVM's default code cache from 240 MB to 48 MB, which a long CLI run
+# through Spark alone (LAKECDC_WRITER=spark: a session per writer, many small jobs) filled
+# ("Out of space in CodeCache for adapters"): the default size is kept.
 JVM_ARCHIVE := $(VENV)/spark-classes.jsa
-TEST_JVM := -XX:TieredStopAtLevel=1 -Dspark.sql.codegen.wholeStage=false \
-	-Dspark.sql.codegen.factoryMode=NO_CODEGEN
+TEST_JVM := -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m \
+	-Dspark.sql.codegen.wholeStage=false -Dspark.sql.codegen.factoryMode=NO_CODEGEN
 test: system-deps venv lint
 	rm -f $(JVM_ARCHIVE)
 	SPARK_SUBMIT_OPTS="-XX:ArchiveClassesAtExit=$(abspath $(JVM_ARCHIVE)) -Xlog:disable" \
@@ -68,6 +71,7 @@ bench: system-deps venv
 	$(PY) -m bench $(BENCH_ARGS)
 	$(PY) -m bench.aging $(AGING_ARGS)
 	$(PY) -m bench.aged $(AGED_ARGS)
+	$(PY) -m pytest -m soak
 
 clean:
 	rm -rf $(VENV) lakehouse .pytest_cache

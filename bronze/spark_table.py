@@ -52,6 +52,7 @@ from bronze.table import (
     END_SUFFIX,
     REBASELINE_SUFFIX,
     TABLE_CONFIG,
+    WRITER_KEPT,
     BronzeTable,
     Progress,
     SourceIdentity,
@@ -152,13 +153,16 @@ class SparkBronzeTable:
                             f"('comment' = '{text}')")
 
     def _read_state(self) -> dict | None:
-        """The newest progress map (None: no table, or none recorded)."""
+        """The newest progress map (None: no table). A table without one was set up by the
+        delta-rs path, whose progress Spark cannot read: refused with one sentence."""
         for limit in (_RECENT, None):
             commits = read_commits(self._spark, self.path, LAYER, limit=limit,
                                    mentioning=_MENTION)
             state = newest(commits)
             if state is not None or limit is None or len(commits) < _RECENT:
                 break
+        if state is None and self.exists():
+            raise UserError(WRITER_KEPT.format(path=self.uri, was="delta-rs"))
         self._state = state
         return state
 

@@ -44,12 +44,18 @@ from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction
 
 from bronze.records import BRONZE_SCHEMA
+from core.commits import read_commits_rs
 from core.errors import UserError
 from core.features import open_table
 from core.handle import CHECKPOINTS, WriterHandle
 from core.storage import filesystem
 
 END_SUFFIX = ":end_lsn"
+# Each path keeps bronze's progress its own way (delta-rs: Delta app transactions; Spark:
+# its commits' metadata), so a lakehouse keeps the writer it was set up with.
+WRITER_KEPT = ("bronze at {path} was set up with LAKECDC_WRITER={was}, and a lakehouse keeps "
+               "the writer it was set up with (each keeps bronze's progress its own way): set "
+               "LAKECDC_WRITER={was}, or set up a new lakehouse with the other writer.")
 REBASELINE_SUFFIX = ":rebaseline"
 TABLE_CONFIG = {
     "delta.appendOnly": "true",
@@ -118,10 +124,16 @@ class BronzeTable:
                 ident.slot, ident.database, system_identifier, timeline)))
 
     def progress(self, slot: str) -> Progress | None:
+        """The slot's progress (None: none recorded); a table the Spark path set up (its
+        progress in its commits' metadata, ``bronze.spark_table``) is refused with one
+        sentence."""
         table = self._table()
         commit_lsn = table.transaction_version(slot)
         end_lsn = table.transaction_version(slot + END_SUFFIX)
         if commit_lsn is None or end_lsn is None:
+            if any(c.meta for c in read_commits_rs(self.uri, self.storage_options, "bronze",
+                                                   limit=20)):
+                raise UserError(WRITER_KEPT.format(path=self.uri, was="spark"))
             return None
         return Progress(commit_lsn, end_lsn)
 

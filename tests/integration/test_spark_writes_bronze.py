@@ -32,7 +32,7 @@ from core.spark_writes import SparkWrites
 from core.commits import parse_commit_metadata
 from tests.cloud_servers import guarded_s3
 from tests.integration.workload import mixed
-from tests.tests_support import cli_env, error_line, run_cli
+from tests.tests_support import cli_env, error_line, one_sentence, run_cli
 from tests.truth import Witness, check_bronze, source_truth
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -171,3 +171,22 @@ def test_the_spark_table_keeps_identity_and_every_app_version_across_commits(spa
     unguarded.append(iter([row]), "s", Progress(250, 300))
     assert table.version() == version + 1
     assert DeltaTable(path).to_pyarrow_table().num_rows == 1
+
+
+@pytest.mark.parametrize("set_up_with,then", [("delta-rs", "spark"), ("spark", "delta-rs")])
+def test_a_lakehouse_keeps_the_writer_it_was_set_up_with(source_db, config, lakecdc,
+                                                         set_up_with, then):
+    """Each path keeps bronze's progress its own way; shipping with the other writer is
+    one sentence naming the one it was set up with, and ships nothing."""
+    code, _, err = lakecdc(config, "setup", env={"LAKECDC_WRITER": set_up_with})
+    assert code == 0, err[-3000:]
+    mixed(source_db.dsn, seed=81)
+    code, _, err = lakecdc(config, "ship", "--once", env={"LAKECDC_WRITER": then})
+    line = one_sentence(code, err, f"set up with LAKECDC_WRITER={set_up_with}")
+    assert "a lakehouse keeps the writer" in line
+    with source_db.connect() as conn:       # the slot did not move: nothing was shipped
+        confirmed = conn.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots "
+                                 "WHERE slot_name = %s", [config.slot]).fetchone()[0]
+        pending = conn.execute("SELECT count(*) FROM pg_logical_slot_peek_changes("
+                               "%s, NULL, NULL)", [config.slot]).fetchone()[0]
+    assert confirmed is not None and pending > 0

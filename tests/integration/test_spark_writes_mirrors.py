@@ -1,7 +1,6 @@
 """Mirrors and maintenance where every write goes through Spark (``LAKECDC_WRITER=spark``,
-issue 37): the lakehouse is filled by ``setup``, ``ship`` and ``stream`` on the default
-delta-rs path, then the mirrors, ``maintain`` and ``verify`` run with the Spark writer on
-it. The source is read with psycopg and each mirror with delta-rs (never through lakecdc):
+issue 37): every command runs with the Spark writer (``setup``, ``ship``, ``stream``, then
+the mirrors, ``maintain`` and ``verify``). The source is read with psycopg and each mirror with delta-rs (never through lakecdc):
 
 - each mirror equals its source through TOAST-omitted columns, key moves (twice in one
   batch), deletes, a TRUNCATE and an added column, and every MERGE after its initial rows
@@ -38,9 +37,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 SPARK = {"LAKECDC_WRITER": "spark"}
 
 
-def delta_rs_layers(cli_here, env) -> None:
-    """bronze, silver and gold on the default path (the shipper's and the stream's Spark
-    writes are tested apart)."""
+def layers(cli_here, env) -> None:
+    """bronze, silver and gold, through Spark too (``env``: a lakehouse keeps the writer it
+    was set up with)."""
     for stage in (["ship", "--once"], ["stream", "--once"]):
         done = cli_here(stage, env)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -73,7 +72,7 @@ def setup_with_rows(source_db, config, seed: int) -> dict:
     with source_db.connect() as conn:
         conn.execute(SCHEMA_SQL)
         traffic(conn, rng, 30)                      # initial rows, read by setup
-    env = {**cli_env(config), **MIRRORED}
+    env = {**cli_env(config), **MIRRORED, **SPARK}
     setup = run_cli(["setup"], env)
     assert setup.returncode == 0, setup.stderr[-3000:]
     with source_db.connect() as conn:
@@ -84,7 +83,7 @@ def setup_with_rows(source_db, config, seed: int) -> dict:
 def test_spark_mirrors_follow_the_source_and_maintain_and_verify_keep_them_exact(
         source_db, config, cli_here):
     env = setup_with_rows(source_db, config, seed=3701)
-    delta_rs_layers(cli_here, env)
+    layers(cli_here, env)
     spark_mirrors(cli_here, env)
     assert_mirror_is_source(source_db, config)
 
@@ -93,7 +92,7 @@ def test_spark_mirrors_follow_the_source_and_maintain_and_verify_keep_them_exact
         conn.execute("UPDATE typed_rows SET small = 7")
         traffic(conn, rng, 20)
         moved = move_twice(conn)
-    delta_rs_layers(cli_here, env)
+    layers(cli_here, env)
     spark_mirrors(cli_here, env)
     assert_mirror_is_source(source_db, config)
     assert mirror_rows(config, added=False)[moved][-1] is not None      # the body kept
@@ -104,7 +103,7 @@ def test_spark_mirrors_follow_the_source_and_maintain_and_verify_keep_them_exact
         traffic(conn, rng, 20)
         conn.execute("ALTER TABLE typed_rows ADD COLUMN note text")
         traffic(conn, rng, 30, added=True)
-    delta_rs_layers(cli_here, env)
+    layers(cli_here, env)
     spark_mirrors(cli_here, env)
     assert_mirror_is_source(source_db, config, added=True)
 
@@ -139,7 +138,7 @@ def test_spark_mirrors_follow_the_source_and_maintain_and_verify_keep_them_exact
 def test_a_replayed_spark_mirror_batch_commits_nothing_and_without_its_guard_drifts(
         source_db, config, cli_here, tmp_path):
     env = setup_with_rows(source_db, config, seed=3711)
-    delta_rs_layers(cli_here, env)
+    layers(cli_here, env)
     spark_mirrors(cli_here, env)
     checkpoint = f"{config.lakehouse}/_checkpoints/mirrors"
     saved = tmp_path / "mirrors-checkpoint"
@@ -147,7 +146,7 @@ def test_a_replayed_spark_mirror_batch_commits_nothing_and_without_its_guard_dri
     with source_db.connect() as conn:
         conn.execute("DELETE FROM typed_rows WHERE k1 % 3 = 0")
         moved = move_twice(conn)
-    delta_rs_layers(cli_here, env)
+    layers(cli_here, env)
     spark_mirrors(cli_here, env)
     assert_mirror_is_source(source_db, config)
     version = DeltaTable(mirror_path(config.lakehouse, TABLE)).version()

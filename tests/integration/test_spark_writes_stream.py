@@ -2,8 +2,8 @@
 steps and folds, and the push's reads of gold all go through Spark's Delta, and stay
 exactly once.
 
-Bronze is shipped with delta-rs (its Spark path is tested on its own), then the stream and
-the push run with ``LAKECDC_WRITER=spark`` on that lakehouse. Checked against independent
+Every command runs with ``LAKECDC_WRITER=spark`` (a lakehouse keeps the writer it was set
+up with: bronze's progress is kept differently on each path). Checked against independent
 truth: the source's GROUP BY (``tests.truth``), bronze's rows read from the Delta log, and
 which engine made each commit (``commitInfo.engineInfo`` in the log's own JSON). A kill
 right after gold's MERGE replays exactly; with the ``gold_txn`` guard off the same replay
@@ -66,7 +66,7 @@ def assert_silver_is_bronze(lakehouse: Path) -> None:
 
 
 def ship(lakecdc, config) -> None:
-    code, _, err = lakecdc(config, "ship", "--once")       # delta-rs: the default writer
+    code, _, err = lakecdc(config, "ship", "--once", env=SPARK)
     assert code == 0, err[-3000:]
 
 
@@ -75,7 +75,7 @@ def killed_then_replayed(source_db, config, lakecdc, fault: str,
     """Setup, traffic, ship; the stream through Spark killed at ``fault`` in batch 0
     (before the checkpoint records it); then the stream and a push through Spark again.
     Returns the purged history rows (for the truth)."""
-    code, _, err = lakecdc(config, "setup")
+    code, _, err = lakecdc(config, "setup", env=SPARK)
     assert code == 0, err[-3000:]
     purged = mixed(source_db.dsn, seed=37)
     ship(lakecdc, config)
@@ -105,7 +105,7 @@ def test_the_one_pass_through_spark_is_exact_after_a_kill_and_spark_made_every_c
     check_gold(config.lakehouse, source_db.dsn, config.dashboard, purged)
     assert_silver_is_bronze(lakehouse)
 
-    # More traffic, shipped with delta-rs, then ``run --once`` through Spark (nothing left
+    # More traffic, shipped, then ``run --once`` through Spark (nothing left
     # to ship): its push reads gold's change data feed through Spark.
     purged += mixed(source_db.dsn, seed=38)
     ship(lakecdc, config)
@@ -156,7 +156,7 @@ def test_a_continuous_run_through_spark_pushes_ahead_and_ends_exact(source_db, c
     from tests.truth import dashboard_counts, source_truth
     from tests.tests_support import wait_for
 
-    code, _, err = lakecdc(config, "setup")
+    code, _, err = lakecdc(config, "setup", env=SPARK)
     assert code == 0, err[-3000:]
     pipeline = Pipeline(config.with_(writer="spark"), spark_factory=lambda: spark,
                         push_interval_s=0.5)
