@@ -20,6 +20,8 @@
 - ``catch_up``: ``lakecdc run`` as its own process, frozen (SIGSTOP) while a backlog of
   ``changes`` is committed then thawed, and started cold on one: from the thaw (the start)
   to an exact dashboard (``bench.catch_up``).
+- ``writers``: freshness as in ``freshness``, with every write through Spark
+  (``LAKECDC_WRITER=spark``) beside the delta-rs path, each on a database of its own.
 - ``gold_scaling``: per gold size (10,000 to 1,000,000 keys), a database holding that many
   keys before ``setup`` (they reach gold through the baseline), then ``lakecdc run`` under
   2,000 changes/s spread over every service, probed (and 200/s at the largest): the gold
@@ -399,6 +401,26 @@ class Bench:
         out["lakecdc"] = exactness(config)
         return out, drove
 
+    def writers(self, seconds: float | None = None) -> dict:
+        """Freshness with every write through Spark (``LAKECDC_WRITER=spark``, the path of
+        workspaces where only Spark reaches storage) beside the delta-rs path's, at each of
+        ``rates``, each writer on a database and lakehouse of its own, set up and warmed the
+        same way (``continuous``)."""
+        p = self.params
+        out: dict = {"load_before": _load(), "runs": []}
+        for writer in ("delta-rs", "spark"):
+            config = self.database(f"writer_{writer.replace('-', '_')}", neighbours=True
+                                   ).with_(writer=writer)
+            setup(config)
+            pipeline = self.pipeline(config)
+            workload.write_backlog(config.source_dsn, 2_000, p.tx_size, round_rows=1000,
+                                   tag="w")
+            pipeline.run_once()
+            for rate in p.rates:
+                run, _ = self.continuous(config, pipeline, rate, seconds or p.freshness_s)
+                out["runs"].append({"writer": writer, **run})
+        return out
+
     def catch_up(self) -> dict:
         """The end-to-end catch-up of a ``lakecdc run`` process, warm (frozen while the
         backlog is committed, then thawed) and cold (started on the backlog), each on a
@@ -477,7 +499,7 @@ def run_all(params: Params, say=lambda text: None, save=lambda doc: None) -> dic
     with Bench(params) as bench:
         t = time.perf_counter()
         for name, section in (("backlog", bench.backlog), ("freshness", bench.freshness),
-                              ("catch_up", bench.catch_up),
+                              ("catch_up", bench.catch_up), ("writers", bench.writers),
                               ("gold_scaling", bench.gold_scaling),
                               ("big_transaction", bench.big_transaction)):
             say(f"{name} (load {_load()}) ...")

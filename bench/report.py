@@ -81,7 +81,8 @@ def _exact(check: dict) -> bool:
 def all_exact(doc: dict) -> bool:
     checks = [doc["backlog"]["lakecdc"], *[r["lakecdc"] for r in doc["freshness"]["runs"]],
               *[r["lakecdc"] for p in doc["gold_scaling"]["points"] for r in p["runs"]],
-              *[r["lakecdc"] for r in _catch_up_runs(doc).values()]]
+              *[r["lakecdc"] for r in _catch_up_runs(doc).values()],
+              *[r["lakecdc"] for r in doc.get("writers", {}).get("runs", [])]]
     mirrors = [r["neighbours"]["mirrors_equal_source"] for r in doc["freshness"]["runs"]
                if "neighbours" in r]
     return all(c["gold"]["exact"] and c["dashboard"]["exact"] for c in checks) and all(mirrors)
@@ -100,6 +101,18 @@ def catch_up_rows(doc: dict) -> str:
             + f"{r['load_before'][0]} | {'exact' if _exact(r['lakecdc']) else 'NOT exact'} |"
             for name, r in _catch_up_runs(doc).items()]
     return "\n".join(rows) or "| not measured in this run | | | | | | | |"
+
+
+def writer_rows(doc: dict) -> str:
+    """The writers section's runs, one row each (none in an older result)."""
+    rows = [f"| {r['writer']} | {_n(r['rate'])} | {_n(r['achieved_rate'])} | "
+            f"{_n(r['latency_s'].get('p50'))} / {_n(r['latency_s'].get('p95'))} / "
+            f"{_n(r['latency_s'].get('max'))} | "
+            f"{' / '.join(_n(r.get('mirror_latency_s', {}).get(k)) for k in ('p50', 'p95', 'max'))}"
+            f" | {r['load_before'][0]} → {r['load_after'][0]} | "
+            f"{'exact' if _exact(r['lakecdc']) else 'NOT exact'} |"
+            for r in doc.get("writers", {}).get("runs", [])]
+    return "\n".join(rows) or "| not measured in this run | | | | | | |"
 
 
 def verdicts(doc: dict) -> list[dict]:
@@ -424,6 +437,7 @@ def _values(doc: dict, images: dict[str, str]) -> dict:
         "gold_batch_s": _n(total("gold_s")), "gold_merge_s": _n(total("merge_s")),
         "fresh_progress": fresh_progress(doc),
         "catch_up_rows": catch_up_rows(doc),
+        "writer_rows": writer_rows(doc),
         "push_keys": _n(layers["push"]["keys"]),
         "stream_progress": (
             f"Spark's query progress for the same run (summed `durationMs`): trigger "

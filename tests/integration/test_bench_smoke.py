@@ -23,6 +23,7 @@ METRICS = {
                 "twin_identical", "spark_progress", "load_before"],
     "freshness": ["runs", "load_before"],
     "catch_up": ["warm", "cold", "load_before"],
+    "writers": ["runs", "load_before"],
     "gold_scaling": ["points", "key_growth", "batch_growth", "batch_growth_mean",
                      "load_before"],
     "big_transaction": ["peak_rss_mb", "ship_s", "bronze_rows", "load_before"],
@@ -55,6 +56,9 @@ def test_quick_bench_measures_everything_and_lakecdc_is_exact(tmp_path):
         run = doc["catch_up"][start]
         assert run["changes_per_s"] > 0 and run["lakecdc"]["dashboard"]["exact"], run
     assert doc["catch_up"]["cold"]["start_up_s"] > 0
+    assert {r["writer"] for r in doc["writers"]["runs"]} == {"delta-rs", "spark"}
+    for run in doc["writers"]["runs"]:
+        assert run["probes"]["seen"] > 0 and run["lakecdc"]["dashboard"]["exact"], run
     for run in doc["freshness"]["runs"]:
         missing = [k for k in ("latency_s", "series", "achieved_rate", "probes", "lakecdc",
                                "load_before") if k not in run]
