@@ -6,8 +6,8 @@ source's columns under their own names, typed by ``silver.mirror_types``, plus
 docs/silver.md, "Mirrors", is the user's account; the rules, per micro-batch of silver:
 
 - The batch comes to the driver as Arrow (``silver.mirror_store``: its files read by
-  pyarrow where they are local, or collected by Spark) and each table's changes fold to one row per primary key
-  there (``silver.mirror_fold.fold_changes``), in ``(commit_lsn, seq)`` order: the last
+  pyarrow where they are local, or collected by Spark) and each table's changes fold to
+  one row per primary key there (``silver.mirror_fold.fold_changes``), in ``(commit_lsn, seq)`` order: the last
   change decides whether the row exists; each column takes its value from the last change
   that carried it, so an UPDATE that leaves a TOASTed value out (wal2json omits it) keeps
   the mirror's value. An UPDATE that changes the key deletes the old key.

@@ -5,8 +5,8 @@
 parses them once (``silver.parse``) for silver and gold alike; ``append`` appends one row
 per bronze row to ``silver/changes`` and the batch's failed rows (raw JSON and the error)
 to ``silver/quarantine``, both with delta-rs (or, where only Spark reaches storage, through
-Spark: ``LAKECDC_WRITER=spark``, ``core.spark_writes``). The stream bounds a batch's size, and so the
-driver's memory (``pipelines.run.stream.BATCH_BYTES``).
+Spark: ``LAKECDC_WRITER=spark``, ``core.spark_writes``). The stream bounds a batch's size,
+and so the driver's memory (``pipelines.run.stream.BATCH_BYTES``).
 
 - **Exactly once per table.** Each append carries a Delta app transaction
   (``lakecdc-silver`` / ``lakecdc-quarantine``, version = the stream's batch id) and the

@@ -4,9 +4,10 @@ The bundle's jobs start side by side on a fresh deployment: ``stream`` may start
 setup has created bronze, ``push`` before the stream has created gold, ``mirrors`` before it
 has created silver. Such a stage waits, polling the table's Delta log (delta-rs: no JVM),
 until its input exists or the time is up; then it starts, and a missing input is still
-refused by the stage itself with its one sentence (exit 2). Without the flag (interactive use) nothing waits: a missing input is a
-mistake to hear about at once. Where only Spark reaches storage (``LAKECDC_WRITER=spark``)
-the table is looked for through the Spark session given.
+refused by the stage itself with its one sentence (exit 2). Without the flag (interactive
+use) nothing waits: a missing input is a mistake to hear about at once. Where only Spark
+reaches storage (``LAKECDC_WRITER=spark``) the table is looked for through the Spark
+session given.
 """
 
 from __future__ import annotations

@@ -168,8 +168,7 @@ class Pipeline:
         from pipelines.source.baseline import read_baseline
 
         self.faults.hit("before_gold_seed")
-        baseline = read_baseline(self.config.baseline_path,
-                                 spark=self.spark if self.config.spark_writes else None)
+        baseline = read_baseline(self.config.baseline_path, spark=self.reader)
         if baseline is None or holds_counts(self.spark, self.where.gold):
             return False
         commit_lsn, counts = baseline
@@ -294,7 +293,8 @@ class Pipeline:
         return run_push(self.where.gold, self.config.dashboard, stop or threading.Event(),
                         interval_s=self.push_interval_s, wake=wake,
                         marks=self.marks.snapshot, fence=self._fence, sole=self._sole,
-                        spark=self.reader, on_result=self.metrics.on_push if self.metrics is not None else None)
+                        spark=self.reader,
+                        on_result=self.metrics.on_push if self.metrics is not None else None)
 
     def start_mirrors(self, once: bool, accept_errors_upto: int | None = None):
         """Create missing mirrors and start their query (``pipelines.run.mirrors``); returns

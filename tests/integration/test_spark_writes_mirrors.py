@@ -1,6 +1,7 @@
 """Mirrors and maintenance where every write goes through Spark (``LAKECDC_WRITER=spark``,
 issue 37): every command runs with the Spark writer (``setup``, ``ship``, ``stream``, then
-the mirrors, ``maintain`` and ``verify``). The source is read with psycopg and each mirror with delta-rs (never through lakecdc):
+the mirrors, ``maintain`` and ``verify``). The source is read with psycopg and each mirror
+with delta-rs (never through lakecdc):
 
 - each mirror equals its source through TOAST-omitted columns, key moves (twice in one
   batch), deletes, a TRUNCATE and an added column, and every MERGE after its initial rows
