@@ -113,8 +113,8 @@ def maintain_table(name: str, uri: str, storage_options: dict | None = None, *,
         return report
     table = open_table(uri, storage_options)
     report.files_before = len(table.file_uris())
-    held = _held_by_reader(uri, storage_options, table.version(), reader_floor,
-                           retention_hours, now or time.time())
+    held = held_by_reader(lambda v: commit_time(uri, storage_options, v), table.version(),
+                          reader_floor, retention_hours, now or time.time())
     small = table.optimize.compact(
         target_size=target_bytes,
         commit_properties=CommitProperties(
@@ -204,17 +204,19 @@ def _record(uri: str, storage_options: dict | None, report: TableReport, at: flo
                               "seconds": round(report.seconds, 3)}).encode())
 
 
-def _held_by_reader(uri: str, storage_options: dict | None, version: int,
-                    reader_floor: int | None, retention_hours: int, now: float) -> str | None:
+def held_by_reader(committed_at, version: int, reader_floor: int | None,
+                   retention_hours: int, now: float) -> str | None:
     """Why the vacuum waits for the table's stream, or None. Decided on the table as it was
     before this maintenance's own commits, which hold nothing for a reader: the stream is
     within the retention when the oldest commit it has not read (``reader_floor + 1``) is
-    younger than it, so every file it has still to read was removed, if at all, inside it."""
+    younger than it, so every file it has still to read was removed, if at all, inside it.
+    ``committed_at(version)``: when a version was committed (None: its entry is gone), read
+    by whichever engine maintains the table."""
     if reader_floor is None or reader_floor >= version:
         return None
     if reader_floor < 0:
         return "has read nothing yet"
-    unread_since = commit_time(uri, storage_options, reader_floor + 1)
+    unread_since = committed_at(reader_floor + 1)
     if unread_since is None:
         return f"is at version {reader_floor}, older than the log keeps"
     behind_h = (now - unread_since) / 3600

@@ -35,7 +35,7 @@ import json
 import time
 
 from core.config import LOG_RETENTION_MINUTES
-from core.maintenance import TARGET_BYTES, TableReport, log_properties
+from core.maintenance import TARGET_BYTES, TableReport, held_by_reader, log_properties
 
 _SESSION = {"spark.databricks.delta.retentionDurationCheck.enabled": "false",
             "spark.databricks.delta.vacuum.logging.enabled": "true"}
@@ -78,7 +78,8 @@ def maintain_table_spark(writes, name: str, path: str, *, retention_hours: int,
         spark.conf.set(key, value)
     report.files_before = _live_files(spark, path)
     version = writes.version(path)
-    held = _held(spark, path, version, reader_floor, retention_hours * 60, now)
+    held = held_by_reader(lambda v: commit_time_spark(spark, path, v), version,
+                          reader_floor, retention_hours, now)
     done = spark.sql(f"OPTIMIZE delta.`{path}`").first()
     report.compacted = int(done.metrics.numFilesRemoved or 0) if done is not None else 0
     _keep_retention(spark, path, log_retention_minutes,
@@ -125,22 +126,6 @@ def _keep_retention(spark, path: str, log_retention_minutes: int, log_floor: int
     settings = ", ".join(f"'{k}' = '{v}'" for k, v in wanted.items())
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")
     return True
-
-
-def _held(spark, path: str, version: int, reader_floor: int | None, retention_minutes: int,
-          now: float) -> str | None:
-    """Why the vacuum waits for the table's stream (``core.maintenance._held_by_reader``'s
-    rule), or None."""
-    if reader_floor is None or reader_floor >= version:
-        return None
-    if reader_floor < 0:
-        return "has read nothing yet"
-    unread_since = commit_time_spark(spark, path, reader_floor + 1)
-    if unread_since is None:
-        return f"is at version {reader_floor}, older than the log keeps"
-    behind_h = (now - unread_since) / 3600
-    return f"is at version {reader_floor}, {behind_h:.1f} h behind" \
-        if behind_h * 60 > retention_minutes else None
 
 
 def commit_time_spark(spark, path: str, version: int) -> float | None:
