@@ -34,7 +34,6 @@ from datetime import datetime, timezone
 from typing import Iterable
 
 import psycopg
-from deltalake import DeltaTable
 
 from bronze.backfill_source import SourceTable, _reader, describe_table, emit_mark, read_chunk
 from bronze.backfill_staging import (
@@ -42,19 +41,15 @@ from bronze.backfill_staging import (
     TABLE_DONE,
     ChunkInfo,
     RunState,
-    StagingTable,
     _now_us,
     app_id,
-    staging_path,
+    staging_table,
 )
-from bronze.spark_table import refuse_spark_writer
-from bronze.table import BronzeTable
+from bronze.spark_table import bronze_table
 from core.config import Config
 from core.errors import UserError
 from core.faults import FaultPoints
-from core.features import open_table
 from core.locks import acquire, shipper_running
-from core.maintenance import maintain_table
 from core.postgres import connect
 from core.progress import ProgressBar
 
@@ -133,32 +128,32 @@ def run_snapshot_backfill(config: Config, tables: Iterable[str] | None = None,
                           stop: threading.Event | None = None, new_run: bool = False,
                           max_ahead: int = MAX_AHEAD, timeout_s: float = WAIT_TIMEOUT_S,
                           storage_options: dict | None = None,
-                          since_us: int | None = None) -> BackfillReport:
+                          since_us: int | None = None, writes=None) -> BackfillReport:
     """``lakecdc backfill snapshot``: run or continue the backfill of ``tables``.
     ``since_us``: runs of these tables started before this time (µs since the epoch) are
-    passed over (``lakecdc tables add``: a table captured again is read again)."""
-    refuse_spark_writer(config, "backfill snapshot")
+    passed over (``lakecdc tables add``: a table captured again is read again).
+    ``writes``: the ``core.spark_writes.SparkWrites`` staging is written and bronze read
+    through when ``config.spark_writes``."""
     chosen = resolve_tables(config, tables)
     if chunk_rows < 1 or max_ahead < 0 or timeout_s <= 0:
         raise UserError("--chunk-rows and --timeout must be positive.")
     return SnapshotBackfill(config, chosen, chunk_rows, stop or threading.Event(), new_run,
-                            max_ahead, timeout_s, storage_options, since_us).run()
+                            max_ahead, timeout_s, storage_options, since_us, writes).run()
 
 
 class SnapshotBackfill:
     def __init__(self, config: Config, tables: tuple[str, ...], chunk_rows: int,
                  stop: threading.Event, new_run: bool, max_ahead: int, timeout_s: float,
-                 storage_options: dict | None, since_us: int | None = None) -> None:
+                 storage_options: dict | None, since_us: int | None = None,
+                 writes=None) -> None:
         self.config, self.tables, self.chunk_rows = config, tables, chunk_rows
         self.since_us = since_us
         self.stop, self.new_run = stop, new_run
         self.max_ahead, self.timeout_s = max_ahead, timeout_s
         self.key = ",".join(tables)
-        self.bronze = BronzeTable(config.bronze_path, storage_options)
-        self.staging = StagingTable(staging_path(config), storage_options)
+        self.bronze = bronze_table(config, storage_options, writes)
+        self.staging = staging_table(config, storage_options, writes)
         self.faults = FaultPoints(config.faults)
-        self._bronze_dt: DeltaTable | None = None
-        self.storage_options = storage_options
 
     # -- state --
 
@@ -183,11 +178,7 @@ class SnapshotBackfill:
         return RunState(run, self.tables, _now_us()), False
 
     def _emitted(self, run: str) -> int:
-        if self._bronze_dt is None:
-            self._bronze_dt = open_table(self.config.bronze_path, self.storage_options)
-        else:
-            self._bronze_dt.update_incremental()
-        return self._bronze_dt.transaction_version(app_id(run)) or 0
+        return self.bronze.app_version(app_id(run)) or 0
 
     def _wait_emitted(self, conn: psycopg.Connection, run: str, chunk: int) -> bool:
         """Until bronze holds ``chunk`` of ``run`` (False: stopped). Bounded: exit 2 if no
@@ -306,8 +297,7 @@ class SnapshotBackfill:
         self.staging.drop_rows(run)
         # The staging table's only writer is this run: it keeps the table small itself
         # (core.maintenance), after its last write.
-        log.info("backfill %s: maintained %s", run, maintain_table(
-            "backfill staging", self.staging.uri, self.staging.storage_options,
-            retention_hours=self.config.retention_hours).line())
+        log.info("backfill %s: maintained %s", run,
+                 self.staging.maintain(self.config.retention_hours).line())
         return "complete"
 

@@ -24,7 +24,7 @@ from bronze.backfill_marks import (
     partial_read,
     read_records,
 )
-from bronze.backfill_staging import ChunkInfo, StagingTable, app_id, staging_path
+from bronze.backfill_staging import ChunkInfo, app_id, staging_table
 from bronze.table import BronzeTable
 from core.config import Config
 from core.lsn import fmt
@@ -51,8 +51,10 @@ class BackfillEmitter:
     """Turns the HIGH watermarks of one shipper batch into read rows (see module doc)."""
 
     def __init__(self, config: Config, bronze: BronzeTable,
-                 storage_options: dict | None = None) -> None:
-        self.staging = StagingTable(staging_path(config), storage_options)
+                 storage_options: dict | None = None, writes=None) -> None:
+        """``writes``: the shipper's ``core.spark_writes.SparkWrites`` when
+        ``config.spark_writes`` (staging is read through it)."""
+        self.staging = staging_table(config, storage_options, writes)
         self.bronze = bronze
         self.window_rule = config.guard_on(GUARD)
         # A counted table's read rows stay whole or dropped: gold and the silver suite
@@ -194,10 +196,10 @@ class BackfillEmitter:
                 exprs.append((pds.field("commit_lsn") <= w.low_lsn)
                              & pds.field("xid").isin(xids))
         if text:
-            found = self.bronze.changes_dataset(" OR ".join(text)).to_table(
-                columns=["commit_lsn", "xid", "action", "data"],
-                filter=reduce(lambda a, b: a | b, exprs)
-                & pds.field("action").isin(["I", "U", "D"]))
+            found = self.bronze.rows_where(
+                f"({' OR '.join(text)}) AND action IN ('I', 'U', 'D')",
+                reduce(lambda a, b: a | b, exprs) & pds.field("action").isin(["I", "U", "D"]),
+                ["commit_lsn", "xid", "action", "data"])
             merge(changed_keys(*(found.column(c).combine_chunks()
                                  for c in ("commit_lsn", "xid", "action", "data")), windows))
         # The rest of the windows: this batch.

@@ -116,7 +116,7 @@ class Shipper:
         self.on_batch = on_batch
         self.faults = faults or FaultPoints(config.faults)
         self.table = bronze_table(config, storage_options, writes)
-        self.backfill = BackfillEmitter(config, self.table, storage_options)
+        self.backfill = BackfillEmitter(config, self.table, storage_options, writes)
         self.captured = ShipperSet(config.lakehouse, config.slot, config.tables, storage_options,
                                    writes if config.spark_writes else None)
         # When bronze last committed, so the slot last moved (heartbeats are due after

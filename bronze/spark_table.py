@@ -90,17 +90,6 @@ def bronze_table(config, storage_options: dict | None = None,
                             spill_dir=config.spill_dir)
 
 
-def refuse_spark_writer(config, command: str) -> None:
-    """One sentence (exit 2) for a command that writes the lakehouse with delta-rs only
-    (the snapshot backfill's staging, changing the captured set while running): with
-    ``LAKECDC_WRITER=spark`` its writes could not reach storage, and would fail half-way."""
-    if config.spark_writes:
-        raise UserError(f"`lakecdc {command}` does not run with LAKECDC_WRITER=spark yet (its "
-                        "writes need delta-rs's storage access); run it where delta-rs can "
-                        "reach the lakehouse, or change LAKECDC_TABLES and rerun `lakecdc "
-                        "setup --rebaseline`; nothing was changed.")
-
-
 class SparkBronzeTable:
     """``BronzeTable`` through Spark (see the module's text)."""
 
@@ -184,9 +173,10 @@ class SparkBronzeTable:
     def version(self) -> int:
         return self.writes.version(self.path)
 
-    def changes_dataset(self, file_pruning_predicate: str | None = None):
-        raise NotImplementedError("bronze read as a pyarrow dataset needs delta-rs; with "
-                                  "LAKECDC_WRITER=spark read it with Spark")
+    def rows_where(self, where: str, row_filter, columns: list[str]) -> pa.Table:
+        """``columns`` of the rows meeting the SQL condition ``where`` (``row_filter``, the
+        same for pyarrow, is the delta-rs path's)."""
+        return self.writes.read(self.path, columns, where)
 
     @contextmanager
     def data_files(self) -> Iterator["SparkRows"]:

@@ -97,6 +97,7 @@ class BronzeTable:
         self.uri = uri
         self.storage_options = storage_options
         self._handle = WriterHandle(uri, storage_options)        # for ``commit``
+        self._reader: DeltaTable | None = None                   # for ``app_version``
 
     def _table(self) -> DeltaTable:
         return open_table(self.uri, self.storage_options)
@@ -138,13 +139,20 @@ class BronzeTable:
         return Progress(commit_lsn, end_lsn)
 
     def app_version(self, app_id: str) -> int | None:
-        """The version recorded for a Delta app transaction (None: never recorded)."""
-        return self._table().transaction_version(app_id)
+        """The version recorded for a Delta app transaction (None: never recorded). Read
+        through a handle kept up to date incrementally: callers poll it (the backfill waits
+        for its chunks, ``tables`` for the shipper's acknowledgement)."""
+        if self._reader is None:
+            self._reader = self._table()
+        else:
+            self._reader.update_incremental()
+        return self._reader.transaction_version(app_id)
 
-    def changes_dataset(self, file_pruning_predicate: str | None = None):
-        """The table as a pyarrow dataset, files pruned by their statistics (a superset:
-        filter the rows too)."""
-        return self._table().to_pyarrow_dataset(file_pruning_predicate=file_pruning_predicate)
+    def rows_where(self, where: str, row_filter, columns: list[str]) -> pa.Table:
+        """``columns`` of the rows meeting ``where`` (SQL; here it prunes files by their
+        statistics) and ``row_filter`` (the same condition as a pyarrow expression)."""
+        return self._table().to_pyarrow_dataset(file_pruning_predicate=where).to_table(
+            columns=columns, filter=row_filter)
 
     @contextmanager
     def data_files(self) -> Iterator["DataFiles"]:

@@ -23,8 +23,9 @@ the caller's ``SparkWrites`` session (its settings reach no other writer). What 
    file older than the retention goes, a killed writer's orphans too), held while the
    table's stream has unread commits older than the retention, as on delta-rs. Retentions
    under Delta's 7-day check need ``retentionDurationCheck.enabled=false`` in this session.
-5. **the report** beside the log (``_lakecdc_maintenance.json``) is not written: only Spark
-   reaches the storage, and ``lakecdc status`` reads it without Spark.
+5. **the report** beside the log (``_lakecdc_maintenance.json``) is not written: the table's
+   own history records each ``OPTIMIZE`` and ``VACUUM``, and ``lakecdc status`` reads it
+   there (``table_size_spark``).
 
 A kill anywhere leaves the table as it was or compacted, as there.
 """
@@ -35,7 +36,13 @@ import json
 import time
 
 from core.config import LOG_RETENTION_MINUTES
-from core.maintenance import TARGET_BYTES, TableReport, held_by_reader, log_properties
+from core.maintenance import (
+    TARGET_BYTES,
+    TableReport,
+    TableSize,
+    held_by_reader,
+    log_properties,
+)
 
 _SESSION = {"spark.databricks.delta.retentionDurationCheck.enabled": "false",
             "spark.databricks.delta.vacuum.logging.enabled": "true"}
@@ -190,3 +197,22 @@ def _vacuumed(spark, path: str, before: int) -> int:
         .select("operationMetrics").collect())
     return sum(int((r.operationMetrics or {}).get("numDeletedFiles") or 0) for r in rows)
 
+
+
+def table_size_spark(spark, path: str) -> TableSize | None:
+    """``core.maintenance.table_size`` through Spark; None: no table. The newest
+    maintenance is read from the table's history, its last ``OPTIMIZE`` or ``VACUUM END``
+    (this path writes no report file): ``{"at": seconds since the epoch}``."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    table = DeltaTable.forPath(spark, path)
+    detail = table.detail().first()
+    log = spark.read.format("binaryFile").load(f"{path.rstrip('/')}/_delta_log") \
+        .select("path").count()
+    last = (table.history().where(F.col("operation").isin("OPTIMIZE", "VACUUM END"))
+            .agg(F.max("timestamp").alias("at")).first()["at"])
+    return TableSize(int(detail.numFiles or 0), int(detail.sizeInBytes or 0), int(log),
+                     None if last is None else {"at": last.timestamp()})

@@ -65,13 +65,34 @@ class SparkWrites:
                               for f in schema])
 
     def create(self, path: str, schema: pa.Schema, properties: dict[str, str] | None = None,
-               comment: str | None = None) -> None:
+               comment: str | None = None, partitioned_by: tuple[str, ...] = ()) -> None:
         """Create the Delta table at ``path`` for Arrow ``schema`` unless one is there
         (``core.tables.create_table``): ``append`` writes only into an existing table."""
         from core.tables import create_table
 
         create_table(self._spark, path, self._spark.createDataFrame(schema.empty_table()).schema,
-                     properties or {}, comment=comment)
+                     properties or {}, comment=comment, partitioned_by=partitioned_by)
+
+    def read(self, path: str, columns: list[str], where: str | None = None) -> pa.Table:
+        """``columns`` of the rows of the Delta table at ``path`` meeting the SQL condition
+        ``where`` (all rows: None), as Arrow on the driver."""
+        frame = self._spark.read.format("delta").load(path)
+        if where is not None:
+            frame = frame.where(where)
+        return frame.select(*columns).toArrow()
+
+    def delete(self, path: str, where: str, *, meta: str | None = None) -> None:
+        """Delete the rows of the Delta table at ``path`` meeting the SQL condition
+        ``where``, in one commit with ``meta``."""
+        from delta.tables import DeltaTable
+
+        with self._lock:
+            if meta is not None:
+                self._spark.conf.set(_METADATA, meta)
+            try:
+                DeltaTable.forPath(self._spark, path).delete(where)
+            finally:
+                self._spark.conf.unset(_METADATA)
 
     def append(self, path: str, rows: pa.Table, *, meta: str | None = None,
                app: tuple[str, int] | None = None, overwrite: bool = False) -> bool:
@@ -146,6 +167,21 @@ class SparkWrites:
         from delta.tables import DeltaTable
 
         return int(DeltaTable.forPath(self._spark, path).history(1).first()["version"])
+
+
+def start_writes(config, spark_factory=None) -> SparkWrites | None:
+    """For a command that starts Spark only to write through it: a ``SparkWrites`` on
+    ``spark_factory()``'s session (None: ``core.spark``'s for the lakehouse) when ``config``
+    sends every write through Spark; else None, and no JVM starts."""
+    if not config.spark_writes:
+        return None
+    if spark_factory is None:
+        from core.spark import get_or_create
+        from core.storage import Lakehouse
+
+        return SparkWrites(get_or_create(lakehouse=Lakehouse.from_config(config),
+                                         master=config.spark_master))
+    return SparkWrites(spark_factory())
 
 
 def writes_for(spark, config) -> SparkWrites | None:

@@ -12,9 +12,10 @@ _TEMPORARY = re.compile(r"\..*\.tmp")
 
 
 def create_table(spark, path: str, schema, properties: dict[str, str],
-                 comment: str | None = None) -> None:
-    """Create the Delta table at ``path`` with ``schema``, ``properties`` and ``comment``
-    unless a table is there already (then nothing changes: idempotent). The table states
+                 comment: str | None = None, partitioned_by: tuple[str, ...] = ()) -> None:
+    """Create the Delta table at ``path`` with ``schema``, ``properties``, ``comment`` and
+    partition columns ``partitioned_by`` unless a table is there already (then nothing
+    changes: idempotent). The table states
     the features delta-rs cannot handle off (``core.features.PLAIN``), whatever the
     session's defaults say."""
     from delta.tables import DeltaTable
@@ -24,6 +25,8 @@ def create_table(spark, path: str, schema, properties: dict[str, str],
     builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
     if comment:
         builder = builder.comment(comment)
+    if partitioned_by:
+        builder = builder.partitionedBy(*partitioned_by)
     for key, value in {**PLAIN, **properties}.items():
         builder = builder.property(key, value)
     builder.execute()

@@ -51,7 +51,8 @@ def stage_metrics(pipeline, listen: str | None, stage: str):
     """Serve ``stage``'s metrics while the block runs, recorded through ``pipeline``."""
     from pipelines.observe.metrics import pipeline_exporter
 
-    with pipeline_exporter(pipeline.config, listen, stage=stage) as pipeline.metrics:
+    with pipeline_exporter(pipeline.config, listen, stage=stage,
+                           spark=lambda: pipeline.reader) as pipeline.metrics:
         yield pipeline
 
 

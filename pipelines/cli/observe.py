@@ -55,7 +55,9 @@ def sql_command(ctx, query, query_file, fmt, limit):
 def metrics(ctx, listen):
     """Serve the pipeline's state as Prometheus metrics until stopped: slot lag and
     wal_status, per layer version, commit LSN and freshness, quarantined rows. Read from
-    the source and the tables on scrape, wherever the pipeline runs (no Spark needed)."""
+    the source and the tables on scrape, wherever the pipeline runs (no Spark needed,
+    except with LAKECDC_WRITER=spark: then the tables are read through a Spark session)."""
     from pipelines.observe.metrics import serve_state
 
-    serve_state(load_config(ctx), listen, stop_on_signals())
+    pipeline = make_pipeline(ctx)          # its session starts at the first scrape, if used
+    serve_state(pipeline.config, listen, stop_on_signals(), spark=lambda: pipeline.reader)

@@ -45,12 +45,14 @@ def ship(ctx, once, metrics_port, **flags):
 
     config = load_config(ctx, **flags)
     maintainer = Maintainer(config, "ship", Lakehouse.from_config(config).delta_rs_options())
-    with pipeline_exporter(config, metrics_port, stage="ship") as metrics:
+    writes = spark_writes(ctx, config)
+    with pipeline_exporter(config, metrics_port, stage="ship",
+                           spark=lambda: writes.spark) as metrics:
         def on_batch(result, progress) -> None:
             if metrics is not None:
                 metrics.on_ship_batch(result, progress)
             maintainer.after_batch()        # bronze, between two of the shipper's commits
-        totals = Shipper(config, on_batch=on_batch, writes=spark_writes(ctx, config)).run(
+        totals = Shipper(config, on_batch=on_batch, writes=writes).run(
             once=once, stop=stop_on_signals())
     click.echo(f"shipped {totals.changes} changes in {totals.transactions} transactions "
                f"({totals.commits} bronze commits)")
@@ -130,7 +132,8 @@ def push(ctx, once, take_over, wait_s, metrics_port):
     sole = config.guard_on("sole_dashboard")
     stop = stop_on_signals()
     await_input(ctx, "push", wait_s, stop)
-    with pipeline_exporter(config, metrics_port, stage="push") as metrics:
+    with pipeline_exporter(config, metrics_port, stage="push",
+                           spark=lambda: spark) as metrics:
         on_result = metrics.on_push if metrics is not None else None
         if not once and not take_over:
             run_push(gold_path, config.dashboard, stop, interval_s=0.5,

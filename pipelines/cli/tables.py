@@ -33,7 +33,7 @@ def list_command(ctx):
     from pipelines.setup.tables import list_tables, render_tables
 
     config, options = _context(ctx)
-    click.echo(render_tables(list_tables(config, options)))
+    click.echo(render_tables(list_tables(config, options, spark_factory(ctx, config))))
 
 
 @tables.command("add")
@@ -63,4 +63,5 @@ def remove_command(ctx, table):
     from pipelines.setup.tables import remove_table
 
     config, options = _context(ctx)
-    click.echo(remove_table(config, table, options, stop_on_signals()))
+    click.echo(remove_table(config, table, options, stop_on_signals(),
+                            spark_factory=spark_factory(ctx, config)))

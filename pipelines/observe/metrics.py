@@ -239,8 +239,12 @@ def _safely(record: Callable[[], None]) -> None:
 
 
 def add_state(registry: CollectorRegistry, config: Config, storage_options: dict | None = None,
-              max_age_s: float = 5.0, parts: tuple[str, ...] = STATE_PARTS) -> StateCollector:
-    collector = StateCollector(lambda: read_state(config, storage_options, parts), max_age_s)
+              max_age_s: float = 5.0, parts: tuple[str, ...] = STATE_PARTS,
+              spark: Callable[[], object] | None = None) -> StateCollector:
+    """``spark``: gives the session the state is read through with ``LAKECDC_WRITER=spark``
+    (``read_state``)."""
+    collector = StateCollector(lambda: read_state(config, storage_options, parts, spark),
+                               max_age_s)
     registry.register(collector)
     return collector
 
@@ -308,28 +312,32 @@ def _info(registry: CollectorRegistry, config: Config) -> None:
 
 @contextmanager
 def pipeline_exporter(config: Config, listen: str | int | None, max_age_s: float = 5.0,
-                      stage: str = "run") -> Iterator[PipelineMetrics | None]:
+                      stage: str = "run", spark: Callable[[], object] | None = None
+                      ) -> Iterator[PipelineMetrics | None]:
     """For ``lakecdc run|ship|silver|gold|push --metrics-port``: the stage's event metrics,
     its state parts (``STAGES``) and the process metrics, served while the block runs
     (``metrics.port``: the bound port). Yields None (nothing served) when ``listen`` is
-    None."""
+    None. ``spark``: gives the stage's session, which the state is read through with
+    ``LAKECDC_WRITER=spark``."""
     if listen is None:
         yield None
         return
     serves = STAGES[stage]
     metrics = PipelineMetrics(layers=serves.layers)
-    add_state(metrics.registry, config, _storage_options(config), max_age_s, serves.parts)
+    add_state(metrics.registry, config, _storage_options(config), max_age_s, serves.parts,
+              spark)
     add_process(metrics.registry)
     _info(metrics.registry, config)
     with serve(metrics.registry, listen) as metrics.port:
         yield metrics
 
 
-def serve_state(config: Config, listen: str | int, stop: threading.Event) -> None:
+def serve_state(config: Config, listen: str | int, stop: threading.Event,
+                spark: Callable[[], object] | None = None) -> None:
     """``lakecdc metrics``: state + process metrics of a pipeline running anywhere, until
-    ``stop`` is set."""
+    ``stop`` is set (``spark``: as for ``pipeline_exporter``)."""
     registry = CollectorRegistry()
-    add_state(registry, config, _storage_options(config))
+    add_state(registry, config, _storage_options(config), spark=spark)
     add_process(registry)
     _info(registry, config)
     with serve(registry, listen):

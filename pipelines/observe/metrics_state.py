@@ -39,21 +39,28 @@ class StateSnapshot:
 
 
 def read_state(config: Config, storage_options: dict | None = None,
-               parts: tuple[str, ...] = STATE_PARTS) -> StateSnapshot:
+               parts: tuple[str, ...] = STATE_PARTS,
+               spark: Callable[[], object] | None = None) -> StateSnapshot:
     """Read ``parts`` (every part unless given) as ``lakecdc status`` does; a failing part
-    is marked down with its error (redacted), not raised."""
+    is marked down with its error (redacted), not raised. ``spark``: gives the session the
+    lakehouse is read through where only Spark reaches it (``LAKECDC_WRITER=spark``)."""
     from pipelines.observe import status
 
     started = time.monotonic()
     snap = StateSnapshot(taken_at=time.time(), slot_name=config.slot)
+
+    def session():
+        return spark() if spark is not None and config.spark_writes else None
+
     reads: list[tuple[str, Callable[[], None]]] = [
         ("source", lambda: setattr(snap, "slot", status.slot_status(config))),
         *[(layer, lambda layer=layer: snap.layers.__setitem__(
-            layer, status.layer_status(config, layer, storage_options))) for layer in LAYERS],
+            layer, status.layer_status(config, layer, storage_options, session())))
+          for layer in LAYERS],
         ("quarantine", lambda: setattr(snap, "quarantine_rows", status.quarantine_rows(
-            status.quarantine_path(config), storage_options))),
-        ("tables", lambda: setattr(snap, "tables", status.table_sizes(config,
-                                                                      storage_options))),
+            status.quarantine_path(config), storage_options, session()))),
+        ("tables", lambda: setattr(snap, "tables", status.table_sizes(
+            config, storage_options, session()))),
     ]
     for part, read in reads:
         if part not in parts:

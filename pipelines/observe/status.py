@@ -220,20 +220,30 @@ def quarantine_path(config: Config) -> str:
     return config.table_path(QUARANTINE)
 
 
-def table_sizes(config: Config, storage_options: dict | None = None) -> list[dict]:
+def table_sizes(config: Config, storage_options: dict | None = None,
+                spark=None) -> list[dict]:
     """Every table lakecdc maintains (``pipelines.maintain.plan``) with its live files and
-    bytes, its log's entries and its newest maintenance (``core.maintenance.table_size``);
-    tables not created yet are left out."""
+    bytes, its log's entries and its newest maintenance (``core.maintenance.table_size``;
+    through ``spark`` when given, ``core.maintenance_spark.table_size_spark``); tables not
+    created yet are left out."""
     from core.maintenance import table_size
     from pipelines.maintain.plan import GROUPS, tables_of
     from pipelines.setup.tables import captured_tables
 
-    mirrored = tuple(t for t in captured_tables(config, storage_options)
+    writes = None
+    if spark is not None:
+        from core.maintenance_spark import table_size_spark
+        from core.spark_writes import SparkWrites
+        from core.storage import on_databricks, spark_path
+
+        writes = SparkWrites(spark)
+    mirrored = tuple(t for t in captured_tables(config, storage_options, writes)
                      if t in config.mirrored)
     rows = []
     for group in GROUPS:
         for table in tables_of(config, group, mirrored):
-            size = table_size(table.uri, storage_options)
+            size = (table_size(table.uri, storage_options) if spark is None else
+                    table_size_spark(spark, spark_path(table.uri, on_databricks())))
             if size is not None:
                 last = size.last_maintained or {}
                 rows.append({"table": table.name, "live_files": size.live_files,
@@ -259,7 +269,7 @@ def collect(config: Config, storage_options: dict | None = None, spark=None) -> 
                     "commit_ts": l.commit_ts.isoformat() if l.commit_ts else None,
                     "freshness_s": l.freshness_s(now)} for l in layers],
         "quarantine_rows": quarantined,
-        "tables": table_sizes(config, storage_options),
+        "tables": table_sizes(config, storage_options, spark),
     }
 
 

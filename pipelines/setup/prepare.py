@@ -84,16 +84,10 @@ def setup(config: Config, rebaseline: bool = False,
     ``spark_factory``: the session that registers the tables by name, called only when
     ``config.registers`` (a session whose catalog keeps names: ``core.catalog``), and that
     every write goes through with ``LAKECDC_WRITER=spark`` (None: ``core.spark``'s)."""
+    from core.spark_writes import start_writes
     from pipelines.setup.catalog import names_session
 
-    writes = None
-    if config.spark_writes:
-        from core.spark import get_or_create
-        from core.spark_writes import SparkWrites
-        from core.storage import Lakehouse
-
-        writes = SparkWrites(spark_factory() if spark_factory is not None else get_or_create(
-            lakehouse=Lakehouse.from_config(config), master=config.spark_master))
+    writes = start_writes(config, spark_factory)
     spark = names_session(config, spark_factory,
                           _mirrored(config, storage_options, writes) if config.registers
                           else (), "setup")

@@ -45,8 +45,7 @@ from bronze.capture_list import (
     ShipperSet,
 )
 from bronze.source import identity_blocker, mirror_key
-from bronze.spark_table import refuse_spark_writer
-from bronze.table import BronzeTable
+from bronze.spark_table import bronze_table
 from core.config import TABLE_NAME, Config
 from core.errors import UserError
 from core.faults import FaultPoints
@@ -55,6 +54,7 @@ from core.layout import GOLD, mirror_path
 from core.locks import acquire, shipper_running
 from core.lsn import fmt
 from core.postgres import connect
+from core.spark_writes import start_writes
 from core.storage import gold_key, on_databricks, spark_path
 from gold.push import MIRRORS_LAYER, read_layer
 
@@ -100,16 +100,17 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
               stop: threading.Event | None = None, chunk_rows: int = 10_000,
               timeout_s: float = 600.0, spark_factory=None) -> str:
     """``lakecdc tables add``; returns the line to print. ``spark_factory``: the session
-    that registers the mirror by name, called only when ``config.registers``."""
+    that registers the mirror by name, called only when ``config.registers``, and that
+    every write goes through with ``LAKECDC_WRITER=spark`` (None: ``core.spark``'s)."""
     table = _qualified(name)
-    refuse_spark_writer(config, "tables add")
     from pipelines.setup.catalog import names_session
 
+    writes = start_writes(config, spark_factory)
     spark = names_session(config, spark_factory, (table,), "tables add")
     registered = None
     stop = stop or threading.Event()
-    store = CaptureList(config.lakehouse, storage_options)
-    bronze = BronzeTable(config.bronze_path, storage_options)
+    store = CaptureList(config.lakehouse, storage_options, writes)
+    bronze = bronze_table(config, storage_options, writes)
     if not bronze.exists():
         raise UserError(f"no bronze table at {config.bronze_path}: run `lakecdc setup` first.")
     started = time.monotonic()
@@ -155,7 +156,8 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
         since = int(stored.since(table).timestamp() * 1e6)
         report = run_snapshot_backfill(config.with_(tables=stored.active), tables=(table,),
                                        chunk_rows=chunk_rows, stop=stop, timeout_s=timeout_s,
-                                       storage_options=storage_options, since_us=since)
+                                       storage_options=storage_options, since_us=since,
+                                       writes=writes)
         if report.outcome == "stopped":
             return (f"{table}: captured from {fmt(at)}; reading its rows stopped after "
                     f"{report.new_rows:,} rows: rerun `lakecdc tables add {table}` to go on.")
@@ -179,15 +181,16 @@ def _register(spark, config: Config, table: str) -> str | None:
 
 
 def remove_table(config: Config, name: str, storage_options: dict | None = None,
-                 stop: threading.Event | None = None) -> str:
-    """``lakecdc tables remove``; returns the line to print."""
+                 stop: threading.Event | None = None, spark_factory=None) -> str:
+    """``lakecdc tables remove``; returns the line to print. ``spark_factory``: the
+    session every write goes through with ``LAKECDC_WRITER=spark``."""
     table = _qualified(name)
-    refuse_spark_writer(config, "tables remove")
     if table in config.counted.names:
         raise UserError(f"{table} is counted by service_stats, so it stays captured "
                         "(LAKECDC_NOTIFICATIONS_TABLE, LAKECDC_HISTORY_TABLE).")
-    store = CaptureList(config.lakehouse, storage_options)
-    bronze = BronzeTable(config.bronze_path, storage_options)
+    writes = start_writes(config, spark_factory)
+    store = CaptureList(config.lakehouse, storage_options, writes)
+    bronze = bronze_table(config, storage_options, writes)
     if not bronze.exists():
         raise UserError(f"no bronze table at {config.bronze_path}: run `lakecdc setup` first.")
     with connect(config.require_source(), what="source") as conn:
@@ -210,7 +213,7 @@ def remove_table(config: Config, name: str, storage_options: dict | None = None,
             f"{mirror_path(config.lakehouse, table)} is kept as it was, not updated.")
 
 
-def _wait_acknowledged(conn, config: Config, bronze: BronzeTable, version: int,
+def _wait_acknowledged(conn, config: Config, bronze, version: int,
                        stop: threading.Event) -> int | None:
     """Until bronze records that the shipper peeks with set ``version`` or a newer one;
     returns bronze's commit LSN then (None: stopped). A heartbeat transaction each time the
@@ -236,7 +239,7 @@ def _wait_acknowledged(conn, config: Config, bronze: BronzeTable, version: int,
     return _bronze_at(config, bronze)
 
 
-def _bronze_at(config: Config, bronze: BronzeTable) -> int:
+def _bronze_at(config: Config, bronze) -> int:
     """The source commit bronze holds everything up to."""
     progress = bronze.progress(config.slot)
     return progress.commit_lsn if progress is not None else 0
@@ -255,18 +258,23 @@ class TableLine:
     complete_as_of: tuple[int, datetime] | None = None
 
 
-def list_tables(config: Config, storage_options: dict | None = None) -> list[TableLine]:
+def list_tables(config: Config, storage_options: dict | None = None,
+                spark_factory=None) -> list[TableLine]:
     """Every table captured or once captured, with its mirror's size and freshness (read
-    from the Delta log: no Spark) and where it is complete (the dashboard's
-    ``lakecdc_layer_progress``; "-" when that cannot be read)."""
-    stored = CaptureList(config.lakehouse, storage_options).read()
+    from the Delta log: no Spark, unless every read goes through it, ``spark_factory``'s
+    session) and where it is complete (the dashboard's ``lakecdc_layer_progress``; "-"
+    when that cannot be read)."""
+    writes = start_writes(config, spark_factory)
+    stored = CaptureList(config.lakehouse, storage_options, writes).read()
     entries = ([(t, s, at) for t, (s, at) in stored.states.items()] if stored is not None
                else [(t, CAPTURED, None) for t in config.tables])
     gold = gold_key(spark_path(config.table_path(GOLD), on_databricks()))
     complete = read_layer(config.dashboard, gold, MIRRORS_LAYER) if config.dashboard else None
     lines = []
     for table, state, at in entries:
-        mirror = _mirror_freshness(config.lakehouse, table, storage_options)
+        mirror = (_mirror_freshness(config.lakehouse, table, storage_options)
+                  if writes is None else _mirror_freshness_spark(writes, config.lakehouse,
+                                                                 table))
         lines.append(TableLine(table, state, at, *mirror,
                                complete if state == CAPTURED and mirror[0] is not None
                                else None))
@@ -286,6 +294,25 @@ def _mirror_freshness(lakehouse: str, table: str, storage_options: dict | None):
     last = mirror.history(1)[0].get("timestamp")
     updated = datetime.fromtimestamp(last / 1000, timezone.utc) if last else None
     return rows, updated, newest
+
+
+def _mirror_freshness_spark(writes, lakehouse: str, table: str):
+    """``_mirror_freshness`` through Spark: a count and a max, and the last commit's time."""
+    from delta.tables import DeltaTable as SparkTable
+    from pyspark.sql import functions as F
+
+    path = spark_path(mirror_path(lakehouse, table), on_databricks())
+    if not SparkTable.isDeltaTable(writes.spark, path):
+        return None, None, None
+    found = writes.spark.read.format("delta").load(path).agg(
+        F.count(F.lit(1)).alias("rows"), F.max("_lakecdc_commit_ts").alias("newest")).first()
+    last = SparkTable.forPath(writes.spark, path).history(1).first()["timestamp"]
+    return (int(found["rows"]), _utc(last), _utc(found["newest"]))
+
+
+def _utc(at: datetime | None) -> datetime | None:
+    """A time pyspark gave (naive, in the process's local zone), as UTC."""
+    return None if at is None else at.astimezone(timezone.utc)
 
 
 def render_tables(lines: list[TableLine], now: datetime | None = None) -> str:

@@ -7,7 +7,8 @@ with delta-rs (never through lakecdc):
   batch), deletes, a TRUNCATE and an added column, and every MERGE after its initial rows
   was committed by Spark (``engineInfo``), with lakecdc's metadata;
 - ``maintain --once`` compacts the mirrors with Spark's ``OPTIMIZE`` and the mirrors stay
-  exact; ``verify`` passes;
+  exact; ``status`` and the metrics' state read each table's size and last maintenance
+  through Spark; ``verify`` passes;
 - a mirror batch replayed (its checkpoint put back) commits nothing and stays exact; with
   the mirrors' replay guard off (``mirror_txn``, a negative control) the same replay moves
   the twice-moved row again from a row that is gone, and loses its TOASTed body.
@@ -82,7 +83,7 @@ def setup_with_rows(source_db, config, seed: int) -> dict:
 
 
 def test_spark_mirrors_follow_the_source_and_maintain_and_verify_keep_them_exact(
-        source_db, config, cli_here):
+        source_db, config, cli_here, spark):
     env = setup_with_rows(source_db, config, seed=3701)
     layers(cli_here, env)
     spark_mirrors(cli_here, env)
@@ -130,6 +131,19 @@ def test_spark_mirrors_follow_the_source_and_maintain_and_verify_keep_them_exact
                for c in history), [c.get("operation") for c in history]
     assert any(c.get("operation") == "VACUUM END" for c in commits(config))
     assert_mirror_is_source(source_db, config, added=True)
+
+    # status reads the tables' sizes through Spark, and the maintenance from their history.
+    status = cli_here(["status", "--json"], {**env, **SPARK})
+    assert status.returncode == 0, status.stderr[-3000:]
+    sizes = {t["table"]: t for t in json.loads(status.stdout)["tables"]}
+    assert sizes["silver"]["live_files"] == 1 and sizes["silver"]["log_entries"] > 3, sizes
+    assert all(t["last_maintained"] is not None for t in sizes.values()), sizes
+    # The metrics' state, read as `run --metrics-port` reads it with this writer.
+    from pipelines.observe.metrics_state import read_state
+
+    state = read_state(config.with_(writer="spark"), spark=lambda: spark)
+    assert all(state.up.values()) and state.tables == json.loads(status.stdout)["tables"], (
+        state.errors)
 
     verified = cli_here(["verify"], {**env, **SPARK})
     assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]

@@ -1,0 +1,147 @@
+"""``tables add``, ``backfill snapshot``, ``tables`` and ``tables remove`` where every write
+goes through Spark (``LAKECDC_WRITER=spark``, issue 37): the captured set, the backfill's
+staging table, bronze and the mirror are all written by Spark, and the window rule reads
+bronze through it.
+
+A table with a composite key and TOASTed bodies is added while a Spark shipper runs. The
+first ``tables add`` crashes right after staging its one chunk (LOW written, rows read and
+staged, no HIGH yet), and the rows are changed before the rerun writes the HIGH: the
+changes are in bronze before the chunk, inside its window. The source is read with psycopg
+and the lakehouse with delta-rs, never through lakecdc:
+
+- the mirror equals the source: ten rows updated without their body (wal2json leaves the
+  unchanged TOASTed value out) take it from the read, a rewritten row and two deleted ones
+  take nothing from it (bronze records 10 cut and 2 dropped);
+- a second ``backfill snapshot`` run reads the rows again and the mirror stays equal;
+- every staging commit was made by Spark, and a completed run's staged rows are gone;
+- ``tables`` lists the mirror's rows; ``tables remove`` keeps the mirror as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+
+import pytest
+from deltalake import DeltaTable
+
+from core.faults import FaultPoints
+from core.layout import BACKFILL_STAGING, mirror_path
+from tests.tests_support import cli_env
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+
+class Crash(Exception):
+    """The backfill's process ending at a fault point (here: an exception, so the test's
+    own JVM goes on)."""
+
+
+def crash_once_at(monkeypatch, point: str) -> None:
+    original = FaultPoints.hit
+
+    def hit(self, name: str) -> None:
+        if name == point:
+            monkeypatch.setattr(FaultPoints, "hit", original)
+            raise Crash(name)
+        original(self, name)
+    monkeypatch.setattr(FaultPoints, "hit", hit)
+
+
+def bronze_info_sum(config, key: str) -> int:
+    """The sum of ``key`` over bronze's commits, from the metadata Spark recorded."""
+    total = 0
+    for commit in DeltaTable(config.bronze_path).history():
+        meta = json.loads(commit.get("userMetadata") or "{}")
+        total += int(meta.get("info", {}).get(key, 0))
+    return total
+
+
+def docs(conn) -> set:
+    return set(conn.execute("SELECT doc, lang, name, body FROM docs").fetchall())
+
+
+def mirrored_docs(config) -> set:
+    columns = ["doc", "lang", "name", "body"]
+    return {tuple(r[c] for c in columns) for r in DeltaTable(
+        mirror_path(config.lakehouse, "public.docs")).to_pyarrow_table(columns=columns)
+        .to_pylist()}
+
+
+def test_a_table_added_through_spark_alone_keeps_its_window_and_ends_exact(
+        source_db, config, spark, cli_here, monkeypatch):
+    from bronze.ship import Shipper
+    from core.spark_writes import SparkWrites
+    from pipelines.setup.prepare import setup
+    from pipelines.setup.tables import add_table
+
+    rng = random.Random(3703)
+    with source_db.connect() as conn:
+        conn.execute("CREATE TABLE docs (doc integer, lang text, name text, body text, "
+                     "PRIMARY KEY (doc, lang))")
+        conn.execute("ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL")
+        for doc in range(1, 16):
+            for lang in ("en", 'fr "ca"'):
+                conn.execute("INSERT INTO docs VALUES (%s, %s, %s, %s)",
+                             [doc, lang, f"doc {doc}",
+                              "".join(rng.choices("abcdefgh", k=9000))])
+    config = config.with_(writer="spark")
+    setup(config, spark_factory=lambda: spark)
+    env = {**cli_env(config), "LAKECDC_MIRRORS": "all", "LAKECDC_WRITER": "spark"}
+
+    stop = threading.Event()
+    shipper = threading.Thread(target=Shipper(config, writes=SparkWrites(spark)).run,
+                               kwargs={"stop": stop}, daemon=True)
+    shipper.start()
+    try:
+        crash_once_at(monkeypatch, "after_backfill_stage")
+        with pytest.raises(Crash):
+            add_table(config, "public.docs", chunk_rows=100, spark_factory=lambda: spark)
+        with source_db.connect() as conn:           # inside the staged chunk's window
+            conn.execute("UPDATE docs SET name = name || '+' WHERE doc <= 5")
+            conn.execute("UPDATE docs SET name = 'rewritten', body = 'short' "
+                         "WHERE doc = 6 AND lang = 'en'")
+            conn.execute("DELETE FROM docs WHERE doc = 6 AND lang <> 'en'")
+        again = cli_here(["tables", "add", "public.docs"], env)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert "its 30 current rows read" in again.stdout, again.stdout
+        # A second run reads the rows again, in five chunks, while nothing changes.
+        read_again = cli_here(["backfill", "snapshot", "--table", "public.docs",
+                               "--new-run", "--chunk-rows", "7"], env)
+        assert read_again.returncode == 0, read_again.stderr[-3000:]
+        assert "public.docs 29 rows in 5 chunks; complete" in read_again.stdout, \
+            read_again.stdout
+    finally:
+        stop.set()
+        shipper.join(timeout=120)
+    assert not shipper.is_alive()
+    assert bronze_info_sum(config, "lakecdc.backfill_partial") == 10
+    assert bronze_info_sum(config, "lakecdc.backfill_dropped") == 2
+    assert bronze_info_sum(config, "lakecdc.backfill_rows") == 30 - 2 + 29
+
+    drained = cli_here(["run", "--once"], env)
+    assert drained.returncode == 0, drained.stderr[-3000:]
+    with source_db.connect() as conn:
+        expected = docs(conn)
+    got = mirrored_docs(config)
+    assert len(expected) == 29 and got == expected, [
+        row[:3] for row in sorted(got ^ expected, key=str)[:4]]
+
+    staging = DeltaTable(config.table_path(BACKFILL_STAGING))
+    history = staging.history()
+    assert len(history) >= 8 and all("Apache-Spark" in c.get("engineInfo", "")
+                                     for c in history), history[0]
+    assert staging.to_pyarrow_dataset().to_table(columns=["kind"]).column(
+        "kind").to_pylist().count("row") == 0
+
+    listed = cli_here(["tables"], env)
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    line = next(ln for ln in listed.stdout.splitlines() if ln.startswith("public.docs "))
+    assert "captured" in line and " 29 " in line, listed.stdout
+    removed = cli_here(["tables", "remove", "public.docs"], env)
+    assert removed.returncode == 0 and "kept as it was" in removed.stdout, removed.stderr
+    with source_db.connect() as conn:
+        conn.execute("UPDATE docs SET name = 'after removal'")
+    assert cli_here(["run", "--once"], env).returncode == 0
+    assert mirrored_docs(config) == expected
