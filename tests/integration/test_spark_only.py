@@ -6,11 +6,14 @@ keys are in ``spark-defaults.conf`` only, as a Databricks cluster's Unity Catalo
 location holds them: the CLI's environment has none, so delta-rs and pyarrow cannot reach
 the bucket, and anything lakecdc wrote without Spark would fail.
 
-- ``setup`` on a populated database, traffic, ``run --once``, ``verify``, ``maintain --once``:
-  gold equals a ``GROUP BY`` of the source, the dashboard equals gold, every mirror equals
-  its table, and every commit of every table in the bucket was made by Spark.
-- (``soak``, in ``make bench``) the continuous ``run`` under traffic, killed with ``kill -9``
-  once gold has moved, then restarted and drained: exact.
+- ``setup`` on a populated database, traffic, ``run --once``: gold equals a ``GROUP BY`` of
+  the source, the dashboard equals gold, every mirror equals its table, ``status`` reads
+  every layer and table size, and every commit of every table in the bucket was made by
+  Spark.
+- (``soak``, in ``make bench``) the same, then ``verify`` and ``maintain --once``: still
+  exact (in-process, on local disk, ``test_spark_writes_mirrors`` runs them in CI).
+- (``soak``) the continuous ``run`` under traffic, killed with ``kill -9`` once gold has
+  moved, then restarted and drained: exact.
 
 This test holds the keys itself, to read the tables (delta-rs) as an independent witness.
 """
@@ -126,10 +129,9 @@ def _plain(value):
     return str(value) if isinstance(value, uuid.UUID) else value
 
 
-def test_every_table_is_written_by_spark_alone_and_exact(source_db, config, s3, lakehouse,
-                                                         tmp_path):
-    bucket, root = lakehouse
-    env = _env(config, s3, root, tmp_path / "conf")
+def _setup_and_run(source_db, config, s3, root: str, env) -> Counter:
+    """``setup`` on a populated database, traffic, ``run --once``: exact. Returns the
+    history rows purged after setup (still counted)."""
     mixed(source_db.dsn, seed=71)      # a populated database first (rows purged before
     _ok(run_cli(["setup"], env, timeout=600))       # setup were never counted)
     purged = mixed(source_db.dsn, seed=72)
@@ -137,16 +139,41 @@ def test_every_table_is_written_by_spark_alone_and_exact(source_db, config, s3, 
     _check_exact(s3, root, source_db.dsn, purged)
     for table in config.tables:
         assert _mirror_equals_source(s3, root, source_db.dsn, table), table
+    return purged
 
-    _ok(run_cli(["verify"], env, timeout=600))
-    _ok(run_cli(["maintain", "--once"], env, timeout=600))
-    _check_exact(s3, root, source_db.dsn, purged)
 
+def _all_by_spark(s3, bucket: str) -> None:
     writers = _writers(s3, bucket)
     for table in ("bronze/wal2json_changes", "silver/changes", "gold/service_stats"):
         assert f"lakehouse/{table}" in writers, f"{table} is not in the bucket"
     not_spark = {t: dict(c) for t, c in writers.items() if set(c) != {"Apache-Spark"}}
     assert not not_spark, f"commits not made by Spark: {not_spark}"
+
+
+def test_every_table_is_written_by_spark_alone_and_exact(source_db, config, s3, lakehouse,
+                                                         tmp_path):
+    bucket, root = lakehouse
+    env = _env(config, s3, root, tmp_path / "conf")
+    _setup_and_run(source_db, config, s3, root, env)
+    status = json.loads(_ok(run_cli(["status", "--json"], env, timeout=600)).stdout)
+    assert {layer["layer"]: layer["note"] for layer in status["layers"]
+            if layer["layer"] in ("bronze", "silver", "gold")} == dict.fromkeys(
+        ("bronze", "silver", "gold"), ""), status["layers"]
+    sizes = {t["table"]: t["live_files"] for t in status["tables"]}
+    assert sizes.get("gold", 0) > 0 and sizes.get("bronze", 0) > 0, sizes
+    _all_by_spark(s3, bucket)
+
+
+@pytest.mark.soak       # verify and maintain through Spark: test_spark_writes_mirrors
+def test_verify_and_maintain_through_spark_alone_keep_it_exact(source_db, config, s3,
+                                                                lakehouse, tmp_path):
+    bucket, root = lakehouse
+    env = _env(config, s3, root, tmp_path / "conf")
+    purged = _setup_and_run(source_db, config, s3, root, env)
+    _ok(run_cli(["verify"], env, timeout=600))
+    _ok(run_cli(["maintain", "--once"], env, timeout=600))
+    _check_exact(s3, root, source_db.dsn, purged)
+    _all_by_spark(s3, bucket)
 
 
 @pytest.mark.soak       # the one pass's kill and replay through Spark: test_spark_writes_stream

@@ -142,8 +142,8 @@ def test_spark_mirrors_follow_the_source_and_maintain_and_verify_keep_them_exact
     from pipelines.observe.metrics_state import read_state
 
     state = read_state(config.with_(writer="spark"), spark=lambda: spark)
-    assert all(state.up.values()) and state.tables == json.loads(status.stdout)["tables"], (
-        state.errors)
+    assert all(state.up.values()), state.errors
+    assert len(state.tables) >= 6 and all(sizes[t["table"]] == t for t in state.tables)
 
     verified = cli_here(["verify"], {**env, **SPARK})
     assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
