@@ -6,7 +6,8 @@ keys are in ``spark-defaults.conf`` only, as a Databricks cluster's Unity Catalo
 location holds them: the CLI's environment has none, so delta-rs and pyarrow cannot reach
 the bucket, and anything lakecdc wrote without Spark would fail.
 
-- ``setup`` on a populated database, traffic, ``run --once``: gold equals a ``GROUP BY`` of
+- ``setup`` on a populated database, traffic, a shipper killed after its bronze commit,
+  ``run --once``: bronze equals what a second slot witnessed, gold equals a ``GROUP BY`` of
   the source, the dashboard equals gold, every mirror equals its table, ``status`` reads
   every layer and table size, and every commit of every table in the bucket was made by
   Spark.
@@ -34,10 +35,11 @@ import pytest
 from deltalake import DeltaTable
 from psycopg import sql
 
+from core.commits import parse_commit_metadata
 from core.layout import mirror_path
 from tests.cloud_servers import guarded_s3
 from tests.tests_support import ROOT, cli_env, run_cli, wait_for
-from tests.truth import dashboard_counts, source_truth
+from tests.truth import Witness, check_bronze, dashboard_counts, source_truth
 from tests.integration.workload import mixed
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -152,9 +154,49 @@ def _all_by_spark(s3, bucket: str) -> None:
 
 def test_every_table_is_written_by_spark_alone_and_exact(source_db, config, s3, lakehouse,
                                                          tmp_path):
+    """With a shipper killed between its bronze commit and the slot advance first: bronze
+    equals what a second slot witnessed, exactly once (the progress map in the commit's
+    metadata decides what is new on restart); gold's baseline equals the source's GROUP BY
+    at setup and the mirrors' baselines hold every row."""
     bucket, root = lakehouse
     env = _env(config, s3, root, tmp_path / "conf")
-    _setup_and_run(source_db, config, s3, root, env)
+    options = _options(s3)
+    mixed(source_db.dsn, seed=71)      # a populated database first (rows purged before
+    truth_at_setup = source_truth(source_db.dsn)    # setup were never counted)
+    _ok(run_cli(["setup"], env, timeout=600))
+    witness = Witness(source_db.dsn, source_db.slot + "_w")
+    try:
+        baseline = DeltaTable(f"{root}/gold/_baseline", storage_options=options
+                              ).to_pyarrow_table().to_pylist()
+        counted = Counter({(r["service_id"], r["template_id"], r["notification_type"],
+                            r["notification_status"]): r["count"] for r in baseline})
+        assert +counted == +truth_at_setup and sum(counted.values()) > 0
+        with psycopg.connect(source_db.dsn) as conn:
+            rows = conn.execute("SELECT count(*) FROM notifications").fetchone()[0]
+        assert DeltaTable(f"{root}/silver/_mirror_baselines/public/notifications",
+                          storage_options=options).to_pyarrow_dataset().count_rows() == rows
+
+        purged = mixed(source_db.dsn, seed=72)
+        killed = run_cli(["ship", "--once"], {**env, "LAKECDC_FAULT": "after_bronze_commit:1"},
+                         timeout=600)
+        assert killed.returncode == 137, killed.stderr[-3000:]
+        _ok(run_cli(["run", "--once"], env, timeout=900))
+        bronze = f"{root}/bronze/wal2json_changes"
+        check_bronze(bronze, witness.transactions(), options)
+        # Each bronze commit: one app transaction, the whole progress map in its metadata.
+        table = DeltaTable(bronze, storage_options=options)
+        metas = [parse_commit_metadata(c.get("userMetadata"), "bronze")
+                 for c in table.history()]
+        newest = next(m for m in metas if m is not None)
+        assert table.transaction_version(source_db.slot + ":end_lsn") == newest["end_lsn"]
+        assert table.transaction_version(source_db.slot) is None
+        assert newest["apps"][source_db.slot] == newest["commit_lsn"] == max(
+            witness.transactions())
+    finally:
+        witness.drop()
+    _check_exact(s3, root, source_db.dsn, purged)
+    for table_name in config.tables:
+        assert _mirror_equals_source(s3, root, source_db.dsn, table_name), table_name
     status = json.loads(_ok(run_cli(["status", "--json"], env, timeout=600)).stdout)
     assert {layer["layer"]: layer["note"] for layer in status["layers"]
             if layer["layer"] in ("bronze", "silver", "gold")} == dict.fromkeys(
