@@ -198,7 +198,6 @@ def _vacuumed(spark, path: str, before: int) -> int:
     return sum(int((r.operationMetrics or {}).get("numDeletedFiles") or 0) for r in rows)
 
 
-
 def table_size_spark(spark, path: str) -> TableSize | None:
     """``core.maintenance.table_size`` through Spark; None: no table. The newest
     maintenance is read from the table's history, its last ``OPTIMIZE`` or ``VACUUM END``
