@@ -172,8 +172,8 @@ def spark_layer(spark, layer: str, path: str, lsn_column: str,
     row = spark.read.format("delta").option("versionAsOf", version).load(path).agg(
         F.max(lsn_column).alias("lsn"), F.max(ts_column).alias("ts")).first()
     ts = row["ts"]
-    if isinstance(ts, dt.datetime) and ts.tzinfo is None:
-        ts = ts.replace(tzinfo=dt.timezone.utc)
+    if isinstance(ts, dt.datetime) and ts.tzinfo is None:    # pyspark's: the local time
+        ts = ts.astimezone(dt.timezone.utc)
     return LayerStatus(layer, version, row["lsn"], ts)
 
 

@@ -182,3 +182,29 @@ def test_a_continuous_run_through_spark_pushes_ahead_and_ends_exact(source_db, c
     lakehouse = Path(config.lakehouse)
     assert_made_by_spark(lakehouse / "silver" / "changes", {"WRITE"})
     assert_made_by_spark(lakehouse / "gold" / "_deltas", {"WRITE"})
+
+
+def test_status_through_spark_reads_the_newest_change_in_utc_on_a_driver_off_utc(
+        spark, tmp_path, monkeypatch):
+    """pyspark hands timestamps to Python as naive local times: read on a driver whose zone
+    is New York, the layer's newest change is still the instant written (not 5 h off)."""
+    import datetime as dt
+    import time
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from pipelines.observe.status import spark_layer
+
+    written = dt.datetime(2026, 11, 29, 1, 0, tzinfo=dt.timezone.utc)
+    path = str(tmp_path / "layer")
+    write_deltalake(path, pa.table({"commit_lsn": [5], "commit_ts": pa.array(
+        [written], pa.timestamp("us", tz="UTC"))}))
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        layer = spark_layer(spark, "silver", path, "commit_lsn", "commit_ts")
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert (layer.commit_lsn, layer.commit_ts) == (5, written)
