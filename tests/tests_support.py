@@ -168,3 +168,23 @@ def listening(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+class Crash(Exception):
+    """A process ending at one of lakecdc's fault points, as an exception in the test's own
+    process (its JVM goes on): what ``LAKECDC_FAULT``'s ``os._exit`` does to a CLI
+    subprocess, for code run in-process."""
+
+
+def crash_once_at(monkeypatch, point: str) -> None:
+    """The next pass through fault point ``point`` raises ``Crash``; later ones pass."""
+    from core.faults import FaultPoints
+
+    original = FaultPoints.hit
+
+    def hit(self, name: str) -> None:
+        if name == point:
+            monkeypatch.setattr(FaultPoints, "hit", original)
+            raise Crash(name)
+        original(self, name)
+    monkeypatch.setattr(FaultPoints, "hit", hit)

@@ -93,11 +93,9 @@ def spark_writes(ctx, config: Config):
     """A writer through Spark (``core.spark_writes.SparkWrites``) when
     ``LAKECDC_WRITER=spark``, on the command's session; None on the delta-rs path, which
     starts no JVM."""
-    if not config.spark_writes:
-        return None
-    from core.spark_writes import SparkWrites
+    from core.spark_writes import start_writes
 
-    return SparkWrites(spark_factory(ctx, config)())
+    return start_writes(config, spark_factory(ctx, config))
 
 
 def spark_factory(ctx, config: Config, names: bool = False):

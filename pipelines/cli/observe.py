@@ -59,5 +59,9 @@ def metrics(ctx, listen):
     except with LAKECDC_WRITER=spark: then the tables are read through a Spark session)."""
     from pipelines.observe.metrics import serve_state
 
-    pipeline = make_pipeline(ctx)          # its session starts at the first scrape, if used
-    serve_state(pipeline.config, listen, stop_on_signals(), spark=lambda: pipeline.reader)
+    config = load_config(ctx)
+    spark = None
+    if config.spark_writes:      # its session starts at the first scrape; else no Spark at all
+        pipeline = make_pipeline(ctx)
+        spark = lambda: pipeline.reader       # noqa: E731
+    serve_state(config, listen, stop_on_signals(), spark=spark)

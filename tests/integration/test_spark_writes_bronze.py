@@ -24,22 +24,16 @@ from bronze.table import Progress, SourceIdentity
 from core.spark_writes import SparkWrites
 from tests.cloud_servers import guarded_s3
 from tests.integration.workload import mixed
-from tests.tests_support import cli_env, error_line, one_sentence, run_cli
+from tests.tests_support import Crash, cli_env, crash_once_at, error_line, one_sentence, run_cli
 from tests.truth import Witness, check_bronze
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
-
-
-class Crash(Exception):
-    """The shipper's process ending at a fault point; here an exception, so the test's own
-    JVM goes on (the slot is not advanced: the advance comes after the point)."""
 
 
 def test_without_the_version_check_a_killed_spark_shipper_duplicates(source_db, config, spark,
                                                                      monkeypatch):
     """In this process, on local disk: the guard's logic is the same on any storage."""
     from bronze.ship import Shipper
-    from core.faults import FaultPoints
     from pipelines.setup.prepare import setup
 
     config = config.with_(writer="spark")
@@ -48,14 +42,7 @@ def test_without_the_version_check_a_killed_spark_shipper_duplicates(source_db, 
     try:
         mixed(source_db.dsn, seed=5)
         unsafe = config.with_(disabled_guards=frozenset({"version_check"}))
-        original = FaultPoints.hit
-
-        def hit(self, name: str) -> None:
-            if name == "after_bronze_commit":
-                monkeypatch.setattr(FaultPoints, "hit", original)
-                raise Crash(name)
-            original(self, name)
-        monkeypatch.setattr(FaultPoints, "hit", hit)
+        crash_once_at(monkeypatch, "after_bronze_commit")
         with pytest.raises(Crash):
             Shipper(unsafe, writes=SparkWrites(spark)).run(once=True)
         Shipper(unsafe, writes=SparkWrites(spark)).run(once=True)

@@ -10,7 +10,7 @@ changes are in bronze before the chunk, inside its window. The source is read wi
 and the lakehouse with delta-rs, never through lakecdc:
 
 - the mirror equals the source: ten rows updated without their body (wal2json leaves the
-  unchanged TOASTed value out) take it from the read, a rewritten row and two deleted ones
+  unchanged TOASTed value out) take it from the read, a rewritten row and a deleted one
   take nothing from it (bronze records 10 cut and 2 dropped);
 - a second ``backfill snapshot`` run reads the rows again and the mirror stays equal;
 - every staging commit was made by Spark, and a completed run's staged rows are gone;
@@ -27,27 +27,11 @@ import threading
 import pytest
 from deltalake import DeltaTable
 
-from core.faults import FaultPoints
-from core.layout import BACKFILL_STAGING, CAPTURE_LIST, mirror_path
-from tests.tests_support import cli_env
+from core.layout import BACKFILL_STAGING, CAPTURE_LIST
+from tests.integration.test_tables_add import assert_docs_mirrored, change_docs, create_docs
+from tests.tests_support import Crash, cli_env, crash_once_at
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
-
-
-class Crash(Exception):
-    """The backfill's process ending at a fault point (here: an exception, so the test's
-    own JVM goes on)."""
-
-
-def crash_once_at(monkeypatch, point: str) -> None:
-    original = FaultPoints.hit
-
-    def hit(self, name: str) -> None:
-        if name == point:
-            monkeypatch.setattr(FaultPoints, "hit", original)
-            raise Crash(name)
-        original(self, name)
-    monkeypatch.setattr(FaultPoints, "hit", hit)
 
 
 def bronze_info_sum(config, key: str) -> int:
@@ -59,17 +43,6 @@ def bronze_info_sum(config, key: str) -> int:
     return total
 
 
-def docs(conn) -> set:
-    return set(conn.execute("SELECT doc, lang, name, body FROM docs").fetchall())
-
-
-def mirrored_docs(config) -> set:
-    columns = ["doc", "lang", "name", "body"]
-    return {tuple(r[c] for c in columns) for r in DeltaTable(
-        mirror_path(config.lakehouse, "public.docs")).to_pyarrow_table(columns=columns)
-        .to_pylist()}
-
-
 def test_a_table_added_through_spark_alone_keeps_its_window_and_ends_exact(
         source_db, config, spark, cli_here, monkeypatch):
     from bronze.ship import Shipper
@@ -79,14 +52,7 @@ def test_a_table_added_through_spark_alone_keeps_its_window_and_ends_exact(
 
     rng = random.Random(3703)
     with source_db.connect() as conn:
-        conn.execute("CREATE TABLE docs (doc integer, lang text, name text, body text, "
-                     "PRIMARY KEY (doc, lang))")
-        conn.execute("ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL")
-        for doc in range(1, 16):
-            for lang in ("en", 'fr "ca"'):
-                conn.execute("INSERT INTO docs VALUES (%s, %s, %s, %s)",
-                             [doc, lang, f"doc {doc}",
-                              "".join(rng.choices("abcdefgh", k=9000))])
+        create_docs(conn, rng)
     config = config.with_(writer="spark")
     setup(config, spark_factory=lambda: spark)
     env = {**cli_env(config), "LAKECDC_MIRRORS": "all", "LAKECDC_WRITER": "spark"}
@@ -100,10 +66,7 @@ def test_a_table_added_through_spark_alone_keeps_its_window_and_ends_exact(
         with pytest.raises(Crash):
             add_table(config, "public.docs", chunk_rows=100, spark_factory=lambda: spark)
         with source_db.connect() as conn:           # inside the staged chunk's window
-            conn.execute("UPDATE docs SET name = name || '+' WHERE doc <= 5")
-            conn.execute("UPDATE docs SET name = 'rewritten', body = 'short' "
-                         "WHERE doc = 6 AND lang = 'en'")
-            conn.execute("DELETE FROM docs WHERE doc = 6 AND lang <> 'en'")
+            change_docs(conn, rng)
         again = cli_here(["tables", "add", "public.docs"], env)
         assert again.returncode == 0, again.stderr[-3000:]
         assert "its 30 current rows read" in again.stdout, again.stdout
@@ -123,11 +86,7 @@ def test_a_table_added_through_spark_alone_keeps_its_window_and_ends_exact(
 
     drained = cli_here(["run", "--once"], env)
     assert drained.returncode == 0, drained.stderr[-3000:]
-    with source_db.connect() as conn:
-        expected = docs(conn)
-    got = mirrored_docs(config)
-    assert len(expected) == 29 and got == expected, [
-        row[:3] for row in sorted(got ^ expected, key=str)[:4]]
+    assert_docs_mirrored(source_db, config)
 
     staging = DeltaTable(config.table_path(BACKFILL_STAGING))
     history = staging.history()

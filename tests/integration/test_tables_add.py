@@ -144,6 +144,40 @@ def assert_mirror_is_source(source_db, config, table: str) -> int:
     return len(expected)
 
 
+def create_docs(conn, rng: random.Random) -> None:
+    """``docs``: a composite primary key (one part with a quote in it) and TOASTed bodies,
+    30 rows."""
+    conn.execute("CREATE TABLE docs (doc integer, lang text, name text, body text, "
+                 "PRIMARY KEY (doc, lang))")
+    conn.execute("ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL")
+    for doc in range(1, 16):
+        for lang in ("en", 'fr "ca"'):
+            conn.execute("INSERT INTO docs VALUES (%s, %s, %s, %s)",
+                         [doc, lang, f"doc {doc}", body(rng)])
+
+
+def change_docs(conn, rng: random.Random) -> None:
+    """Inside a chunk's window: ten rows updated without their body (wal2json leaves the
+    unchanged TOASTed value out: their reads are cut to it), one rewritten whole and one
+    deleted (their reads dropped)."""
+    conn.execute("UPDATE docs SET name = name || '+' WHERE doc <= 5")
+    conn.execute("UPDATE docs SET name = 'rewritten', body = %s "
+                 "WHERE doc = 6 AND lang = 'en'", [body(rng)])
+    conn.execute("DELETE FROM docs WHERE doc = 6 AND lang <> 'en'")
+
+
+def assert_docs_mirrored(source_db, config) -> None:
+    """The mirror of ``docs`` (read with delta-rs) equals the source's 29 rows."""
+    columns = ["doc", "lang", "name", "body"]
+    with source_db.connect() as conn:
+        expected = set(conn.execute("SELECT doc, lang, name, body FROM docs").fetchall())
+    got = {tuple(r[c] for c in columns) for r in DeltaTable(
+        mirror_path(config.lakehouse, "public.docs")).to_pyarrow_table(columns=columns)
+        .to_pylist()}
+    assert len(expected) == 29 and got == expected, [
+        row[:3] for row in sorted(got ^ expected, key=str)[:4]]
+
+
 def start_run(env, log) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "pipelines", "run"], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=log.open("w"))
@@ -255,13 +289,7 @@ def test_a_composite_key_table_added_keeps_toasted_values_an_update_leaves_out_i
 
     rng = random.Random(23)
     with source_db.connect() as conn:
-        conn.execute("CREATE TABLE docs (doc integer, lang text, name text, body text, "
-                     "PRIMARY KEY (doc, lang))")
-        conn.execute("ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL")
-        for doc in range(1, 16):
-            for lang in ("en", 'fr "ca"'):
-                conn.execute("INSERT INTO docs VALUES (%s, %s, %s, %s)",
-                             [doc, lang, f"doc {doc}", body(rng)])
+        create_docs(conn, rng)
     setup(config)
     env = {**cli_env(config), "LAKECDC_MIRRORS": "all"}
     stop = threading.Event()
@@ -272,10 +300,7 @@ def test_a_composite_key_table_added_keeps_toasted_values_an_update_leaves_out_i
                          {**env, "LAKECDC_FAULT": "after_backfill_stage:1"})
         assert killed.returncode == 137, killed.stderr[-3000:]
         with source_db.connect() as conn:
-            conn.execute("UPDATE docs SET name = name || '+' WHERE doc <= 5")
-            conn.execute("UPDATE docs SET name = 'rewritten', body = %s "
-                         "WHERE doc = 6 AND lang = 'en'", [body(rng)])
-            conn.execute("DELETE FROM docs WHERE doc = 6 AND lang <> 'en'")
+            change_docs(conn, rng)
         again = run_cli(["tables", "add", "public.docs"], env)
         assert again.returncode == 0, again.stderr[-3000:]
     finally:
@@ -286,14 +311,7 @@ def test_a_composite_key_table_added_keeps_toasted_values_an_update_leaves_out_i
     assert bronze_metadata_sum(config.bronze_path, "lakecdc.backfill_dropped") == 2
     drained = cli_here(["run", "--once"], env)
     assert drained.returncode == 0, drained.stderr[-3000:]
-    columns = ["doc", "lang", "name", "body"]
-    with source_db.connect() as conn:
-        expected = set(conn.execute("SELECT doc, lang, name, body FROM docs").fetchall())
-    got = {tuple(r[c] for c in columns) for r in DeltaTable(
-        mirror_path(config.lakehouse, "public.docs")).to_pyarrow_table(columns=columns)
-        .to_pylist()}
-    assert len(expected) == 29 and got == expected, [
-        row[:3] for row in sorted(got ^ expected, key=str)[:4]]
+    assert_docs_mirrored(source_db, config)
 
 
 @pytest.mark.parametrize("guard", ["on", "off"])

@@ -12,12 +12,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import sysconfig
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from pipelines.run.pipeline import Pipeline
-from tests.tests_support import ROOT, cli_env, error_line
+from tests.tests_support import ROOT, cli_env, error_line, free_port, listening, wait_for
 from tests.truth import check_gold
 from tests.integration.workload import mixed
 
@@ -75,4 +76,17 @@ def test_jvm_free_commands_work_and_spark_commands_name_the_extra(
         [str(no_spark_python), "-c", "import bronze.backfill, pipelines.observe.metrics"],
         env=env, cwd=ROOT, capture_output=True, text=True)
     assert importable.returncode == 0, importable.stderr[-2000:]
+    port = free_port()                  # the exporter serves, and reads the layers, too
+    served = subprocess.Popen([str(no_spark_python), "-m", "pipelines", "metrics", "--port",
+                               f"127.0.0.1:{port}"], env=env, cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: served.poll() is not None or listening(port), timeout=60)
+        assert served.poll() is None, served.stderr.read()[-2000:]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+            scraped = r.read().decode()
+        assert 'lakecdc_state_up{part="gold"} 1.0' in scraped, scraped[-3000:]
+    finally:
+        served.terminate()
+        served.wait(timeout=30)
     check_gold(config.lakehouse, source_db.dsn, source_db.dsn, purged)
