@@ -30,6 +30,8 @@ _ENTRIES = pa.list_(pa.struct([("key", pa.string()), ("value", pa.string())]))
 MIRROR_COLUMNS = ("commit_lsn", "seq", "tx_changes", "commit_ts", "op", "schema_name",
                   "table_name", "columns", "identity", "column_types", "message_prefix",
                   "error")
+# Of them, what a table's changes keep for its MERGEs (``TableInBatch.rows``).
+ROW_COLUMNS = ("commit_lsn", "seq", "commit_ts", "op", "columns", "identity")
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class TableInBatch:
     types: dict[str, str]
     moved: bool = False             # an UPDATE moved a row to another key (may have)
     newest: int = 0                 # the newest commit LSN among its changes
-    # Its rows of the batch (ops I, U, D, R, T), for the writer.
+    # Its rows of the batch (ops I, U, D, R, T; ``ROW_COLUMNS``), for the writer.
     rows: pa.Table | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -68,8 +70,18 @@ def _entries(maps: pa.Array) -> tuple[pa.Array, pa.Array, np.ndarray]:
 
 
 def _lookup(maps, name: str) -> pa.Array:
-    """Each row's value of ``name`` in a map column (NULL where absent or the map is)."""
-    return pc.map_lookup(maps, pa.scalar(name, pa.string()), "first")
+    """Each row's value of ``name`` in a map column (NULL where absent or the map is), its
+    first entry of that name. On the flattened entries: 3-7x faster than ``map_lookup``,
+    which compares per row (300,000 of the benchmark's changes: 0.08-0.11 s -> 0.01-0.03)."""
+    if isinstance(maps, pa.ChunkedArray):
+        maps = maps.combine_chunks()
+    lists = maps.cast(_ENTRIES)
+    flat = lists.flatten()
+    hits = np.nonzero(_np(pc.fill_null(pc.equal(flat.field("key"), name), False)))[0]
+    rows = _np(pc.list_parent_indices(lists))[hits]
+    at = np.full(len(maps), -1, np.int64)
+    at[rows[::-1]] = hits[::-1]               # written last, so a row's first entry wins
+    return flat.field("value").take(pa.array(at, mask=at < 0))
 
 
 def _differs(a: pa.Array, b: pa.Array) -> np.ndarray:
@@ -112,33 +124,39 @@ def tables_in_batch(batch: pa.Table, keys: dict[str, tuple[str, ...]] | None = N
                                   pc.equal(batch["message_prefix"], MARKER_PREFIX)), False)
     markers = batch.filter(marker)["commit_lsn"]
     newest_marker = pc.max(markers).as_py() if len(markers) else None
-    changes = batch.filter(pc.fill_null(pc.is_in(op, pa.array([*MIRRORED_OPS, "T"])),
-                                        False)).combine_chunks()
-    # Each table's rows, taken once: a stable sort of the rows by their table's code.
+    is_change = _np(pc.fill_null(pc.is_in(op, pa.array([*MIRRORED_OPS, "T"])), False))
     tables = pc.dictionary_encode(pc.binary_join_element_wise(       # NUL: in no name
-        _array(changes, "schema_name"), _array(changes, "table_name"), "\0"))
-    codes = _np(pc.fill_null(tables.indices, -1))
+        _array(batch, "schema_name"), _array(batch, "table_name"), "\0"))
+    codes = np.where(is_change, _np(pc.fill_null(tables.indices, -1)), -1)
+    # Each table's column types: the distinct (table, column, type) of the entries.
+    names, texts, parent = _entries(_array(batch, "column_types"))
+    triples = pa.table({"code": codes[parent], "name": names, "type": texts}).filter(
+        pc.greater_equal(pc.field("code"), 0)).group_by(["code", "name", "type"]).aggregate([])
+    types: dict[int, dict[str, str]] = {}
+    for code, name, text in zip(*(triples[c].to_pylist() for c in ("code", "name", "type"))):
+        types.setdefault(code, {})[name] = text
+    # Each table's rows: one stable sort of the changes by their table's code, one take of
+    # the columns the writer reads, in that order, then a slice per table. (A filter, then
+    # a take of every column per table: this function took 0.71 s of the benchmark's
+    # 342,178-row batch; now 0.26 s.)
     order = np.argsort(codes, kind="stable")
-    starts = np.nonzero(np.r_[True, codes[order][1:] != codes[order][:-1]])[0] \
-        if len(order) else order
+    order = order[codes[order] >= 0]           # neither other rows nor a change without a table
+    codes = codes[order]
+    changes = batch.select(list(ROW_COLUMNS)).take(pa.array(order)).combine_chunks()
+    starts = np.nonzero(np.r_[True, codes[1:] != codes[:-1]])[0] if len(order) else order
     found = []
     for start, end in zip(starts, np.r_[starts[1:], len(order)]):
-        code = codes[order[start]]
-        if code < 0:
-            continue                           # a change without a table (none expected)
+        code = int(codes[start])
         schema, table = tables.dictionary[code].as_py().split("\0")
-        mine = changes.take(pa.array(order[start:end]))
+        mine = changes.slice(start, end - start)
         truncates = mine.filter(pc.equal(mine["op"], "T"))
         truncated = None
         if truncates.num_rows:
             at = np.lexsort((_np(truncates["seq"]), _np(truncates["commit_lsn"])))[-1]
             truncated = (truncates["commit_lsn"][int(at)].as_py(),
                          truncates["seq"][int(at)].as_py())
-        names, texts, _ = _entries(_array(mine, "column_types"))
-        pairs = pa.table({"name": names, "type": texts}).group_by(["name", "type"]).aggregate([])
-        types = dict(zip(pairs["name"].to_pylist(), pairs["type"].to_pylist()))
         moved = bool(_moving(mine, (keys or {}).get(f"{schema}.{table}")).any())
-        found.append(TableInBatch(schema, table, truncated, types, moved,
+        found.append(TableInBatch(schema, table, truncated, types.get(code, {}), moved,
                                   pc.max(mine["commit_lsn"]).as_py(), mine))
     return found, newest_marker
 

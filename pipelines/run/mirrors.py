@@ -132,8 +132,8 @@ def start_mirrors(spark: SparkSession, silver_path: str, checkpoint: str,
     if not DeltaTable.isDeltaTable(spark, silver_path):
         raise UserError(f"no silver table at {silver_path}: run `lakecdc stream` (or `run`) "
                         "first.")
-    silver_id = DeltaTable.forPath(spark, silver_path).detail().first().id
-    if source_table_ids(spark, checkpoint) - {silver_id}:
+    detail = DeltaTable.forPath(spark, silver_path).detail().first()
+    if source_table_ids(spark, checkpoint) - {detail.id}:
         # silver/changes was made anew (a rebuild from bronze): the query reads it from its
         # start. Its changes, applied in order onto the mirrors, end where the source is.
         log.warning("silver/changes at %s is a new table; the mirrors' query starts over "
@@ -141,8 +141,7 @@ def start_mirrors(spark: SparkSession, silver_path: str, checkpoint: str,
         remove_checkpoint(spark, checkpoint)
     reader = (spark.readStream.format("delta").option("skipChangeCommits", "true")
               .option("maxBytesPerTrigger", BATCH_BYTES))
-    added = DeltaTable.forPath(spark, silver_path).detail().first().properties \
-        .get(ADDED_AT_PROPERTY)
+    added = detail.properties.get(ADDED_AT_PROPERTY)
     if added is not None:
         reader = reader.option("startingVersion", str(int(added) + 1))
     stream = (reader.load(silver_path).writeStream.queryName(QUERY_NAME)

@@ -32,7 +32,7 @@ from tests.integration.test_mirrors import (
     mirror_rows,
     traffic,
 )
-from tests.tests_support import cli_env, run_cli
+from tests.tests_support import cli_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -69,13 +69,13 @@ def move_twice(conn) -> tuple:
     return (-2, k2)
 
 
-def setup_with_rows(source_db, config, seed: int) -> dict:
+def setup_with_rows(source_db, config, cli_here, seed: int) -> dict:
     rng = random.Random(seed)
     with source_db.connect() as conn:
         conn.execute(SCHEMA_SQL)
         traffic(conn, rng, 30)                      # initial rows, read by setup
     env = {**cli_env(config), **MIRRORED, **SPARK}
-    setup = run_cli(["setup"], env)
+    setup = cli_here(["setup"], env)
     assert setup.returncode == 0, setup.stderr[-3000:]
     with source_db.connect() as conn:
         traffic(conn, rng, 50)
@@ -84,7 +84,7 @@ def setup_with_rows(source_db, config, seed: int) -> dict:
 
 def test_spark_mirrors_follow_the_source_and_maintain_and_verify_keep_them_exact(
         source_db, config, cli_here, spark):
-    env = setup_with_rows(source_db, config, seed=3701)
+    env = setup_with_rows(source_db, config, cli_here, seed=3701)
     layers(cli_here, env)
     spark_mirrors(cli_here, env)
     assert_mirror_is_source(source_db, config)
@@ -152,7 +152,7 @@ def test_spark_mirrors_follow_the_source_and_maintain_and_verify_keep_them_exact
 
 def test_a_replayed_spark_mirror_batch_commits_nothing_and_without_its_guard_drifts(
         source_db, config, cli_here, tmp_path):
-    env = setup_with_rows(source_db, config, seed=3711)
+    env = setup_with_rows(source_db, config, cli_here, seed=3711)
     layers(cli_here, env)
     spark_mirrors(cli_here, env)
     checkpoint = f"{config.lakehouse}/_checkpoints/mirrors"

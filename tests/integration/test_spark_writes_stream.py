@@ -22,7 +22,7 @@ import pytest
 from deltalake import DeltaTable
 
 from tests.integration.workload import mixed
-from tests.tests_support import cli_env, run_cli
+from tests.tests_support import crash_once_at
 from tests.truth import check_gold
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -31,7 +31,7 @@ SPARK = {"LAKECDC_WRITER": "spark"}
 # Each step folded into gold with its batch, so a kill after gold's step is right after a
 # MERGE.
 FOLD_EACH = {"LAKECDC_GOLD_FOLD_SHARE": "1"}
-AFTER_MERGE = "after_gold_merge:1"
+AFTER_MERGE = "after_gold_merge"
 
 
 def lakecdc_commits(table: Path) -> list[dict]:
@@ -70,7 +70,7 @@ def ship(lakecdc, config) -> None:
     assert code == 0, err[-3000:]
 
 
-def killed_then_replayed(source_db, config, lakecdc, fault: str,
+def killed_then_replayed(source_db, config, lakecdc, monkeypatch, fault: str,
                          guards: dict[str, str]) -> Counter:
     """Setup, traffic, ship; the stream through Spark killed at ``fault`` in batch 0
     (before the checkpoint records it); then the stream and a push through Spark again.
@@ -79,9 +79,9 @@ def killed_then_replayed(source_db, config, lakecdc, fault: str,
     assert code == 0, err[-3000:]
     purged = mixed(source_db.dsn, seed=37)
     ship(lakecdc, config)
-    killed = run_cli(["stream", "--once"], {**cli_env(config), **SPARK, **FOLD_EACH,
-                                            "LAKECDC_FAULT": fault, **guards})
-    assert killed.returncode == 137, killed.stderr[-3000:]
+    crash_once_at(monkeypatch, fault)       # the kill, in this process (its JVM goes on)
+    code, _, err = lakecdc(config, "stream", "--once", env={**SPARK, **FOLD_EACH, **guards})
+    assert code == 3 and f"Crash: {fault}" in err, err[-3000:]
     lakehouse = Path(config.lakehouse)
     assert not (lakehouse / "_checkpoints" / "stream" / "commits" / "0").exists(), \
         "the kill was meant to land inside batch 0"
@@ -99,8 +99,8 @@ def killed_then_replayed(source_db, config, lakecdc, fault: str,
 
 
 def test_the_one_pass_through_spark_is_exact_after_a_kill_and_spark_made_every_commit(
-        source_db, config, lakecdc):
-    purged = killed_then_replayed(source_db, config, lakecdc, AFTER_MERGE, {})
+        source_db, config, lakecdc, monkeypatch):
+    purged = killed_then_replayed(source_db, config, lakecdc, monkeypatch, AFTER_MERGE, {})
     lakehouse = Path(config.lakehouse)
     check_gold(config.lakehouse, source_db.dsn, config.dashboard, purged)
     assert_silver_is_bronze(lakehouse)
@@ -131,13 +131,13 @@ def test_the_one_pass_through_spark_is_exact_after_a_kill_and_spark_made_every_c
 
 @pytest.mark.parametrize("guard", ["gold_txn", "silver_txn"])
 def test_negative_controls_without_a_txn_guard_the_replay_writes_twice(
-        source_db, config, lakecdc, guard):
+        source_db, config, lakecdc, monkeypatch, guard):
     """The same kill and replay with an app transaction off. ``gold_txn``: killed after
     gold's MERGE, neither Spark nor the writer skips the replayed MERGE, so gold counts
     batch 0 twice. ``silver_txn``: killed after silver's append, the replay appends it
     again."""
-    fault = AFTER_MERGE if guard == "gold_txn" else "after_silver_append:1"
-    purged = killed_then_replayed(source_db, config, lakecdc, fault,
+    fault = AFTER_MERGE if guard == "gold_txn" else "after_silver_append"
+    purged = killed_then_replayed(source_db, config, lakecdc, monkeypatch, fault,
                                   {"LAKECDC_UNSAFE_DISABLE_GUARDS": guard})
     if guard == "gold_txn":
         with pytest.raises(AssertionError, match="gold differs from the source"):

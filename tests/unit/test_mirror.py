@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -86,3 +87,51 @@ def test_a_value_that_does_not_convert_is_an_error_never_null(spark, pg_type, te
     frame = spark.createDataFrame([(text,)], "t string")
     with pytest.raises(Exception, match=BAD_VALUE):
         frame.select(typed(F.col("t"), pg_type, "c")).collect()
+
+
+def _folded(values: list[dict], keys: list[str]) -> pa.Table:
+    """``fold_changes``'s shape for rows keyed by ``keys`` (text), each with the columns it
+    sets (``values``); every third row a delete."""
+    import pyarrow as pa
+
+    n = len(keys)
+    return pa.table({
+        "_key": pa.StructArray.from_arrays([pa.array(keys)], names=["id"]),
+        "_exists": pa.array([i % 3 != 2 for i in range(n)]),
+        "_values": pa.array([list(v.items()) for v in values], pa.map_(pa.string(), pa.string())),
+        "_from": pa.array([None] * n, pa.struct([("id", pa.string())])),
+        "_lsn": pa.array(range(100, 100 + n), pa.int64()),
+        "_ts": pa.array([dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)] * n,
+                        pa.timestamp("us", tz="UTC")),
+    })
+
+
+def test_typed_rows_equal_the_whole_spark_typing_and_stop_on_a_bad_value(spark):
+    """``typed_rows`` (only the columns that are not text through Spark) gives what
+    ``merge_source`` (every column through Spark) gives: same columns, values and order;
+    columns a row does not set stay unset. A value that does not convert is the same error."""
+    import random
+
+    from silver.mirror import merge_source, typed_rows
+    from silver.mirror_fold import column_values
+    from silver.mirror_store import mirrored_columns
+
+    types = {"id": "integer", "name": "text", "at": "timestamp with time zone",
+             "amount": "numeric(12,2)", "tags": "text[]", "blob": "bytea", "ref": "uuid",
+             "n": "bigint"}
+    samples = {"name": ["a", "", "x y"], "at": ["2026-01-02 03:04:05+00", "2026-01-02 03:04:05.5+05:30"],
+               "amount": ["1.50", "-0.01"], "tags": ['{a,"b c"}', "{}"], "blob": ["00ff", ""],
+               "ref": ["6f1c2a3e-0000-4000-8000-000000000001"], "n": ["9007199254740993", "-1"]}
+    rng = random.Random(38)
+    rows = [{c: rng.choice([*texts, None]) for c, texts in samples.items() if rng.random() < 0.8}
+            for _ in range(200)]
+    keys = [str(i) for i in rng.sample(range(10_000), len(rows))]
+    values = column_values(_folded(rows, keys), mirrored_columns(("id",), types))
+    whole = merge_source(spark.createDataFrame(values), ("id",), types).toArrow()
+    split = typed_rows(spark, values, ("id",), types)
+    assert split.column_names == whole.column_names
+    assert split.to_pylist() == whole.to_pylist()
+
+    bad = column_values(_folded([{"n": "12x"}], ["1"]), mirrored_columns(("id",), types))
+    with pytest.raises(Exception, match=BAD_VALUE):
+        typed_rows(spark, bad, ("id",), types)

@@ -232,3 +232,20 @@ def test_a_batch_that_moves_a_row_twice_is_cut_before_the_second_move():
     assert chain_cuts([(10, 1, a, b), (20, 1, b, c)]) == [(20, 1)]     # A -> B -> C
     assert chain_cuts([(10, 1, a, b), (10, 2, b, c), (11, 1, c, a)]) == [(10, 2), (11, 1)]
     assert chain_cuts([]) == []
+
+
+def test_a_column_looked_up_in_a_map_is_what_arrows_map_lookup_gives():
+    """``_lookup`` on the flattened entries equals ``pc.map_lookup(..., "first")``: absent
+    names, NULL maps, a repeated name, slices and chunks."""
+    import pyarrow.compute as pc
+
+    from silver.mirror_fold import _lookup
+
+    maps = pa.array([[("a", "1"), ("b", None)], None, [], [("b", "2"), ("a", "3"), ("a", "4")],
+                     [("c", "5")], [("a", None)]], pa.map_(pa.string(), pa.string()))
+    for values in (maps, maps.slice(2), maps.slice(1, 3), pa.chunked_array([maps[:2], maps[2:]])):
+        for name in ("a", "b", "c", "z"):
+            expected = pc.map_lookup(values, pa.scalar(name), "first")
+            if isinstance(expected, pa.ChunkedArray):
+                expected = expected.combine_chunks()
+            assert _lookup(values, name).to_pylist() == expected.to_pylist(), (name, values)
