@@ -3,7 +3,8 @@
 Starts its own throw-away Postgres 15 with wal2json and a local Spark session, runs the
 sections of ``bench.measure`` (backlog: decode vs ship, stream and push throughput, the PoC
 baseline and exactness; freshness at a steady rate; the gold half of continuous batches as
-gold's keys grow; the shipper's peak RSS through one big transaction), writes the result
+gold's keys grow; the shipper's peak RSS through one big transaction; ``tables add`` of a
+big table under traffic beside its COPY, ``bench.big_table``), writes the result
 document ``results.json`` and PNG plots into ``--out`` and regenerates ``--report`` from
 ``bench/report.py``'s template. Everything it started is stopped and removed again.
 
@@ -29,7 +30,7 @@ from bench.measure import Params, run_all
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = Params(changes=6_000, tx_size=500, rates=(300.0,), freshness_s=10.0,
                scale_keys=(2_000, 20_000), scale_rates=(300.0,), scale_s=10.0,
-               big_tx_rows=20_000, quick=True)
+               big_tx_rows=20_000, big_rows=100_000, big_rate=300.0, quick=True)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -63,6 +64,8 @@ def parse(argv: list[str] | None) -> tuple[Params, argparse.Namespace]:
                         help=f"gold scaling: seconds of traffic per run ({full.scale_s:g})")
     parser.add_argument("--big-tx-rows", type=int,
                         help=f"rows of the one big transaction ({full.big_tx_rows})")
+    parser.add_argument("--big-rows", type=int,
+                        help=f"rows of the big table added under traffic ({full.big_rows})")
     parser.add_argument("--out", type=Path, default=None,
                         help="results.json and PNGs (docs/benchmarks; --quick: "
                              "bench-output/quick)")

@@ -28,6 +28,8 @@
   half of each continuous batch, and the dashboard's freshness.
 - ``big_transaction``: one transaction of ``big_tx_rows`` inserts, drained by
   ``lakecdc ship --once``; the child's peak RSS.
+- ``big_table``: ``lakecdc tables add`` of a ``big_rows``-row table while ``lakecdc run``
+  runs under ``big_rate`` changes/s, beside Postgres's own COPY of it (``bench.big_table``).
 
 Load averages are recorded at the start of every section: the machine is shared.
 """
@@ -50,7 +52,7 @@ import psycopg
 from deltalake import DeltaTable
 from psycopg import sql
 
-from bench import catch_up, decode, poc, workload
+from bench import big_table, catch_up, decode, poc, workload
 from bench.drive import Drive, DriveProcess
 from bench.profile import PassLog, ProgressLog
 from core.captured import COUNTED
@@ -76,6 +78,8 @@ class Params:
     scale_rates: tuple[float, ...] = (2000.0, 200.0)   # the second at the largest gold only
     scale_s: float = 90.0             # gold scaling: seconds of traffic per run
     big_tx_rows: int = 1_000_000
+    big_rows: int = 10_000_000        # the big table: rows of ``public.big`` (bench.big_table)
+    big_rate: float = 2000.0          # its traffic: changes/s, half on it, half counted
     quick: bool = False
 
 
@@ -463,6 +467,14 @@ class Bench:
         out["batch_growth_mean"] = round(last["mean"] / first["mean"], 2)
         return out
 
+    def big_table(self) -> dict:
+        """``tables add`` of a ``big_rows``-row table under traffic (``bench.big_table``)."""
+        p = self.params
+        config = self.database("big")
+        big_table.create_big(config.source_dsn, p.big_rows)
+        setup(config)
+        return big_table.measure(config, self.work, p.big_rows, p.big_rate)
+
     def big_transaction(self) -> dict:
         p = self.params
         out: dict = {"load_before": _load(), "rows": p.big_tx_rows}
@@ -501,7 +513,8 @@ def run_all(params: Params, say=lambda text: None, save=lambda doc: None) -> dic
         for name, section in (("backlog", bench.backlog), ("freshness", bench.freshness),
                               ("catch_up", bench.catch_up), ("writers", bench.writers),
                               ("gold_scaling", bench.gold_scaling),
-                              ("big_transaction", bench.big_transaction)):
+                              ("big_transaction", bench.big_transaction),
+                              ("big_table", bench.big_table)):
             say(f"{name} (load {_load()}) ...")
             begun = time.perf_counter()
             doc[name] = section()

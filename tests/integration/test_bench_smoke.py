@@ -27,6 +27,7 @@ METRICS = {
     "gold_scaling": ["points", "key_growth", "batch_growth", "batch_growth_mean",
                      "load_before"],
     "big_transaction": ["peak_rss_mb", "ship_s", "bronze_rows", "load_before"],
+    "big_table": ["copy", "load", "traffic", "mirror", "lakecdc", "load_before"],
 }
 
 
@@ -75,11 +76,16 @@ def test_quick_bench_measures_everything_and_lakecdc_is_exact(tmp_path):
         for run in point["runs"]:
             assert run["gold_half_s"]["median"] > 0 and run["latency_s"]["n"] > 0, run
     assert doc["big_transaction"]["bronze_rows"] == doc["params"]["big_tx_rows"]
+    big = doc["big_table"]
+    assert big["mirror"]["rows"] == doc["params"]["big_rows"]
+    assert big["mirror"]["sample_rows"] > 0 and big["mirror"]["sample_differing"] == 0, big
+    assert big["traffic"]["big_changes"] > 0 and big["load"]["of_copy"] > 0, big
 
     # lakecdc exact everywhere, gold and dashboard alike; the PoC on the same WAL is exact
     # too here (no crash, no purge), on the primary-key identity it loses every delete.
     checks = [doc["backlog"]["lakecdc"], *[r["lakecdc"] for r in doc["freshness"]["runs"]],
-              *[r["lakecdc"] for p in doc["gold_scaling"]["points"] for r in p["runs"]]]
+              *[r["lakecdc"] for p in doc["gold_scaling"]["points"] for r in p["runs"]],
+              big["lakecdc"]]
     for check in checks:
         assert check["gold"]["exact"] and check["dashboard"]["exact"], check
     assert doc["exact"] is True

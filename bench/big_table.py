@@ -1,0 +1,301 @@
+"""A big table captured and kept (issue 38, item 2): ``lakecdc tables add public.big`` on a
+table of ``rows`` rows while ``lakecdc run`` (the real CLI, ``bench.catch_up.RunProcess``)
+runs under traffic on it and on the counted tables.
+
+``public.big`` has Notify-like columns; one row in ``TOAST_EVERY`` has a body stored out of
+line (``STORAGE EXTERNAL``: TOASTed, not compressed). Its traffic only updates rows, so the
+table keeps ``rows`` rows throughout. Measured in one run:
+
+- Postgres's own ``COPY (SELECT * FROM big) TO STDOUT`` of the table (psycopg reads it and
+  drops the bytes), under the same traffic, just before the add;
+- from ``tables add`` to the mirror holding every row (its row count equals the table's),
+  and ``tables add``'s own share (its process, to its exit);
+- that process's peak resident memory (its ``/proc/<pid>/status`` ``VmHWM``, polled);
+- the oldest transaction and the oldest snapshot on the source while it runs
+  (``pg_stat_activity``: ``now() - xact_start`` and ``age(backend_xmin)``), polled, without
+  the sampler's own;
+
+then the traffic stops, ``run`` catches up, and the mirror is compared with the table: its
+row count, and every column of ``SAMPLE_RANGES`` key ranges.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from deltalake import DeltaTable
+
+from bench import workload
+from bench.catch_up import ROOT, RunProcess
+from core.config import Config
+from core.layout import STREAM_CHECKPOINT, mirror_path
+
+TABLE = "public.big"
+TOAST_EVERY = 100
+SAMPLE_RANGES = 20
+SAMPLE_ROWS = 500
+POLL_S = 0.2
+
+BIG_SQL = """
+CREATE TABLE big (
+    id bigint PRIMARY KEY,
+    service_id uuid NOT NULL,
+    template_id uuid NOT NULL,
+    notification_type text NOT NULL,
+    status text NOT NULL,
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz,
+    reference text,
+    billable_units integer,
+    body text
+);
+ALTER TABLE big ALTER COLUMN body SET STORAGE EXTERNAL;
+"""
+
+FILL_SQL = """
+INSERT INTO big
+SELECT g, md5(mod(g, 8)::text)::uuid, md5(mod(g, 40)::text)::uuid,
+       (ARRAY['email', 'sms', 'letter'])[1 + mod(g, 3)],
+       (ARRAY['created', 'sending', 'delivered', 'failed'])[1 + mod(g, 4)],
+       timestamptz '2026-01-01 00:00:00+00' + g * interval '1 second', NULL, 'ref-' || g,
+       1 + mod(g, 5)::integer,
+       CASE WHEN mod(g, %(toast)s) = 0 THEN repeat(md5(g::text), 80) ELSE 'body ' || g END
+FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
+"""
+
+UPDATE_SQL = ("UPDATE big SET status = %(status)s, updated_at = now(), billable_units = "
+              "billable_units + 1 WHERE id = ANY(%(ids)s)")
+
+
+def create_big(dsn: str, rows: int, chunk: int = 1_000_000) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(BIG_SQL)
+        for first in range(1, rows + 1, chunk):
+            conn.execute(FILL_SQL, {"toast": TOAST_EVERY, "first": first,
+                                    "last": min(rows, first + chunk - 1)})
+        conn.execute("VACUUM ANALYZE big")
+
+
+@dataclass
+class BigTraffic:
+    """``rate`` updated rows of ``big`` per second, in ticks of ``tick_s`` (one transaction
+    a tick), paced like ``workload.SteadyTraffic``."""
+
+    dsn: str
+    rows: int
+    rate: float
+    tick_s: float = 0.1
+    changes: int = 0
+
+    def run(self, stop: threading.Event) -> None:
+        rng = random.Random(38)
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            started, n = time.monotonic(), 0
+            while not stop.is_set():
+                budget = int((time.monotonic() - started + self.tick_s) * self.rate
+                             - self.changes)
+                if budget > 0:
+                    ids = [rng.randint(1, self.rows) for _ in range(budget)]
+                    self.changes += conn.execute(UPDATE_SQL, {
+                        "status": rng.choice(["sending", "delivered", "failed"]),
+                        "ids": ids}).rowcount
+                n += 1
+                stop.wait(max(0.0, started + n * self.tick_s - time.monotonic()))
+
+
+def _traffic(dsn: str, rows: int, counted_rate: float, big_rate: float,
+             stop: multiprocessing.synchronize.Event, out) -> None:
+    """The traffic, in a process of its own (as ``bench.drive``): until ``stop``."""
+    done = threading.Event()
+    counted = workload.SteadyTraffic(dsn, counted_rate, tag="big-")
+    big = BigTraffic(dsn, rows, big_rate)
+    threads = [threading.Thread(target=t.run, args=(done,), daemon=True) for t in (counted, big)]
+    for thread in threads:
+        thread.start()
+    stop.wait()
+    done.set()
+    for thread in threads:
+        thread.join()
+    out.put({"counted_changes": counted.written.changes, "big_changes": big.changes})
+
+
+class OldestTransaction:
+    """Polls the source for its oldest open transaction and snapshot (not its own)."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.stop = threading.Event()
+        self.xact_s = 0.0
+        self.xmin_age = 0
+        self.who = ""
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.stop.wait(0.05):
+                row = conn.execute(
+                    "SELECT extract(epoch FROM now() - xact_start), age(backend_xmin), "
+                    "application_name || ' ' || left(query, 60) FROM pg_stat_activity "
+                    "WHERE pid <> pg_backend_pid() AND datname = current_database() "
+                    "AND xact_start IS NOT NULL ORDER BY xact_start LIMIT 1").fetchone()
+                if row is None:
+                    continue
+                if row[0] is not None and float(row[0]) > self.xact_s:
+                    self.xact_s, self.who = float(row[0]), row[2]
+                self.xmin_age = max(self.xmin_age, int(row[1] or 0))
+
+    def __enter__(self) -> "OldestTransaction":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def copy_seconds(dsn: str) -> tuple[float, int]:
+    """Postgres's own COPY of the table to this client: (seconds, bytes)."""
+    started = time.perf_counter()
+    size = 0
+    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+        with cur.copy("COPY (SELECT * FROM big) TO STDOUT") as copy:
+            for block in copy:
+                size += len(block)
+    return time.perf_counter() - started, size
+
+
+def _peak_rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def tables_add(config: Config, log: Path) -> tuple[float, float, int]:
+    """``lakecdc tables add public.big`` as its own process: (seconds, peak RSS in MB, exit
+    code)."""
+    env = {"LAKECDC_SOURCE_DSN": config.source_dsn, "LAKECDC_LAKEHOUSE": config.lakehouse,
+           "LAKECDC_SLOT": config.slot, "LAKECDC_DASHBOARD_DSN": config.dashboard,
+           "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root")}
+    started = time.perf_counter()
+    peak = 0.0
+    with open(log, "ab") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "pipelines", "tables", "add", TABLE],
+                                env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            peak = max(peak, _peak_rss_mb(proc.pid) or 0.0)
+            time.sleep(POLL_S)
+    return time.perf_counter() - started, peak, proc.returncode
+
+
+def mirror_rows(config: Config) -> int:
+    try:
+        return DeltaTable(mirror_path(config.lakehouse, TABLE)).to_pyarrow_dataset().count_rows()
+    except Exception:       # not created yet
+        return 0
+
+
+def sample_matches(config: Config, rows: int) -> tuple[int, int]:
+    """(rows compared, rows differing) over ``SAMPLE_RANGES`` random key ranges of
+    ``SAMPLE_ROWS`` rows: every column, the mirror (delta-rs) against the source."""
+    import pyarrow.compute as pc
+
+    rng = random.Random(3838)
+    mirror = DeltaTable(mirror_path(config.lakehouse, TABLE)).to_pyarrow_dataset()
+    compared = differing = 0
+    with psycopg.connect(config.source_dsn) as conn:
+        for _ in range(SAMPLE_RANGES):
+            lo = rng.randint(1, max(1, rows - SAMPLE_ROWS))
+            hi = lo + SAMPLE_ROWS - 1
+            cur = conn.execute("SELECT * FROM big WHERE id BETWEEN %s AND %s", [lo, hi])
+            names = [d.name for d in cur.description]
+            source = {r[0]: tuple(_plain(v) for v in r) for r in cur}
+            got = mirror.to_table(columns=names, filter=(pc.field("id") >= lo)
+                                  & (pc.field("id") <= hi)).to_pylist()
+            theirs = {r["id"]: tuple(_plain(r[n]) for n in names) for r in got}
+            compared += len(source)
+            differing += sum(1 for k in source.keys() | theirs.keys()
+                             if source.get(k) != theirs.get(k))
+    return compared, differing
+
+
+def _plain(value):
+    from datetime import datetime, timezone
+    from uuid import UUID
+
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc)
+    return str(value) if isinstance(value, UUID) else value
+
+
+def measure(config: Config, work: Path, rows: int, rate: float) -> dict:
+    """The section on ``config``'s database (set up, ``big`` created and filled, not
+    captured). ``rate``: changes per second in all, half of them updates of ``big``."""
+    from bench.catch_up import _until_exact
+    from bench.measure import _load, _rate, exactness, truth
+
+    out: dict = {"rows": rows, "rate": rate, "load_before": _load()}
+    run = RunProcess(config, work / "big-run.log")
+    stop = multiprocessing.get_context("spawn").Event()
+    results = multiprocessing.get_context("spawn").Queue()
+    traffic = multiprocessing.get_context("spawn").Process(
+        target=_traffic, args=(config.source_dsn, rows, rate / 2, rate / 2, stop, results))
+    try:
+        first = Path(config.table_path(STREAM_CHECKPOINT)) / "offsets" / "0"
+        while not first.exists():
+            run.check()
+            time.sleep(POLL_S)
+        traffic.start()
+        copy_s, copy_bytes = copy_seconds(config.source_dsn)
+        out["copy"] = {"seconds": round(copy_s, 2), "mb": round(copy_bytes / 2**20),
+                       "rows_per_s": _rate(rows, copy_s)}
+        with OldestTransaction(config.source_dsn) as oldest:
+            started = time.perf_counter()
+            add_s, peak_mb, code = tables_add(config, work / "big-tables-add.log")
+            if code != 0:
+                raise RuntimeError(f"tables add exited {code}: see {work}/big-tables-add.log")
+            while mirror_rows(config) < rows:
+                run.check()
+                time.sleep(1.0)
+            load_s = time.perf_counter() - started
+        out["load"] = {"seconds": round(load_s, 2), "rows_per_s": _rate(rows, load_s),
+                       "tables_add_s": round(add_s, 2),
+                       "of_copy": round(copy_s / load_s, 3),
+                       "tables_add_peak_rss_mb": round(peak_mb),
+                       "oldest_transaction_s": round(oldest.xact_s, 2),
+                       "oldest_transaction": oldest.who,
+                       "oldest_snapshot_xids": oldest.xmin_age}
+        stop.set()
+        traffic.join(timeout=120)
+        out["traffic"] = results.get(timeout=60)
+        # Caught up: the dashboard equals the source, then the mirror converges on the table.
+        _until_exact(run, config, truth(config.source_dsn), timeout=600)
+        deadline = time.monotonic() + 600
+        while True:
+            compared, differing = sample_matches(config, rows)
+            if (differing == 0 and mirror_rows(config) == rows) or time.monotonic() > deadline:
+                break
+            run.check()
+            time.sleep(2.0)
+        out["mirror"] = {"rows": mirror_rows(config), "sample_rows": compared,
+                         "sample_differing": differing}
+        out["lakecdc"] = exactness(config)
+    finally:
+        stop.set()
+        if traffic.is_alive():
+            traffic.join(timeout=60)
+        run.stop()
+    out["load_after"] = _load()
+    return out
