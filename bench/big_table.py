@@ -10,7 +10,7 @@ table keeps ``rows`` rows throughout. Measured in one run:
   drops the bytes), under the same traffic, just before the add;
 - from ``tables add`` to the mirror holding every row (its row count equals the table's),
   and ``tables add``'s own share (its process, to its exit);
-- that process's peak resident memory (its ``/proc/<pid>/status`` ``VmHWM``, polled);
+- that process's peak resident memory (``bench.decode.PeakRss``);
 - the oldest transaction and the oldest snapshot on the source while it runs
   (``pg_stat_activity``: ``now() - xact_start`` and ``age(backend_xmin)``), polled, without
   the sampler's own;
@@ -22,7 +22,6 @@ row count, and every column of ``SAMPLE_RANGES`` key ranges.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import random
 import subprocess
 import sys
@@ -35,7 +34,8 @@ import psycopg
 from deltalake import DeltaTable
 
 from bench import workload
-from bench.catch_up import ROOT, RunProcess
+from bench.catch_up import ROOT, RunProcess, lakecdc_env
+from bench.decode import PeakRss
 from core.config import Config
 from core.layout import STREAM_CHECKPOINT, mirror_path
 
@@ -173,31 +173,17 @@ def copy_seconds(dsn: str) -> tuple[float, int]:
     return time.perf_counter() - started, size
 
 
-def _peak_rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
 def tables_add(config: Config, log: Path) -> tuple[float, float, int]:
     """``lakecdc tables add public.big`` as its own process: (seconds, peak RSS in MB, exit
     code)."""
-    env = {"LAKECDC_SOURCE_DSN": config.source_dsn, "LAKECDC_LAKEHOUSE": config.lakehouse,
-           "LAKECDC_SLOT": config.slot, "LAKECDC_DASHBOARD_DSN": config.dashboard,
-           "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root")}
     started = time.perf_counter()
-    peak = 0.0
     with open(log, "ab") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "pipelines", "tables", "add", TABLE],
-                                env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
-        while proc.poll() is None:
-            peak = max(peak, _peak_rss_mb(proc.pid) or 0.0)
-            time.sleep(POLL_S)
-    return time.perf_counter() - started, peak, proc.returncode
+                                env=lakecdc_env(config), cwd=ROOT, stdout=sink,
+                                stderr=subprocess.STDOUT)
+        peak = PeakRss(proc.pid)
+        proc.wait()
+    return time.perf_counter() - started, peak.mb(), proc.returncode
 
 
 def mirror_rows(config: Config) -> int:
@@ -212,6 +198,8 @@ def sample_matches(config: Config, rows: int) -> tuple[int, int]:
     ``SAMPLE_ROWS`` rows: every column, the mirror (delta-rs) against the source."""
     import pyarrow.compute as pc
 
+    from bench.measure import _utc
+
     rng = random.Random(3838)
     mirror = DeltaTable(mirror_path(config.lakehouse, TABLE)).to_pyarrow_dataset()
     compared = differing = 0
@@ -221,23 +209,14 @@ def sample_matches(config: Config, rows: int) -> tuple[int, int]:
             hi = lo + SAMPLE_ROWS - 1
             cur = conn.execute("SELECT * FROM big WHERE id BETWEEN %s AND %s", [lo, hi])
             names = [d.name for d in cur.description]
-            source = {r[0]: tuple(_plain(v) for v in r) for r in cur}
+            source = {r[0]: tuple(_utc(v) for v in r) for r in cur}
             got = mirror.to_table(columns=names, filter=(pc.field("id") >= lo)
                                   & (pc.field("id") <= hi)).to_pylist()
-            theirs = {r["id"]: tuple(_plain(r[n]) for n in names) for r in got}
+            theirs = {r["id"]: tuple(_utc(r[n]) for n in names) for r in got}
             compared += len(source)
             differing += sum(1 for k in source.keys() | theirs.keys()
                              if source.get(k) != theirs.get(k))
     return compared, differing
-
-
-def _plain(value):
-    from datetime import datetime, timezone
-    from uuid import UUID
-
-    if isinstance(value, datetime):
-        return value.astimezone(timezone.utc)
-    return str(value) if isinstance(value, UUID) else value
 
 
 def measure(config: Config, work: Path, rows: int, rate: float) -> dict:

@@ -35,16 +35,21 @@ POLL_S = 0.05
 WARM_CHANGES = 20_000
 
 
+def lakecdc_env(config: Config) -> dict[str, str]:
+    """The whole environment of a ``python -m pipelines`` child for ``config``."""
+    return {"LAKECDC_SOURCE_DSN": config.source_dsn, "LAKECDC_LAKEHOUSE": config.lakehouse,
+            "LAKECDC_SLOT": config.slot, "LAKECDC_DASHBOARD_DSN": config.dashboard,
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": os.environ.get("HOME", "/root"),
+            **{k: v for k, v in os.environ.items()
+               if k in ("SPARK_SUBMIT_OPTS", "JAVA_HOME", "LAKECDC_SPARK_LOG")}}
+
+
 class RunProcess:
     """``python -m pipelines run`` for ``config``, in a process group of its own."""
 
     def __init__(self, config: Config, log: Path) -> None:
-        env = {"LAKECDC_SOURCE_DSN": config.source_dsn, "LAKECDC_LAKEHOUSE": config.lakehouse,
-               "LAKECDC_SLOT": config.slot, "LAKECDC_DASHBOARD_DSN": config.dashboard,
-               "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-               "HOME": os.environ.get("HOME", "/root"),
-               **{k: v for k, v in os.environ.items()
-                  if k in ("SPARK_SUBMIT_OPTS", "JAVA_HOME", "LAKECDC_SPARK_LOG")}}
+        env = lakecdc_env(config)
         self.log = log
         self._sink = open(log, "ab")
         self.started = time.perf_counter()

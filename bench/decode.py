@@ -24,6 +24,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from bench.catch_up import lakecdc_env
 from bronze.slot import plugin_options
 from core.config import Config
 
@@ -62,10 +63,7 @@ class ShipRun:
 def ship_once(config: Config, env: dict | None = None) -> ShipRun:
     """``python -m pipelines ship --once`` for ``config`` in a child process (``env``: its
     whole environment, else the configuration's variables)."""
-    env = env or {"LAKECDC_SOURCE_DSN": config.source_dsn,
-                  "LAKECDC_LAKEHOUSE": config.lakehouse, "LAKECDC_SLOT": config.slot,
-                  "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                  "HOME": os.environ.get("HOME", "/root")}
+    env = env or lakecdc_env(config)
     started = time.perf_counter()
     with open(os.devnull, "wb") as devnull, subprocess.Popen(
             [sys.executable, "-m", "pipelines", "ship", "--once"], env=env, cwd=ROOT,

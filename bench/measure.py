@@ -47,6 +47,7 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from uuid import UUID
 
 import psycopg
 from deltalake import DeltaTable
@@ -173,6 +174,9 @@ def mirror_is_source(config: Config, table: str) -> bool:
 
 
 def _utc(value):
+    """A value as a mirror holds it: timestamps with a zone in UTC, UUIDs as their text."""
+    if isinstance(value, UUID):
+        return str(value)
     return value.astimezone(timezone.utc) if isinstance(value, datetime) \
         and value.tzinfo is not None else value
 
