@@ -499,6 +499,7 @@ def _big_table_values(big: dict | None) -> dict:
     if not big or "load" not in big:
         return dict.fromkeys(("big_rows", "big_rate", "big_copy_s", "big_copy_rate",
                               "big_load_s", "big_load_rate", "big_of_copy", "big_add_s",
+                              "big_replayed_s", "big_of_copy_replayed",
                               "big_rss", "big_xact_s", "big_xmin", "big_sample",
                               "big_differing", "big_exact"), "-")
     load, copy, mirror = big["load"], big["copy"], big["mirror"]
@@ -506,6 +507,8 @@ def _big_table_values(big: dict | None) -> dict:
             "big_copy_s": _n(copy["seconds"]), "big_copy_rate": _n(copy["rows_per_s"]),
             "big_load_s": _n(load["seconds"]), "big_load_rate": _n(load["rows_per_s"]),
             "big_of_copy": _n(load["of_copy"]), "big_add_s": _n(load["tables_add_s"]),
+            "big_replayed_s": _n(load["replayed_s"]),
+            "big_of_copy_replayed": _n(load["of_copy_replayed"]),
             "big_rss": _n(load["tables_add_peak_rss_mb"]),
             "big_xact_s": _n(load["oldest_transaction_s"]),
             "big_xmin": _n(load["oldest_snapshot_xids"]),
@@ -752,12 +755,13 @@ parts (reading it, finding each table's changes, the fold, Spark's typing, the M
 timed in docs/silver.md, "How fresh"; the mirrors' first big batch in a JVM pays its JIT's
 warm-up (about 2.5 s of this backlog's batch, against the same batch repeated)."""),
     "big_table_load": (
-        """**A big table's initial rows (met, ${big_of_copy}× COPY's speed).**""",
+        """**A big table's initial rows (met, ${big_of_copy}× COPY's speed).** Loaded
+straight into the mirror by key-range COPY chunks, parsed by Arrow (docs/source-tables.md).""",
         """**A big table's initial rows (${big_of_copy}× COPY's speed, target 0.3×).** The
-rows take the backfill's path (docs/backfill.md): read in 10,000-row chunks, each between
-two watermarks and staged, then written into bronze as JSON by the shipper, parsed by the
-stream into silver and folded and typed by the mirrors, all of it beside the traffic.
-COPY hands the same rows to one client in ${big_copy_s} s. Issue 38, item 2."""),
+rows are loaded straight into the mirror (docs/source-tables.md): one COPY per
+100,000-row chunk, parsed by Arrow and appended, the next chunk read while one is written,
+on the two cores that also run Postgres, the traffic and `lakecdc run`. COPY hands the same
+rows to one client in ${big_copy_s} s. Issue 38, item 2."""),
 }
 
 

@@ -70,7 +70,7 @@ WRITERS = ("delta-rs", "spark")
 #   (gold/push.py, claim); off, the second pipeline overwrites and deletes the first's.
 GUARDS = frozenset({"version_check", "commit_before_advance", "silver_txn", "gold_txn",
                     "backfill_window", "ahead_fence", "capture_ack", "sole_dashboard",
-                    "reader_floor", "mirror_txn"})
+                    "reader_floor", "mirror_txn", "mirror_replay"})
 
 
 @dataclass(frozen=True)

@@ -170,22 +170,32 @@ def typed_rows(session: SparkSession, values: pa.Table, key: tuple[str, ...],
     texts = {k: keys.field(k) for k in key}
     texts.update((n, values[f"{TEXT_PREFIX}{i}"]) for i, n in enumerate(others))
     convert = [n for n in (*key, *others) if spark_type(types[n]) != StringType()]
-    if convert:
-        inputs = pa.table({ROW: pa.array(np.arange(values.num_rows, dtype=np.int64)),
-                           **{f"__in{j}": texts[n] for j, n in enumerate(convert)}})
-        got = session.createDataFrame(inputs).select(
-            ROW, *[typed(F.col(f"__in{j}"), types[n], n).alias(n)
-                   for j, n in enumerate(convert)]).toArrow()
-        order = got[ROW].to_numpy()
-        if not np.array_equal(order, np.arange(len(order))):     # Spark kept no order
-            got = got.take(pa.array(np.argsort(order)))
-        texts.update((n, got[n]) for n in convert)
+    texts.update(typed_texts(session, {n: texts[n] for n in convert}, types, values.num_rows))
     columns = {k: texts[k] for k in key}
     for i, name in enumerate(others):
         columns[name], columns[f"{_HAS}{i}"] = texts[name], values[f"{HAS_PREFIX}{i}"]
     columns.update({_EXISTS: values["_exists"], COMMIT_LSN: values["_lsn"],
                     COMMIT_TS: values["_ts"]})
     return pa.table(columns).combine_chunks()
+
+
+def typed_texts(session: SparkSession, texts: dict, types: dict[str, str],
+                rows: int) -> dict[str, pa.Array]:
+    """Each column of ``texts`` (column → its values' text, ``rows`` long) typed in Spark as
+    its mirror column (``types``: column → Postgres type), in the same row order; nothing
+    crosses into Spark when ``texts`` is empty."""
+    if not texts:
+        return {}
+    names = list(texts)
+    inputs = pa.table({ROW: pa.array(np.arange(rows, dtype=np.int64)),
+                       **{f"__in{j}": texts[n] for j, n in enumerate(names)}})
+    got = session.createDataFrame(inputs).select(
+        ROW, *[typed(F.col(f"__in{j}"), types[n], n).alias(n)
+               for j, n in enumerate(names)]).toArrow()
+    order = got[ROW].to_numpy()
+    if not np.array_equal(order, np.arange(len(order))):     # Spark kept no order
+        got = got.take(pa.array(np.argsort(order)))
+    return {n: got[n] for n in names}
 
 
 def chain_cuts(moves: list[tuple]) -> list[tuple[int, int]]:
@@ -240,8 +250,21 @@ class MirrorWriter:
                  after_batch: Callable[[], object] | None = None,
                  on_complete: Callable[[int, object], None] | None = None,
                  on_finish: Callable[[], None] | None = None,
-                 store: RsMirrors | None = None) -> None:
+                 store: RsMirrors | None = None,
+                 loading: Callable[[], frozenset[str]] | None = None,
+                 held: Callable[[str, int, tuple[int, int]], pa.Table] | None = None) -> None:
         self.paths = dict(paths)
+        # The tables being loaded now (``lakecdc tables add``), asked at every batch: their
+        # changes are held back, and applied from the load's floor once it is done, read
+        # back from silver by ``held(table, floor, before)`` (the table's silver rows from
+        # ``floor`` up to the batch's first ``(commit_lsn, seq)``, ``MIRROR_COLUMNS``).
+        self.loading = loading
+        self.held = held
+        self._replays: dict[str, int] = {}      # table → floor: held changes to apply
+        self._looked: set[str] = set()          # tables whose mirror was asked for a replay
+        self._seen_loading: set[str] = set()
+        self._replaying: dict[str, int] = {}    # this batch's replays (``_due_replays``)
+        self.now_loading: frozenset[str] = frozenset()    # as the last batch found them
         # How the batch is read and each MERGE committed: delta-rs, or Spark where only it
         # reaches storage (``silver.mirror_store``; the entry point chooses).
         self.store = store or RsMirrors(storage_options)
@@ -298,10 +321,30 @@ class MirrorWriter:
                 "then pass over it with `lakecdc mirrors --accept-errors-upto` "
                 "(docs/silver.md, \"Mirrors\").")
         spark = batch.sparkSession
-        found_tables, marker = tables_in_batch(rows, {
-            name: self._shape(spark, path)[0] for name, path in self.paths.items()})
+        loading = self.loading() if self.loading is not None else frozenset()
+        self.now_loading = loading
+        replays = self._due_replays(loading)
+        keys = {name: self._shape(spark, path)[0] for name, path in self.paths.items()}
+        found_tables, marker = tables_in_batch(rows, keys)
+        if replays:
+            # The held changes of each table whose load is done go before the batch's own.
+            before = _first_position(rows)
+            held = [self.held(name, floor, before) for name, floor in replays.items()]
+            found_tables, _ = tables_in_batch(
+                pa.concat_tables([h.cast(rows.schema) for h in held] + [rows]), keys)
+            # A table with nothing held nor new still gets its MERGE, which records that
+            # its held changes are applied (``replayed``).
+            named = {f.name for f in found_tables}
+            empty = found_tables[0].rows.slice(0, 0) if found_tables else None
+            found_tables += [TableInBatch(*n.split(".", 1), None, {}, rows=(
+                empty if empty is not None else _no_rows(rows))) for n in replays
+                if n not in named]
+            self.floors.update(replays)
+        self._replaying = replays
         work = []
         for found in found_tables:
+            if found.name in loading:
+                continue                       # held back until its load is done
             path = self.paths.get(found.name)
             if path is None and self.discover is not None \
                     and found.name not in self._unmirrored:
@@ -314,6 +357,10 @@ class MirrorWriter:
                 continue                       # captured without a mirror (docs/silver.md)
             work.append((found, path))
         self._tables(spark, rows, batch_id, work)
+        for name in replays:
+            del self._replays[name]
+            log.info("mirror of %s: the changes held while it loaded are applied (from %s)",
+                     name, fmt(replays[name]))
         complete = complete_through(rows)
         if complete is not None and self.on_complete is not None:
             self.on_complete(*complete)
@@ -321,6 +368,27 @@ class MirrorWriter:
             self.on_marker(marker, batch_id)     # every mirror holds the batch now
         if self.after_batch is not None:
             self.after_batch()
+
+    def _due_replays(self, loading: frozenset[str]) -> dict[str, int]:
+        """table → floor, of the mirrors whose load is done and whose held changes are not
+        applied yet (``silver.mirror_store.due_replay``): each mirror is asked once, and again after
+        its table was seen loading."""
+        for name in self._seen_loading - loading:          # its load is done (or stopped)
+            self._seen_loading.discard(name)
+            self._looked.discard(name)
+            if name in self.paths:
+                self._shapes.pop(self.paths[name], None)     # a load may change its shape
+        self._seen_loading |= loading
+        if self.held is None:
+            return {}
+        for name, path in self.paths.items():
+            if name in loading or name in self._looked:
+                continue
+            self._looked.add(name)
+            floor = self.store.replay_due(path)
+            if floor is not None:
+                self._replays[name] = floor
+        return {n: f for n, f in self._replays.items() if n not in loading}
 
     def _tables(self, spark: SparkSession, rows: pa.Table, batch_id: int,
                 work: list[tuple[TableInBatch, str]]) -> None:
@@ -383,6 +451,8 @@ class MirrorWriter:
         # (``pipelines.verify.mirrors``); not after a batch's part but the last, which may
         # end inside a transaction. A batch's parts are told apart by the version.
         held = {"newest": found.newest} if last else {"partial": True}
+        if found.name in self._replaying:       # its changes held while it loaded: applied
+            held["replayed"] = self._replaying[found.name]
         meta = commit_metadata("mirror", batch_id=batch_id, part=part, truncated=truncate,
                                **held)
         if not self.store.merge(MergeJob(path, batch_id * PARTS + part, meta, source, key,
@@ -444,6 +514,23 @@ def mirror_shape(spark: SparkSession, path: str) -> tuple[tuple[str, ...], dict[
 
     properties = DeltaTable.forPath(spark, path).detail().first().properties
     return tuple(json.loads(properties[KEY_PROPERTY])), dict(json.loads(properties[TYPES_PROPERTY]))
+
+
+def _no_rows(rows: pa.Table) -> pa.Table:
+    """No row, in the columns a table's changes keep (``ROW_COLUMNS``)."""
+    from silver.mirror_fold import ROW_COLUMNS
+
+    return rows.select(list(ROW_COLUMNS)).slice(0, 0)
+
+
+def _first_position(rows: pa.Table) -> tuple[int, int]:
+    """The smallest ``(commit_lsn, seq)`` of a batch's rows (past every row: none)."""
+    if rows.num_rows == 0:
+        return (1 << 63) - 1, 0
+    lsn = rows["commit_lsn"].to_numpy(zero_copy_only=False)
+    seq = rows["seq"].to_numpy(zero_copy_only=False)
+    first = int(lsn.min())
+    return first, int(seq[lsn == first].min())
 
 
 def _sql_string(text: str) -> str:

@@ -145,6 +145,13 @@ class RsMirrors:
         return (table.transaction_version(app_id),
                 json.loads(table.metadata().configuration[TYPES_PROPERTY]))
 
+    def replay_due(self, path: str) -> int | None:
+        """``due_replay`` of the mirror's newest commits."""
+        from deltalake import DeltaTable
+
+        return due_replay([c.get("userMetadata") for c in DeltaTable(
+            delta_rs_uri(path), storage_options=self.storage_options).history(HISTORY)])
+
     def _handle(self, path: str) -> WriterHandle:
         if path not in self._handles:
             self._handles[path] = WriterHandle(delta_rs_uri(path), self.storage_options)
@@ -196,12 +203,35 @@ class SparkMirrors:
                 return int(meta["seed"]), types
         return None, types
 
+    def replay_due(self, path: str) -> int | None:
+        """``due_replay`` of the mirror's newest commits."""
+        from delta.tables import DeltaTable
+
+        return due_replay([r.userMetadata for r in DeltaTable.forPath(
+            self.writes.spark, path).history(HISTORY).select("version", "userMetadata")
+            .orderBy("version", ascending=False).collect()])
+
     def recorded(self, path: str) -> int | None:
         """The version of the mirror's newest MERGE: its batch and part, from the newest
         mirror commit's metadata that has them (None: none in ``HISTORY`` commits)."""
         if path not in self._recorded:
             self._recorded[path] = recorded_version(self.writes.spark, path)
         return self._recorded[path]
+
+
+def due_replay(metadata: list[str | None]) -> int | None:
+    """From a mirror's newest commits' metadata (newest first): the floor of a load of
+    its table (``pipelines.setup.mirror_load``) that is complete, when no MERGE has applied
+    the changes held back meanwhile since (its metadata's ``replayed``); else None. Pure."""
+    for text in metadata:
+        meta = parse_commit_metadata(text, "mirror")
+        if meta is None:
+            continue
+        if "replayed" in meta:
+            return None
+        if meta.get("complete") and "load" in meta:
+            return int(meta["seed"])
+    return None
 
 
 def recorded_version(spark, path: str) -> int | None:

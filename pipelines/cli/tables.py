@@ -38,16 +38,18 @@ def list_command(ctx):
 
 @tables.command("add")
 @click.argument("table")
-@click.option("--chunk-rows", type=click.IntRange(min=1), default=10_000, show_default=True,
-              help="Rows per keyset chunk of the table's current rows.")
+@click.option("--chunk-rows", type=click.IntRange(min=1), default=100_000, show_default=True,
+              help="Rows per key-range chunk of the table's current rows (memory grows "
+                   "with it).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
-              default=600.0, show_default=True,
-              help="Seconds to wait for the shipper to bring a chunk into bronze.")
+              default=120.0, show_default=True,
+              help="Seconds to wait for the shipper to take up the new set of tables.")
 @click.pass_context
 def add_command(ctx, table, chunk_rows, timeout_s):
-    """Capture SCHEMA.TABLE from now on and read its current rows into the change stream
-    (a watermark backfill, while streaming goes on); its mirror follows. Needs a running
-    shipper (`lakecdc run` or `lakecdc ship`). Rerun after an interruption: it continues."""
+    """Capture SCHEMA.TABLE from now on and load its current rows into its mirror (by
+    key-range chunks, while streaming goes on); the mirror then follows its changes. Needs
+    a running shipper (`lakecdc run` or `lakecdc ship`). Rerun after an interruption: it
+    continues."""
     from pipelines.setup.tables import add_table
 
     config, options = _context(ctx)

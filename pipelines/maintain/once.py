@@ -39,7 +39,7 @@ def maintain_once(config: Config, writes=None) -> list[str]:
     options = Lakehouse.from_config(config).delta_rs_options()
     lines = []
     for group in GROUPS:
-        mirrored = tuple(t for t in captured_tables(config, options, writes)
+        mirrored = tuple(t for t in captured_tables(config, options, writes, loaded=True)
                          if t in config.mirrored) if group == "mirrors" else ()
         tables = tables_of(config, group, mirrored)
         dsn, lock, what = _writer_lock(config, group)

@@ -104,11 +104,9 @@ def seed_mirror(spark: SparkSession, lakehouse: str, table: str, path: str,
     store = store or RsMirrors(storage_options)
     point = baseline_point(lakehouse, table, storage_options,
                            None if store.writes is None else spark)
-    if point is None:
-        return 0
     seeded, types = store.seed_state(path, SEED_APP_ID)
-    if seeded is not None and seeded >= point:
-        return seeded
+    if point is None or (seeded is not None and seeded >= point):
+        return seeded or 0             # as seeded, or as loaded (``pipelines.setup.mirror_load``)
     rows = spark.read.format("delta").load(spark_path(mirror_baseline_path(lakehouse, table),
                                                       on_databricks()))
     typed_rows = rows.select(*[typed(F.col(q(n)), t, n).alias(n) for n, t in types.items()
@@ -121,6 +119,39 @@ def seed_mirror(spark: SparkSession, lakehouse: str, table: str, path: str,
          .option("userMetadata", commit_metadata("mirror", seed=point)).save(path))
     log.info("mirror of %s: started from its initial rows at %s", table, fmt(point))
     return point
+
+
+def loading_tables(config, storage_options: dict | None = None, writes=None
+                   ) -> Callable[[], frozenset[str]]:
+    """For ``MirrorWriter``: the tables ``lakecdc tables add`` is loading now (the stored
+    set's ``snapshotting``), read anew at each call (a look at the set's newest version)."""
+    from bronze.capture_list import SNAPSHOTTING, CaptureList
+
+    store = CaptureList(config.lakehouse, storage_options, writes)
+
+    def loading() -> frozenset[str]:
+        stored = store.read()
+        return frozenset() if stored is None else frozenset(
+            t for t, (s, _) in stored.states.items() if s == SNAPSHOTTING)
+    return loading
+
+
+def held_changes(spark: SparkSession, silver_path: str):
+    """For ``MirrorWriter``: a table's silver rows (the mirrors' columns) from commit LSN
+    ``floor`` up to, not including, ``before`` = (commit LSN, seq): its changes held back
+    while it was loaded. Read by Spark, which skips silver's files by their statistics."""
+    from silver.mirror_fold import MIRROR_COLUMNS
+
+    def held(table: str, floor: int, before: tuple[int, int]):
+        schema, name = table.split(".", 1)
+        lsn, seq = F.col("commit_lsn"), F.col("seq")
+        return (spark.read.format("delta").load(silver_path)
+                .where((F.col("schema_name") == schema) & (F.col("table_name") == name)
+                       & (lsn >= F.lit(floor))
+                       & ((lsn < F.lit(before[0]))
+                          | ((lsn == F.lit(before[0])) & (seq < F.lit(before[1])))))
+                .orderBy("commit_lsn", "seq").select(*MIRROR_COLUMNS).toArrow())
+    return held
 
 
 def start_mirrors(spark: SparkSession, silver_path: str, checkpoint: str,

@@ -304,6 +304,8 @@ class Pipeline:
         from pipelines.run.mirror_progress import MirrorProgress
         from pipelines.run.mirrors import (
             checkpoint_path,
+            held_changes,
+            loading_tables,
             mirror_discovery,
             prepare_mirrors,
             start_mirrors,
@@ -323,9 +325,14 @@ class Pipeline:
                               on_marker=record_marker(self.config.lakehouse, options, writes),
                               faults=self.faults, storage_options=options,
                               on_complete=progress.record, on_finish=progress.close,
-                              store=store)
+                              store=store, **(dict(
+                                  loading=loading_tables(self.config, options, writes),
+                                  held=held_changes(self.spark, self.where.silver.silver_path))
+                                  if self.config.guard_on("mirror_replay") else {}))
         writer.after_batch = Maintainer(self.config, "mirrors", options,
-                                        mirrored=lambda: tuple(writer.paths),
+                                        mirrored=lambda: tuple(
+                                            t for t in writer.paths
+                                            if t not in writer.now_loading),
                                         writes=self.spark_writes()).after_batch
         query = start_mirrors(self.spark, self.where.silver.silver_path,
                               checkpoint_path(self.config), writer, once,

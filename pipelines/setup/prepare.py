@@ -5,8 +5,11 @@ Steps, each skipped when already done:
 2. replica identity covering the dims on every captured table;
 3. the logical slot, created with an exported snapshot; the rows existing at its consistent
    point counted inside that snapshot (the baseline gold is seeded with, so counts are exact
-   from the first run on a populated database); the bronze table recording the consistent
-   point as where shipping starts;
+   from the first run on a populated database: the snapshot is held for that ``GROUP BY``
+   alone); the bronze table recording the consistent point as where shipping starts; then
+   each mirrored table's rows loaded into its mirror by key-range chunks, each in a short
+   snapshot of its own (``pipelines.setup.mirror_load``), the changes from the consistent
+   point on applied over them by the mirrors' query;
 4. the dashboard tables (``service_stats`` and the push progress table);
 5. with ``LAKECDC_CATALOG`` and ``LAKECDC_SCHEMA`` set, every lakehouse table registered by
    name (``pipelines.setup.catalog``; its names are checked first, before step 1 changes
@@ -14,7 +17,7 @@ Steps, each skipped when already done:
 
 With ``LAKECDC_WRITER=spark`` Spark starts first, and every lakehouse read and write goes
 through it (``core.spark_writes``): the storage check, the captured set, bronze
-(``bronze.spark_table``), gold's baseline and the mirrors' baselines.
+(``bronze.spark_table``), gold's baseline and the mirrors' loads.
 
 A slot without bronze, or bronze without its slot, is never papered over: both mean changes
 may have been missed, and only ``--rebaseline`` (an explicit decision) starts again.
@@ -28,7 +31,7 @@ import psycopg
 
 from bronze import slot as slots
 from bronze.backfill_source import nan_columns, nan_loss_sentence
-from bronze.capture_list import CAPTURED, CaptureList
+from bronze.capture_list import CAPTURED, REMOVED, SNAPSHOTTING, CaptureList
 from bronze.failover import NEW_LAKEHOUSE
 from bronze.not_null import make_not_null
 from bronze.source import (
@@ -43,13 +46,14 @@ from bronze.spark_table import bronze_table
 from bronze.table import REBASELINE_SUFFIX, Progress, SourceIdentity
 from core.config import Config
 from core.errors import UserError, first_line
+from core.faults import FaultPoints
+from core.layout import mirror_path
 from core.lsn import fmt
 from core.postgres import connect
-from core.storage import Lakehouse, check_spark_writable, check_writable
+from core.storage import Lakehouse, check_spark_writable, check_writable, on_databricks, spark_path
 from gold.push import ensure_dashboard_tables
 from pipelines.setup.tables import captured_tables
 from pipelines.source.baseline import count_in_snapshot, write_baseline
-from pipelines.source.mirror_baseline import write_baselines
 
 
 def _dashboard_tables(dsn: str) -> None:
@@ -147,7 +151,11 @@ def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
                 report.did(f"stored the captured set ({', '.join(config.tables)})")
             else:
                 report.did(f"slot {config.slot} and bronze already set up (nothing changed)")
-            return report.noting(lossy)
+            stored = CaptureList(config.lakehouse, storage_options, writes).read()
+            unloaded = [t for t, (s, _) in stored.states.items() if s == SNAPSHOTTING]
+            return report.noting(lossy + [
+                f"{t} is still being loaded into its mirror: run `lakecdc tables add {t}` "
+                "while `lakecdc run` runs, and it goes on where it stopped" for t in unloaded])
         if not rebaseline:
             if state is not None:
                 raise UserError(f"replication slot {config.slot} exists but there is no bronze "
@@ -167,8 +175,6 @@ def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
         try:
             # The exported snapshot is importable while rconn stays open and idle.
             counts = count_in_snapshot(dsn, created.snapshot_name, config.counted)
-            mirrored = write_baselines(dsn, created.snapshot_name, keyed, config.lakehouse,
-                                       created.consistent_point, storage_options, writes)
         except BaseException:
             with connect(dsn) as conn:
                 slots.drop_slot(conn, config.slot)
@@ -180,11 +186,7 @@ def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
         report.did(f"counted {sum(counts.column('count').to_pylist()):,} existing "
                    f"notifications in {counts.num_rows:,} keys as the baseline at "
                    f"{fmt(created.consistent_point)}")
-        if mirrored:
-            report.did("kept the rows of " + ", ".join(f"{t} ({b.rows:,})"
-                                                       for t, b in mirrored.items())
-                       + " for their mirrors")
-        if _store_captured_set(config, storage_options, writes):
+        if _store_captured_set(config, storage_options, writes, keyed):
             report.did(f"stored the captured set ({', '.join(config.tables)})")
         if not has_bronze:
             bronze.create(ident, created.consistent_point)
@@ -196,7 +198,42 @@ def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
         with connect(dsn) as conn:
             slots.drop_slot(conn, config.slot)
         raise
+    _load_mirrors(config, keyed, created.consistent_point, storage_options, writes, report)
     return report.noting(lossy)
+
+
+def _load_mirrors(config: Config, keyed: tuple[str, ...], floor: int,
+                  storage_options: dict | None, writes, report: SetupReport) -> None:
+    """Each mirrored table's current rows into its mirror, by key-range chunks after the
+    slot exists (``pipelines.setup.mirror_load``): the slot's snapshot is held only for
+    the counts. Every change from the consistent point ``floor`` on reaches bronze, and
+    the mirrors' query applies them onto the loaded rows. The tables are ``snapshotting``
+    in the captured set meanwhile; a kill leaves them so, and ``tables add`` goes on."""
+    from pipelines.setup.mirror_load import MirrorTarget, load_mirror, typing_session
+    from pipelines.source.mirror_specs import table_specs
+
+    store = CaptureList(config.lakehouse, storage_options, writes)
+    stored = store.read()
+    states = {t: s for t, (s, _) in stored.states.items()}
+    loading = tuple(t for t in keyed if states.get(t) not in (None, REMOVED))
+    if not loading:
+        return
+    if any(states[t] != SNAPSHOTTING for t in loading):
+        stored = store.write({**states, **dict.fromkeys(loading, SNAPSHOTTING)}, stored)
+    with connect(config.require_source(), what="source") as conn:
+        specs = table_specs(conn, loading)
+    for spec in specs:
+        target = MirrorTarget(spark_path(mirror_path(config.lakehouse, spec.name),
+                                         on_databricks()), spec, writes, storage_options)
+        done = load_mirror(config.require_source(), target,
+                           int(stored.since(spec.name).timestamp() * 1e6), floor,
+                           faults=FaultPoints(config.faults),
+                           session=lambda: typing_session(config, writes))
+        states[spec.name] = CAPTURED
+        stored = store.write(states, stored)
+        report.did(f"loaded the {done.rows:,} rows of {spec.name} into its mirror in "
+                   f"{done.seconds:.1f}s ({done.chunks:,} chunks, each read in a snapshot "
+                   "of its own)")
 
 
 def _rebaseline(bronze, slot: str, start: int, ident: SourceIdentity,
@@ -218,12 +255,14 @@ def _rebaseline(bronze, slot: str, start: int, ident: SourceIdentity,
                "stopped until you run `lakecdc backfill rebuild-gold`")
 
 
-def _store_captured_set(config: Config, storage_options: dict | None, writes=None) -> bool:
+def _store_captured_set(config: Config, storage_options: dict | None, writes=None,
+                        loading: tuple[str, ...] = ()) -> bool:
     """Store ``LAKECDC_TABLES`` as the captured set (``bronze.capture_list``) unless a set
-    is stored; from then on ``lakecdc tables add/remove`` change it. Returns whether it
+    is stored; from then on ``lakecdc tables add/remove`` change it. ``loading``: the
+    tables stored as ``snapshotting`` (their mirrors are loaded next). Returns whether it
     stored one."""
     store = CaptureList(config.lakehouse, storage_options, writes)
     if store.exists():
         return False
-    store.write({t: CAPTURED for t in config.tables}, None)
+    store.write({t: SNAPSHOTTING if t in loading else CAPTURED for t in config.tables}, None)
     return True

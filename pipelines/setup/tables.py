@@ -4,19 +4,21 @@
 ``add SCHEMA.TABLE`` (resumable: rerun it after any interruption):
 
 1. checks the table (it exists, and a key identifies its rows: the mirror's, which the
-   keyset read follows too), changing nothing if it is refused;
+   chunked load follows too), changing nothing if it is refused; creates its mirror, empty,
+   unless there is one (when it is mirrored);
 2. stores the new set (``bronze.capture_list``, state ``snapshotting``);
 3. waits until the running shipper has acknowledged it in a bronze commit: from there on
-   every change of the table reaches bronze;
-4. reads the table's current rows into the change stream with the watermark backfill
-   (``bronze.backfill``), while streaming goes on: a row changed during its chunk's window
-   is superseded by that change, never read stale;
-5. stores the table as ``captured``. Its mirror is created by the mirrors' query when the
-   first of its changes or rows arrives, and kept from then on.
+   every change of the table reaches bronze (that commit's LSN is the load's floor);
+4. loads the table's current rows straight into its mirror by key-range chunks
+   (``pipelines.setup.mirror_load``), while streaming goes on; the mirrors' query holds the
+   table's changes back meanwhile, and applies every one from the floor on once the load
+   is done;
+5. stores the table as ``captured``, and commits a heartbeat, so that the mirrors' query
+   has a batch to apply the held changes in even when nothing else changes.
 
 With ``LAKECDC_CATALOG`` and ``LAKECDC_SCHEMA`` set, the mirror's name is checked before
-step 1, and between steps 1 and 2 the mirror is created (empty, as the mirrors' query would)
-and registered by name (``pipelines.setup.catalog``); a rerun registers it if it is not.
+step 1, and in step 1 the mirror is created and registered by name
+(``pipelines.setup.catalog``); a rerun registers it if it is not.
 
 ``remove`` stores the set without the table and waits for the shipper likewise; the mirror
 stays as it was. The counted tables cannot be removed.
@@ -33,7 +35,6 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from bronze import heartbeat
-from bronze.backfill import run_snapshot_backfill
 from bronze.backfill_source import nan_columns, nan_loss_sentence
 from bronze.capture_list import (
     ACK_SUFFIX,
@@ -57,16 +58,26 @@ from core.postgres import connect
 from core.spark_writes import start_writes
 from core.storage import gold_key, on_databricks, spark_path
 from gold.push import MIRRORS_LAYER, read_layer
+from pipelines.setup.mirror_load import (
+    DEFAULT_CHUNK_ROWS,
+    MirrorTarget,
+    load_mirror,
+    typing_session,
+)
+from pipelines.source.mirror_specs import table_specs
 
 ACK_TIMEOUT_S = 120.0
 
 
 def captured_tables(config: Config, storage_options: dict | None = None,
-                    writes=None) -> tuple[str, ...]:
+                    writes=None, loaded: bool = False) -> tuple[str, ...]:
     """The tables captured now: the stored set, else ``LAKECDC_TABLES`` (read through
-    ``writes``, a ``core.spark_writes.SparkWrites``, when given)."""
+    ``writes``, a ``core.spark_writes.SparkWrites``, when given); with ``loaded``, not
+    those whose rows ``tables add`` is loading (their mirrors have a writer of their own)."""
     stored = CaptureList(config.lakehouse, storage_options, writes).read()
-    return stored.active if stored is not None else config.tables
+    if stored is None:
+        return config.tables
+    return tuple(t for t in stored.active if not loaded or stored.state(t) != SNAPSHOTTING)
 
 
 def known_tables(config: Config, storage_options: dict | None = None, writes=None):
@@ -97,8 +108,8 @@ def _states(stored: CaptureSet | None, config: Config) -> dict[str, str]:
 
 
 def add_table(config: Config, name: str, storage_options: dict | None = None,
-              stop: threading.Event | None = None, chunk_rows: int = 10_000,
-              timeout_s: float = 600.0, spark_factory=None) -> str:
+              stop: threading.Event | None = None, chunk_rows: int = DEFAULT_CHUNK_ROWS,
+              timeout_s: float | None = None, spark_factory=None) -> str:
     """``lakecdc tables add``; returns the line to print. ``spark_factory``: the session
     that registers the mirror by name, called only when ``config.registers``, and that
     every write goes through with ``LAKECDC_WRITER=spark`` (None: ``core.spark``'s)."""
@@ -143,32 +154,45 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
                 "mirror by it; add a primary key and rerun; nothing was changed.")
         lossy = nan_loss_sentence(table, nan_columns(conn, table))
         registered = _register(spark, config, table)
+        target = None
+        if table in config.with_(tables=(*config.tables, table)).mirrored:
+            spec = table_specs(conn, (table,))[0]
+            target = MirrorTarget(spark_path(mirror_path(config.lakehouse, table),
+                                             on_databricks()), spec, writes, storage_options)
+            target.ensure()          # before the set names it: the load is its first writer
         states = _states(stored, config)
         if states.get(table) != SNAPSHOTTING:
             states[table] = SNAPSHOTTING
             stored = store.write(states, stored)
             FaultPoints(config.faults).hit("after_capture_stored")
         assert stored is not None
-        at = (_wait_acknowledged(conn, config, bronze, stored.version, stop)
+        at = (_wait_acknowledged(conn, config, bronze, stored.version, stop, timeout_s)
               if config.guard_on("capture_ack") else _bronze_at(config, bronze))
         if at is None:
             return f"{table}: stopped before the shipper took it up; rerun `lakecdc tables add {table}`."
-        since = int(stored.since(table).timestamp() * 1e6)
-        report = run_snapshot_backfill(config.with_(tables=stored.active), tables=(table,),
-                                       chunk_rows=chunk_rows, stop=stop, timeout_s=timeout_s,
-                                       storage_options=storage_options, since_us=since,
-                                       writes=writes)
-        if report.outcome == "stopped":
-            return (f"{table}: captured from {fmt(at)}; reading its rows stopped after "
-                    f"{report.new_rows:,} rows: rerun `lakecdc tables add {table}` to go on.")
+        report = None
+        if target is not None:
+            run = int(stored.since(table).timestamp() * 1e6)
+            report = load_mirror(config.require_source(), target, run, at + 1,
+                                 chunk_rows=chunk_rows, stop=stop,
+                                 faults=FaultPoints(config.faults),
+                                 session=lambda: typing_session(config, writes, spark))
+            if not report.complete:
+                return (f"{table}: captured from {fmt(at)}; loading its rows stopped after "
+                        f"{report.rows:,} rows: rerun `lakecdc tables add {table}` to go on.")
         states[table] = CAPTURED
         store.write(states, store.read())
-    rows = sum(p.rows for p in report.per_table.values())
-    return (f"{table}: captured from {fmt(at)}, its {rows:,} current rows read in "
-            f"{time.monotonic() - started:.1f}s (backfill run {report.run}); its mirror is "
-            f"{mirror_path(config.lakehouse, table)}" + (f"; {registered}." if registered
-                                                          else ".")
-            + (f"\n{lossy}" if lossy else ""))
+        # Something for the mirrors' query to start a batch with, which applies the changes
+        # it held back while the table loaded, even when no table changes.
+        heartbeat.emit(conn, config.slot)
+    if report is None:
+        return (f"{table}: captured from {fmt(at)}; it is not mirrored (LAKECDC_MIRRORS), so "
+                "its current rows were not read" + (f"; {registered}." if registered else ".")
+                + (f"\n{lossy}" if lossy else ""))
+    return (f"{table}: captured from {fmt(at)}, its {report.rows:,} current rows loaded into "
+            f"its mirror in {time.monotonic() - started:.1f}s ({report.chunks:,} chunks); "
+            f"the mirror is {mirror_path(config.lakehouse, table)}"
+            + (f"; {registered}." if registered else ".") + (f"\n{lossy}" if lossy else ""))
 
 
 def _register(spark, config: Config, table: str) -> str | None:
@@ -214,13 +238,14 @@ def remove_table(config: Config, name: str, storage_options: dict | None = None,
 
 
 def _wait_acknowledged(conn, config: Config, bronze, version: int,
-                       stop: threading.Event) -> int | None:
+                       stop: threading.Event, timeout_s: float | None = None) -> int | None:
     """Until bronze records that the shipper peeks with set ``version`` or a newer one;
     returns bronze's commit LSN then (None: stopped). A heartbeat transaction each time the
     shipper may have looked at the set again gives an idle shipper something to commit the
     acknowledgement with (one sent before it looked would be committed without it)."""
     app = config.slot + ACK_SUFFIX
-    deadline = time.monotonic() + ACK_TIMEOUT_S
+    timeout_s = ACK_TIMEOUT_S if timeout_s is None else timeout_s
+    deadline = time.monotonic() + timeout_s
     beat = 0.0
     while (bronze.app_version(app) or -1) < version:
         if time.monotonic() - beat >= ShipperSet.CHECK_S:
@@ -234,7 +259,7 @@ def _wait_acknowledged(conn, config: Config, bronze, version: int,
                             "stored, nothing is lost).")
         if time.monotonic() > deadline:
             raise UserError(f"the shipper on slot {config.slot} has not taken up the new set "
-                            f"of tables within {ACK_TIMEOUT_S:.0f}s (is it far behind? see "
+                            f"of tables within {timeout_s:.0f}s (is it far behind? see "
                             "`lakecdc status`); rerun the command to wait again.")
     return _bronze_at(config, bronze)
 

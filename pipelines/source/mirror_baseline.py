@@ -1,12 +1,10 @@
-"""The mirrors' initial rows: every row a captured table held at the slot's consistent point.
-
-Rows already in the source when the slot is created have no INSERT in the WAL. ``setup``
-reads each captured table inside the slot's exported snapshot (the same one gold's baseline
-is counted in) and keeps its rows, as text, in
-``<lakehouse>/silver/_mirror_baselines/<schema>/<table>`` (written without Spark, the
-consistent point as a Delta app transaction). A mirror starts from it
-(``pipelines.run.mirrors.seed_mirror``): exact as of that point, then kept by the changes after
-it. ``lakecdc verify`` reads its truth the same way.
+"""Every row a captured table held at a consistent point, as text: ``lakecdc verify``'s truth
+for the mirrors (``pipelines.verify.reconcile``), read inside its temporary slot's exported
+snapshot and kept in ``<lakehouse>/_verify`` (written without Spark, the consistent point
+as a Delta app transaction). A lakehouse set up before ``setup`` loaded mirrors by chunks
+(``pipelines.setup.mirror_load``) holds such rows in
+``<lakehouse>/silver/_mirror_baselines/<schema>/<table>`` too: a mirror starts from them
+once (``pipelines.run.mirrors.seed_mirror``).
 
 Each value is read as the text wal2json prints for it, so a row from here and a row from
 the WAL convert alike (``silver.mirror_types``): the type's output, numbers with

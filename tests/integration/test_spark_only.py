@@ -157,7 +157,7 @@ def test_every_table_is_written_by_spark_alone_and_exact(source_db, config, s3, 
     """With a shipper killed between its bronze commit and the slot advance first: bronze
     equals what a second slot witnessed, exactly once (the progress map in the commit's
     metadata decides what is new on restart); gold's baseline equals the source's GROUP BY
-    at setup and the mirrors' baselines hold every row."""
+    at setup and the mirrors hold every row, loaded by setup."""
     bucket, root = lakehouse
     env = _env(config, s3, root, tmp_path / "conf")
     options = _options(s3)
@@ -173,7 +173,7 @@ def test_every_table_is_written_by_spark_alone_and_exact(source_db, config, s3, 
         assert +counted == +truth_at_setup and sum(counted.values()) > 0
         with psycopg.connect(source_db.dsn) as conn:
             rows = conn.execute("SELECT count(*) FROM notifications").fetchone()[0]
-        assert DeltaTable(f"{root}/silver/_mirror_baselines/public/notifications",
+        assert DeltaTable(f"{root}/silver/tables/public/notifications",
                           storage_options=options).to_pyarrow_dataset().count_rows() == rows
 
         purged = mixed(source_db.dsn, seed=72)

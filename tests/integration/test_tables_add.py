@@ -228,7 +228,7 @@ def test_a_table_added_under_traffic_ends_equal_to_its_source_and_a_removed_one_
         assert "public.services: captured from" in added.stdout, added.stdout
 
         # Killed right after storing the set, then between two chunks; each rerun goes on.
-        for fault in ("after_capture_stored:1", "after_backfill_high:2"):
+        for fault in ("after_capture_stored:1", "after_mirror_chunk:2", "after_mirror_loaded:1"):
             killed = run_cli(["tables", "add", "public.templates", "--chunk-rows", "40"],
                              {**env, "LAKECDC_FAULT": fault})
             assert killed.returncode == 137, (fault, killed.stderr[-3000:])
@@ -274,44 +274,61 @@ def test_a_table_added_under_traffic_ends_equal_to_its_source_and_a_removed_one_
     assert "removed" in run_cli(["tables"], env).stdout
 
 
-def test_a_composite_key_table_added_keeps_toasted_values_an_update_leaves_out_in_a_window(
-        source_db, config, cli_here):
-    """A table with a composite primary key, added while running, has no change before its
-    read. Rows updated inside their chunk's watermark window without their TOASTed ``body``
-    (wal2json leaves it out) take ``body`` from the read; a row whose body the window's
-    update rewrote, and a row deleted in it, take nothing from it. The window is made
-    certain by killing ``tables add`` after it staged its one chunk (LOW written, rows
-    read) and updating before the rerun writes the HIGH. Without the cut reads, the ten
-    rows' bodies are NULL."""
+@pytest.mark.parametrize("guard", ["on", "off"])
+def test_a_table_loaded_while_it_changes_ends_equal_to_its_source_and_without_its_guard_not(
+        source_db, config, cli_here, guard):
+    """A table with a composite primary key and TOASTed bodies, added while its shipper
+    runs, in chunks of 10 rows. ``tables add`` is killed right after its first chunk
+    (docs 1-5) is in the mirror; then the rows are changed: ten of that chunk updated without
+    their body (wal2json leaves the unchanged TOASTed value out), in a chunk not read yet
+    one rewritten whole and one deleted. The stream and the mirrors' query take those
+    changes while the table is still loading; the rerun loads the rest. Then the mirrors'
+    query applies every change it held back, from the load's floor, onto the loaded rows:
+    the mirror equals the source, each updated row with the body its chunk read. With
+    ``mirror_replay`` off (the negative control) the query applies the changes as they
+    come, into a mirror still being loaded: the rewritten row is in it twice."""
     from bronze.ship import Shipper
     from pipelines.setup.prepare import setup
-    from tests.integration.test_backfill_snapshot import bronze_metadata_sum
+    from tests.truth import bronze_rows
 
     rng = random.Random(23)
     with source_db.connect() as conn:
         create_docs(conn, rng)
     setup(config)
     env = {**cli_env(config), "LAKECDC_MIRRORS": "all"}
+    if guard == "off":
+        env["LAKECDC_UNSAFE_DISABLE_GUARDS"] = "mirror_replay"
     stop = threading.Event()
     shipper = threading.Thread(target=Shipper(config).run, kwargs={"stop": stop}, daemon=True)
     shipper.start()
     try:
-        killed = run_cli(["tables", "add", "public.docs", "--chunk-rows", "100"],
-                         {**env, "LAKECDC_FAULT": "after_backfill_stage:1"})
+        killed = run_cli(["tables", "add", "public.docs", "--chunk-rows", "10"],
+                         {**env, "LAKECDC_FAULT": "after_mirror_chunk:1"})
         assert killed.returncode == 137, killed.stderr[-3000:]
+        loaded = DeltaTable(mirror_path(config.lakehouse, "public.docs")).to_pyarrow_table(
+            columns=["doc"]).column("doc").to_pylist()
+        assert sorted(loaded) == sorted([d for d in range(1, 6)] * 2), loaded
         with source_db.connect() as conn:
             change_docs(conn, rng)
-        again = run_cli(["tables", "add", "public.docs"], env)
+        wait_for(lambda: any("rewritten" in r["data"] for r in bronze_rows(config.bronze_path)),
+                 timeout=120, interval=0.2)
+        for step in (["stream", "--once"], ["mirrors", "--once"]):   # while it loads
+            done = cli_here(step, env)
+            assert done.returncode == 0, done.stderr[-3000:]
+        again = run_cli(["tables", "add", "public.docs", "--chunk-rows", "10"], env)
         assert again.returncode == 0, again.stderr[-3000:]
+        assert "its 29 current rows loaded" in again.stdout, again.stdout
     finally:
         stop.set()
         shipper.join(timeout=120)
-    # The window held the changes: ten reads cut to their body, two dropped.
-    assert bronze_metadata_sum(config.bronze_path, "lakecdc.backfill_partial") == 10
-    assert bronze_metadata_sum(config.bronze_path, "lakecdc.backfill_dropped") == 2
     drained = cli_here(["run", "--once"], env)
     assert drained.returncode == 0, drained.stderr[-3000:]
-    assert_docs_mirrored(source_db, config)
+    if guard == "on":
+        assert_docs_mirrored(source_db, config)
+        return
+    keys = [(r["doc"], r["lang"]) for r in DeltaTable(
+        mirror_path(config.lakehouse, "public.docs")).to_pyarrow_table().to_pylist()]
+    assert len(keys) == 30 and keys.count((6, "en")) == 2, sorted(keys)
 
 
 @pytest.mark.parametrize("guard", ["on", "off"])
@@ -358,7 +375,7 @@ def test_add_reads_rows_only_once_the_shipper_took_up_the_set_and_without_that_a
     try:
         wait_for(taken_up_beating, timeout=120, interval=1)   # it read setup's set at its start
         off = frozenset() if guard == "on" else frozenset({"capture_ack"})
-        said = tables.add_table(config.with_(disabled_guards=off), "public.extra",
+        said = tables.add_table(config.with_(disabled_guards=off, mirrors=None), "public.extra",
                                 chunk_rows=100)
         assert "public.extra: captured from" in said and "50 current rows" in said, said
         assert "public.extra: NaN and ±Infinity in v arrive as NULL" in said, said

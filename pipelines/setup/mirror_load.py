@@ -1,0 +1,296 @@
+"""A captured table's current rows straight into its mirror (``lakecdc tables add``), by
+key-range chunks, while the change stream goes on (docs/source-tables.md, "Adding and
+removing tables while running").
+
+Why it is exact without watermarks: every change of the table committed after ``floor`` is
+in bronze (the shipper took up the set that captures it), and each chunk is read in a
+snapshot taken after ``floor``. The mirrors' query holds the table's changes back while the
+load runs, then applies every one from ``floor`` on, in order, onto the loaded rows
+(``silver.mirror.MirrorWriter``, "replay"). For each row, that ends where the source is:
+the changes a chunk already saw are applied again, but so is every change after them, and
+a column an UPDATE left out (a TOASTed value) keeps what the chunk read, which is the
+value no later change touched.
+
+Per chunk (``silver.mirror_load``): where it ends, from the key's index (the key
+``chunk_rows`` rows on), then one ``COPY`` of that key range (one statement: one short
+snapshot, never the whole table's), parsed by Arrow into the mirror's types and appended
+to the mirror in one commit whose metadata records the load (``load`` = the table's add,
+``after`` = the chunk's last key, ``floor``), so a rerun after a kill goes on after the last
+committed chunk. The next chunk is read while one is parsed and written, so memory holds
+two chunks. The last chunk's commit completes the load: it records the floor as the
+mirror's start (``lakecdc-mirror-seed``, metadata ``seed``); the mirrors' query then
+applies the held changes and records ``replayed`` (``silver.mirror_store.due_replay``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import psycopg
+import pyarrow as pa
+
+from core.commits import commit_metadata, parse_commit_metadata, rs_commit
+from core.errors import UserError
+from core.faults import FaultPoints
+from core.features import PLAIN
+from core.postgres import connect
+from core.storage import delta_rs_uri
+from silver.mirror import (
+    KEY_PROPERTY,
+    PROPERTIES,
+    SEED_APP_ID,
+    TableSpec,
+    bad_values_stop,
+    create_mirror,
+    mirror_schema,
+    typed_texts,
+)
+from silver.mirror_load import (
+    chunk_copy,
+    chunk_end,
+    load_column,
+    mirror_arrow_type,
+    parse_chunk,
+)
+from silver.mirror_store import TYPES_PROPERTY
+
+log = logging.getLogger("lakecdc.tables")
+
+DEFAULT_CHUNK_ROWS = 100_000
+HISTORY = 50                 # newest mirror commits searched for the load's last chunk
+READ_TIMEOUT_S = 600         # one chunk's COPY
+
+
+@dataclass
+class LoadReport:
+    rows: int                # in the mirror from this load, all invocations
+    chunks: int
+    new_rows: int            # read by this invocation
+    seconds: float
+    complete: bool
+    floor: int
+
+
+@dataclass(frozen=True)
+class LoadState:
+    """What the mirror records of load ``run``: chunks committed, rows, where the next
+    chunk starts, its floor, and whether the load is complete."""
+
+    chunks: int = 0
+    rows: int = 0
+    after: list[str] | None = None
+    floor: int | None = None
+    complete: bool = False
+
+
+def load_state(history: list[dict], run: int) -> LoadState:
+    """The newest commit of load ``run`` among ``history`` (the mirror's commits, newest
+    first: ``userMetadata`` each), as a ``LoadState``. Pure."""
+    for commit in history:
+        meta = parse_commit_metadata(commit.get("userMetadata"), "mirror")
+        if meta is None or meta.get("load") != run:
+            continue
+        return LoadState(int(meta.get("chunk", 0)), int(meta.get("rows", 0)),
+                         meta.get("after"), int(meta["floor"]), bool(meta.get("complete")))
+    return LoadState()
+
+
+class MirrorTarget:
+    """The mirror's table, written through delta-rs, or through Spark (``writes``:
+    ``LAKECDC_WRITER=spark``)."""
+
+    def __init__(self, path: str, spec: TableSpec, writes=None,
+                 storage_options: dict | None = None) -> None:
+        self.path, self.spec, self.writes = path, spec, writes
+        self.storage_options = storage_options
+        self.uri = delta_rs_uri(path)
+        self.schema = pa.schema([
+            pa.field(f.name, mirror_arrow_type(f.dataType)) for f in mirror_schema(list(spec.columns))])
+
+    def ensure(self) -> None:
+        """Create the mirror unless it exists; one that exists must have the table's
+        columns and key (else one sentence: nothing is written)."""
+        if self.writes is not None:
+            create_mirror(self.writes.spark, self.path, self.spec)
+            from delta.tables import DeltaTable
+
+            props = DeltaTable.forPath(self.writes.spark, self.path).detail().first().properties
+        else:
+            from deltalake import DeltaTable
+
+            table = DeltaTable.create(
+                self.uri, schema=self.schema, mode="ignore", storage_options=self.storage_options,
+                configuration={**PLAIN, **PROPERTIES, KEY_PROPERTY: json.dumps(list(self.spec.key)),
+                               TYPES_PROPERTY: json.dumps(dict(self.spec.columns))},
+                description=f"lakecdc mirror of {self.spec.name}", raise_if_key_not_exists=False)
+            props = table.metadata().configuration
+        if (json.loads(props[KEY_PROPERTY]) != list(self.spec.key)
+                or json.loads(props[TYPES_PROPERTY]) != dict(self.spec.columns)):
+            raise UserError(
+                f"the mirror of {self.spec.name} at {self.path} has other columns or another "
+                "key than the table has now, so its rows cannot be loaded into it; move it "
+                "away (or drop it) and rerun `lakecdc tables add`; nothing was changed.")
+
+    def history(self) -> list[dict]:
+        if self.writes is not None:
+            from delta.tables import DeltaTable
+
+            rows = (DeltaTable.forPath(self.writes.spark, self.path).history(HISTORY)
+                    .select("version", "userMetadata").orderBy("version", ascending=False)
+                    .collect())
+            return [{"userMetadata": r.userMetadata} for r in rows]
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.uri, storage_options=self.storage_options).history(HISTORY)
+
+    def write(self, rows: pa.Table, meta: str, overwrite: bool,
+              app: tuple[str, int] | None = None) -> None:
+        rows = rows.select(self.schema.names).cast(self.schema)
+        if self.writes is not None:
+            self.writes.append(self.path, rows, meta=meta, app=app, overwrite=overwrite)
+            return
+        from deltalake import write_deltalake
+
+        write_deltalake(self.uri, rows, mode="overwrite" if overwrite else "append",
+                        storage_options=self.storage_options,
+                        commit_properties=rs_commit(meta, *(app or (None, None))))
+
+
+def load_mirror(dsn: str, target: MirrorTarget, run: int, floor: int, *,
+                chunk_rows: int = DEFAULT_CHUNK_ROWS, stop: threading.Event | None = None,
+                faults: FaultPoints | None = None,
+                session: Callable[[], object] | None = None) -> LoadReport:
+    """Load ``target``'s table into it (see the module's text), or go on with load ``run``
+    where it stopped. ``floor``: the first commit LSN whose changes bronze holds for sure
+    (a resumed load keeps the floor it started with). ``session``: the Spark session that
+    types the columns Arrow does not (bytea, typed arrays), asked for only if there are
+    such columns."""
+    started = time.monotonic()
+    stop = stop or threading.Event()
+    faults = faults or FaultPoints()
+    spec = target.spec
+    target.ensure()
+    state = load_state(target.history(), run)
+    floor = state.floor if state.floor is not None else floor
+    if state.complete:
+        return LoadReport(state.rows, state.chunks, 0, time.monotonic() - started, True, floor)
+    columns = [load_column(n, t) for n, t in spec.columns]
+    types = dict(spec.columns)
+    chunks, rows, new_rows = state.chunks, state.rows, 0
+    chunks_q: queue.Queue = queue.Queue(maxsize=1)
+    halt = threading.Event()
+    reader = threading.Thread(target=_read_chunks, name="lakecdc-load-read", daemon=True,
+                              args=(dsn, spec, columns, state.after, chunk_rows,
+                                    lambda: stop.is_set() or halt.is_set(), chunks_q))
+    reader.start()
+    complete = False
+    try:
+        while not complete:
+            item = chunks_q.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item is None:                            # stopped between chunks
+                break
+            data, end = item
+            try:
+                data = parse_chunk(data, columns)
+            except pa.ArrowInvalid as exc:
+                raise _bad_value(spec.name, exc) from None
+            spark_typed = {c.name: data[c.name] for c in columns if c.typed}
+            if spark_typed:
+                with bad_values_stop(spec.name):
+                    data = _replace(data, typed_texts(session(), spark_typed, types,
+                                                      data.num_rows))
+            complete = end is None                      # the rest of the table
+            chunks, rows = chunks + 1, rows + data.num_rows
+            new_rows += data.num_rows
+            # The last chunk's commit completes the load: the mirror's start is the floor.
+            done = dict(complete=True, seed=floor) if complete else {}
+            target.write(data, commit_metadata("mirror", load=run, chunk=chunks, after=end,
+                                               floor=floor, rows=rows, **done),
+                         overwrite=chunks == 1, app=(SEED_APP_ID, floor) if complete else None)
+            faults.hit("after_mirror_loaded" if complete else "after_mirror_chunk")
+    finally:
+        halt.set()
+        while reader.is_alive():                        # it may wait to hand over a chunk
+            try:
+                chunks_q.get(timeout=0.1)
+            except queue.Empty:
+                pass
+    return LoadReport(rows, chunks, new_rows, time.monotonic() - started, complete, floor)
+
+
+def typing_session(config, writes=None, spark=None):
+    """The Spark session that types what Arrow does not: the writes' or ``spark`` when
+    there is one, else one started for it."""
+    if writes is not None:
+        return writes.spark
+    if spark is not None:
+        return spark
+    from core.spark import get_or_create
+    from core.storage import Lakehouse
+
+    return get_or_create(lakehouse=Lakehouse.from_config(config), master=config.spark_master)
+
+
+def _replace(data: pa.Table, columns: dict[str, pa.Array]) -> pa.Table:
+    for name, values in columns.items():
+        data = data.set_column(data.schema.get_field_index(name), name, values)
+    return data
+
+
+def _bad_value(table: str, exc: BaseException) -> UserError:
+    return UserError(
+        f"a value of {table} does not convert to its mirror's type "
+        f"({str(exc).splitlines()[0][:200]}); the load stopped after its last whole chunk: "
+        "rerun `lakecdc tables add` once the value is fixed (docs/silver.md, \"Mirrors\": "
+        "types).")
+
+
+def _read_chunks(dsn: str, spec: TableSpec, columns, after: list[str] | None,
+                 chunk_rows: int, halted: Callable[[], bool], out: queue.Queue) -> None:
+    """The reading thread: for each chunk, where it ends (the key ``chunk_rows`` rows on,
+    from the key's index), then its ``COPY``; put on ``out`` as (its CSV, the texts of its
+    last key, None for the rest of the table), so the next chunk is read while this one
+    is parsed and written. None once ``halted()``, or the error that ended it."""
+
+    def put(item) -> bool:
+        while not halted():
+            try:
+                out.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    try:
+        with connect(dsn, what="source") as conn:
+            conn.execute("SELECT set_config('statement_timeout', %s, false)",
+                         [f"{READ_TIMEOUT_S}s"])
+            conn.autocommit = True
+            while True:
+                if halted():
+                    put(None)
+                    return
+                found = conn.execute(chunk_end(spec.schema, spec.table, spec.key, after,
+                                               chunk_rows)).fetchone()
+                end = None if found is None else list(found)
+                buffer = bytearray()
+                try:
+                    with conn.cursor().copy(chunk_copy(spec.schema, spec.table, columns,
+                                                       spec.key, after, end)) as copy:
+                        for block in copy:
+                            buffer += block
+                except psycopg.DataError as exc:
+                    raise _bad_value(spec.name, exc) from None
+                if not put((bytes(buffer), end)) or end is None:
+                    return
+                after = end
+    except BaseException as exc:        # handed to the writing thread, which raises it
+        put(exc)

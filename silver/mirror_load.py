@@ -1,0 +1,171 @@
+"""A table's current rows as its mirror holds them, read by key-range chunks with Postgres's
+``COPY`` (``pipelines.setup.mirror_load`` runs the load; docs/source-tables.md, "Adding and
+removing tables while running").
+
+Postgres renders each column so that Arrow's CSV reader parses it straight into the
+mirror's type (``silver.mirror_types.spark_type``), with the values the change stream gives:
+
+- integers, floats, booleans, decimals and text as the type's own text output (what
+  wal2json prints too); NaN and ±Infinity as NULL, as wal2json 2.5 gives them;
+- timestamps as microseconds since the epoch (whole seconds and microseconds, each exact),
+  dates as days since it;
+- bytea (as its hex digits, as wal2json prints it) and arrays that the mirror holds typed
+  go through ``silver.mirror.typed_texts`` (Spark's typing, the one implementation of
+  ``silver.mirror_types``): the only columns that need a Spark session.
+
+Each chunk's query is one statement, so it reads one snapshot, for as long as the chunk
+takes: the load never holds a snapshot for the whole table. Pure functions here: the query,
+and the parse of what it returned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pv
+from psycopg import sql
+from pyspark.sql.types import (
+    BooleanType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    StringType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from silver.mirror_store import COMMIT_LSN, COMMIT_TS
+from silver.mirror_types import spark_type
+
+_NUMBERS = ("real", "double precision")
+_ARROW: dict[type, pa.DataType] = {IntegerType: pa.int32(), LongType: pa.int64(),
+                                   FloatType: pa.float32(), DoubleType: pa.float64(),
+                                   BooleanType: pa.bool_(), StringType: pa.string()}
+
+
+@dataclass(frozen=True)
+class LoadColumn:
+    """One mirror column as a chunk reads it: the expression Postgres renders, the Arrow
+    type the CSV reader parses it as, and the type the mirror holds (``pa.null()`` for the
+    ones Spark types: ``typed``)."""
+
+    name: str
+    pg_type: str
+    expression: sql.Composable
+    read_as: pa.DataType
+    final: pa.DataType | None          # None: typed by Spark from the text
+
+    @property
+    def typed(self) -> bool:
+        return self.final is None
+
+
+def _is_number(pg_type: str) -> bool:
+    return pg_type in _NUMBERS or pg_type == "numeric" or pg_type.startswith("numeric(")
+
+
+def load_column(name: str, pg_type: str) -> LoadColumn:
+    """How column ``name`` of Postgres type ``pg_type`` (as wal2json names it) is read."""
+    c = sql.SQL("t.{}").format(sql.Identifier(name))
+    target = spark_type(pg_type)
+    if _is_number(pg_type):              # NaN and ±Infinity: NULL, as the change stream
+        c = sql.SQL("CASE WHEN {c}::text IN ('NaN', 'Infinity', '-Infinity') THEN NULL "
+                    "ELSE {c} END").format(c=c)
+    if isinstance(target, (TimestampType, TimestampNTZType)):
+        zone = "UTC" if isinstance(target, TimestampType) else None
+        # Whole seconds and the microseconds in them, each exact in a float8 (a numeric
+        # ``extract(epoch ...)`` is exact too, but costs the read a third more).
+        return LoadColumn(name, pg_type, sql.SQL(
+            "date_part('epoch', date_trunc('second', {c}))::int8 * 1000000 + "
+            "date_part('microseconds', {c})::int8 % 1000000").format(c=c), pa.int64(),
+            pa.timestamp("us", tz=zone))
+    if isinstance(target, DateType):
+        return LoadColumn(name, pg_type, sql.SQL("({} - DATE '1970-01-01')").format(c),
+                          pa.int32(), pa.date32())
+    if isinstance(target, DecimalType):
+        arrow = pa.decimal128(target.precision, target.scale)
+        return LoadColumn(name, pg_type, c, arrow, arrow)
+    if type(target) in _ARROW:
+        return LoadColumn(name, pg_type, c, _ARROW[type(target)], _ARROW[type(target)])
+    if pg_type == "bytea":               # its hex digits, as wal2json prints them
+        c = sql.SQL("encode({}, 'hex')").format(c)
+    return LoadColumn(name, pg_type, c, pa.string(), None)
+
+
+def chunk_end(schema: str, table: str, key: tuple[str, ...], after: list[str] | None,
+              rows: int) -> sql.Composed:
+    """The texts of the key ``rows`` rows after the key whose texts are ``after`` (from
+    the first row: None): where a chunk of ``rows`` rows ends, read from the key's index
+    alone. No row: the rest of the table is one chunk."""
+    keys = [sql.SQL("t.{}").format(sql.Identifier(k)) for k in key]
+    return sql.SQL("SELECT {texts} FROM {table} AS t{where} ORDER BY {order} OFFSET {skip} "
+                   "LIMIT 1").format(
+        texts=sql.SQL(", ").join(sql.SQL("format('%s', {})").format(k) for k in keys),
+        table=sql.Identifier(schema, table), where=_range(keys, after, None),
+        order=sql.SQL(", ").join(keys), skip=sql.Literal(int(rows) - 1))
+
+
+def chunk_copy(schema: str, table: str, columns: list[LoadColumn], key: tuple[str, ...],
+               after: list[str] | None, end: list[str] | None) -> sql.Composed:
+    """``COPY`` of the rows of ``schema.table`` whose key is after the key whose columns'
+    texts are ``after`` (from the first row: None) and at most the one of ``end`` (to the
+    last row: None), as CSV. A composite key is compared as a row, in its index's order;
+    the texts are literals of no type, so Postgres reads them as the key's own types."""
+    keys = [sql.SQL("t.{}").format(sql.Identifier(k)) for k in key]
+    return sql.SQL("COPY (SELECT {columns} FROM {table} AS t{where}) TO STDOUT "
+                   "(FORMAT csv)").format(
+        columns=sql.SQL(", ").join(c.expression for c in columns),
+        table=sql.Identifier(schema, table), where=_range(keys, after, end))
+
+
+def _range(keys: list[sql.Composable], after: list[str] | None,
+           end: list[str] | None) -> sql.Composable:
+    row = sql.SQL("({})").format(sql.SQL(", ").join(keys))
+    bounds = [sql.SQL("{} > ({})").format(row, sql.SQL(", ").join(map(sql.Literal, after)))
+              if after is not None else None,
+              sql.SQL("{} <= ({})").format(row, sql.SQL(", ").join(map(sql.Literal, end)))
+              if end is not None else None]
+    bounds = [b for b in bounds if b is not None]
+    return sql.SQL(" WHERE {}").format(sql.SQL(" AND ").join(bounds)) if bounds \
+        else sql.SQL("")
+
+
+def parse_chunk(data: bytes, columns: list[LoadColumn]) -> pa.Table:
+    """A chunk's CSV (``chunk_copy``) as Arrow: the columns in their mirror types (but
+    those Spark types, left as text) and ``COMMIT_LSN`` / ``COMMIT_TS`` NULL (the rows'
+    last change is not known: as a mirror's initial rows). Text that does not parse raises
+    ``pa.ArrowInvalid``."""
+    types = {c.name: c.read_as for c in columns}
+    if not data:
+        read = pa.table({n: pa.array([], t) for n, t in types.items()})
+    else:
+        read = pv.read_csv(
+            pa.BufferReader(data),
+            read_options=pv.ReadOptions(column_names=list(types), block_size=8 << 20),
+            parse_options=pv.ParseOptions(newlines_in_values=True),
+            convert_options=pv.ConvertOptions(
+                column_types=types, null_values=[""], strings_can_be_null=True,
+                quoted_strings_can_be_null=False, true_values=["t"], false_values=["f"]))
+    out = {}
+    for c in columns:
+        values = read[c.name]
+        out[c.name] = values if c.final is None or values.type == c.final \
+            else pc.cast(values, c.final)
+    out[COMMIT_LSN] = pa.nulls(read.num_rows, pa.int64())
+    out[COMMIT_TS] = pa.nulls(read.num_rows, pa.timestamp("us", tz="UTC"))
+    return pa.table(out)
+
+
+def mirror_arrow_type(spark_dtype: DataType) -> pa.DataType:
+    """The Arrow type of a mirror column of Spark type ``spark_dtype``, as Spark writes it."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    if isinstance(spark_dtype, TimestampType):
+        return pa.timestamp("us", tz="UTC")
+    return to_arrow_type(spark_dtype)

@@ -1,0 +1,101 @@
+"""The load's pure parts (``silver.mirror_load``, ``pipelines.setup.mirror_load``,
+``silver.mirror_store``): how each type is read, the chunks' queries, a chunk's CSV parsed
+into the mirror's types, and what a mirror's history says of a load. Postgres's own output is what the integration
+tests (``test_mirrors.py``, ``test_tables_add.py``) read."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+
+from core.commits import commit_metadata
+from pipelines.setup.mirror_load import LoadState, load_state
+from silver.mirror_load import chunk_copy, chunk_end, load_column, parse_chunk
+
+COLUMNS = [("k", "integer"), ("name", "text"), ("big", "bigint"), ("price", "numeric(12,2)"),
+           ("ratio", "real"), ("flag", "boolean"), ("day", "date"),
+           ("at", "timestamp with time zone"), ("seen", "timestamp(3) without time zone"),
+           ("raw", "bytea"), ("counts", "integer[]"), ("wait", "interval")]
+
+
+def test_each_type_is_read_as_the_mirror_holds_it_and_only_bytea_and_arrays_need_spark():
+    read = {n: load_column(n, t) for n, t in COLUMNS}
+    assert {n for n, c in read.items() if c.typed} == {"raw", "counts"}
+    assert read["at"].final == pa.timestamp("us", tz="UTC")
+    assert read["seen"].final == pa.timestamp("us")
+    assert read["price"].final == pa.decimal128(12, 2)
+    assert read["day"].final == pa.date32()
+    assert read["wait"].final == pa.string()
+    query = chunk_copy("public", "we'ird", [read[n] for n, _ in COLUMNS], ("k",),
+                       ["41"], ["90"]).as_string(None)
+    assert query.startswith("COPY (SELECT t.\"k\", t.\"name\"")
+    assert query.endswith("FROM \"public\".\"we'ird\" AS t WHERE (t.\"k\") > ('41') AND "
+                          "(t.\"k\") <= ('90')) TO STDOUT (FORMAT csv)"), query
+    assert "date_part('epoch', date_trunc('second', t.\"at\"))" in query
+    assert "encode(t.\"raw\", 'hex')" in query
+    assert "IN ('NaN', 'Infinity', '-Infinity') THEN NULL" in query      # as wal2json 2.5
+    assert "WHERE" not in chunk_copy("public", "t", [read["k"]], ("k",), None, None
+                                     ).as_string(None)
+    assert chunk_end("public", "t", ("a", "b"), ["1", "x"], 100).as_string(None) == (
+        "SELECT format('%s', t.\"a\"), format('%s', t.\"b\") FROM \"public\".\"t\" AS t "
+        "WHERE (t.\"a\", t.\"b\") > ('1', 'x') ORDER BY t.\"a\", t.\"b\" OFFSET 99 LIMIT 1")
+
+
+def test_a_chunk_parses_into_the_mirror_types_with_null_apart_from_empty_text():
+    columns = [load_column(n, t) for n, t in COLUMNS]
+    day = (dt.date(2026, 11, 29) - dt.date(1970, 1, 1)).days
+    micros = 1_764_374_400_123_456
+    data = (f'7,"a ""b"", c\nd",-9000000000,12.50,0.1,t,{day},{micros},{micros},0aff,'
+            '"{1,NULL,3}",1 day\n'
+            '8,"",,,,f,,,,,,\n'
+            '9,,1,,,,,,,,,\n').encode()
+    rows = parse_chunk(data, columns)
+    got = rows.to_pylist()
+    assert got[0]["name"] == 'a "b", c\nd' and got[1]["name"] == "" and got[2]["name"] is None
+    assert got[0]["big"] == -9_000_000_000 and got[0]["price"] == Decimal("12.50")
+    assert got[0]["ratio"] == pytest.approx(0.1) and got[0]["flag"] is True
+    assert got[1]["flag"] is False and got[2]["flag"] is None
+    assert got[0]["day"] == dt.date(2026, 11, 29)
+    assert got[0]["at"] == dt.datetime.fromtimestamp(micros / 1e6, dt.timezone.utc).replace(
+        microsecond=123456)
+    assert got[0]["seen"].tzinfo is None
+    assert got[0]["raw"] == "0aff" and got[0]["counts"] == "{1,NULL,3}"   # for Spark
+    assert got[0]["_lakecdc_commit_lsn"] is None and got[0]["_lakecdc_commit_ts"] is None
+    assert rows.schema.field("at").type == pa.timestamp("us", tz="UTC")
+    assert parse_chunk(b"", columns).num_rows == 0
+
+
+def test_a_bad_value_does_not_parse():
+    with pytest.raises(pa.ArrowInvalid):
+        parse_chunk(b"x\n", [load_column("k", "integer")])
+
+
+def test_a_load_is_found_in_the_mirrors_history_by_its_run():
+    def commit(**meta):
+        return {"userMetadata": commit_metadata("mirror", **meta)}
+
+    history = [{"userMetadata": None}, commit(batch_id=4),
+               commit(load=2, chunk=3, rows=30, after=["30"], floor=99),
+               commit(load=2, chunk=2, rows=20, after=["20"], floor=99),
+               commit(load=1, chunk=9, rows=90, after=["90"], floor=5, complete=True)]
+    assert load_state(history, 2) == LoadState(3, 30, ["30"], 99, False)
+    assert load_state(history, 1) == LoadState(9, 90, ["90"], 5, True)
+    assert load_state(history, 3) == LoadState()
+    assert json.loads(history[2]["userMetadata"])["floor"] == 99
+
+
+def test_a_complete_load_is_due_its_replay_until_a_merge_records_it():
+    from silver.mirror_store import due_replay
+
+    def meta(**values):
+        return commit_metadata("mirror", **values)
+
+    complete = meta(load=7, chunk=3, rows=30, floor=99, complete=True, seed=99)
+    assert due_replay([None, complete, meta(load=7, chunk=3, rows=30, floor=99)]) == 99
+    assert due_replay([meta(batch_id=5, newest=120, replayed=99), None, complete]) is None
+    assert due_replay([meta(load=7, chunk=2, rows=20, floor=99)]) is None   # still loading
+    assert due_replay([meta(batch_id=4, newest=80), commit_metadata("gold")]) is None
