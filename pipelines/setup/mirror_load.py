@@ -2,8 +2,8 @@
 key-range chunks, while the change stream goes on (docs/source-tables.md, "Adding and
 removing tables while running").
 
-Why it is exact without watermarks: every change of the table committed after ``floor`` is
-in bronze (the shipper took up the set that captures it), and each chunk is read in a
+Why it is exact without watermarks: every change of the table committed from ``floor`` on
+is in bronze (the shipper took up the set that captures it), and each chunk is read in a
 snapshot taken after ``floor``. The mirrors' query holds the table's changes back while the
 load runs, then applies every one from ``floor`` on, in order, onto the loaded rows
 (``silver.mirror.MirrorWriter``, "replay"). For each row, that ends where the source is:
@@ -17,15 +17,15 @@ snapshot, never the whole table's), parsed by Arrow into the mirror's types and 
 to the mirror in one commit whose metadata records the load (``load`` = the table's add,
 ``after`` = the chunk's last key, ``floor``), so a rerun after a kill goes on after the last
 committed chunk. The next chunk is read while one is parsed and written, so memory holds
-two chunks. The last chunk's commit completes the load: it records the floor as the
-mirror's start (``lakecdc-mirror-seed``, metadata ``seed``); the mirrors' query then
+three chunks at most (one written, one waiting, one being read), whatever the table's
+size. The last chunk's commit completes the load: it records the floor as the mirror's
+start (``lakecdc-mirror-seed``, metadata ``seed``); the mirrors' query then
 applies the held changes and records ``replayed`` (``silver.mirror_store.due_replay``).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import queue
 import threading
 import time
@@ -59,8 +59,6 @@ from silver.mirror_load import (
     parse_chunk,
 )
 from silver.mirror_store import TYPES_PROPERTY
-
-log = logging.getLogger("lakecdc.tables")
 
 DEFAULT_CHUNK_ROWS = 100_000
 HISTORY = 50                 # newest mirror commits searched for the load's last chunk
