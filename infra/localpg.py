@@ -186,7 +186,9 @@ class LocalPostgres:
     def base_backup(self, base_dir: Path, standby: bool = False) -> "LocalPostgres":
         """A physical copy of this cluster (``pg_basebackup``), not started. ``standby``:
         it follows this server by streaming replication once started (``promote`` it to
-        simulate a failover); otherwise it starts as a restored copy of this moment."""
+        simulate a failover); otherwise it starts as a restored copy of this moment.
+        The backup starts from an immediate checkpoint: the default spread one paces its
+        writes over checkpoint_timeout, about 100 s of waiting here (2 cores, loaded)."""
         copy = LocalPostgres(base_dir)
         copy.base_dir.mkdir(parents=True, exist_ok=True)
         shutil.copy2(self.base_dir / "password", copy.base_dir / "password")  # same cluster
@@ -195,7 +197,8 @@ class LocalPostgres:
         copy.base_dir.chmod(0o700)
         _run([str(bin_dir() / "pg_basebackup"), "-D", str(copy.data_dir),
               "-h", str(self.base_dir), "-p", str(self.port), "-U", "postgres",
-              "-X", "stream", "--no-sync", *(["-R"] if standby else [])])
+              "-X", "stream", "--no-sync", "--checkpoint", "fast",
+              *(["-R"] if standby else [])])
         return copy
 
     def promote(self) -> None:

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.tests_support import ROOT, free_port, listening, wait_for
+from tests.tests_support import ROOT, free_port, listening, spark_properties, wait_for
 
 AZURITE = ROOT / ".venv" / "node" / "node_modules" / "azurite" / "dist" / "src" / "blob" / \
     "main.js"
@@ -150,15 +150,13 @@ class GuardedS3:
     def make_bucket(self, name: str) -> None:
         self.client().create_bucket(Bucket=name)
 
-    def spark_conf_dir(self, path: Path) -> Path:
-        """A ``SPARK_CONF_DIR`` whose ``spark-defaults.conf`` holds the keys: the way a
-        cluster's Spark alone holds storage credentials (on Databricks, Unity Catalog's
-        external location)."""
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "spark-defaults.conf").write_text(
-            f"spark.hadoop.fs.s3a.access.key {self.key_id}\n"
-            f"spark.hadoop.fs.s3a.secret.key {self.secret}\n")
-        return path
+    def spark_keys(self, path: Path) -> dict[str, str]:
+        """The keys in Spark's own settings (a properties file at ``path``, as
+        ``spark-defaults.conf``): the way a cluster's Spark alone holds storage credentials
+        (on Databricks, Unity Catalog's external location). Returns the environment that
+        points a CLI child's Spark at the file (``spark_properties``)."""
+        return spark_properties(path, {"spark.hadoop.fs.s3a.access.key": self.key_id,
+                                       "spark.hadoop.fs.s3a.secret.key": self.secret})
 
     def env(self) -> dict[str, str]:
         """The AWS part of a process's environment that reaches the server but holds no

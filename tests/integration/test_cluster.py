@@ -25,7 +25,8 @@ import pytest
 
 from tests.integration.test_s3 import _aws_env, bucket, s3_endpoint  # noqa: F401
 from tests.integration.workload import mixed
-from tests.tests_support import ROOT, cli_env, error_line, free_port, run_cli, wait_for
+from tests.tests_support import (ROOT, cli_env, error_line, free_port, run_cli,
+                                 spark_properties, wait_for)
 from tests.truth import check_gold
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.long]
@@ -48,14 +49,12 @@ class Cluster:
         self.procs: list[subprocess.Popen] = []
         # The executors' JVMs start with the test JVMs' options (Makefile's TEST_JVM: the C1
         # compiler alone, the class archive), as the drivers do: short-lived, as they are.
-        # Through a spark-defaults.conf of the drivers' own, as a cluster's admin would set
+        # Through a properties file of the drivers' own, as a cluster's admin would set
         # them. (The drivers' own -D settings are refused there: Spark's, not the JVM's.)
-        self.conf = base / "conf"
-        self.conf.mkdir()
         jvm = [o for o in os.environ.get("SPARK_SUBMIT_OPTS", "").split()
                if o.startswith("-XX:")] or ["-XX:TieredStopAtLevel=1"]
-        (self.conf / "spark-defaults.conf").write_text(
-            f"spark.executor.extraJavaOptions {' '.join(jvm)}\n")
+        self.driver_env = spark_properties(base / "spark.conf", {
+            "spark.executor.extraJavaOptions": " ".join(jvm)})
 
     @property
     def url(self) -> str:
@@ -138,7 +137,7 @@ def _ran_tasks(cluster: Cluster, app: dict) -> int:
 def test_stream_reprocess_and_quality_on_a_standalone_cluster_are_exact(
         source_db, config, cluster, storage, request, monkeypatch):
     env = {**cli_env(config), "LAKECDC_SPARK_MASTER": cluster.url, "SPARK_LOCAL_IP": "127.0.0.1",
-           "SPARK_CONF_DIR": str(cluster.conf)}
+           **cluster.driver_env}
     if storage == "s3":
         endpoint = request.getfixturevalue("s3_endpoint")
         _, name = request.getfixturevalue("bucket")

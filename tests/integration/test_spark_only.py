@@ -2,9 +2,10 @@
 Spark alone, and exact.
 
 The lakehouse is on moto's S3, which checks keys (``tests.cloud_servers.guarded_s3``). The
-keys are in ``spark-defaults.conf`` only, as a Databricks cluster's Unity Catalog external
-location holds them: the CLI's environment has none, so delta-rs and pyarrow cannot reach
-the bucket, and anything lakecdc wrote without Spark would fail.
+keys are in Spark's own settings only (a ``spark-defaults.conf``-style file that
+``spark-submit`` reads), as a Databricks cluster's Unity Catalog external location holds
+them: the CLI's environment has none, so delta-rs and pyarrow cannot reach the bucket, and
+anything lakecdc wrote without Spark would fail.
 
 - ``setup`` on a populated database, traffic, a shipper killed after its bronze commit,
   ``run --once``: bronze equals what a second slot witnessed, gold equals a ``GROUP BY`` of
@@ -58,11 +59,11 @@ def lakehouse(s3):
     return bucket, f"s3://{bucket}/lakehouse"
 
 
-def _env(config, s3, lakehouse: str, conf_dir) -> dict[str, str]:
+def _env(config, s3, lakehouse: str, properties) -> dict[str, str]:
     """The CLI's environment: the endpoint and region, no keys; Spark's settings hold them."""
     env = {k: v for k, v in cli_env(config).items() if not k.startswith("AWS_")}
-    env.update(s3.env(), LAKECDC_LAKEHOUSE=lakehouse, LAKECDC_WRITER="spark",
-               LAKECDC_MIRRORS="all", SPARK_CONF_DIR=str(s3.spark_conf_dir(conf_dir)))
+    env.update(**s3.env(), **s3.spark_keys(properties), LAKECDC_LAKEHOUSE=lakehouse,
+               LAKECDC_WRITER="spark", LAKECDC_MIRRORS="all")
     return env
 
 
@@ -159,7 +160,7 @@ def test_every_table_is_written_by_spark_alone_and_exact(source_db, config, s3, 
     metadata decides what is new on restart); gold's baseline equals the source's GROUP BY
     at setup and the mirrors hold every row, loaded by setup."""
     bucket, root = lakehouse
-    env = _env(config, s3, root, tmp_path / "conf")
+    env = _env(config, s3, root, tmp_path / "spark.conf")
     options = _options(s3)
     mixed(source_db.dsn, seed=71)      # a populated database first (rows purged before
     truth_at_setup = source_truth(source_db.dsn)    # setup were never counted)
@@ -210,7 +211,7 @@ def test_every_table_is_written_by_spark_alone_and_exact(source_db, config, s3, 
 def test_verify_and_maintain_through_spark_alone_keep_it_exact(source_db, config, s3,
                                                                 lakehouse, tmp_path):
     bucket, root = lakehouse
-    env = _env(config, s3, root, tmp_path / "conf")
+    env = _env(config, s3, root, tmp_path / "spark.conf")
     purged = _setup_and_run(source_db, config, s3, root, env)
     _ok(run_cli(["verify"], env, timeout=600))
     _ok(run_cli(["maintain", "--once"], env, timeout=600))
@@ -222,7 +223,7 @@ def test_verify_and_maintain_through_spark_alone_keep_it_exact(source_db, config
 def test_the_continuous_run_killed_once_gold_moved_ends_exact(source_db, config, s3,
                                                               lakehouse, traffic, tmp_path):
     _, root = lakehouse
-    env = _env(config, s3, root, tmp_path / "conf")
+    env = _env(config, s3, root, tmp_path / "spark.conf")
     _ok(run_cli(["setup"], env, timeout=600))
     purged = mixed(source_db.dsn, seed=74)
     gold = f"{root}/gold/service_stats"
