@@ -186,6 +186,16 @@ def tables_add(config: Config, log: Path) -> tuple[float, float, int]:
     return time.perf_counter() - started, peak.mb(), proc.returncode
 
 
+def lakecdc_verify(config: Config, log: Path) -> tuple[float, int]:
+    """``lakecdc verify`` as its own process: (seconds, exit code: 0 = exact)."""
+    started = time.perf_counter()
+    with open(log, "ab") as sink:
+        code = subprocess.run([sys.executable, "-m", "pipelines", "verify"],
+                              env=lakecdc_env(config), cwd=ROOT, stdout=sink,
+                              stderr=subprocess.STDOUT).returncode
+    return time.perf_counter() - started, code
+
+
 def mirror_rows(config: Config) -> int:
     try:
         return DeltaTable(mirror_path(config.lakehouse, TABLE)).to_pyarrow_dataset().count_rows()
@@ -286,6 +296,12 @@ def measure(config: Config, work: Path, rows: int, rate: float) -> dict:
             time.sleep(2.0)
         out["mirror"] = {"rows": mirror_rows(config), "sample_rows": compared,
                          "sample_differing": differing}
+        # ``lakecdc verify``: gold, the dashboard and every mirror, the big one whole, against
+        # the source at one point, while ``run`` runs; the snapshot it holds meanwhile.
+        with OldestTransaction(config.source_dsn) as oldest:
+            verify_s, code = lakecdc_verify(config, work / "big-verify.log")
+        out["verify"] = {"seconds": round(verify_s, 2), "exit": code,
+                         "oldest_transaction_s": round(oldest.xact_s, 2)}
         out["lakecdc"] = exactness(config)
     finally:
         stop.set()
