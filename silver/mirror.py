@@ -451,8 +451,8 @@ class MirrorWriter:
         # (``pipelines.verify.mirrors``); not after a batch's part but the last, which may
         # end inside a transaction. A batch's parts are told apart by the version.
         held = {"newest": found.newest} if last else {"partial": True}
-        if found.name in self._replaying:       # its changes held while it loaded: applied
-            held["replayed"] = self._replaying[found.name]
+        if last and found.name in self._replaying:   # the changes held while it loaded:
+            held["replayed"] = self._replaying[found.name]    # all applied with this part
         meta = commit_metadata("mirror", batch_id=batch_id, part=part, truncated=truncate,
                                **held)
         if not self.store.merge(MergeJob(path, batch_id * PARTS + part, meta, source, key,

@@ -52,8 +52,8 @@ _ARROW: dict[type, pa.DataType] = {IntegerType: pa.int32(), LongType: pa.int64()
 @dataclass(frozen=True)
 class LoadColumn:
     """One mirror column as a chunk reads it: the expression Postgres renders, the Arrow
-    type the CSV reader parses it as, and the type the mirror holds (``pa.null()`` for the
-    ones Spark types: ``typed``)."""
+    type the CSV reader parses it as, and the Arrow type the mirror holds (None for the
+    ones Spark types from their text: ``typed``)."""
 
     name: str
     pg_type: str
