@@ -35,7 +35,6 @@ import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -55,7 +54,6 @@ from pyspark.sql.types import (
 from core.commits import commit_metadata
 from core.errors import UserError
 from core.faults import FaultPoints
-from core.handle import CHECKPOINTS
 from core.lsn import fmt
 from core.tables import create_table
 from silver.mirror_fold import (
@@ -85,35 +83,20 @@ from silver.mirror_store import (  # noqa: F401  (merge_changes, q: this module'
     mirrored_columns,
     q,
 )
+from silver.mirror_table import (  # noqa: F401  (this module's names too)
+    KEY_PROPERTY,
+    PROPERTIES,
+    SEED_APP_ID,
+    TableSpec,
+)
 from silver.mirror_types import BAD_VALUE, spark_type, typed
 
 log = logging.getLogger("lakecdc.mirror")
-
-SEED_APP_ID = "lakecdc-mirror-seed"     # the initial rows (``pipelines.run.mirrors.seed_mirror``)
-KEY_PROPERTY = "lakecdc.keyColumns"          # JSON list of the primary key's columns
-# No deletion vectors: delta-rs (deltalake 1.6.6) refuses to read a table with that reader
-# feature, and a mirror is read by delta-rs (``lakecdc tables``, the demo, users).
-PROPERTIES = {"delta.enableDeletionVectors": "false", **CHECKPOINTS}
 
 TIME_ZONE = "spark.sql.session.timeZone"     # the typing session keeps the query's
 TABLE_THREADS = 2        # tables merged at a time (``MirrorWriter._tables``)
 ROW = "__lakecdc_row"    # a row's place in ``typed_rows``'s input
 _EXISTS, _HAS = EXISTS, HAS_PREFIX
-
-
-@dataclass(frozen=True)
-class TableSpec:
-    """A captured table as its mirror is created: columns (name, Postgres type as wal2json
-    names it) in the source's order, and the primary key."""
-
-    schema: str
-    table: str
-    columns: tuple[tuple[str, str], ...]
-    key: tuple[str, ...]
-
-    @property
-    def name(self) -> str:
-        return f"{self.schema}.{self.table}"
 
 
 def mirror_schema(columns: list[tuple[str, str]]) -> StructType:

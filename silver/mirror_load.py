@@ -3,7 +3,7 @@
 removing tables while running").
 
 Postgres renders each column so that Arrow's CSV reader parses it straight into the
-mirror's type (``silver.mirror_types.spark_type``), with the values the change stream gives:
+mirror's type (``silver.mirror_type_map``), with the values the change stream gives:
 
 - integers, floats, booleans, decimals and text as the type's own text output (what
   wal2json prints too); NaN and ±Infinity as NULL, as wal2json 2.5 gives them;
@@ -11,7 +11,8 @@ mirror's type (``silver.mirror_types.spark_type``), with the values the change s
   dates as days since it;
 - bytea (as its hex digits, as wal2json prints it) and arrays that the mirror holds typed
   go through ``silver.mirror.typed_texts`` (Spark's typing, the one implementation of
-  ``silver.mirror_types``): the only columns that need a Spark session.
+  ``silver.mirror_types``): the only columns that need a Spark session. Nothing else here
+  imports Spark, so ``setup`` and ``tables add`` run without it.
 
 Each chunk's query is one statement, so it reads one snapshot, for as long as the chunk
 takes: the load never holds a snapshot for the whole table. Pure functions here: the query,
@@ -26,27 +27,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pv
 from psycopg import sql
-from pyspark.sql.types import (
-    BooleanType,
-    DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    StringType,
-    TimestampNTZType,
-    TimestampType,
-)
 
-from silver.mirror_store import COMMIT_LSN, COMMIT_TS
-from silver.mirror_types import spark_type
+from silver.mirror_table import COMMIT_LSN, COMMIT_TS
+from silver.mirror_type_map import kind_arrow, mirror_kind
 
 _NUMBERS = ("real", "double precision")
-_ARROW: dict[type, pa.DataType] = {IntegerType: pa.int32(), LongType: pa.int64(),
-                                   FloatType: pa.float32(), DoubleType: pa.float64(),
-                                   BooleanType: pa.bool_(), StringType: pa.string()}
+_AS_IS = ("int", "long", "float", "double", "boolean", "string")
 
 
 @dataclass(frozen=True)
@@ -73,27 +59,23 @@ def _is_number(pg_type: str) -> bool:
 def load_column(name: str, pg_type: str) -> LoadColumn:
     """How column ``name`` of Postgres type ``pg_type`` (as wal2json names it) is read."""
     c = sql.SQL("t.{}").format(sql.Identifier(name))
-    target = spark_type(pg_type)
+    kind = mirror_kind(pg_type)
     if _is_number(pg_type):              # NaN and ±Infinity: NULL, as the change stream
         c = sql.SQL("CASE WHEN {c}::text IN ('NaN', 'Infinity', '-Infinity') THEN NULL "
                     "ELSE {c} END").format(c=c)
-    if isinstance(target, (TimestampType, TimestampNTZType)):
-        zone = "UTC" if isinstance(target, TimestampType) else None
+    if kind[0] in ("timestamp", "timestamp_ntz"):
         # Whole seconds and the microseconds in them, each exact in a float8 (a numeric
         # ``extract(epoch ...)`` is exact too, but costs the read a third more).
         return LoadColumn(name, pg_type, sql.SQL(
             "date_part('epoch', date_trunc('second', {c}))::int8 * 1000000 + "
             "date_part('microseconds', {c})::int8 % 1000000").format(c=c), pa.int64(),
-            pa.timestamp("us", tz=zone))
-    if isinstance(target, DateType):
+            kind_arrow(kind))
+    if kind[0] == "date":
         return LoadColumn(name, pg_type, sql.SQL("({} - DATE '1970-01-01')").format(c),
                           pa.int32(), pa.date32())
-    if isinstance(target, DecimalType):
-        arrow = pa.decimal128(target.precision, target.scale)
-        return LoadColumn(name, pg_type, c, arrow, arrow)
-    if type(target) in _ARROW:
-        return LoadColumn(name, pg_type, c, _ARROW[type(target)], _ARROW[type(target)])
-    if pg_type == "bytea":               # its hex digits, as wal2json prints them
+    if kind[0] == "decimal" or kind[0] in _AS_IS:
+        return LoadColumn(name, pg_type, c, kind_arrow(kind), kind_arrow(kind))
+    if kind[0] == "binary":              # its hex digits, as wal2json prints them
         c = sql.SQL("encode({}, 'hex')").format(c)
     return LoadColumn(name, pg_type, c, pa.string(), None)
 
@@ -160,12 +142,3 @@ def parse_chunk(data: bytes, columns: list[LoadColumn]) -> pa.Table:
     out[COMMIT_LSN] = pa.nulls(read.num_rows, pa.int64())
     out[COMMIT_TS] = pa.nulls(read.num_rows, pa.timestamp("us", tz="UTC"))
     return pa.table(out)
-
-
-def mirror_arrow_type(spark_dtype: DataType) -> pa.DataType:
-    """The Arrow type of a mirror column of Spark type ``spark_dtype``, as Spark writes it."""
-    from pyspark.sql.pandas.types import to_arrow_type
-
-    if isinstance(spark_dtype, TimestampType):
-        return pa.timestamp("us", tz="UTC")
-    return to_arrow_type(spark_dtype)

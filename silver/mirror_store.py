@@ -31,12 +31,11 @@ from core.commits import merge_recorded, parse_commit_metadata, rs_commit
 from core.handle import WriterHandle
 from core.storage import delta_rs_uri
 from silver.mirror_fold import HAS_PREFIX, MIRROR_COLUMNS
+from silver.mirror_table import COMMIT_LSN, COMMIT_TS, TYPES_PROPERTY  # noqa: F401
 
 APP_ID = "lakecdc-mirror"
 PARTS = 1_000_000       # txn version = batch id * PARTS + the part of the batch (chain_cuts)
 EXISTS = "__lakecdc_exists"
-COMMIT_LSN, COMMIT_TS = "_lakecdc_commit_lsn", "_lakecdc_commit_ts"
-TYPES_PROPERTY = "lakecdc.sourceTypes"       # JSON {column: Postgres type}
 HISTORY = 100           # commits searched for the newest MERGE's batch (Spark)
 
 

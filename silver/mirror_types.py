@@ -14,8 +14,6 @@ mirror (``silver.mirror``).
 
 from __future__ import annotations
 
-import re
-
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -34,45 +32,30 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from silver.mirror_type_map import mirror_kind
+
 # Raised (``raise_error``) when a value's text does not convert; ``silver.mirror`` finds it
 # in Spark's error and turns it into one sentence.
 BAD_VALUE = "lakecdc-mirror-bad-value"
 
-_SCALARS: dict[str, DataType] = {
-    "smallint": IntegerType(), "integer": IntegerType(), "bigint": LongType(),
-    "oid": LongType(),
-    "real": FloatType(), "double precision": DoubleType(),
-    "boolean": BooleanType(),
-    "date": DateType(),
-    "bytea": BinaryType(),
-}
-_NUMERIC = re.compile(r"numeric\((\d+),(\d+)\)")
-_TIMESTAMP = re.compile(r"timestamp(?:\(\d\))? (with|without) time zone")
-_MAX_PRECISION = 38          # Spark's decimal
+_SPARK = {"int": IntegerType(), "long": LongType(), "float": FloatType(),
+          "double": DoubleType(), "boolean": BooleanType(), "date": DateType(),
+          "binary": BinaryType(), "string": StringType(), "timestamp": TimestampType(),
+          "timestamp_ntz": TimestampNTZType()}
 
 
 def spark_type(pg_type: str) -> DataType:
-    """The mirror column type of a Postgres type named as wal2json names it."""
-    if pg_type.endswith("[]"):
-        element = spark_type(pg_type[:-2])
-        return ArrayType(element) if _array_element(element) else StringType()
-    if pg_type in _SCALARS:
-        return _SCALARS[pg_type]
-    numeric = _NUMERIC.fullmatch(pg_type)
-    if numeric and int(numeric.group(1)) <= _MAX_PRECISION:
-        return DecimalType(int(numeric.group(1)), int(numeric.group(2)))
-    timestamp = _TIMESTAMP.fullmatch(pg_type)
-    if timestamp:
-        return TimestampType() if timestamp.group(1) == "with" else TimestampNTZType()
-    # text, varchar, char, uuid, enums, json/jsonb, unconstrained numeric, time, interval...
-    return StringType()
+    """The mirror column type of a Postgres type named as wal2json names it
+    (``silver.mirror_type_map``, as a Spark type)."""
+    return _kind_spark(mirror_kind(pg_type))
 
 
-def _array_element(element: DataType) -> bool:
-    """Element types whose array text ``typed`` parses (one dimension, no quoting needed
-    for numbers and booleans; quoted text elements are unquoted)."""
-    return isinstance(element, (IntegerType, LongType, FloatType, DoubleType, BooleanType,
-                                DecimalType, StringType))
+def _kind_spark(kind: tuple) -> DataType:
+    if kind[0] == "decimal":
+        return DecimalType(kind[1], kind[2])
+    if kind[0] == "array":
+        return ArrayType(_kind_spark(kind[1]))
+    return _SPARK[kind[0]]
 
 
 def typed(text: Column, pg_type: str, column: str) -> Column:

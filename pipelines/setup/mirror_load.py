@@ -41,24 +41,17 @@ from core.faults import FaultPoints
 from core.features import PLAIN
 from core.postgres import connect
 from core.storage import delta_rs_uri
-from silver.mirror import (
+from silver.mirror_load import chunk_copy, chunk_end, load_column, parse_chunk
+from silver.mirror_table import (
+    COMMIT_LSN,
+    COMMIT_TS,
     KEY_PROPERTY,
     PROPERTIES,
     SEED_APP_ID,
+    TYPES_PROPERTY,
     TableSpec,
-    bad_values_stop,
-    create_mirror,
-    mirror_schema,
-    typed_texts,
 )
-from silver.mirror_load import (
-    chunk_copy,
-    chunk_end,
-    load_column,
-    mirror_arrow_type,
-    parse_chunk,
-)
-from silver.mirror_store import TYPES_PROPERTY
+from silver.mirror_type_map import arrow_type
 
 DEFAULT_CHUNK_ROWS = 100_000
 HISTORY = 50                 # newest mirror commits searched for the load's last chunk
@@ -108,15 +101,19 @@ class MirrorTarget:
         self.path, self.spec, self.writes = path, spec, writes
         self.storage_options = storage_options
         self.uri = delta_rs_uri(path)
-        self.schema = pa.schema([
-            pa.field(f.name, mirror_arrow_type(f.dataType)) for f in mirror_schema(list(spec.columns))])
+        self.schema = pa.schema([*[(n, arrow_type(t)) for n, t in spec.columns],
+                                 (COMMIT_LSN, pa.int64()),
+                                 (COMMIT_TS, pa.timestamp("us", tz="UTC"))])
 
     def ensure(self) -> None:
         """Create the mirror unless it exists; one that exists must have the table's
         columns and key (else one sentence: nothing is written)."""
         if self.writes is not None:
-            create_mirror(self.writes.spark, self.path, self.spec)
             from delta.tables import DeltaTable
+
+            from silver.mirror import create_mirror
+
+            create_mirror(self.writes.spark, self.path, self.spec)
 
             props = DeltaTable.forPath(self.writes.spark, self.path).detail().first().properties
         else:
@@ -202,6 +199,8 @@ def load_mirror(dsn: str, target: MirrorTarget, run: int, floor: int, *,
                 raise _bad_value(spec.name, exc) from None
             spark_typed = {c.name: data[c.name] for c in columns if c.typed}
             if spark_typed:
+                from silver.mirror import bad_values_stop, typed_texts
+
                 with bad_values_stop(spec.name):
                     data = _replace(data, typed_texts(session(), spark_typed, types,
                                                       data.num_rows))
@@ -231,6 +230,12 @@ def typing_session(config, writes=None, spark=None):
         return writes.spark
     if spark is not None:
         return spark
+    from importlib.util import find_spec
+
+    if find_spec("pyspark") is None or find_spec("delta") is None:
+        raise UserError("a bytea or array column is typed by Spark as it is loaded into its "
+                        "mirror, and Spark is not installed here: install it with pip "
+                        "install 'lakecdc[spark]' and rerun; what is loaded stays.")
     from core.spark import get_or_create
     from core.storage import Lakehouse
 

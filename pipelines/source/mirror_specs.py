@@ -8,7 +8,7 @@ from __future__ import annotations
 import psycopg
 
 from bronze.source import mirror_key
-from silver.mirror import TableSpec
+from silver.mirror_table import TableSpec
 
 
 def table_specs(conn: psycopg.Connection, tables: tuple[str, ...]) -> list[TableSpec]:

@@ -190,12 +190,18 @@ def test_every_shipper_fault_in_turn_then_a_full_disk_ends_exact(
 
     # F4: the slot's advance is not durable before a checkpoint; after a crash it goes back
     # and re-delivers what bronze holds. The version check drops it.
-    purged += mixed(source_db.dsn, seed=10)
-    assert run_cli(["ship", "--once"], env).returncode == 0
-    advanced_to = slot_confirmed(config)
-    pg_cluster.crash()
-    pg_cluster.restart()
-    assert slot_confirmed(config) < advanced_to, "the crash did not move the slot back"
+    # The advance is durable at once when it also moves the slot's restart point (Postgres
+    # saves the slot then), which depends on what else runs: tried up to three times.
+    for attempt in range(3):
+        purged += mixed(source_db.dsn, seed=10 if attempt == 0 else 30 + attempt)
+        assert run_cli(["ship", "--once"], env).returncode == 0
+        advanced_to = slot_confirmed(config)
+        pg_cluster.crash()
+        pg_cluster.restart()
+        if slot_confirmed(config) < advanced_to:
+            break
+    else:
+        raise AssertionError("three crashes never moved the slot back")
     purged += mixed(source_db.dsn, seed=11)
     assert run_cli(["ship", "--once"], env).returncode == 0
     check_i1(config.bronze_path, witness, config.tables)

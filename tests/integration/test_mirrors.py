@@ -403,7 +403,9 @@ def test_a_table_loaded_by_tables_add_holds_every_type_as_its_changes_do(
     import threading
 
     from bronze.ship import Shipper
+    from core.locks import is_held, ship_lock_name
     from pipelines.setup.prepare import setup
+    from tests.tests_support import wait_for
 
     rng = random.Random(38)
     with source_db.connect() as conn:
@@ -416,6 +418,8 @@ def test_a_table_loaded_by_tables_add_holds_every_type_as_its_changes_do(
     shipper = threading.Thread(target=Shipper(config).run, kwargs={"stop": stop}, daemon=True)
     shipper.start()
     try:
+        with source_db.connect() as conn:                # `tables add` needs it running
+            wait_for(lambda: is_held(conn, ship_lock_name(config.slot)), timeout=120)
         added = cli_here(["tables", "add", TABLE, "--chunk-rows", "37"], env)
         assert added.returncode == 0, added.stderr[-3000:]
         assert "its 120 current rows loaded" in added.stdout, added.stdout

@@ -302,6 +302,8 @@ def test_a_table_loaded_while_it_changes_ends_equal_to_its_source_and_without_it
     shipper = threading.Thread(target=Shipper(config).run, kwargs={"stop": stop}, daemon=True)
     shipper.start()
     try:
+        with source_db.connect() as conn:                # `tables add` needs it running
+            wait_for(lambda: is_held(conn, ship_lock_name(config.slot)), timeout=120)
         killed = run_cli(["tables", "add", "public.docs", "--chunk-rows", "10"],
                          {**env, "LAKECDC_FAULT": "after_mirror_chunk:1"})
         assert killed.returncode == 137, killed.stderr[-3000:]

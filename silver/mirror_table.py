@@ -1,0 +1,33 @@
+"""What a mirror table is, without Spark: the spec it is created from, its bookkeeping
+columns, its table properties and the app transaction of its initial rows. Shared by the
+mirrors' writer (``silver.mirror``, ``silver.mirror_store``) and the load
+(``pipelines.setup.mirror_load``), which runs where Spark may not be installed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.handle import CHECKPOINTS
+
+COMMIT_LSN, COMMIT_TS = "_lakecdc_commit_lsn", "_lakecdc_commit_ts"
+TYPES_PROPERTY = "lakecdc.sourceTypes"       # JSON {column: Postgres type}
+KEY_PROPERTY = "lakecdc.keyColumns"          # JSON list of the primary key's columns
+SEED_APP_ID = "lakecdc-mirror-seed"          # the initial rows' point (seed or load)
+# No deletion vectors: delta-rs (deltalake 1.6.6) refuses to read a table with that reader
+# feature, and a mirror is read by delta-rs (``lakecdc tables``, the demo, users).
+PROPERTIES = {"delta.enableDeletionVectors": "false", **CHECKPOINTS}
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A captured table as its mirror is created: columns (name, Postgres type as wal2json
+    names it) in the source's order, and the primary key."""
+
+    schema: str
+    table: str
+    columns: tuple[tuple[str, str], ...]
+    key: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}.{self.table}"
