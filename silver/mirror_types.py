@@ -5,7 +5,8 @@ wal2json names a type with ``format_type`` (typmod included: ``numeric(12,2)``,
 ``character varying(40)``, ``timestamp(3) with time zone``, ``integer[]``) and prints a value
 with the type's text output, except numbers and booleans (bare JSON, quoted back to text by
 ``silver.parse``) and bytea (its hex digits, without ``\\x``). The table of the mapping is
-docs/silver.md, "Mirrors"; this module is its one implementation.
+docs/silver.md, "Mirrors"; ``silver.mirror_type_map`` is its one implementation (without
+Spark), and this module gives its kinds as Spark types and types values with them.
 
 A value whose text does not convert (a date of ``infinity``, a two-dimensional array) never
 becomes NULL silently: ``typed`` evaluates to an error naming the column, which stops the

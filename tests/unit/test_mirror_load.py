@@ -99,3 +99,23 @@ def test_a_complete_load_is_due_its_replay_until_a_merge_records_it():
     assert due_replay([meta(batch_id=5, newest=120, replayed=99), None, complete]) is None
     assert due_replay([meta(load=7, chunk=2, rows=20, floor=99)]) is None   # still loading
     assert due_replay([meta(batch_id=4, newest=80), commit_metadata("gold")]) is None
+
+
+@pytest.mark.parametrize("pg_type", [
+    "smallint", "integer", "bigint", "oid", "real", "double precision", "boolean", "date",
+    "bytea", "numeric(12,2)", "numeric(50,2)", "numeric", "text", "uuid", "jsonb",
+    "timestamp with time zone", "timestamp(3) without time zone", "integer[]", "text[]",
+    "numeric(5,1)[]", "timestamp with time zone[]", "interval"])
+def test_the_load_writes_each_type_as_spark_types_it(pg_type):
+    """One type map, two views: the Arrow type the load writes is the one Spark writes for
+    the mirror's Spark type (Spark's timestamps as UTC instants)."""
+    from pyspark.sql.pandas.types import to_arrow_type
+    from pyspark.sql.types import TimestampType
+
+    from silver.mirror_type_map import arrow_type
+    from silver.mirror_types import spark_type
+
+    spark = spark_type(pg_type)
+    expected = pa.timestamp("us", tz="UTC") if isinstance(spark, TimestampType) \
+        else to_arrow_type(spark)
+    assert arrow_type(pg_type) == expected
