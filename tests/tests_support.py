@@ -78,6 +78,34 @@ def wait_for(condition, timeout: float, interval: float = 0.05) -> None:
 
 
 @contextmanager
+def running_shipper(config: Config, writes=None):
+    """A shipper (``bronze.ship.Shipper``; through ``writes``, a ``SparkWrites``, when given)
+    in a thread of this process, from the moment it holds its slot's lock (what ``tables
+    add`` asks for) until the block ends; then stopped and joined."""
+    import threading
+
+    import psycopg
+
+    from bronze.ship import Shipper
+    from core.locks import is_held, ship_lock_name
+
+    stop = threading.Event()
+    thread = threading.Thread(target=Shipper(config, writes=writes).run, kwargs={"stop": stop},
+                              daemon=True)
+    thread.start()
+    try:
+        with psycopg.connect(config.source_dsn, autocommit=True) as conn:
+            wait_for(lambda: not thread.is_alive()
+                     or is_held(conn, ship_lock_name(config.slot)), timeout=120)
+        assert thread.is_alive(), "the shipper stopped as it started"
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+    assert not thread.is_alive(), "the shipper did not stop"
+
+
+@contextmanager
 def tmpfs(mount: Path, size: str, read_only: bool = False):
     """A small tmpfs mounted at ``mount`` (a full disk, a read-only one), unmounted after.
     Mounting needs root, as the suite runs in CI (Postgres runs via ``runuser``)."""

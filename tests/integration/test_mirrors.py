@@ -400,12 +400,8 @@ def test_a_table_loaded_by_tables_add_holds_every_type_as_its_changes_do(
     loaded in chunks of 37. Then traffic on it - TOASTed bodies left alone and rewritten,
     key changes, deletes - and a drain: the mirror equals the source, every row and
     column, so the loaded values and the changes applied over them agree."""
-    import threading
-
-    from bronze.ship import Shipper
-    from core.locks import is_held, ship_lock_name
     from pipelines.setup.prepare import setup
-    from tests.tests_support import wait_for
+    from tests.tests_support import running_shipper
 
     rng = random.Random(38)
     with source_db.connect() as conn:
@@ -414,19 +410,11 @@ def test_a_table_loaded_by_tables_add_holds_every_type_as_its_changes_do(
             conn.execute(INSERT, values(rng, i, rng.choice(["x", "y", "z z", "it's"])))
     setup(config)
     env = {**cli_env(config), "LAKECDC_MIRRORS": "all"}
-    stop = threading.Event()
-    shipper = threading.Thread(target=Shipper(config).run, kwargs={"stop": stop}, daemon=True)
-    shipper.start()
-    try:
-        with source_db.connect() as conn:                # `tables add` needs it running
-            wait_for(lambda: is_held(conn, ship_lock_name(config.slot)), timeout=120)
+    with running_shipper(config):
         added = cli_here(["tables", "add", TABLE, "--chunk-rows", "37"], env)
         assert added.returncode == 0, added.stderr[-3000:]
         assert "its 120 current rows loaded" in added.stdout, added.stdout
         assert "(4 chunks)" in added.stdout, added.stdout
-    finally:
-        stop.set()
-        shipper.join(timeout=120)
     assert_mirror_is_source(source_db, config)          # as loaded: no change since
     with source_db.connect() as conn:
         traffic(conn, rng, 60)

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 
 import pytest
 from deltalake import DeltaTable
 
 from core.layout import BACKFILL_STAGING, CAPTURE_LIST, mirror_path
 from tests.integration.test_tables_add import assert_docs_mirrored, change_docs, create_docs
-from tests.tests_support import Crash, cli_env, crash_once_at
+from tests.tests_support import Crash, cli_env, crash_once_at, running_shipper
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -46,7 +45,6 @@ def bronze_info_sum(config, key: str) -> int:
 
 def test_a_table_added_through_spark_alone_is_loaded_by_it_and_ends_exact(
         source_db, config, spark, cli_here, monkeypatch):
-    from bronze.ship import Shipper
     from core.spark_writes import SparkWrites
     from pipelines.setup.prepare import setup
     from pipelines.setup.tables import add_table
@@ -58,20 +56,7 @@ def test_a_table_added_through_spark_alone_is_loaded_by_it_and_ends_exact(
     setup(config, spark_factory=lambda: spark)
     env = {**cli_env(config), "LAKECDC_MIRRORS": "all", "LAKECDC_WRITER": "spark"}
 
-    def start_shipper() -> tuple[threading.Event, threading.Thread]:
-        stop = threading.Event()
-        shipper = threading.Thread(target=Shipper(config, writes=SparkWrites(spark)).run,
-                                   kwargs={"stop": stop}, daemon=True)
-        shipper.start()
-        return stop, shipper
-
-    def stop_shipper(stop: threading.Event, shipper: threading.Thread) -> None:
-        stop.set()
-        shipper.join(timeout=120)
-        assert not shipper.is_alive()
-
-    running = start_shipper()
-    try:
+    with running_shipper(config, writes=SparkWrites(spark)):
         crash_once_at(monkeypatch, "after_mirror_chunk")
         with pytest.raises(Crash):
             add_table(config, "public.docs", chunk_rows=10, spark_factory=lambda: spark)
@@ -80,8 +65,6 @@ def test_a_table_added_through_spark_alone_is_loaded_by_it_and_ends_exact(
         again = cli_here(["tables", "add", "public.docs", "--chunk-rows", "10"], env)
         assert again.returncode == 0, again.stderr[-3000:]
         assert "its 29 current rows loaded" in again.stdout, again.stdout
-    finally:
-        stop_shipper(*running)
     drained = cli_here(["run", "--once"], env)
     assert drained.returncode == 0, drained.stderr[-3000:]
     assert_docs_mirrored(source_db, config)
@@ -89,15 +72,12 @@ def test_a_table_added_through_spark_alone_is_loaded_by_it_and_ends_exact(
     assert all("Apache-Spark" in c.get("engineInfo", "") for c in mirror), mirror[0]
 
     # A backfill run reads the rows into the change stream, in two chunks.
-    running = start_shipper()
-    try:
+    with running_shipper(config, writes=SparkWrites(spark)):
         read_again = cli_here(["backfill", "snapshot", "--table", "public.docs",
                                "--new-run", "--chunk-rows", "15"], env)
         assert read_again.returncode == 0, read_again.stderr[-3000:]
         assert "public.docs 29 rows in 2 chunks; complete" in read_again.stdout, \
             read_again.stdout
-    finally:
-        stop_shipper(*running)
     assert bronze_info_sum(config, "lakecdc.backfill_rows") == 29
     drained = cli_here(["run", "--once"], env)
     assert drained.returncode == 0, drained.stderr[-3000:]

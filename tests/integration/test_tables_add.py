@@ -25,7 +25,7 @@ from bronze.capture_list import CaptureList
 from core.layout import SILVER, mirror_path
 from core.locks import is_held, ship_lock_name
 from tests.integration.workload import insert
-from tests.tests_support import ROOT, cli_env, one_sentence, run_cli, wait_for
+from tests.tests_support import ROOT, cli_env, one_sentence, run_cli, running_shipper, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -287,7 +287,6 @@ def test_a_table_loaded_while_it_changes_ends_equal_to_its_source_and_without_it
     the mirror equals the source, each updated row with the body its chunk read. With
     ``mirror_replay`` off (the negative control) the query applies the changes as they
     come, into a mirror still being loaded: the rewritten row is in it twice."""
-    from bronze.ship import Shipper
     from pipelines.setup.prepare import setup
     from tests.truth import bronze_rows
 
@@ -298,12 +297,7 @@ def test_a_table_loaded_while_it_changes_ends_equal_to_its_source_and_without_it
     env = {**cli_env(config), "LAKECDC_MIRRORS": "all"}
     if guard == "off":
         env["LAKECDC_UNSAFE_DISABLE_GUARDS"] = "mirror_replay"
-    stop = threading.Event()
-    shipper = threading.Thread(target=Shipper(config).run, kwargs={"stop": stop}, daemon=True)
-    shipper.start()
-    try:
-        with source_db.connect() as conn:                # `tables add` needs it running
-            wait_for(lambda: is_held(conn, ship_lock_name(config.slot)), timeout=120)
+    with running_shipper(config):
         killed = run_cli(["tables", "add", "public.docs", "--chunk-rows", "10"],
                          {**env, "LAKECDC_FAULT": "after_mirror_chunk:1"})
         assert killed.returncode == 137, killed.stderr[-3000:]
@@ -320,9 +314,6 @@ def test_a_table_loaded_while_it_changes_ends_equal_to_its_source_and_without_it
         again = run_cli(["tables", "add", "public.docs", "--chunk-rows", "10"], env)
         assert again.returncode == 0, again.stderr[-3000:]
         assert "its 29 current rows loaded" in again.stdout, again.stdout
-    finally:
-        stop.set()
-        shipper.join(timeout=120)
     if guard == "off":              # the rewritten row: merged while loading, then loaded
         keys = [(r["doc"], r["lang"]) for r in DeltaTable(
             mirror_path(config.lakehouse, "public.docs")).to_pyarrow_table().to_pylist()]
@@ -344,7 +335,6 @@ def test_add_reads_rows_only_once_the_shipper_took_up_the_set_and_without_that_a
     commit, and bronze never gets it."""
     from bronze.capture_list import ACK_SUFFIX, ShipperSet
     from bronze.heartbeat import emit
-    from bronze.ship import Shipper
     from bronze.table import BronzeTable
     from pipelines.setup import tables
     from pipelines.setup.prepare import setup
@@ -371,10 +361,7 @@ def test_add_reads_rows_only_once_the_shipper_took_up_the_set_and_without_that_a
     def in_bronze(value: str) -> bool:
         return any(value in r["data"] for r in bronze_rows(config.bronze_path))
 
-    stop = threading.Event()
-    shipper = threading.Thread(target=Shipper(config).run, kwargs={"stop": stop}, daemon=True)
-    shipper.start()
-    try:
+    with running_shipper(config):
         wait_for(taken_up_beating, timeout=120, interval=1)   # it read setup's set at its start
         off = frozenset() if guard == "on" else frozenset({"capture_ack"})
         said = tables.add_table(config.with_(disabled_guards=off, mirrors=None), "public.extra",
@@ -393,11 +380,35 @@ def test_add_reads_rows_only_once_the_shipper_took_up_the_set_and_without_that_a
         wait_for(taken_up_beating, timeout=300, interval=1)
         source_db.execute("UPDATE extra SET v = 515151 WHERE id = 2")
         wait_for(lambda: in_bronze("515151"), timeout=120, interval=0.2)
-    finally:
-        stop.set()
-        shipper.join(timeout=120)
     assert in_bronze("424242") is (guard == "on")
 
 
 def _code_err(result: subprocess.CompletedProcess) -> tuple[int, str]:
     return result.returncode, result.stderr
+
+
+def test_a_value_its_mirror_cannot_hold_stops_the_load_in_one_sentence(source_db, config):
+    """A date of ``infinity`` (no mirror's date holds it) in the table's second chunk: `tables
+    add` ends in one sentence, exit 2, the first chunk stays in the mirror, and the table
+    stays ``snapshotting`` for a rerun once the value is fixed, which then completes."""
+    from pipelines.setup.prepare import setup
+
+    with source_db.connect() as conn:
+        conn.execute("CREATE TABLE days (id integer PRIMARY KEY, day date)")
+        conn.execute("INSERT INTO days SELECT i, DATE '2026-01-01' + i "
+                     "FROM generate_series(1, 30) AS i")
+        conn.execute("UPDATE days SET day = 'infinity' WHERE id = 25")
+    setup(config)
+    env = {**cli_env(config), "LAKECDC_MIRRORS": "all"}
+    with running_shipper(config):
+        refused = run_cli(["tables", "add", "public.days", "--chunk-rows", "20"], env)
+        one_sentence(refused.returncode, refused.stderr,
+                     "a value of public.days does not convert to its mirror's type",
+                     "rerun `lakecdc tables add`")
+        assert CaptureList(config.lakehouse).read().state("public.days") == "snapshotting"
+        loaded = DeltaTable(mirror_path(config.lakehouse, "public.days")).to_pyarrow_table()
+        assert sorted(loaded.column("id").to_pylist()) == list(range(1, 21))
+        source_db.execute("UPDATE days SET day = DATE '2030-01-01' WHERE id = 25")
+        again = run_cli(["tables", "add", "public.days", "--chunk-rows", "20"], env)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert "its 30 current rows loaded" in again.stdout, again.stdout
