@@ -46,6 +46,7 @@ from bronze.backfill_staging import (
     staging_table,
 )
 from bronze.spark_table import bronze_table
+from bronze.table import numbers_as_text
 from core.config import Config
 from core.errors import UserError
 from core.faults import FaultPoints
@@ -226,7 +227,9 @@ class SnapshotBackfill:
                                       time.monotonic() - started, resumed)
             if not shipper_running(conn, cfg.slot):
                 raise _no_shipper(cfg.slot)
-            sources = {t: describe_table(conn, t) for t in self.tables}
+            # Numbers as the shipper's wal2json prints them (it recorded how in bronze).
+            text = numbers_as_text(self.bronze, cfg.slot)
+            sources = {t: describe_table(conn, t, text) for t in self.tables}
             outcome = self._run(conn, state, sources, per_table)
         return BackfillReport(state.run, self.tables, outcome, per_table,
                               time.monotonic() - started, resumed)
@@ -264,7 +267,8 @@ class SnapshotBackfill:
                             return "stopped"
                         low = emit_mark(conn, run, table, next_chunk, "low")
                         self.faults.hit("after_backfill_low")
-                        chunk = read_chunk(reader, table, cursor, self.chunk_rows)
+                        chunk = read_chunk(reader, table, cursor, self.chunk_rows,
+                                           source.numbers_as_text)
                         if not chunk.keys:
                             break
                         self.staging.stage_chunk(

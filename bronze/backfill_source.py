@@ -21,36 +21,14 @@ log = logging.getLogger("lakecdc.backfill")
 
 READ_TIMEOUT_S = 300               # statement timeout of one chunk's SELECT
 
-# wal2json 2.5 prints these types as bare JSON numbers (NaN / ±Infinity as null), booleans
-# as true/false, bytea as its hex digits, and every other type as a JSON string of the
-# type's text output (wal2json.c, format-version 2).
+# wal2json prints these types as bare JSON numbers (2.5, and 2.6 without
+# ``numeric-data-types-as-string``: NaN / ±Infinity as null) or, with that option, as JSON
+# strings of their text (NaN and ±Infinity included); booleans as true/false, bytea as its
+# hex digits, and every other type as a JSON string of the type's text output (wal2json.c,
+# format-version 2).
 NUMBER_TYPES = (20, 21, 23, 26, 700, 701, 1700)    # int8 int2 int4 oid float4 float8 numeric
 BOOL, BYTEA = 16, 17
-# The number types that can hold NaN and ±Infinity, which wal2json 2.5 prints as ``null``
-# (it has no ``numeric-data-types-as-string``): silver, the mirrors and every read of
-# current rows that must match them hold NULL there. A known loss, named where it happens.
-NAN_TYPES = (700, 701, 1700)                        # float4 float8 numeric
 NOT_A_NUMBER = ("NaN", "Infinity", "-Infinity")
-
-
-def nan_columns(conn: psycopg.Connection, table: str) -> tuple[str, ...]:
-    """``table``'s columns whose NaN and ±Infinity reach lakecdc as NULL."""
-    schema, name = table.split(".", 1)
-    return tuple(r[0] for r in conn.execute("""
-        SELECT a.attname FROM pg_attribute a
-        JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
-          AND a.atttypid::int8 = ANY(%s)
-        ORDER BY a.attnum""", [schema, name, list(NAN_TYPES)]).fetchall())
-
-
-def nan_loss_sentence(table: str, columns: tuple[str, ...]) -> str:
-    """One sentence naming the columns of ``table`` that lose NaN and ±Infinity ('' if none)."""
-    if not columns:
-        return ""
-    return (f"{table}: NaN and ±Infinity in {', '.join(columns)} arrive as NULL (wal2json 2.5 "
-            "prints them as null), so silver and its mirror hold NULL there; verify counts "
-            "such rows as a known loss (docs/silver.md).")
 
 
 @dataclass(frozen=True)
@@ -62,9 +40,11 @@ class SourceTable:
     head: str                                   # JSON text before the first column
     columns: tuple[tuple[str, int, str], ...]   # (name, type oid, JSON text before the value)
     estimated_rows: int
+    numbers_as_text: bool = False               # as the slot's wal2json prints numbers
 
 
-def describe_table(conn: psycopg.Connection, name: str) -> SourceTable:
+def describe_table(conn: psycopg.Connection, name: str, numbers_as_text: bool = False
+                   ) -> SourceTable:
     """What ``chunk_query`` needs, from the catalog: the key, the columns (as wal2json
     would list them: every non-dropped column in attribute order, types by ``format_type``)
     and the JSON text around them, escaped by Postgres the way wal2json escapes it."""
@@ -91,11 +71,15 @@ def describe_table(conn: psycopg.Connection, name: str) -> SourceTable:
         FROM pg_attribute a
         WHERE a.attrelid = %s::int8::oid AND a.attnum > 0 AND NOT a.attisdropped
         ORDER BY a.attnum""", [oid]).fetchall())
-    return SourceTable(name, schema, table, tuple(keys), head, columns, int(estimate))
+    return SourceTable(name, schema, table, tuple(keys), head, columns, int(estimate),
+                       numbers_as_text)
 
 
-def _value_json(column: str, type_oid: int) -> sql.Composable:
+def _value_json(column: str, type_oid: int, numbers_as_text: bool) -> sql.Composable:
     c = sql.SQL("t.{}").format(sql.Identifier(column))
+    if type_oid in NUMBER_TYPES and numbers_as_text:
+        return sql.SQL("CASE WHEN {c} IS NULL THEN 'null' ELSE to_json({c}::text)::text "
+                       "END").format(c=c)
     if type_oid in NUMBER_TYPES:
         return sql.SQL("CASE WHEN {c} IS NULL OR {c}::text IN ('NaN', 'Infinity', '-Infinity') "
                        "THEN 'null' ELSE {c}::text END").format(c=c)
@@ -117,7 +101,8 @@ def chunk_query(source: SourceTable, after: bool) -> sql.Composed:
     order, after the key ``%(after0)s``, ``%(after1)s``, ... (exclusive, when ``after``), at
     most ``%(limit)s`` rows. A composite key is compared as a row, in its index's order."""
     columns = sql.SQL(" || ',' || ").join(
-        sql.SQL("{} || {} || '}}'").format(sql.Literal(prefix), _value_json(name, oid))
+        sql.SQL("{} || {} || '}}'").format(sql.Literal(prefix),
+                                           _value_json(name, oid, source.numbers_as_text))
         for name, oid, prefix in source.columns)
     keys = [sql.SQL("t.{}").format(sql.Identifier(k)) for k in source.key_columns]
     bounds = [sql.Placeholder(f"after{i}") for i in range(len(keys))]
@@ -139,7 +124,8 @@ class Chunk:
     source: SourceTable
 
 
-def read_chunk(conn: psycopg.Connection, table: str, after: str | None, limit: int) -> Chunk:
+def read_chunk(conn: psycopg.Connection, table: str, after: str | None, limit: int,
+               numbers_as_text: bool = False) -> Chunk:
     """One short REPEATABLE READ READ ONLY transaction (``conn`` from ``_reader``):
 
     the table locked against DDL (ACCESS SHARE: writers are not blocked) so the columns
@@ -150,7 +136,7 @@ def read_chunk(conn: psycopg.Connection, table: str, after: str | None, limit: i
     with conn.transaction():
         conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(
             sql.Identifier(schema, name)))
-        source = describe_table(conn, table)
+        source = describe_table(conn, table, numbers_as_text)
         in_progress = conn.execute(
             "SELECT array(SELECT (x::text::numeric % 4294967296)::bigint "
             "FROM pg_snapshot_xip(pg_current_snapshot()) AS x ORDER BY 1)").fetchone()[0]

@@ -50,7 +50,7 @@ from bronze.records import UTC_US, TransactionAssembler
 from bronze.session_loss import diagnose, reconnect_reason, transient
 from bronze.source import check_replication_role, require_identity
 from bronze.spark_table import bronze_table
-from bronze.table import Progress
+from bronze.table import NUMBERS_SUFFIX, Progress
 from core.config import Config
 from core.errors import UserError, first_line, redact
 from core.faults import FaultPoints
@@ -130,6 +130,8 @@ class Shipper:
         self.reconnect_reasons: list[str] = []    # one per reconnect, in order
         self._reported = (0, 0)     # heartbeats, reconnects already passed to on_batch
         self._unreported: tuple[ShipBatch, Progress] | None = None   # see _report
+        self.numbers_as_text: bool | None = None   # wal2json's, asked at every start
+        self.recorded: dict[str, int] = {}         # app versions every commit records
 
     # --- start-up ---------------------------------------------------------------------
 
@@ -219,8 +221,25 @@ class Shipper:
                             "stop that consumer first.")
         if (ahead := slot_ahead(cfg.slot, state, progress)) is not None:
             raise ahead
+        self._numbers_as_text(conn)
         self._watch(state, progress)
         return progress
+
+    def _numbers_as_text(self, conn: psycopg.Connection) -> None:
+        """Ask the server's wal2json for numbers as text where it can (2.6+), so NaN and
+        ±Infinity reach silver and the mirrors; every commit records the answer
+        (``bronze.table.NUMBERS_SUFFIX``)."""
+        slot = self.config.slot
+        text = slots.prints_numbers_as_text(conn, slot)
+        if text is None:        # taken between the check above and here
+            raise UserError(f"replication slot {slot} is in use by another session; stop "
+                            "that consumer first.")
+        if text != self.numbers_as_text:
+            log.info("wal2json on the source %s", "prints numbers as text (2.6+): NaN and "
+                     "±Infinity are kept" if text else "lacks numeric-data-types-as-string "
+                     "(2.5): NaN and ±Infinity arrive as NULL (docs/silver.md)")
+        self.numbers_as_text = text
+        self.recorded = {slot + NUMBERS_SUFFIX: int(text)}
 
     def _watch(self, state: slots.SlotState | None, progress: Progress) -> None:
         """Every batch: stop loudly if the slot is gone, invalidated or moved by someone
@@ -270,7 +289,7 @@ class Shipper:
         with self.table.data_files() as files, BatchRows(
                 files, assembler, cfg, shipped_at, self._with_fault) as rows:
             for cols in slots.peek(conn, cfg.slot, self.captured.tables, cfg.upto_nchanges,
-                                   int(cfg.chunk_mb * (1 << 20))):
+                                   int(cfg.chunk_mb * (1 << 20)), bool(self.numbers_as_text)):
                 rows.add(assembler.add(cols))
             summary = assembler.finish()
             self.faults.hit("after_peek")
@@ -311,7 +330,8 @@ class Shipper:
                                      "lakecdc.backfill_dropped": emission.dropped,
                                      "lakecdc.backfill_partial": emission.partial})
                 self.table.commit(files, cfg.slot, new, metadata,
-                                  {**ack, **(emission.app_versions if emission else {})})
+                                  {**ack, **self.recorded,
+                                   **(emission.app_versions if emission else {})})
                 committed = True
             elif new.end_lsn > progress.end_lsn and (
                     force_progress or full or self._progress_due() or ack
@@ -319,7 +339,8 @@ class Shipper:
                 # Only transactions without captured changes (uncaptured tables, our own
                 # heartbeats): record that they were passed over so the slot can move and
                 # release WAL.
-                self.table.record_progress(cfg.slot, new, {"lakecdc.changes": 0}, ack)
+                self.table.record_progress(cfg.slot, new, {"lakecdc.changes": 0},
+                                           {**ack, **self.recorded})
                 committed = True
             else:
                 new = Progress(progress.commit_lsn, progress.end_lsn)

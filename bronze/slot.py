@@ -42,9 +42,12 @@ MESSAGE_PREFIXES = (BACKFILL_PREFIX, MARKER_PREFIX)
 
 PLUGIN = "wal2json"
 CHUNK_BYTES = 16 << 20
+# wal2json 2.6+: numbers as JSON strings, NaN and ±Infinity included (2.5 prints those as
+# ``null``, and refuses the option: ``prints_numbers_as_text``).
+NUMBERS_AS_TEXT = ("numeric-data-types-as-string", "1")
 
 
-def plugin_options(tables: tuple[str, ...]) -> list[str]:
+def plugin_options(tables: tuple[str, ...], numbers_as_text: bool = False) -> list[str]:
     """wal2json options, as name/value pairs, shared by the shipper and its witnesses.
 
     Only ``MESSAGE_PREFIXES`` messages are delivered; the shipper's own heartbeats
@@ -54,17 +57,43 @@ def plugin_options(tables: tuple[str, ...]) -> list[str]:
             "include-lsn", "1",
             "add-tables", ",".join(tables),
             "add-msg-prefixes", ",".join(MESSAGE_PREFIXES),
-            "filter-msg-prefixes", HEARTBEAT_PREFIX]
+            "filter-msg-prefixes", HEARTBEAT_PREFIX,
+            *(NUMBERS_AS_TEXT if numbers_as_text else ())]
 
 
-def peek_query(slot: str, tables: tuple[str, ...], upto_nchanges: int) -> sql.Composed:
+def prints_numbers_as_text(conn: psycopg.Connection, slot: str) -> bool | None:
+    """Whether the server's wal2json takes ``numeric-data-types-as-string`` (2.6+); None
+    while another session uses ``slot`` (the answer is then the one bronze recorded,
+    ``bronze.table.numbers_as_text``).
+
+    A peek with the option that stops after one WAL record (``upto_lsn`` 0/1): wal2json
+    reads its options in its start-up callback, before any decoding, and 2.5 refuses an
+    unknown one there."""
+    option = sql.SQL(", ").join(sql.Literal(o) for o in NUMBERS_AS_TEXT)
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL("SELECT count(*) FROM pg_logical_slot_peek_changes("
+                                 "{}, '0/1', NULL, 'format-version', '2', {})")
+                         .format(sql.Literal(slot), option))
+    except psycopg.errors.ObjectInUse:
+        return None
+    except psycopg.errors.InvalidParameterValue as exc:
+        if NUMBERS_AS_TEXT[0] in str(exc):
+            return False
+        raise
+    return True
+
+
+def peek_query(slot: str, tables: tuple[str, ...], upto_nchanges: int,
+               numbers_as_text: bool = False) -> sql.Composed:
     """Binary COPY of a bounded peek.
 
     Per row: its LSN, xid, the commit LSN and time (B rows only, else 0), the action letter,
     and the wal2json text - empty for B and C rows, whose content is folded into the
     columns, so the change rows' text arrives back to back.
     """
-    options = sql.SQL(", ").join(sql.Literal(o) for o in plugin_options(tables))
+    options = sql.SQL(", ").join(sql.Literal(o)
+                                 for o in plugin_options(tables, numbers_as_text))
     return sql.SQL("""COPY (
   SELECT (p.lsn - '0/0'::pg_lsn)::bigint,
          p.xid::text::bigint,
@@ -82,7 +111,8 @@ def peek_query(slot: str, tables: tuple[str, ...], upto_nchanges: int) -> sql.Co
 
 
 def peek(conn: psycopg.Connection, slot: str, tables: tuple[str, ...],
-         upto_nchanges: int, chunk_bytes: int = CHUNK_BYTES) -> Iterator[PeekColumns]:
+         upto_nchanges: int, chunk_bytes: int = CHUNK_BYTES, numbers_as_text: bool = False
+         ) -> Iterator[PeekColumns]:
     """Stream one bounded peek as column chunks of about ``chunk_bytes``.
 
     The slot is not moved. wal2json only cuts between transactions, so one huge transaction
@@ -91,7 +121,8 @@ def peek(conn: psycopg.Connection, slot: str, tables: tuple[str, ...],
     rows: list = []
     size = 0
     first = True
-    with conn.cursor().copy(peek_query(slot, tables, upto_nchanges)) as copy:
+    with conn.cursor().copy(peek_query(slot, tables, upto_nchanges,
+                                       numbers_as_text)) as copy:
         while row := copy.read():
             if first:
                 if bytes(row[:len(COPY_SIGNATURE)]) != COPY_SIGNATURE:

@@ -112,12 +112,13 @@ class SparkBronzeTable:
 
         return DeltaTable.isDeltaTable(self._spark, self.path)
 
-    def create(self, ident: SourceIdentity, end_lsn: int) -> None:
+    def create(self, ident: SourceIdentity, end_lsn: int,
+               app_versions: dict[str, int] | None = None) -> None:
         """Create the empty table (``TABLE_CONFIG``, the identity as its description) in one
         commit whose metadata records the slot's starting point, as delta-rs's create does:
         no table ever exists without its progress. (The metadata goes in as the session's
         setting, the way ``SparkWrites.merge`` passes it: a create takes no write options.)"""
-        state = progress_map(ident.slot, Progress(0, end_lsn), {}, None)
+        state = progress_map(ident.slot, Progress(0, end_lsn), {}, app_versions)
         meta = commit_metadata(LAYER, **state, info={"lakecdc.operation": "setup"})
         self._spark.conf.set(USER_METADATA, meta)
         try:

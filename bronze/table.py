@@ -57,6 +57,11 @@ WRITER_KEPT = ("bronze at {path} was set up with LAKECDC_WRITER={was}, and a lak
                "the writer it was set up with (each keeps bronze's progress its own way): set "
                "LAKECDC_WRITER={was}, or set up a new lakehouse with the other writer.")
 REBASELINE_SUFFIX = ":rebaseline"
+# How the slot's wal2json prints numbers (``bronze.slot.prints_numbers_as_text``): 1 as text,
+# NaN and ±Infinity included (2.6+); 0 (or never recorded) as JSON numbers, those as null.
+# Recorded by ``setup`` and by every shipper commit, for the commands that cannot ask the
+# slot while the shipper holds it (``numbers_as_text``).
+NUMBERS_SUFFIX = ":numbers_as_text"
 TABLE_CONFIG = {
     "delta.appendOnly": "true",
     **CHECKPOINTS,
@@ -105,14 +110,16 @@ class BronzeTable:
     def exists(self) -> bool:
         return DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options)
 
-    def create(self, ident: SourceIdentity, end_lsn: int) -> None:
-        """Create the empty table recording the slot's starting point."""
+    def create(self, ident: SourceIdentity, end_lsn: int,
+               app_versions: dict[str, int] | None = None) -> None:
+        """Create the empty table recording the slot's starting point (and
+        ``app_versions``)."""
         DeltaTable.create(
             self.uri, BRONZE_SCHEMA, mode="error", name="wal2json_changes",
             description=_describe(ident), configuration=TABLE_CONFIG,
             storage_options=self.storage_options,
             commit_properties=_progress_props(ident.slot, Progress(0, end_lsn),
-                                              {"lakecdc.operation": "setup"}))
+                                              {"lakecdc.operation": "setup"}, app_versions))
 
     def identity(self) -> SourceIdentity:
         return _parse_description(self._table().metadata().description)
@@ -436,6 +443,12 @@ _DESCRIPTION = "lakecdc bronze: raw wal2json v2 changes keyed (commit_lsn, seq).
 
 def _describe(ident: SourceIdentity) -> str:
     return _DESCRIPTION + json.dumps(asdict(ident), sort_keys=True)
+
+
+def numbers_as_text(bronze, slot: str) -> bool:
+    """Whether the slot's wal2json prints numbers as text, as bronze (either writer's table)
+    last recorded it (``NUMBERS_SUFFIX``)."""
+    return bronze.app_version(slot + NUMBERS_SUFFIX) == 1
 
 
 def _parse_description(text: str | None) -> SourceIdentity:

@@ -6,7 +6,9 @@ Postgres renders each column so that Arrow's CSV reader parses it straight into 
 mirror's type (``silver.mirror_type_map``), with the values the change stream gives:
 
 - integers, floats, booleans, decimals and text as the type's own text output (what
-  wal2json prints too); NaN and ±Infinity as NULL, as wal2json 2.5 gives them;
+  wal2json prints too); NaN and ±Infinity as NULL where the stream gives NULL
+  (``silver.mirror_type_map.loses_specials``: always with wal2json 2.5, only a decimal's NaN
+  with numbers printed as text);
 - timestamps as microseconds since the epoch (whole seconds and microseconds, each exact),
   dates as days since it;
 - bytea (as its hex digits, as wal2json prints it) and arrays that the mirror holds typed
@@ -29,9 +31,8 @@ import pyarrow.csv as pv
 from psycopg import sql
 
 from silver.mirror_table import COMMIT_LSN, COMMIT_TS
-from silver.mirror_type_map import kind_arrow, mirror_kind
+from silver.mirror_type_map import kind_arrow, loses_specials, mirror_kind
 
-_NUMBERS = ("real", "double precision")
 _AS_IS = ("int", "long", "float", "double", "boolean", "string")
 
 
@@ -52,15 +53,12 @@ class LoadColumn:
         return self.final is None
 
 
-def _is_number(pg_type: str) -> bool:
-    return pg_type in _NUMBERS or pg_type == "numeric" or pg_type.startswith("numeric(")
-
-
-def load_column(name: str, pg_type: str) -> LoadColumn:
-    """How column ``name`` of Postgres type ``pg_type`` (as wal2json names it) is read."""
+def load_column(name: str, pg_type: str, numbers_as_text: bool = False) -> LoadColumn:
+    """How column ``name`` of Postgres type ``pg_type`` (as wal2json names it) is read;
+    ``numbers_as_text``: how the slot's wal2json prints numbers (``loses_specials``)."""
     c = sql.SQL("t.{}").format(sql.Identifier(name))
     kind = mirror_kind(pg_type)
-    if _is_number(pg_type):              # NaN and ±Infinity: NULL, as the change stream
+    if loses_specials(pg_type, numbers_as_text):   # NaN and ±Infinity: NULL, as the stream
         c = sql.SQL("CASE WHEN {c}::text IN ('NaN', 'Infinity', '-Infinity') THEN NULL "
                     "ELSE {c} END").format(c=c)
     if kind[0] in ("timestamp", "timestamp_ntz"):

@@ -48,6 +48,21 @@ def mirror_kind(pg_type: str) -> tuple:
     return ("string",)
 
 
+def holds_specials(pg_type: str) -> bool:
+    """Whether a column of ``pg_type`` can hold NaN or ±Infinity (Postgres's floats and
+    numerics)."""
+    return pg_type in ("real", "double precision") or pg_type.split("(")[0] == "numeric"
+
+
+def loses_specials(pg_type: str, numbers_as_text: bool) -> bool:
+    """Whether a NaN or ±Infinity of a ``pg_type`` column reaches its mirror as NULL: every
+    one where wal2json prints numbers as JSON numbers (2.5: those values as ``null``); with
+    numbers as text (2.6+), only a decimal's NaN (a numeric with a precision Spark's decimal
+    holds, which has no NaN; Postgres refuses infinities there)."""
+    return holds_specials(pg_type) and (not numbers_as_text
+                                        or mirror_kind(pg_type)[0] == "decimal")
+
+
 def kind_arrow(kind: tuple) -> pa.DataType:
     """A kind as the Arrow type a mirror's Parquet holds it in (as Spark writes it)."""
     if kind[0] == "decimal":

@@ -8,8 +8,9 @@ with the type's text output, except numbers and booleans (bare JSON, quoted back
 docs/silver.md, "Mirrors"; ``silver.mirror_type_map`` is its one implementation (without
 Spark), and this module gives its kinds as Spark types and types values with them.
 
-A value whose text does not convert (a date of ``infinity``, a two-dimensional array) never
-becomes NULL silently: ``typed`` evaluates to an error naming the column, which stops the
+A decimal's ``NaN`` (numbers printed as text, wal2json 2.6+) is NULL, a known loss
+(``silver.mirror_type_map.loses_specials``). Any other value whose text does not convert
+(a date of ``infinity``, a two-dimensional array) never becomes NULL silently: ``typed`` evaluates to an error naming the column, which stops the
 mirror (``silver.mirror``).
 """
 
@@ -63,6 +64,11 @@ def typed(text: Column, pg_type: str, column: str) -> Column:
     """``text`` (a value's text, NULL for SQL NULL) as ``spark_type(pg_type)``; an error
     naming ``column`` where non-NULL text does not convert."""
     target = spark_type(pg_type)
+    if isinstance(target, DecimalType):
+        # wal2json 2.6's numbers as text carry a numeric's NaN; a decimal has none (and
+        # Postgres refuses infinities under a precision): NULL, the known loss of
+        # ``silver.mirror_type_map.loses_specials``.
+        text = F.when(text != "NaN", text)
     value = _convert(text, target)
     if isinstance(target, StringType):
         return value

@@ -160,12 +160,14 @@ class MirrorTarget:
 def load_mirror(dsn: str, target: MirrorTarget, run: int, floor: int, *,
                 chunk_rows: int = DEFAULT_CHUNK_ROWS, stop: threading.Event | None = None,
                 faults: FaultPoints | None = None,
-                session: Callable[[], object] | None = None) -> LoadReport:
+                session: Callable[[], object] | None = None,
+                numbers_as_text: bool = False) -> LoadReport:
     """Load ``target``'s table into it (see the module's text), or go on with load ``run``
     where it stopped. ``floor``: the first commit LSN whose changes bronze holds for sure
     (a resumed load keeps the floor it started with). ``session``: the Spark session that
     types the columns Arrow does not (bytea, typed arrays), asked for only if there are
-    such columns."""
+    such columns. ``numbers_as_text``: how the slot's wal2json prints numbers, so a NaN or
+    ±Infinity is loaded as the change stream gives it (``bronze.table.numbers_as_text``)."""
     started = time.monotonic()
     stop = stop or threading.Event()
     faults = faults or FaultPoints()
@@ -175,7 +177,7 @@ def load_mirror(dsn: str, target: MirrorTarget, run: int, floor: int, *,
     floor = state.floor if state.floor is not None else floor
     if state.complete:
         return LoadReport(state.rows, state.chunks, 0, time.monotonic() - started, True, floor)
-    columns = [load_column(n, t) for n, t in spec.columns]
+    columns = [load_column(n, t, numbers_as_text) for n, t in spec.columns]
     types = dict(spec.columns)
     chunks, rows, new_rows = state.chunks, state.rows, 0
     chunks_q: queue.Queue = queue.Queue(maxsize=1)

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 import psycopg
 
 from bronze import slot as slots
-from bronze.backfill_source import nan_columns, nan_loss_sentence
 from bronze.capture_list import CAPTURED, REMOVED, SNAPSHOTTING, CaptureList
 from bronze.failover import NEW_LAKEHOUSE
 from bronze.not_null import make_not_null
@@ -43,7 +42,13 @@ from bronze.source import (
     nullable_identity_columns,
 )
 from bronze.spark_table import bronze_table
-from bronze.table import REBASELINE_SUFFIX, Progress, SourceIdentity
+from bronze.table import (
+    NUMBERS_SUFFIX,
+    REBASELINE_SUFFIX,
+    Progress,
+    SourceIdentity,
+    numbers_as_text,
+)
 from core.config import Config
 from core.errors import UserError, first_line
 from core.faults import FaultPoints
@@ -54,6 +59,7 @@ from core.storage import Lakehouse, check_spark_writable, check_writable, on_dat
 from gold.push import ensure_dashboard_tables
 from pipelines.setup.tables import captured_tables
 from pipelines.source.baseline import count_in_snapshot, write_baseline
+from pipelines.source.mirror_specs import specials_note, table_specs
 
 
 def _dashboard_tables(dsn: str) -> None:
@@ -140,7 +146,7 @@ def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
                 report.did(f"set REPLICA IDENTITY USING INDEX on {table}")
         # The tables a mirror can be kept of (docs/silver.md, "Mirrors").
         keyed = tuple(t for t in config.mirrored if mirror_key(conn, t)[1])
-        lossy = [nan_loss_sentence(t, nan_columns(conn, t)) for t in config.tables]
+        specs = table_specs(conn, config.tables)
     _dashboard_tables(config.dashboard)
     with connect(dsn) as conn:
         db = conn.execute("SELECT current_database()").fetchone()[0]
@@ -153,7 +159,8 @@ def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
                 report.did(f"slot {config.slot} and bronze already set up (nothing changed)")
             stored = CaptureList(config.lakehouse, storage_options, writes).read()
             unloaded = [t for t, (s, _) in stored.states.items() if s == SNAPSHOTTING]
-            return report.noting(lossy + [
+            text = _numbers_as_text(dsn, config.slot, bronze)
+            return report.noting([specials_note(spec, text) for spec in specs] + [
                 f"{t} is still being loaded into its mirror: run `lakecdc tables add {t}` "
                 "while `lakecdc run` runs, and it goes on where it stopped" for t in unloaded])
         if not rebaseline:
@@ -181,6 +188,8 @@ def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
             raise
     ident = SourceIdentity(config.slot, db, system_id, timeline)
     try:
+        text = _numbers_as_text(dsn, config.slot, bronze)
+        recorded = {config.slot + NUMBERS_SUFFIX: int(text)}
         write_baseline(config.baseline_path, counts, created.consistent_point, storage_options,
                        writes)
         report.did(f"counted {sum(counts.column('count').to_pylist()):,} existing "
@@ -189,28 +198,37 @@ def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
         if _store_captured_set(config, storage_options, writes, keyed):
             report.did(f"stored the captured set ({', '.join(config.tables)})")
         if not has_bronze:
-            bronze.create(ident, created.consistent_point)
+            bronze.create(ident, created.consistent_point, recorded)
             report.did(f"created bronze table {config.bronze_path}")
         else:
-            _rebaseline(bronze, config.slot, created.consistent_point, ident, report)
+            _rebaseline(bronze, config.slot, created.consistent_point, ident, report, recorded)
     except BaseException:
         # Leave no slot without bronze behind: it would pin WAL and block the next setup.
         with connect(dsn) as conn:
             slots.drop_slot(conn, config.slot)
         raise
-    _load_mirrors(config, keyed, created.consistent_point, storage_options, writes, report)
-    return report.noting(lossy)
+    _load_mirrors(config, keyed, created.consistent_point, storage_options, writes, report,
+                  text)
+    return report.noting([specials_note(spec, text) for spec in specs])
+
+
+def _numbers_as_text(dsn: str, slot: str, bronze) -> bool:
+    """How the slot's wal2json prints numbers: asked of the slot, or, while another session
+    holds it (a running shipper), as bronze last recorded it."""
+    with connect(dsn) as conn:
+        text = slots.prints_numbers_as_text(conn, slot)
+    return numbers_as_text(bronze, slot) if text is None else text
 
 
 def _load_mirrors(config: Config, keyed: tuple[str, ...], floor: int,
-                  storage_options: dict | None, writes, report: SetupReport) -> None:
+                  storage_options: dict | None, writes, report: SetupReport,
+                  numbers_as_text: bool) -> None:
     """Each mirrored table's current rows into its mirror, by key-range chunks after the
     slot exists (``pipelines.setup.mirror_load``): the slot's snapshot is held only for
     the counts. Every change from the consistent point ``floor`` on reaches bronze, and
     the mirrors' query applies them onto the loaded rows. The tables are ``snapshotting``
     in the captured set meanwhile; a kill leaves them so, and ``tables add`` goes on."""
     from pipelines.setup.mirror_load import MirrorTarget, load_mirror, typing_session
-    from pipelines.source.mirror_specs import table_specs
 
     store = CaptureList(config.lakehouse, storage_options, writes)
     stored = store.read()
@@ -228,7 +246,8 @@ def _load_mirrors(config: Config, keyed: tuple[str, ...], floor: int,
         done = load_mirror(config.require_source(), target,
                            int(stored.since(spec.name).timestamp() * 1e6), floor,
                            faults=FaultPoints(config.faults),
-                           session=lambda: typing_session(config, writes))
+                           session=lambda: typing_session(config, writes),
+                           numbers_as_text=numbers_as_text)
         states[spec.name] = CAPTURED
         stored = store.write(states, stored)
         report.did(f"loaded the {done.rows:,} rows of {spec.name} into its mirror in "
@@ -237,7 +256,7 @@ def _load_mirrors(config: Config, keyed: tuple[str, ...], floor: int,
 
 
 def _rebaseline(bronze, slot: str, start: int, ident: SourceIdentity,
-                report: SetupReport) -> None:
+                report: SetupReport, recorded: dict[str, int]) -> None:
     """Restart bronze's position at a new slot's consistent point."""
     progress = bronze.progress(slot) or Progress(0, 0)
     if start <= progress.end_lsn:
@@ -248,7 +267,7 @@ def _rebaseline(bronze, slot: str, start: int, ident: SourceIdentity,
                            {"lakecdc.operation": "rebaseline",
                             "lakecdc.systemIdentifier": ident.system_identifier,
                             "lakecdc.timeline": ident.timeline},
-                           app_versions={slot + REBASELINE_SUFFIX: start})
+                           app_versions={slot + REBASELINE_SUFFIX: start, **recorded})
     bronze.set_source(ident.system_identifier, ident.timeline)
     report.did(f"re-baselined bronze at {fmt(start)}; changes between "
                f"{fmt(progress.end_lsn)} and {fmt(start)} were not captured, so gold stays "

@@ -35,7 +35,6 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from bronze import heartbeat
-from bronze.backfill_source import nan_columns, nan_loss_sentence
 from bronze.capture_list import (
     ACK_SUFFIX,
     CAPTURED,
@@ -47,6 +46,7 @@ from bronze.capture_list import (
 )
 from bronze.source import identity_blocker, mirror_key
 from bronze.spark_table import bronze_table
+from bronze.table import numbers_as_text
 from core.config import TABLE_NAME, Config
 from core.errors import UserError
 from core.faults import FaultPoints
@@ -64,7 +64,7 @@ from pipelines.setup.mirror_load import (
     load_mirror,
     typing_session,
 )
-from pipelines.source.mirror_specs import table_specs
+from pipelines.source.mirror_specs import specials_note, table_specs
 
 ACK_TIMEOUT_S = 120.0
 
@@ -152,11 +152,10 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
                 f"{table} has no primary key (its replica identity is FULL): `tables add` "
                 "reads a table's current rows in the order of a unique key, and keeps its "
                 "mirror by it; add a primary key and rerun; nothing was changed.")
-        lossy = nan_loss_sentence(table, nan_columns(conn, table))
         registered = _register(spark, config, table)
         target = None
+        spec = table_specs(conn, (table,))[0]
         if table in config.with_(tables=(*config.tables, table)).mirrored:
-            spec = table_specs(conn, (table,))[0]
             target = MirrorTarget(spark_path(mirror_path(config.lakehouse, table),
                                              on_databricks()), spec, writes, storage_options)
             target.ensure()          # before the set names it: the load is its first writer
@@ -171,12 +170,17 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
         if at is None:
             return f"{table}: stopped before the shipper took it up; rerun `lakecdc tables add {table}`."
         report = None
+        # How the shipper that took the table up gets numbers from wal2json (it recorded
+        # that with the acknowledgement): the load renders NaN and ±Infinity the same way.
+        text = numbers_as_text(bronze, config.slot)
+        lossy = specials_note(spec, text)
         if target is not None:
             run = int(stored.since(table).timestamp() * 1e6)
             report = load_mirror(config.require_source(), target, run, at + 1,
                                  chunk_rows=chunk_rows, stop=stop,
                                  faults=FaultPoints(config.faults),
-                                 session=lambda: typing_session(config, writes, spark))
+                                 session=lambda: typing_session(config, writes, spark),
+                                 numbers_as_text=text)
             if not report.complete:
                 return (f"{table}: captured from {fmt(at)}; loading its rows stopped after "
                         f"{report.rows:,} rows: rerun `lakecdc tables add {table}` to go on.")

@@ -7,10 +7,12 @@ as a Delta app transaction). A lakehouse set up before ``setup`` loaded mirrors 
 once (``pipelines.run.mirrors.seed_mirror``).
 
 Each value is read as the text wal2json prints for it, so a row from here and a row from
-the WAL convert alike (``silver.mirror_types``): the type's output, numbers with
-``NaN``/``±Infinity`` as NULL (wal2json 2.5 prints them as ``null``), bytea as hex digits.
-The rows that held such a value are counted as they are read (``Baseline.lost``): the known
-loss, reported apart from drift.
+the WAL convert alike (``silver.mirror_types``): the type's output, bytea as hex digits, and
+a ``NaN``/``±Infinity`` as NULL where the mirror gets NULL
+(``silver.mirror_type_map.loses_specials``: every one where the slot's wal2json prints
+numbers as JSON, as 2.5 does; with numbers as text, a decimal's NaN). The rows that held
+such a value are counted as they are read (``Baseline.lost``): the known loss, reported
+apart from drift.
 The read is chunked through a server-side cursor: memory is bounded by a chunk, not a table
 - except with ``LAKECDC_WRITER=spark``, where a table's rows are collected and written
 through Spark in one commit (``core.spark_writes``; the consistent point then also in the
@@ -28,9 +30,10 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from psycopg import sql
 
-from bronze.backfill_source import BYTEA, NAN_TYPES, NOT_A_NUMBER, NUMBER_TYPES
+from bronze.backfill_source import BYTEA, NOT_A_NUMBER, NUMBER_TYPES
 from core.commits import commit_metadata, newest, read_commits
 from core.layout import mirror_baseline_path
+from silver.mirror_type_map import loses_specials
 
 APP_ID = "lakecdc-mirror-baseline"
 LAYER = "mirror_baseline"       # its commits' lakecdc metadata (``core.commits``)
@@ -41,29 +44,32 @@ CHUNK_ROWS = 10_000
 @dataclass(frozen=True)
 class Baseline:
     rows: int
-    lost: int       # rows holding a NaN or ±Infinity, read as NULL (``NAN_TYPES``)
+    lost: int       # rows holding a NaN or ±Infinity read as NULL (``loses_specials``)
 
 
-def column_texts(conn: psycopg.Connection, table: str
+def column_texts(conn: psycopg.Connection, table: str, numbers_as_text: bool = False
                  ) -> tuple[list[tuple[str, sql.Composable]], sql.Composable]:
     """(name, the SQL giving its value as wal2json's text) per column, in attribute order;
-    and the SQL telling whether a row holds a value that text loses (NaN, ±Infinity)."""
+    and the SQL telling whether a row holds a value its mirror loses (NaN, ±Infinity).
+    ``numbers_as_text``: how the slot's wal2json prints numbers."""
     schema, name = table.split(".", 1)
     rows = conn.execute("""
-        SELECT a.attname, a.atttypid::int8 FROM pg_attribute a
+        SELECT a.attname, a.atttypid::int8, format_type(a.atttypid, a.atttypmod)
+        FROM pg_attribute a
         JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
         ORDER BY a.attnum""", [schema, name]).fetchall()
     out, lossy = [], []
     not_a_number = sql.SQL(", ").join(sql.Literal(v) for v in NOT_A_NUMBER)
-    for column, type_oid in rows:
+    for column, type_oid, pg_type in rows:
         c = sql.Identifier(column)
-        if type_oid in NUMBER_TYPES:
+        if loses_specials(pg_type, numbers_as_text):
             text = sql.SQL("CASE WHEN {c}::text IN ({n}) THEN NULL "
                            "ELSE {c}::text END").format(c=c, n=not_a_number)
-            if type_oid in NAN_TYPES:
-                lossy.append(sql.SQL("coalesce({c}::text IN ({n}), false)").format(
-                    c=c, n=not_a_number))
+            lossy.append(sql.SQL("coalesce({c}::text IN ({n}), false)").format(
+                c=c, n=not_a_number))
+        elif type_oid in NUMBER_TYPES:
+            text = sql.SQL("{}::text").format(c)
         elif type_oid == BYTEA:
             text = sql.SQL("encode({}, 'hex')").format(c)
         else:   # the type's output function (a cast to text would trim char(n)'s padding)
@@ -88,11 +94,12 @@ def _chunks(conn: psycopg.Connection, table: str,
 
 
 def write_baselines(dsn: str, snapshot_name: str, tables: tuple[str, ...], lakehouse: str,
-                    commit_lsn: int, storage_options: dict | None = None, writes=None
-                    ) -> dict[str, Baseline]:
+                    commit_lsn: int, storage_options: dict | None = None, writes=None,
+                    numbers_as_text: bool = False) -> dict[str, Baseline]:
     """Read every table in ``tables`` inside the exported snapshot and replace its baseline
     (one commit each, app transaction ``commit_lsn``; through ``writes``, a
-    ``core.spark_writes.SparkWrites``, when given); returns what each held."""
+    ``core.spark_writes.SparkWrites``, when given); returns what each held.
+    ``numbers_as_text``: how the slot's wal2json prints numbers (``column_texts``)."""
     from core.postgres import connect
 
     written = {}
@@ -100,7 +107,7 @@ def write_baselines(dsn: str, snapshot_name: str, tables: tuple[str, ...], lakeh
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
         for table in tables:
-            columns, lost = column_texts(conn, table)
+            columns, lost = column_texts(conn, table, numbers_as_text)
             schema = pa.schema([pa.field(n, pa.string()) for n, _ in columns])
             count = lossy = 0
 

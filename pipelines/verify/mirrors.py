@@ -17,10 +17,12 @@ For a mirrored table ``t`` and verify's consistent point ``P``:
 - both typed by the same type map (``silver.mirror_types``, the specification) and compared
   row for row, every column.
 
-A NaN or ±Infinity in a float or numeric column reaches the mirror as NULL (wal2json 2.5
-prints it as ``null``), and the truth reads it as NULL too; the rows of the source that held
-one at P are counted apart (``MirrorCheck.lost``): a known loss, reported as such, neither a
-pass of those values nor drift.
+A NaN or ±Infinity reaches the mirror as NULL where ``silver.mirror_type_map.loses_specials``
+says so (every one in a float or numeric column where the slot's wal2json prints numbers as
+JSON, as 2.5 does; only a decimal's NaN where it prints them as text), and the truth reads it
+as NULL too; the rows of the source that held one at P are counted apart
+(``MirrorCheck.lost``): a known loss, reported as such, neither a pass of those values nor
+drift. Where the mirror keeps them, they are compared like any value.
 """
 
 from __future__ import annotations

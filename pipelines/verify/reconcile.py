@@ -29,6 +29,8 @@ from psycopg import sql
 
 from bronze import slot as slots
 from bronze.source import check_source
+from bronze.spark_table import bronze_table
+from bronze.table import numbers_as_text
 from core.captured import DIMS
 from core.errors import DriftFound, UserError
 from core.layout import GOLD, SILVER
@@ -103,6 +105,9 @@ def verify_once(config: Config, where: Locations, start_spark: Callable[[], Spar
     # session starts here, before the source is counted, not after.
     reader = start_spark() if config.spark_writes else None
     mirrored = tables_to_verify(config, options, reader)
+    # The source's rows are read as the shipper's wal2json prints them (recorded in bronze).
+    text = numbers_as_text(bronze_table(config, options, writes_for(reader, config)),
+                           config.slot)
 
     with consistent_point(source) as point:
         # Emitted first so a running pipeline carries it along while the count runs.
@@ -112,7 +117,7 @@ def verify_once(config: Config, where: Locations, start_spark: Callable[[], Spar
         truth_src = count_at(source, point, config.counted, "verify: counting source rows")
         read = {} if not mirrored else write_baselines(   # the mirrored tables at the point
             source, point.snapshot_name, mirrored, scratch_root(config.lakehouse), point.lsn,
-            options, writes_for(reader, config))
+            options, writes_for(reader, config), text)
     # The temporary slot is gone: nothing of verify pins WAL from here on.
 
     layers = ("gold", "dashboard", *(("mirrors",) if mirrored else ()))

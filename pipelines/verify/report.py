@@ -84,7 +84,7 @@ def _rows(n: int) -> str:
 def _mirror_line(m) -> str:
     where = f"(version {m.version}, holding its changes up to LSN {fmt(m.holds)})"
     lost = (f"; known loss: {_rows(m.lost)} of the source held NaN or ±Infinity, which the "
-            "mirror holds as NULL (wal2json 2.5)") if m.lost else ""
+            "mirror holds as NULL") if m.lost else ""
     if m.exact:
         state = "equal to the source" if m.lost else "exact"
         return f"mirror {m.table}: {state}, {_rows(m.rows)} {where}{lost}"

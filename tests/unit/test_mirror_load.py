@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from decimal import Decimal
 
 import pyarrow as pa
@@ -37,7 +38,7 @@ def test_each_type_is_read_as_the_mirror_holds_it_and_only_bytea_and_arrays_need
                           "(t.\"k\") <= ('90')) TO STDOUT (FORMAT csv)"), query
     assert "date_part('epoch', date_trunc('second', t.\"at\"))" in query
     assert "encode(t.\"raw\", 'hex')" in query
-    assert "IN ('NaN', 'Infinity', '-Infinity') THEN NULL" in query      # as wal2json 2.5
+    assert "IN ('NaN', 'Infinity', '-Infinity') THEN NULL" in query      # numbers as JSON
     assert "WHERE" not in chunk_copy("public", "t", [read["k"]], ("k",), None, None
                                      ).as_string(None)
     assert chunk_end("public", "t", ("a", "b"), ["1", "x"], 100).as_string(None) == (
@@ -67,6 +68,23 @@ def test_a_chunk_parses_into_the_mirror_types_with_null_apart_from_empty_text():
     assert got[0]["_lakecdc_commit_lsn"] is None and got[0]["_lakecdc_commit_ts"] is None
     assert rows.schema.field("at").type == pa.timestamp("us", tz="UTC")
     assert parse_chunk(b"", columns).num_rows == 0
+
+
+def test_nan_and_infinity_are_loaded_as_the_change_stream_gives_them():
+    """wal2json 2.5 (numbers as JSON): NULL in every float and numeric column. Numbers as
+    text (2.6+): kept, but a decimal's NaN (a decimal has none)."""
+    types = [("f", "double precision"), ("r", "real"), ("n", "numeric"),
+             ("d", "numeric(10,2)"), ("i", "integer")]
+    nulled = "IN ('NaN', 'Infinity', '-Infinity') THEN NULL"
+    as_json = {n: load_column(n, t).expression.as_string(None) for n, t in types}
+    assert [n for n, e in as_json.items() if nulled in e] == ["f", "r", "n", "d"]
+    as_text = [load_column(n, t, numbers_as_text=True) for n, t in types]
+    assert [c.name for c in as_text if nulled in c.expression.as_string(None)] == ["d"]
+    rows = parse_chunk(b"NaN,-Infinity,NaN,,1\nInfinity,NaN,-Infinity,2.50,2\n", as_text)
+    got = rows.to_pylist()
+    assert math.isnan(got[0]["f"]) and got[0]["r"] == -math.inf and got[0]["n"] == "NaN"
+    assert got[1]["f"] == math.inf and math.isnan(got[1]["r"]) and got[1]["n"] == "-Infinity"
+    assert got[0]["d"] is None and got[1]["d"] == Decimal("2.50")
 
 
 def test_a_bad_value_does_not_parse():
@@ -119,3 +137,18 @@ def test_the_load_writes_each_type_as_spark_types_it(pg_type):
     expected = pa.timestamp("us", tz="UTC") if isinstance(spark, TimestampType) \
         else to_arrow_type(spark)
     assert arrow_type(pg_type) == expected
+
+
+def test_which_columns_lose_nan_and_infinity_and_the_shipper_asks_for_text():
+    from bronze.slot import plugin_options
+    from silver.mirror_type_map import loses_specials
+
+    as_json = [t for t in ("real", "double precision", "numeric", "numeric(10,2)",
+                           "numeric(50,2)", "integer", "text", "real[]")
+               if loses_specials(t, numbers_as_text=False)]
+    assert as_json == ["real", "double precision", "numeric", "numeric(10,2)", "numeric(50,2)"]
+    # As text, only a decimal's (precision up to 38: a wider numeric is a string) is lost.
+    assert [t for t in as_json if loses_specials(t, numbers_as_text=True)] == ["numeric(10,2)"]
+    assert plugin_options(("public.t",), numbers_as_text=True)[-2:] == [
+        "numeric-data-types-as-string", "1"]
+    assert "numeric-data-types-as-string" not in plugin_options(("public.t",))

@@ -56,8 +56,9 @@ def test_composite_keys():
 
 
 def test_a_known_loss_is_named_apart_from_exact_and_from_drift():
-    from bronze.backfill_source import nan_loss_sentence
+    from pipelines.source.mirror_specs import specials_note
     from pipelines.verify.mirrors import MirrorCheck
+    from silver.mirror_table import TableSpec
     from pipelines.verify.report import _mirror_line
 
     clean = _mirror_line(MirrorCheck("public.t", 10, 3, 100, 0))
@@ -66,9 +67,15 @@ def test_a_known_loss_is_named_apart_from_exact_and_from_drift():
     assert lost.startswith("mirror public.t: equal to the source, 10 rows"), lost
     assert "exact" not in lost and lost.endswith(
         "known loss: 2 rows of the source held NaN or ±Infinity, which the mirror holds as "
-        "NULL (wal2json 2.5)")
+        "NULL")
     drift = _mirror_line(MirrorCheck("public.t", 10, 3, 100, 2, (("7",),), lost=1))
     assert "2 rows differ" in drift and "keys: 7; known loss: 1 row of" in drift, drift
-    assert nan_loss_sentence("public.t", ()) == ""
-    assert nan_loss_sentence("public.t", ("a", "b")).startswith(
-        "public.t: NaN and ±Infinity in a, b arrive as NULL (wal2json 2.5 prints them as null)")
+    spec = TableSpec("public", "t", (("k", "integer"), ("a", "real"), ("b", "numeric"),
+                                     ("c", "numeric(10,2)"), ("t", "text")), ("k",))
+    assert specials_note(spec, numbers_as_text=False).startswith(
+        "public.t: NaN and ±Infinity in a, b, c arrive as NULL (the source's wal2json prints "
+        "them as null")
+    assert specials_note(spec, numbers_as_text=True).startswith(
+        "public.t: a NaN in c reaches its mirror as NULL")
+    plain = TableSpec("public", "t", (("k", "integer"), ("t", "text")), ("k",))
+    assert specials_note(plain, False) == specials_note(plain, True) == ""
