@@ -500,7 +500,8 @@ def _big_table_values(big: dict | None) -> dict:
         return dict.fromkeys(("big_rows", "big_rate", "big_copy_s", "big_copy_rate",
                               "big_load_s", "big_load_rate", "big_of_copy", "big_add_s",
                               "big_replayed_s", "big_of_copy_replayed", "big_verify_s",
-                              "big_verify", "big_verify_xact_s",
+                              "big_verify", "big_verify_xact_s", "big_whole_s",
+                              "big_whole", "big_whole_xact_s",
                               "big_rss", "big_xact_s", "big_xmin", "big_sample",
                               "big_differing", "big_exact"), "-")
     load, copy, mirror = big["load"], big["copy"], big["mirror"]
@@ -510,7 +511,8 @@ def _big_table_values(big: dict | None) -> dict:
             "big_of_copy": _n(load["of_copy"]), "big_add_s": _n(load["tables_add_s"]),
             "big_replayed_s": _n(load["replayed_s"]),
             "big_of_copy_replayed": _n(load["of_copy_replayed"]),
-            **_big_verify_values(big.get("verify")),
+            **_big_verify_values(big.get("verify"), "big_verify"),
+            **_big_verify_values(big.get("verify_whole"), "big_whole"),
             "big_rss": _n(load["tables_add_peak_rss_mb"]),
             "big_xact_s": _n(load["oldest_transaction_s"]),
             "big_xmin": _n(load["oldest_snapshot_xids"]),
@@ -518,13 +520,13 @@ def _big_table_values(big: dict | None) -> dict:
             "big_exact": "exact" if _exact(big["lakecdc"]) else "NOT exact"}
 
 
-def _big_verify_values(verify: dict | None) -> dict:
-    """``lakecdc verify`` after the big table's run: seconds, its verdict, its snapshot."""
+def _big_verify_values(verify: dict | None, name: str) -> dict:
+    """A ``lakecdc verify`` after the big table's run: seconds, its verdict, its snapshot."""
     if not verify:
-        return {"big_verify_s": "-", "big_verify": "-", "big_verify_xact_s": "-"}
-    return {"big_verify_s": _n(verify["seconds"]),
-            "big_verify": "exact" if verify["exit"] == 0 else f"exit {verify['exit']}",
-            "big_verify_xact_s": _n(verify["oldest_transaction_s"])}
+        return {f"{name}_s": "-", name: "-", f"{name}_xact_s": "-"}
+    return {f"{name}_s": _n(verify["seconds"]),
+            name: "exact" if verify["exit"] == 0 else f"exit {verify['exit']}",
+            f"{name}_xact_s": _n(verify["oldest_transaction_s"])}
 
 
 def _scale_run_values(run: dict | None, prefix: str) -> dict:

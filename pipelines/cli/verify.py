@@ -7,6 +7,7 @@ import click
 
 from core.errors import DriftFound
 from pipelines.cli.context import make_pipeline, needs_spark
+from pipelines.source.mirror_baseline import Sampling
 
 
 @click.command()
@@ -15,9 +16,18 @@ from pipelines.cli.context import make_pipeline, needs_spark
               help="On drift, rebuild gold from a fresh baseline, push it, and verify again.")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Seconds to wait for a running pipeline to pass the verification point.")
+@click.option("--sample-above", "sample_above", type=click.IntRange(min=0),
+              default=Sampling.above, show_default=True,
+              help="A mirrored table of more rows than this (the source's estimate) is "
+                   "compared by its every key and a sample of its rows, every column; "
+                   "smaller ones whole, every row.")
+@click.option("--sample-rows", "sample_rows", type=click.IntRange(min=1),
+              default=Sampling.rows, show_default=True,
+              help="About how many rows of such a table the sample holds.")
+@click.option("--whole", is_flag=True, help="Compare every mirror whole, whatever its size.")
 @click.pass_context
 @needs_spark
-def verify(ctx, as_json, repair, timeout_s):
+def verify(ctx, as_json, repair, timeout_s, sample_above, sample_rows, whole):
     """Gold and the dashboard against a GROUP BY of the source at one consistent LSN.
 
     Exit 0 when both are exact, 1 with a readable diff when not."""
@@ -26,7 +36,8 @@ def verify(ctx, as_json, repair, timeout_s):
     pipeline = make_pipeline(ctx)
     run_verify(pipeline.config, pipeline.where, start_spark=lambda: pipeline.spark,
                drive=pipeline.run_once, gold_lock=pipeline.gold_lock, as_json=as_json,
-               repair=repair, timeout_s=timeout_s)
+               repair=repair, timeout_s=timeout_s,
+               sampling=None if whole else Sampling(sample_above, sample_rows))
 
 
 @click.command()

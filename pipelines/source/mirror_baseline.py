@@ -31,6 +31,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from psycopg import sql
 
 from bronze.backfill_source import BYTEA, NOT_A_NUMBER, NUMBER_TYPES
+from bronze.source import mirror_key
 from core.commits import commit_metadata, newest, read_commits
 from core.layout import mirror_baseline_path
 from silver.mirror_type_map import loses_specials
@@ -40,11 +41,22 @@ LAYER = "mirror_baseline"       # its commits' lakecdc metadata (``core.commits`
 CHUNK_ROWS = 10_000
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """verify: a table the catalog estimates at more rows than ``above`` is read as its
+    every key and about ``rows`` whole rows (``write_baselines``): its whole read inside
+    verify's snapshot would hold the source's vacuum horizon for about a minute per 10M
+    rows."""
+    above: int = 1_000_000
+    rows: int = 20_000
+
+
 
 @dataclass(frozen=True)
 class Baseline:
-    rows: int
+    rows: int       # rows read (where sampled: the sample's)
     lost: int       # rows holding a NaN or ±Infinity read as NULL (``loses_specials``)
+    keys: int | None = None     # where sampled: the keys read, one per row (every row)
 
 
 def column_texts(conn: psycopg.Connection, table: str, numbers_as_text: bool = False
@@ -80,11 +92,13 @@ def column_texts(conn: psycopg.Connection, table: str, numbers_as_text: bool = F
 
 def _chunks(conn: psycopg.Connection, table: str,
             columns: list[tuple[str, sql.Composable]], lost: sql.Composable,
-            schema: pa.Schema) -> Iterator[tuple[pa.RecordBatch, int]]:
-    """The rows as text, a chunk at a time, each with how many of its rows lost a value."""
-    query = sql.SQL("SELECT {}, {} FROM {}").format(
+            schema: pa.Schema, sample: sql.Composable = sql.SQL("")
+            ) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """The rows as text (those ``sample``, a ``TABLESAMPLE`` clause, picks), a chunk at a
+    time, each with how many of its rows lost a value."""
+    query = sql.SQL("SELECT {}, {} FROM {} {}").format(
         sql.SQL(", ").join(text for _, text in columns), lost,
-        sql.Identifier(*table.split(".", 1)))
+        sql.Identifier(*table.split(".", 1)), sample)
     with conn.cursor(name="lakecdc_mirror_baseline") as cursor:
         cursor.execute(query)
         while rows := cursor.fetchmany(CHUNK_ROWS):
@@ -93,13 +107,24 @@ def _chunks(conn: psycopg.Connection, table: str,
                 schema=schema), sum(1 for r in rows if r[-1])
 
 
+def keys_path(lakehouse: str, table: str) -> str:
+    """Where a sampled table's every key at the point is kept (``write_baselines``)."""
+    return mirror_baseline_path(lakehouse, table) + "__keys"
+
+
 def write_baselines(dsn: str, snapshot_name: str, tables: tuple[str, ...], lakehouse: str,
                     commit_lsn: int, storage_options: dict | None = None, writes=None,
-                    numbers_as_text: bool = False) -> dict[str, Baseline]:
+                    numbers_as_text: bool = False, sampling: Sampling | None = None
+                    ) -> dict[str, Baseline]:
     """Read every table in ``tables`` inside the exported snapshot and replace its baseline
     (one commit each, app transaction ``commit_lsn``; through ``writes``, a
     ``core.spark_writes.SparkWrites``, when given); returns what each held.
-    ``numbers_as_text``: how the slot's wal2json prints numbers (``column_texts``)."""
+    ``numbers_as_text``: how the slot's wal2json prints numbers (``column_texts``).
+
+    A table the catalog estimates at more than ``sampling.above`` rows is read in two parts
+    instead of whole: its every key (``keys_path``, the key columns' texts), and about
+    ``sampling.rows`` of its rows, each kept with the probability that gives (``TABLESAMPLE
+    BERNOULLI``: another sample each run)."""
     from core.postgres import connect
 
     written = {}
@@ -108,33 +133,68 @@ def write_baselines(dsn: str, snapshot_name: str, tables: tuple[str, ...], lakeh
         conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
         for table in tables:
             columns, lost = column_texts(conn, table, numbers_as_text)
-            schema = pa.schema([pa.field(n, pa.string()) for n, _ in columns])
-            count = lossy = 0
-
-            def counted(chunks):
-                nonlocal count, lossy
-                for batch, lost_rows in chunks:
-                    count += batch.num_rows
-                    lossy += lost_rows
-                    yield batch
-
-            reader = pa.RecordBatchReader.from_batches(
-                schema, counted(_chunks(conn, table, columns, lost, schema)))
-            if writes is not None:
-                path = _spark_path(mirror_baseline_path(lakehouse, table))
-                writes.create(path, schema)
-                writes.append(path, reader.read_all(), overwrite=True,
-                              app=(APP_ID, commit_lsn),
-                              meta=commit_metadata(LAYER, commit_lsn=commit_lsn))
-            else:
-                write_deltalake(mirror_baseline_path(lakehouse, table), reader,
-                                mode="overwrite", schema_mode="overwrite",
-                                storage_options=storage_options,
-                                commit_properties=CommitProperties(
-                                    app_transactions=[Transaction(APP_ID, commit_lsn)]))
-            written[table] = Baseline(count, lossy)
+            if sampling is None or _estimate(conn, table) <= sampling.above:
+                rows, lossy = _write(mirror_baseline_path(lakehouse, table), _texts(columns),
+                                     _chunks(conn, table, columns, lost, _texts(columns)),
+                                     commit_lsn, storage_options, writes)
+                written[table] = Baseline(rows, lossy)
+                continue
+            key = mirror_key(conn, table)[1]
+            texts = dict(columns)
+            keyed = [(k, texts[k]) for k in key]
+            keys, lossy = _write(keys_path(lakehouse, table), _texts(keyed),
+                                 _chunks(conn, table, keyed, lost, _texts(keyed)),
+                                 commit_lsn, storage_options, writes)
+            share = min(100.0, 100.0 * sampling.rows / max(keys, 1))
+            rows, _ = _write(mirror_baseline_path(lakehouse, table), _texts(columns),
+                             _chunks(conn, table, columns, sql.SQL("false"), _texts(columns),
+                                     sql.SQL("TABLESAMPLE BERNOULLI ({})").format(
+                                         sql.Literal(share))),
+                             commit_lsn, storage_options, writes)
+            written[table] = Baseline(rows, lossy, keys)
         conn.rollback()
     return written
+
+
+def _estimate(conn: psycopg.Connection, table: str) -> int:
+    """The catalog's estimate of ``table``'s rows (its count where it has none yet)."""
+    name = sql.Identifier(*table.split(".", 1))
+    estimate = conn.execute("SELECT reltuples::int8 FROM pg_class WHERE oid = %s::regclass",
+                            [name.as_string(conn)]).fetchone()[0]
+    if estimate >= 0:
+        return estimate
+    return conn.execute(sql.SQL("SELECT count(*) FROM {}").format(name)).fetchone()[0]
+
+
+def _texts(columns: list[tuple[str, sql.Composable]]) -> pa.Schema:
+    return pa.schema([pa.field(n, pa.string()) for n, _ in columns])
+
+
+def _write(uri: str, schema: pa.Schema, chunks: Iterator[tuple[pa.RecordBatch, int]],
+           commit_lsn: int, storage_options: dict | None, writes) -> tuple[int, int]:
+    """``chunks`` as the whole table at ``uri``, in one commit (app transaction
+    ``commit_lsn``; through ``writes`` when given); returns (rows, rows that lost a value)."""
+    count = lossy = 0
+
+    def counted():
+        nonlocal count, lossy
+        for batch, lost_rows in chunks:
+            count += batch.num_rows
+            lossy += lost_rows
+            yield batch
+
+    reader = pa.RecordBatchReader.from_batches(schema, counted())
+    if writes is not None:
+        path = _spark_path(uri)
+        writes.create(path, schema)
+        writes.append(path, reader.read_all(), overwrite=True, app=(APP_ID, commit_lsn),
+                      meta=commit_metadata(LAYER, commit_lsn=commit_lsn))
+    else:
+        write_deltalake(uri, reader, mode="overwrite", schema_mode="overwrite",
+                        storage_options=storage_options,
+                        commit_properties=CommitProperties(
+                            app_transactions=[Transaction(APP_ID, commit_lsn)]))
+    return count, lossy
 
 
 def baseline_point(lakehouse: str, table: str, storage_options: dict | None = None,

@@ -100,6 +100,16 @@ def fold(rows: dict[Key, Row], changes: Iterable[dict], key: tuple[str, ...]
     return state
 
 
+def moved_onto(rows: dict[Key, Row], changes: Iterable[dict], key: tuple[str, ...]
+               ) -> set[Key]:
+    """The keys a change moved a row onto from a key not in ``rows``. Where ``rows`` is a
+    sample, ``fold`` cannot give such a key's row whole (the moved row was not read): a
+    sampled compare leaves those keys out."""
+    return {tuple(dict(c["columns"]).get(k) for k in key) for c in changes
+            if c["op"] == "U" and c["identity"]
+            and tuple(dict(c["identity"]).get(k) for k in key) not in rows}
+
+
 def truncated(changes: Iterable[dict]) -> bool:
     return any(c["op"] == "T" for c in changes)
 
@@ -116,6 +126,8 @@ class MirrorCheck:
     keys: tuple[Key, ...] = ()      # a few differing keys
     lost: int = 0                   # source rows at the point holding a NaN or ±Infinity:
                                     # compared as NULL, the value wal2json gave (known loss)
+    sampled: int | None = None      # where sampled: the rows compared column by column (every
+                                    # key is compared); None: every row was
 
     @property
     def exact(self) -> bool:
@@ -134,16 +146,18 @@ def mirror_holds(spark, mirror: str) -> tuple[int, int]:
     return 0, 0
 
 
-def check_mirror(spark, config, table: str, point: int, silver_path: str, lost: int = 0
-                 ) -> MirrorCheck:
+def check_mirror(spark, config, table: str, point: int, silver_path: str, lost: int = 0,
+                 sampled: bool = False) -> MirrorCheck:
     """Steps of the module docstring for ``table``; the mirrors' query has passed the
     marker and the source rows at ``point`` are in the scratch table (``lost`` of them
-    held a NaN or ±Infinity, read as NULL)."""
+    held a NaN or ±Infinity, read as NULL). ``sampled``: the scratch holds every key of the
+    table at the point and a sample of its rows (``write_baselines``), not every row."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
     from core.layout import mirror_baseline_path
     from gold.asof import silver_range
+    from pipelines.source.mirror_baseline import keys_path
     from silver.mirror import bad_values_stop, mirror_shape, q
     from silver.mirror_types import typed
 
@@ -157,8 +171,9 @@ def check_mirror(spark, config, table: str, point: int, silver_path: str, lost: 
                .where((F.col("schema_name") == schema_name) & (F.col("table_name") == table_name)
                       & F.col("op").isin("I", "U", "D", "R", "T"))
                .select("op", "commit_lsn", "seq", "columns", "identity").collect()]
-    source = spark.read.format("delta").load(spark_path(
-        mirror_baseline_path(scratch_root(config.lakehouse), table), on_dbx))
+    scratch = scratch_root(config.lakehouse)
+    source = spark.read.format("delta").load(spark_path(mirror_baseline_path(scratch, table),
+                                                        on_dbx))
     text = StructType([StructField(c, StringType()) for c in types])
     source = source.select(*[F.col(q(c)) if c in source.columns
                              else F.lit(None).cast("string").alias(c) for c in types])
@@ -173,16 +188,48 @@ def check_mirror(spark, config, table: str, point: int, silver_path: str, lost: 
         for r in source.join(keys_df, on, "left_semi").collect()}
     after = fold(before, changes, key)
     kept = source.limit(0) if truncated(changes) else source.join(keys_df, on, "left_anti")
+    moved_in = moved_onto(before, changes, key)
+    if sampled:
+        after = {k: row for k, row in after.items() if k in before and k not in moved_in}
     folded = spark.createDataFrame([tuple(row.get(c) for c in types)
                                     for row in after.values() if row is not None], text)
     truth = kept.unionByName(folded)
+    theirs = mirror_df.select(*[F.col(q(c)) for c in types])
     with bad_values_stop(table):
         truth = truth.select(*[typed(F.col(q(c)), t, c).alias(c) for c, t in types.items()])
-        theirs = mirror_df.select(*[F.col(q(c)) for c in types])
-        missing, extra = truth.exceptAll(theirs), theirs.exceptAll(truth)
-        differing = missing.count() + extra.count()
-        sample = [] if not differing else missing.unionByName(extra).select(
-            *[F.col(q(k)) for k in key]).distinct().limit(SAMPLE_KEYS).collect()
-        rows = truth.count()
-    return MirrorCheck(table, rows, version, max(newest, point - 1), differing,
-                       tuple(tuple(r) for r in sample), lost)
+        if not sampled:
+            missing, extra = truth.exceptAll(theirs), theirs.exceptAll(truth)
+            differing = missing.count() + extra.count()
+            sample = [] if not differing else missing.unionByName(extra).select(
+                *[F.col(q(k)) for k in key]).distinct().limit(SAMPLE_KEYS).collect()
+            return MirrorCheck(table, truth.count(), version, max(newest, point - 1),
+                               differing, tuple(tuple(r) for r in sample), lost)
+        # Every key: those of the source at the point, with the changes' keys applied
+        # (their existence is all that is folded here), against the mirror's.
+        every = spark.read.format("delta").load(spark_path(keys_path(scratch, table), on_dbx))
+        existed = {tuple(r) for r in every.join(keys_df, [
+            F.col(q(k)) == F.col(f"__k{i}") for i, k in enumerate(key)], "left_semi").collect()}
+        now = fold({k: dict(zip(key, k)) for k in existed}, changes, key)
+        kept_keys = every.limit(0) if truncated(changes) else every.join(keys_df, [
+            F.col(q(k)) == F.col(f"__k{i}") for i, k in enumerate(key)], "left_anti")
+        key_text = StructType([StructField(k, StringType()) for k in key])
+        truth_keys = kept_keys.select(*[F.col(q(k)) for k in key]).unionByName(
+            spark.createDataFrame([k for k, row in now.items() if row is not None], key_text))
+        truth_keys = truth_keys.select(*[typed(F.col(q(k)), types[k], k).alias(k) for k in key])
+        their_keys = theirs.select(*[F.col(q(k)) for k in key])
+        # Every column of the sample's rows, against the mirror's rows of the same keys.
+        sample_keys = source.select(*[F.col(q(k)) for k in key])
+        if moved_in:
+            sample_keys = sample_keys.join(spark.createDataFrame(list(moved_in), key_schema), [
+                F.col(q(k)) == F.col(f"__k{i}") for i, k in enumerate(key)], "left_anti")
+        sample_keys = sample_keys.select(*[typed(F.col(q(k)), types[k], k).alias(k)
+                                           for k in key])
+        their_rows = theirs.join(sample_keys, list(key), "left_semi")
+        wrong = truth_keys.exceptAll(their_keys).unionByName(their_keys.exceptAll(truth_keys)) \
+            .unionByName(truth.exceptAll(their_rows).select(*[F.col(q(k)) for k in key])) \
+            .unionByName(their_rows.exceptAll(truth).select(*[F.col(q(k)) for k in key])) \
+            .distinct()
+        differing = wrong.count()
+        sample = [] if not differing else wrong.limit(SAMPLE_KEYS).collect()
+        return MirrorCheck(table, truth_keys.count(), version, max(newest, point - 1),
+                           differing, tuple(tuple(r) for r in sample), lost, truth.count())

@@ -42,7 +42,7 @@ from core.storage import Lakehouse, gold_key
 from gold.push import PROGRESS_TABLE, STATS_TABLE
 from pipelines.run.markers import mirrors_position
 from pipelines.source.consistent import consistent_point, count_at, emit_marker
-from pipelines.source.mirror_baseline import write_baselines
+from pipelines.source.mirror_baseline import Sampling, write_baselines
 from pipelines.verify.mirrors import check_mirror, scratch_root, tables_to_verify
 from pipelines.verify.report import LayerCounts, Verdict, document, drift_sentence, nonzero, render
 
@@ -60,13 +60,14 @@ POLL_S = 1.0
 def run_verify(config: Config, where: Locations, *, start_spark: Callable[[], SparkSession],
                drive: Callable[[], object], gold_lock: Callable[[], ContextManager],
                as_json: bool = False, repair: bool = False,
-               timeout_s: float = 600.0) -> Verdict:
+               timeout_s: float = 600.0, sampling: Sampling | None = Sampling()) -> Verdict:
     """The command: verify, print, and on drift repair (``repair``) or raise ``DriftFound``.
 
     ``start_spark()`` gives the session (started only once the source is counted), ``drive()``
     runs every stage once (``run --once``), ``gold_lock()`` holds the gold writer lock
-    around a repair."""
-    first = verify_once(config, where, start_spark, drive, timeout_s)
+    around a repair. ``sampling``: a big mirrored table is compared by its every key and a
+    sample of its rows (``check_mirror``); None: every mirror whole."""
+    first = verify_once(config, where, start_spark, drive, timeout_s, sampling)
     if first.exact or not repair or first.counts_exact:     # a mirror has no repair yet
         doc = {**document(first), **({"repaired": False} if repair else {})}
         click.echo(json.dumps(doc, indent=2) if as_json else render(first))
@@ -82,7 +83,7 @@ def run_verify(config: Config, where: Locations, *, start_spark: Callable[[], Sp
     report = rebuild.rebuild_and_push(start_spark(), config, where, gold_lock)
     if not as_json:
         click.echo(f"repair: {report.summary()}\n")
-    second = verify_once(config, where, start_spark, drive, timeout_s)
+    second = verify_once(config, where, start_spark, drive, timeout_s, sampling)
     if as_json:
         click.echo(json.dumps({**document(second), "repaired": second.exact,
                                "before": document(first)}, indent=2))
@@ -96,7 +97,8 @@ def run_verify(config: Config, where: Locations, *, start_spark: Callable[[], Sp
 
 
 def verify_once(config: Config, where: Locations, start_spark: Callable[[], SparkSession],
-                drive: Callable[[], object], timeout_s: float = 600.0) -> Verdict:
+                drive: Callable[[], object], timeout_s: float = 600.0,
+                sampling: Sampling | None = None) -> Verdict:
     """Steps 1-5 of the module docstring; returns the verdict (does not print)."""
     source = config.require_source()
     _preflight(config)
@@ -117,7 +119,7 @@ def verify_once(config: Config, where: Locations, start_spark: Callable[[], Spar
         truth_src = count_at(source, point, config.counted, "verify: counting source rows")
         read = {} if not mirrored else write_baselines(   # the mirrored tables at the point
             source, point.snapshot_name, mirrored, scratch_root(config.lakehouse), point.lsn,
-            options, writes_for(reader, config), text)
+            options, writes_for(reader, config), text, sampling)
     # The temporary slot is gone: nothing of verify pins WAL from here on.
 
     layers = ("gold", "dashboard", *(("mirrors",) if mirrored else ()))
@@ -145,8 +147,8 @@ def verify_once(config: Config, where: Locations, start_spark: Callable[[], Spar
     dash_at = asof.subtract(dash_now, asof.net_deltas(_from(spark, silver, point.lsn,
                                                             dash_lsn), config.counted))
 
-    mirrors = tuple(check_mirror(spark, config, t, point.lsn, silver, read[t].lost)
-                    for t in mirrored)
+    mirrors = tuple(check_mirror(spark, config, t, point.lsn, silver, read[t].lost,
+                                 sampled=read[t].keys is not None) for t in mirrored)
     purged = _history_purges(spark, silver, state.floor, point.lsn, config.counted)
     truth = Counter(truth_src)
     truth.update(purged)

@@ -85,12 +85,14 @@ def _mirror_line(m) -> str:
     where = f"(version {m.version}, holding its changes up to LSN {fmt(m.holds)})"
     lost = (f"; known loss: {_rows(m.lost)} of the source held NaN or ±Infinity, which the "
             "mirror holds as NULL") if m.lost else ""
+    how = "" if m.sampled is None else \
+        f" (every key; {_rows(m.sampled)} of a sample compared column by column)"
     if m.exact:
         state = "equal to the source" if m.lost else "exact"
-        return f"mirror {m.table}: {state}, {_rows(m.rows)} {where}{lost}"
+        return f"mirror {m.table}: {state}, {_rows(m.rows)}{how} {where}{lost}"
     keys = "; ".join(", ".join(str(v) for v in k) for k in m.keys)
-    return (f"mirror {m.table}: {_rows(m.differing)} differ from the source's {_rows(m.rows)} "
-            f"{where}; keys: {keys}{lost}")
+    return (f"mirror {m.table}: {_rows(m.differing)} differ from the source's {_rows(m.rows)}"
+            f"{how} {where}; keys: {keys}{lost}")
 
 
 def render(v: Verdict, rows: int = TABLE_ROWS) -> str:
@@ -141,7 +143,7 @@ def document(v: Verdict, rows: int = DOCUMENT_ROWS) -> dict:
         doc["mirrors"] = [{"table": m.table, "exact": m.exact, "rows": m.rows,
                            "version": m.version, "holds_up_to": fmt(m.holds),
                            "differing_rows": m.differing, "keys": [list(k) for k in m.keys],
-                           "known_loss_rows": m.lost}
+                           "known_loss_rows": m.lost, "sampled_rows": m.sampled}
                           for m in v.mirrors]
     return doc
 

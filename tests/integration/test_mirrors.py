@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import random
+import re
 import shutil
 import struct
 from decimal import Decimal
@@ -277,9 +278,12 @@ def test_mirrors_before_silver_exists_is_one_sentence(source_db, config, cli_her
 def test_verify_checks_each_mirror_against_its_source_under_traffic_and_names_a_changed_row(
         source_db, config, cli_here):
     """``verify`` while traffic goes on: changes straddle its point, so the mirror is
-    compared with the source at the point plus verify's own fold of the changes after it.
-    Then one row of the mirror is changed behind lakecdc's back: exit 1, naming the table
-    and the row's key."""
+    compared with the source at the point plus verify's own fold of the changes after it -
+    here as a big table is (``--sample-above 0``): its every key, and a sample of its rows
+    (the whole table, sized so) compared column by column. Then one row of the mirror is
+    changed behind lakecdc's back: exit 1, naming the table and the row's key. Last, with a
+    sample of some of the rows, a row the source never had and a column changed in every
+    row: exactly the sample's rows and that key differ."""
     import threading
 
     import psycopg
@@ -310,13 +314,16 @@ def test_verify_checks_each_mirror_against_its_source_under_traffic_and_names_a_
     thread = threading.Thread(target=churn, daemon=True)
     thread.start()
     try:
-        verified = cli_here(["verify"], env)
+        verified = cli_here(["verify", "--sample-above", "0", "--sample-rows", "100000"], env)
     finally:
         stop.set()
         thread.join(timeout=60)
     assert len(rounds) > 3, rounds
     assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
-    assert "mirror public.typed_rows: exact" in verified.stdout, verified.stdout
+    line = next(ln for ln in verified.stdout.splitlines() if ln.startswith(f"mirror {TABLE}:"))
+    # The sample is every row at the point (rows the churn added after it are not in it).
+    every = re.search(r"exact, ([\d,]+) rows \(every key; ([\d,]+) rows? of a sample", line)
+    assert every and 0 < int(every.group(2)) <= int(every.group(1)), line
 
     # Verify compares a mirror as of its newest lakecdc commit: the churn still on its way is
     # merged first, then a row is changed behind the pipeline's back, then another row of the
@@ -340,6 +347,31 @@ def test_verify_checks_each_mirror_against_its_source_under_traffic_and_names_a_
     assert "2 rows differ" in line and f"keys: {k1}, {k2}" in line, line
     assert "known loss: 2 rows of the source held NaN or ±Infinity" in line, line
     assert "the mirror of public.typed_rows on 2 rows" in drift.stderr, drift.stderr
+
+    # A row the source never had, and every row's label changed: committed as the mirrors'
+    # own commits (verify compares a mirror as of its newest), holding what it held.
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from core.commits import commit_metadata, parse_commit_metadata, rs_commit
+
+    mirror = DeltaTable(mirror_path(config.lakehouse, TABLE))
+    held = next(m for m in (parse_commit_metadata(h.get("userMetadata"), "mirror")
+                            for h in mirror.history()) if m and not m.get("partial"))
+    commit = rs_commit(commit_metadata("mirror", **held))
+    stray = mirror.to_pyarrow_table().slice(0, 1)
+    stray = stray.set_column(stray.schema.get_field_index("k1"), "k1",
+                             pa.array([-999], stray.schema.field("k1").type))
+    write_deltalake(mirror.table_uri, stray, mode="append", commit_properties=commit)
+    DeltaTable(mirror.table_uri).update(updates={"label": "'tampered'"}, commit_properties=commit)
+    sampled = cli_here(["verify", "--sample-above", "0", "--sample-rows", "20"], env)
+    assert sampled.returncode == 1, sampled.stdout[-3000:] + sampled.stderr[-3000:]
+    line = next(ln for ln in sampled.stdout.splitlines() if ln.startswith(f"mirror {TABLE}:"))
+    found = re.search(r"([\d,]+) rows? differ from the source's ([\d,]+) rows \(every key; "
+                      r"([\d,]+) rows? of a sample", line)
+    assert found, line
+    differ, rows, sample = (int(found.group(i).replace(",", "")) for i in (1, 2, 3))
+    assert 0 < sample < rows and differ == sample + 1, line
 
 
 def test_the_dashboard_and_lakecdc_tables_show_where_the_mirrors_are_complete(

@@ -55,6 +55,19 @@ def test_composite_keys():
                                         ("1", "y"): {"a": "1", "b": "y", "v": "new"}}
 
 
+def test_a_sampled_key_another_row_moved_onto_is_left_out_of_the_sample():
+    from pipelines.verify.mirrors import moved_onto
+
+    key = ("a",)
+    sample = {("1",): {"a": "1", "v": "x"}, ("2",): {"a": "2", "v": "y"}}
+    changes = [change("D", 10, identity={"a": "1"}),
+               change("U", 11, columns={"a": "1", "v": "moved"}, identity={"a": "9"}),
+               change("U", 12, columns={"a": "3", "v": "z"}, identity={"a": "2"}),
+               change("U", 13, columns={"a": "2", "v": "w"})]
+    assert moved_onto(sample, changes, key) == {("1",)}     # from 9, not read: partial
+    assert fold(sample, changes, key)[("1",)] == {"v": "moved", "a": "1"}
+
+
 def test_a_known_loss_is_named_apart_from_exact_and_from_drift():
     from pipelines.source.mirror_specs import specials_note
     from pipelines.verify.mirrors import MirrorCheck
@@ -68,6 +81,9 @@ def test_a_known_loss_is_named_apart_from_exact_and_from_drift():
     assert "exact" not in lost and lost.endswith(
         "known loss: 2 rows of the source held NaN or ±Infinity, which the mirror holds as "
         "NULL")
+    sampled = _mirror_line(MirrorCheck("public.t", 10_000, 3, 100, 0, sampled=21))
+    assert sampled.startswith("mirror public.t: exact, 10,000 rows (every key; 21 rows of a "
+                              "sample compared column by column) (version 3"), sampled
     drift = _mirror_line(MirrorCheck("public.t", 10, 3, 100, 2, (("7",),), lost=1))
     assert "2 rows differ" in drift and "keys: 7; known loss: 1 row of" in drift, drift
     spec = TableSpec("public", "t", (("k", "integer"), ("a", "real"), ("b", "numeric"),
