@@ -188,7 +188,7 @@ def check_mirror(spark, config, table: str, point: int, silver_path: str, lost: 
         for r in source.join(keys_df, on, "left_semi").collect()}
     after = fold(before, changes, key)
     kept = source.limit(0) if truncated(changes) else source.join(keys_df, on, "left_anti")
-    moved_in = moved_onto(before, changes, key)
+    moved_in = moved_onto(before, changes, key) if sampled else set()
     if sampled:
         after = {k: row for k, row in after.items() if k in before and k not in moved_in}
     folded = spark.createDataFrame([tuple(row.get(c) for c in types)
@@ -207,11 +207,9 @@ def check_mirror(spark, config, table: str, point: int, silver_path: str, lost: 
         # Every key: those of the source at the point, with the changes' keys applied
         # (their existence is all that is folded here), against the mirror's.
         every = spark.read.format("delta").load(spark_path(keys_path(scratch, table), on_dbx))
-        existed = {tuple(r) for r in every.join(keys_df, [
-            F.col(q(k)) == F.col(f"__k{i}") for i, k in enumerate(key)], "left_semi").collect()}
+        existed = {tuple(r) for r in every.join(keys_df, on, "left_semi").collect()}
         now = fold({k: dict(zip(key, k)) for k in existed}, changes, key)
-        kept_keys = every.limit(0) if truncated(changes) else every.join(keys_df, [
-            F.col(q(k)) == F.col(f"__k{i}") for i, k in enumerate(key)], "left_anti")
+        kept_keys = every.limit(0) if truncated(changes) else every.join(keys_df, on, "left_anti")
         key_text = StructType([StructField(k, StringType()) for k in key])
         truth_keys = kept_keys.select(*[F.col(q(k)) for k in key]).unionByName(
             spark.createDataFrame([k for k, row in now.items() if row is not None], key_text))
@@ -220,8 +218,8 @@ def check_mirror(spark, config, table: str, point: int, silver_path: str, lost: 
         # Every column of the sample's rows, against the mirror's rows of the same keys.
         sample_keys = source.select(*[F.col(q(k)) for k in key])
         if moved_in:
-            sample_keys = sample_keys.join(spark.createDataFrame(list(moved_in), key_schema), [
-                F.col(q(k)) == F.col(f"__k{i}") for i, k in enumerate(key)], "left_anti")
+            sample_keys = sample_keys.join(spark.createDataFrame(list(moved_in), key_schema),
+                                           on, "left_anti")
         sample_keys = sample_keys.select(*[typed(F.col(q(k)), types[k], k).alias(k)
                                            for k in key])
         their_rows = theirs.join(sample_keys, list(key), "left_semi")
