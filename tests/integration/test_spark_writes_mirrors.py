@@ -88,6 +88,7 @@ def setup_with_rows(source_db, config, cli_here, seed: int) -> dict:
     return env
 
 
+@pytest.mark.long
 def test_spark_mirrors_follow_the_source_replay_exactly_once_and_maintain_and_verify_keep_them_exact(
         source_db, config, cli_here, spark, tmp_path):
     env = setup_with_rows(source_db, config, cli_here, seed=3701)
