@@ -1,9 +1,9 @@
 """The lakehouse on S3: moto's S3 server on a free port, buckets made with boto3.
 
-- The real CLI (``setup``, ``run --once``) on ``s3://bucket/lakehouse``: the shipper writes
-  bronze with delta-rs, Spark reads and writes ``s3a://`` through hadoop-aws, and gold read
-  back from S3 equals a ``GROUP BY`` of the source exactly.
-- The continuous ``lakecdc run`` on S3 killed mid-batch and mid-flight, then exact.
+- The real CLI (``setup``, the continuous ``run`` killed mid-batch and mid-flight, then
+  ``run --once``) on ``s3://bucket/lakehouse``: the shipper writes bronze with delta-rs,
+  Spark reads and writes ``s3a://`` through hadoop-aws, and gold read back from S3 equals
+  a ``GROUP BY`` of the source exactly.
 - Missing credentials and a missing bucket end ``setup`` with one sentence and exit 2.
 - The URI mapping and option building, and the pinned Hadoop version against pyspark's.
 """
@@ -77,46 +77,21 @@ def bucket(s3_endpoint):
 
 @pytest.mark.integration
 @pytest.mark.spark
-def test_the_whole_pipeline_on_s3_is_exact(source_db, config, s3_endpoint, bucket):
-    s3, name = bucket
-    lakehouse = f"s3://{name}/lakehouse"
-    env = _env(config, lakehouse, s3_endpoint)
-    setup = run_cli(["setup"], env)
-    assert setup.returncode == 0, setup.stderr[-3000:]
-    purged = mixed(source_db.dsn, seed=61)
-    run = run_cli(["run", "--once"], env, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-
-    # Every layer is in the bucket, written by its own engine (delta-rs or Spark via s3a).
-    for table in ("bronze/wal2json_changes", "silver/changes", "gold/service_stats"):
-        listed = s3.list_objects_v2(Bucket=name, Prefix=f"lakehouse/{table}/_delta_log/")
-        assert listed.get("KeyCount", 0) > 0, f"{table} is not on S3"
-
-    options = Lakehouse(lakehouse, s3_endpoint, REGION).delta_rs_options()
-    credentials = {"AWS_ACCESS_KEY_ID": "lakecdc-test", "AWS_SECRET_ACCESS_KEY": "lakecdc-test"}
-    rows = DeltaTable(f"{lakehouse}/gold/service_stats",
-                      storage_options={**options, **credentials}).to_pyarrow_table().to_pylist()
-    gold = Counter({(r["service_id"], r["template_id"], r["notification_type"],
-                     r["notification_status"]): r["count"] for r in rows if r["count"]})
-    truth = Counter({k: v for k, v in source_truth(source_db.dsn, purged).items() if v})
-    assert sum(truth.values()) > 0
-    assert gold == truth, f"gold on S3 differs from the source on {len(set(gold) ^ set(truth))} keys"
-    assert Counter({k: v for k, v in dashboard_counts(source_db.dsn).items() if v}) == gold
-
-
-@pytest.mark.integration
-@pytest.mark.spark
 @pytest.mark.long
-def test_continuous_run_on_s3_killed_mid_batch_and_mid_flight_ends_exact(
+def test_continuous_run_on_s3_killed_mid_batch_and_mid_flight_ends_exact_in_every_layer(
         source_db, config, s3_endpoint, bucket, traffic, tmp_path, monkeypatch):
     """``lakecdc run`` (continuous, the real CLI in its own process group) on an S3
     lakehouse under traffic: the driver dies with ``kill -9`` semantics right after a
     batch's silver append (its gold step and Spark's commit not written, object-store
     writes mid-way), the group gets SIGKILL; restarted, killed again once gold has moved;
-    then drained, and gold and the dashboard equal the source."""
+    then drained with ``run --once``: every layer is in the bucket, written by its own
+    engine (delta-rs or Spark via s3a), and gold read back from S3 with the options
+    lakecdc gives delta-rs, and the dashboard, equal the source. (One test for the
+    whole pipeline on S3: a ``setup`` and ``run --once`` of their own would repeat the
+    first start and the drain here, a JVM more.)"""
     from tests.soak import Positions, Soak
 
-    _, name = bucket
+    s3, name = bucket
     for key, value in _aws_env(s3_endpoint).items():    # delta-rs here, and each run
         monkeypatch.setenv(key, value)
     on_s3 = config.with_(lakehouse=f"s3://{name}/lakehouse")
@@ -135,6 +110,23 @@ def test_continuous_run_on_s3_killed_mid_batch_and_mid_flight_ends_exact(
     purged.update(mixed(source_db.dsn, seed=64))
     soak.drain()
     check_gold(on_s3.lakehouse, source_db.dsn, on_s3.dashboard, purged)
+
+    # Every layer is in the bucket, written by its own engine (delta-rs or Spark via s3a).
+    lakehouse = on_s3.lakehouse
+    for table in ("bronze/wal2json_changes", "silver/changes", "gold/service_stats"):
+        listed = s3.list_objects_v2(Bucket=name, Prefix=f"lakehouse/{table}/_delta_log/")
+        assert listed.get("KeyCount", 0) > 0, f"{table} is not on S3"
+
+    options = Lakehouse(lakehouse, s3_endpoint, REGION).delta_rs_options()
+    credentials = {"AWS_ACCESS_KEY_ID": "lakecdc-test", "AWS_SECRET_ACCESS_KEY": "lakecdc-test"}
+    rows = DeltaTable(f"{lakehouse}/gold/service_stats",
+                      storage_options={**options, **credentials}).to_pyarrow_table().to_pylist()
+    gold = Counter({(r["service_id"], r["template_id"], r["notification_type"],
+                     r["notification_status"]): r["count"] for r in rows if r["count"]})
+    truth = Counter({k: v for k, v in source_truth(source_db.dsn, purged).items() if v})
+    assert sum(truth.values()) > 0
+    assert gold == truth, f"gold on S3 differs from the source on {len(set(gold) ^ set(truth))} keys"
+    assert Counter({k: v for k, v in dashboard_counts(source_db.dsn).items() if v}) == gold
 
 
 @pytest.mark.integration

@@ -153,6 +153,7 @@ def _all_by_spark(s3, bucket: str) -> None:
     assert not not_spark, f"commits not made by Spark: {not_spark}"
 
 
+@pytest.mark.long
 def test_every_table_is_written_by_spark_alone_and_exact(source_db, config, s3, lakehouse,
                                                          tmp_path):
     """With a shipper killed between its bronze commit and the slot advance first: bronze

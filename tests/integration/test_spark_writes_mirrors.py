@@ -12,6 +12,12 @@ with delta-rs (never through lakecdc):
 - a mirror batch replayed (its checkpoint put back) commits nothing and stays exact; with
   the mirrors' replay guard off (``mirror_txn``, a negative control) the same replay moves
   the twice-moved row again from a row that is gone, and loses its TOASTed body.
+
+One test proves all of it on one source and lakehouse: the Spark writer's ``setup`` and
+first batch through every layer cost most of a minute, and the replay needs exactly what
+the second batch already is (a delete, a row moved twice with its body left out). The
+replay's drift is then wiped by the third batch's TRUNCATE, and everything after is
+checked against the source as before.
 """
 
 from __future__ import annotations
@@ -82,22 +88,44 @@ def setup_with_rows(source_db, config, cli_here, seed: int) -> dict:
     return env
 
 
-def test_spark_mirrors_follow_the_source_and_maintain_and_verify_keep_them_exact(
-        source_db, config, cli_here, spark):
+@pytest.mark.long
+def test_spark_mirrors_follow_the_source_replay_exactly_once_and_maintain_and_verify_keep_them_exact(
+        source_db, config, cli_here, spark, tmp_path):
     env = setup_with_rows(source_db, config, cli_here, seed=3701)
     layers(cli_here, env)
     spark_mirrors(cli_here, env)
     assert_mirror_is_source(source_db, config)
+    checkpoint = f"{config.lakehouse}/_checkpoints/mirrors"
+    saved = tmp_path / "mirrors-checkpoint"             # before the second batch
+    shutil.copytree(checkpoint, saved)
 
     rng = random.Random(3702)
     with source_db.connect() as conn:           # TOAST left alone, two moves in one batch
         conn.execute("UPDATE typed_rows SET small = 7")
         traffic(conn, rng, 20)
+        conn.execute("DELETE FROM typed_rows WHERE k1 % 3 = 0")
         moved = move_twice(conn)
     layers(cli_here, env)
     spark_mirrors(cli_here, env)
     assert_mirror_is_source(source_db, config)
     assert mirror_rows(config, added=False)[moved][-1] is not None      # the body kept
+    version = DeltaTable(mirror_path(config.lakehouse, TABLE)).version()
+
+    def replay(**kwargs) -> None:
+        shutil.rmtree(checkpoint)
+        shutil.copytree(saved, checkpoint)              # the second batch runs again
+        out = spark_mirrors(cli_here, env, **kwargs)
+        assert f"{TABLE} (1 batches)" in out, out
+
+    replay()                                            # the guard: nothing committed
+    assert DeltaTable(mirror_path(config.lakehouse, TABLE)).version() == version
+    assert_mirror_is_source(source_db, config)
+
+    replay(guards="mirror_txn")                         # the negative control
+    assert DeltaTable(mirror_path(config.lakehouse, TABLE)).version() > version
+    assert mirror_rows(config, added=False)[moved][-1] is None          # the body lost
+    with pytest.raises(AssertionError):
+        assert_mirror_is_source(source_db, config)
 
     with source_db.connect() as conn:           # a TRUNCATE and a new column in one batch
         traffic(conn, rng, 10)
@@ -107,8 +135,7 @@ def test_spark_mirrors_follow_the_source_and_maintain_and_verify_keep_them_exact
         traffic(conn, rng, 30, added=True)
     layers(cli_here, env)
     spark_mirrors(cli_here, env)
-    assert_mirror_is_source(source_db, config, added=True)
-
+    assert_mirror_is_source(source_db, config, added=True)      # the drift truncated away
     merges = [c for c in commits(config) if c.get("operation") == "MERGE"]
     assert len(merges) >= 4, [c.get("operation") for c in commits(config)]
     assert all("Apache-Spark" in c.get("engineInfo", "") for c in merges), merges[-1]
@@ -148,36 +175,3 @@ def test_spark_mirrors_follow_the_source_and_maintain_and_verify_keep_them_exact
     verified = cli_here(["verify"], {**env, **SPARK})
     assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
     assert f"mirror {TABLE}: exact" in verified.stdout, verified.stdout
-
-
-def test_a_replayed_spark_mirror_batch_commits_nothing_and_without_its_guard_drifts(
-        source_db, config, cli_here, tmp_path):
-    env = setup_with_rows(source_db, config, cli_here, seed=3711)
-    layers(cli_here, env)
-    spark_mirrors(cli_here, env)
-    checkpoint = f"{config.lakehouse}/_checkpoints/mirrors"
-    saved = tmp_path / "mirrors-checkpoint"
-    shutil.copytree(checkpoint, saved)
-    with source_db.connect() as conn:
-        conn.execute("DELETE FROM typed_rows WHERE k1 % 3 = 0")
-        moved = move_twice(conn)
-    layers(cli_here, env)
-    spark_mirrors(cli_here, env)
-    assert_mirror_is_source(source_db, config)
-    version = DeltaTable(mirror_path(config.lakehouse, TABLE)).version()
-
-    def replay(**kwargs) -> None:
-        shutil.rmtree(checkpoint)
-        shutil.copytree(saved, checkpoint)              # the batch runs again
-        out = spark_mirrors(cli_here, env, **kwargs)
-        assert f"{TABLE} (1 batches)" in out, out
-
-    replay()
-    assert DeltaTable(mirror_path(config.lakehouse, TABLE)).version() == version
-    assert_mirror_is_source(source_db, config)
-
-    replay(guards="mirror_txn")                         # the negative control
-    assert DeltaTable(mirror_path(config.lakehouse, TABLE)).version() > version
-    assert mirror_rows(config, added=False)[moved][-1] is None          # the body lost
-    with pytest.raises(AssertionError):
-        assert_mirror_is_source(source_db, config)

@@ -193,6 +193,9 @@ def stop_run(proc: subprocess.Popen, log) -> None:
 @pytest.mark.long
 def test_a_table_added_under_traffic_ends_equal_to_its_source_and_a_removed_one_keeps_its_mirror(
         source_db, config, tmp_path, cli_here):
+    # The commands run in this process (``cli_here``: what they print and return is the
+    # same), but for the kills, which end their process; ``lakecdc run`` is a process of its
+    # own, as the shipper ``tables add`` waits for is in production.
     rng = random.Random(17)
     log = tmp_path / "run.log"
     with source_db.connect() as conn:
@@ -200,14 +203,14 @@ def test_a_table_added_under_traffic_ends_equal_to_its_source_and_a_removed_one_
         populate(conn, rng)
         insert(conn, rng, 50)
     env = {**cli_env(config), "LAKECDC_MIRRORS": "all"}       # captured: the counted two
-    assert run_cli(["setup"], env).returncode == 0
+    assert cli_here(["setup"], env).returncode == 0
     store = CaptureList(config.lakehouse)
     assert store.read().active == ("public.notifications", "public.notification_history")
 
     # Refused before anything changes: a table without a key (FULL identity, no primary
     # key), a table that does not exist; and without a running shipper.
     version = store.read().version
-    one_sentence(*_code_err(run_cli(["tables", "add", "public.services"], env)),
+    one_sentence(*_code_err(cli_here(["tables", "add", "public.services"], env)),
                  "no lakecdc shipper is running", "nothing was changed")
     proc = start_run(env, log)
     try:
@@ -215,15 +218,15 @@ def test_a_table_added_under_traffic_ends_equal_to_its_source_and_a_removed_one_
             wait_for(lambda: proc.poll() is not None or is_held(
                 conn, ship_lock_name(config.slot)), timeout=120)
         assert proc.poll() is None, log.read_text()[-3000:]
-        one_sentence(*_code_err(run_cli(["tables", "add", "public.event_log"], env)),
+        one_sentence(*_code_err(cli_here(["tables", "add", "public.event_log"], env)),
                      "has no primary key", "nothing was changed")
-        one_sentence(*_code_err(run_cli(["tables", "add", "public.nope"], env)),
+        one_sentence(*_code_err(cli_here(["tables", "add", "public.nope"], env)),
                      "public.nope does not exist")
         assert store.read().version == version
 
         traffic = Traffic(source_db.dsn, seed=18)
         traffic.start()
-        added = run_cli(["tables", "add", "public.services", "--chunk-rows", "40"], env)
+        added = cli_here(["tables", "add", "public.services", "--chunk-rows", "40"], env)
         assert added.returncode == 0, added.stderr[-3000:]
         assert "public.services: captured from" in added.stdout, added.stdout
 
@@ -233,13 +236,13 @@ def test_a_table_added_under_traffic_ends_equal_to_its_source_and_a_removed_one_
                              {**env, "LAKECDC_FAULT": fault})
             assert killed.returncode == 137, (fault, killed.stderr[-3000:])
             assert store.read().state("public.templates") == "snapshotting"
-        listed = run_cli(["tables"], env)
+        listed = cli_here(["tables"], env)
         assert listed.returncode == 0 and "snapshotting" in listed.stdout, listed.stdout
-        again = run_cli(["tables", "add", "public.templates", "--chunk-rows", "40"], env)
+        again = cli_here(["tables", "add", "public.templates", "--chunk-rows", "40"], env)
         assert again.returncode == 0, again.stderr[-3000:]
         transactions = traffic.transactions
         wait_for(lambda: traffic.transactions > transactions + 20, timeout=120)
-        assert run_cli(["tables", "add", "public.templates"], env).stdout.strip() == \
+        assert cli_here(["tables", "add", "public.templates"], env).stdout.strip() == \
             "public.templates is already captured."
         traffic.finish()
     finally:
@@ -249,15 +252,15 @@ def test_a_table_added_under_traffic_ends_equal_to_its_source_and_a_removed_one_
     counts = {t: assert_mirror_is_source(source_db, config, t) for t in COLUMNS}
     assert store.read().active == ("public.notifications", "public.notification_history",
                                    "public.services", "public.templates")
-    listed = run_cli(["tables"], env).stdout
+    listed = cli_here(["tables"], env).stdout
     for table, n in counts.items():
         line = next(ln for ln in listed.splitlines() if ln.startswith(table + " "))
         assert "captured" in line and f"{n:,}" in line, listed
 
     # Removed: no longer captured, its mirror kept as it was while the source goes on.
-    one_sentence(*_code_err(run_cli(["tables", "remove", "public.notifications"], env)),
+    one_sentence(*_code_err(cli_here(["tables", "remove", "public.notifications"], env)),
                  "counted by service_stats")
-    removed = run_cli(["tables", "remove", "public.services"], env)
+    removed = cli_here(["tables", "remove", "public.services"], env)
     assert removed.returncode == 0 and "kept as it was" in removed.stdout, removed.stderr
     kept = mirror_rows(config, "public.services")
     with source_db.connect() as conn:
@@ -271,7 +274,7 @@ def test_a_table_added_under_traffic_ends_equal_to_its_source_and_a_removed_one_
         columns=["table_name", "columns"]).to_pylist()
     assert not [r for r in silver if r["table_name"] == "services"
                 and dict(r["columns"] or []).get("name") == "after removal"]
-    assert "removed" in run_cli(["tables"], env).stdout
+    assert "removed" in cli_here(["tables"], env).stdout
 
 
 @pytest.mark.parametrize("guard", ["on", "off"])
@@ -349,14 +352,16 @@ def test_add_reads_rows_only_once_the_shipper_took_up_the_set_and_without_that_a
     store, bronze = CaptureList(config.lakehouse), BronzeTable(config.bronze_path)
     app = config.slot + ACK_SUFFIX
 
-    def taken_up() -> bool:
+    def taken_up(version: int | None = None) -> bool:
+        """The shipper peeks with set ``version`` or a newer one (default: the newest)."""
         acked = bronze.app_version(app)
-        return acked is not None and acked >= store.read().version
+        return acked is not None and acked >= (store.read().version if version is None
+                                               else version)
 
-    def taken_up_beating() -> bool:   # a heartbeat: something to commit the ack with
-        with source_db.connect() as conn:
+    def taken_up_beating(version: int | None = None) -> bool:
+        with source_db.connect() as conn:   # a heartbeat: something to commit the ack with
             emit(conn, config.slot)
-        return taken_up()
+        return taken_up(version)
 
     def in_bronze(value: str) -> bool:
         return any(value in r["data"] for r in bronze_rows(config.bronze_path))
@@ -364,6 +369,7 @@ def test_add_reads_rows_only_once_the_shipper_took_up_the_set_and_without_that_a
     with running_shipper(config):
         wait_for(taken_up_beating, timeout=120, interval=1)   # it read setup's set at its start
         off = frozenset() if guard == "on" else frozenset({"capture_ack"})
+        before = store.read().version           # every later set captures public.extra
         said = tables.add_table(config.with_(disabled_guards=off, mirrors=None), "public.extra",
                                 chunk_rows=100)
         assert "public.extra: captured from" in said and "50 current rows" in said, said
@@ -377,7 +383,9 @@ def test_add_reads_rows_only_once_the_shipper_took_up_the_set_and_without_that_a
             "gen_random_uuid(), gen_random_uuid(), 'email', 'created', 'normal', now(), "
             "'after-the-update')")
         wait_for(lambda: in_bronze("after-the-update"), timeout=120, interval=0.2)
-        wait_for(taken_up_beating, timeout=300, interval=1)
+        # The shipper peeks with a set that captures public.extra: already with the guard
+        # on (tables add waited for that), at its next look at the set without.
+        wait_for(lambda: taken_up_beating(before + 1), timeout=300, interval=1)
         source_db.execute("UPDATE extra SET v = 515151 WHERE id = 2")
         wait_for(lambda: in_bronze("515151"), timeout=120, interval=0.2)
     assert in_bronze("424242") is (guard == "on")
