@@ -51,7 +51,6 @@ class Sampling:
     rows: int = 20_000
 
 
-
 @dataclass(frozen=True)
 class Baseline:
     rows: int       # rows read (where sampled: the sample's)
