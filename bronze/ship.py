@@ -234,10 +234,10 @@ class Shipper:
         if text is None:        # taken between the check above and here
             raise UserError(f"replication slot {slot} is in use by another session; stop "
                             "that consumer first.")
-        if text != self.numbers_as_text:
-            log.info("wal2json on the source %s", "prints numbers as text (2.6+): NaN and "
-                     "±Infinity are kept" if text else "lacks numeric-data-types-as-string "
-                     "(2.5): NaN and ±Infinity arrive as NULL (docs/silver.md)")
+        if text != self.numbers_as_text:      # debug: `ship --once` prints nothing else
+            log.debug("wal2json on the source %s", "prints numbers as text (2.6+): NaN and "
+                      "±Infinity are kept" if text else "lacks numeric-data-types-as-string "
+                      "(2.5): NaN and ±Infinity arrive as NULL (docs/silver.md)")
         self.numbers_as_text = text
         self.recorded = {slot + NUMBERS_SUFFIX: int(text)}
 

@@ -97,9 +97,13 @@ def drained(config: Config, witness: Witness) -> bool:
 
 # --- a network cut at a chosen statement --------------------------------------------------
 
+# In the shipper's peek (``bronze.slot.peek_query``) alone: its start-up question to the
+# slot (``prints_numbers_as_text``) calls pg_logical_slot_peek_changes too.
+PEEK = b"ascii(a.action)"
+
 CUTS = {
     # The client is reading the peek's result when the connection goes.
-    "mid_peek": (b"pg_logical_slot_peek_changes", 2, 20_000),
+    "mid_peek": (PEEK, 2, 20_000),
     # Bronze committed, the advance never reaches the server.
     "advance_never_sent": (b"pg_replication_slot_advance", 2, None),
     # The server advanced; the client never learns it did.
@@ -167,7 +171,7 @@ def test_ship_once_fails_with_one_sentence_when_the_source_goes_away(
         source_db, config, witness, proxy):
     """``--once`` does not retry: its caller decides when to run it again."""
     mixed(source_db.dsn)
-    proxy.cut_on(b"pg_logical_slot_peek_changes", 1, 20_000)
+    proxy.cut_on(PEEK, 1, 20_000)
     env = {**cli_env(config), "LAKECDC_SOURCE_DSN": with_password(proxy.dsn(source_db.dsn))}
     with source_db.connect() as conn:
         before = conn.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE "
