@@ -14,6 +14,7 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import psycopg
 import pytest
@@ -63,22 +64,28 @@ class SourceDb:
             conn.execute(query, params)
 
 
-@pytest.fixture
-def source_db(pg_cluster):
+def fresh_database(cluster: LocalPostgres) -> Iterator[SourceDb]:
+    """A new database on ``cluster`` with the Notify-like schema, for one test; dropped after
+    it, with its slots (a fixture's body: ``yield from``)."""
     name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_cluster.dsn(), autocommit=True) as admin:
+    with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
-    db = SourceDb(pg_cluster, name, slot=f"s_{name[2:]}")
+    db = SourceDb(cluster, name, slot=f"s_{name[2:]}")
     with db.connect() as conn:
         conn.execute(SCHEMA_SQL.read_text())
     yield db
-    with psycopg.connect(pg_cluster.dsn(), autocommit=True) as admin:
-        if pg_cluster.data_dir.joinpath("postmaster.pid").exists():
+    with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
+        if cluster.data_dir.joinpath("postmaster.pid").exists():
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                           "WHERE datname = %s AND pid <> pg_backend_pid()", [name])
             admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
                           "WHERE database = %s AND active_pid IS NULL", [name])
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def source_db(pg_cluster):
+    yield from fresh_database(pg_cluster)
 
 
 @pytest.fixture

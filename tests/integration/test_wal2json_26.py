@@ -16,11 +16,9 @@ import os
 import struct
 import sys
 import tempfile
-import uuid
 from decimal import Decimal
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from bronze.backfill_source import _reader, read_chunk
@@ -28,7 +26,7 @@ from bronze.slot import prints_numbers_as_text
 from core.config import Config
 from core.layout import mirror_path
 from infra.localpg import LocalPostgres
-from tests.conftest import SCHEMA_SQL, SourceDb
+from tests.conftest import fresh_database
 from tests.tests_support import cli_env, running_shipper
 from tests.truth import Witness
 
@@ -51,19 +49,7 @@ def pg26():
 
 @pytest.fixture
 def db26(pg26):
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg26.dsn(), autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    db = SourceDb(pg26, name, slot=f"s_{name[2:]}")
-    with db.connect() as conn:
-        conn.execute(SCHEMA_SQL.read_text())
-    yield db
-    with psycopg.connect(pg26.dsn(), autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                      "WHERE datname = %s AND pid <> pg_backend_pid()", [name])
-        admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                      "WHERE database = %s AND active_pid IS NULL", [name])
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    yield from fresh_database(pg26)
 
 
 def _slot_answer(db, slot: str) -> bool | None:
