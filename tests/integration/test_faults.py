@@ -91,13 +91,13 @@ def small_disk(tmp_path):
 
 
 def fill(disk: Path) -> Path:
-    """Write a file until the filesystem is full; delete it to free the space again."""
+    """Write a file until the filesystem is full; delete it to free the space again.
+    Unbuffered: a buffered file would try its unwritten rest again at close, and raise."""
     filler = disk / "filler"
-    with open(filler, "wb") as f:
+    with open(filler, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * (1 << 16))
-                f.flush()
         except OSError as exc:
             assert exc.errno == 28, exc
     return filler
