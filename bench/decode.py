@@ -6,6 +6,10 @@
   so it can be timed more than once. The rows never leave the server: this is the floor
   any client of the slot pays (decoding + wal2json's JSON), the limit the shipper is
   measured against.
+- ``recvlogical``: Postgres's own streaming client, ``pg_recvlogical``, draining a second
+  witness slot through the replication protocol to ``/dev/null`` with the same options, up
+  to the WAL position at the end of the backlog: decode, transfer and the client's write,
+  nothing stored. The client the shipper is measured against (issue 39).
 - ``ship_once``: ``lakecdc ship --once`` as a child process (the command an operator runs),
   timed from spawn to exit, with that child's own peak RSS (``PeakRss``: the high-water
   mark of its own memory, not ``wait4``'s figure, which counts this process's).
@@ -23,10 +27,13 @@ from pathlib import Path
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bench.catch_up import lakecdc_env
 from bronze.slot import plugin_options
 from core.config import Config
+from core.errors import redact
+from infra.localpg import bin_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,6 +58,31 @@ def raw_decode(dsn: str, slot: str, tables: tuple[str, ...]) -> tuple[int, float
         started = time.perf_counter()
         rows = conn.execute(query).fetchone()[0]
         return rows, time.perf_counter() - started
+
+
+def current_lsn(dsn: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+
+
+def recvlogical(dsn: str, slot: str, tables: tuple[str, ...], endpos: str) -> float:
+    """Seconds for ``pg_recvlogical`` to stream ``slot`` from its start to ``endpos`` into
+    ``/dev/null`` (it moves ``slot``: one run per witness)."""
+    options = plugin_options(tables)
+    params = conninfo_to_dict(dsn)
+    password = params.pop("password", None)       # in its environment, not its arguments
+    args = [str(bin_dir() / "pg_recvlogical"), "--dbname", make_conninfo(**params),
+            "--slot", slot, "--start", "--file", "/dev/null", "--no-loop", "--endpos", endpos]
+    for name, value in zip(options[::2], options[1::2]):
+        args += ["--option", f"{name}={value}"]
+    env = {**os.environ, **({"PGPASSWORD": password} if password else {})}
+    started = time.perf_counter()
+    done = subprocess.run(args, capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"pg_recvlogical failed ({done.returncode}): "
+                           f"{redact(done.stderr)[-2000:]}")
+    return seconds
 
 
 @dataclass(frozen=True)

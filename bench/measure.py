@@ -56,6 +56,7 @@ from psycopg import sql
 from bench import big_table, catch_up, decode, poc, workload
 from bench.drive import Drive, DriveProcess
 from bench.profile import PassLog, ProgressLog
+from bench.stages import StageClock
 from core.captured import COUNTED
 from core.config import Config
 from core.layout import GOLD, mirror_path
@@ -250,21 +251,27 @@ class Bench:
             workload.write_backlog(dsn, warm, p.tx_size, round_rows=1000, tag="w")
         pipeline.run_once()
         decode.create_witness(config.source_dsn, "witness")
+        decode.create_witness(config.source_dsn, "witness_recv")
         started = time.perf_counter()
         written = workload.write_backlog(config.source_dsn, p.changes, p.tx_size)
         out["write_s"] = round(time.perf_counter() - started, 2)
+        endpos = decode.current_lsn(config.source_dsn)
         workload.write_backlog(twin.source_dsn, p.changes, p.tx_size)
         out["workload"] = written.as_dict()
 
         rows1, raw1 = decode.raw_decode(config.source_dsn, "witness", config.tables)
+        recv = decode.recvlogical(config.source_dsn, "witness_recv", config.tables, endpos)
         ship = decode.ship_once(config)
         rows2, raw2 = decode.raw_decode(config.source_dsn, "witness", config.tables)
-        decode.drop_slot(config.source_dsn, "witness")
+        for witness in ("witness", "witness_recv"):
+            decode.drop_slot(config.source_dsn, witness)
         raw = (raw1 + raw2) / 2
         # rows2 may exceed rows1 by the empty B/C pairs of transactions the shipper's own
         # session committed on uncaptured tables in between.
         out["decode"] = {"peek_rows": rows1, "peek_rows_after": rows2,
                          "raw_decode_s": [round(raw1, 3), round(raw2, 3)],
+                         "pg_recvlogical_s": round(recv, 3),
+                         "ship_vs_recvlogical": round(recv / ship.seconds, 3),
                          "ship_s": round(ship.seconds, 3), "ratio": round(raw / ship.seconds, 3),
                          "raw_rows_per_s": _rate(rows1, raw),
                          "ship_rows_per_s": _rate(rows1, ship.seconds),
@@ -355,6 +362,9 @@ class Bench:
         gold_before = DeltaTable(gold_path).version()
         out["spark_progress"] = {}
         mark = self.passes.mark()
+        clock = StageClock()
+        pipeline.on_ship.append(clock.on_ship)
+        pipeline.on_pass.append(clock.on_pass)
         with self.progress.window(out["spark_progress"]):
             runner.start()
             # Traffic starts once the continuous pipeline runs (its streaming query is
@@ -375,6 +385,8 @@ class Bench:
                 drove = client.result(timeout=seconds + 300)
         stop_pipeline.set()
         runner.join(timeout=300)
+        pipeline.on_ship.remove(clock.on_ship)
+        pipeline.on_pass.remove(clock.on_pass)
         if errors:
             raise errors[0]
         if drove.errors:
@@ -398,6 +410,7 @@ class Bench:
                                      / max(drove.traffic_elapsed_s, 1e-9))
         out["load_after"] = _load()
         out["latency_s"] = _percentiles([lat for _, lat in latencies])
+        out["stages"] = clock.breakdown(latencies)
         if neighbours:
             out["mirror_probes"] = {"committed": drove.mirror_probes_committed,
                                     "seen": len(drove.mirror_latencies)}

@@ -191,6 +191,8 @@ def plot_throughput(doc: dict, path: Path) -> Path:
     d, layers = b["decode"], b["layers"]
     changes = b["workload"]["changes"]
     bars = [("raw decode\n(Postgres)", changes / (sum(d["raw_decode_s"]) / 2), "#9e9e9e"),
+            *([("pg_recvlogical\n(Postgres)", changes / d["pg_recvlogical_s"], "#bdbdbd")]
+              if d.get("pg_recvlogical_s") else []),
             ("ship\n(bronze)", d["ship_changes_per_s"], "#8d6e63"),
             ("stream\n(silver+gold)", layers["stream"]["changes_per_s"], "#42a5f5"),
             ("push", layers["push"]["changes_per_s"], "#2e7d32"),
@@ -435,6 +437,9 @@ def _values(doc: dict, images: dict[str, str]) -> dict:
         "transactions": _n(w["transactions"]), "peek_rows": _n(d["peek_rows"]),
         "raw1": _n(d["raw_decode_s"][0]), "raw2": _n(d["raw_decode_s"][1]),
         "ship_s": _n(d["ship_s"]), "ratio": _n(d["ratio"]),
+        "recv_s": _n(d.get("pg_recvlogical_s")), "recv_ratio": _n(d.get("ship_vs_recvlogical")),
+        "recv_rows_per_s": _n(d["peek_rows"] / d["pg_recvlogical_s"])
+        if d.get("pg_recvlogical_s") else "n/a",
         "raw_rows_per_s": _n(d["raw_rows_per_s"]), "ship_rows_per_s": _n(d["ship_rows_per_s"]),
         "ship_rss": _n(d["ship_peak_rss_mb"]),
         "stream_batches": _n(stream["batches"]), "stream_rows": _n(stream["rows"]),
@@ -445,6 +450,7 @@ def _values(doc: dict, images: dict[str, str]) -> dict:
         "bl_jobs": _n(per.get("jobs")),
         "gold_batch_s": _n(total("gold_s")), "gold_merge_s": _n(total("merge_s")),
         "fresh_progress": fresh_progress(doc),
+        "fresh_stages": fresh_stages(doc),
         "catch_up_rows": catch_up_rows(doc),
         "writer_rows": writer_rows(doc),
         "push_keys": _n(layers["push"]["keys"]),
@@ -594,6 +600,31 @@ def pass_table(doc: dict) -> str:
         lines.append(f"| {name} | {_n(p['batches'])} | {_n(round(p['rows']))} | "
                      f"{_n(p['seconds'])} | {_n(p.get('parse_s'))} | {_n(p['silver_s'])} | "
                      f"{_n(p['gold_s'])} | {_n(p['merge_s'])} | {_n(p['jobs'])} |")
+    return "\n".join(lines)
+
+
+STAGE_NAMES = {"poll_wait": "poll wait (the shipper's next peek)",
+               "ship": "ship (peek, bronze commit, advance)",
+               "stream_trigger": "stream trigger (interval, bronze's log, planning)",
+               "parse": "parse (bronze files → Arrow rows)",
+               "gold_push": "gold + push (the step planned, upserted ahead)",
+               "seen": "seen (the dashboard poller, the rest)"}
+
+
+def fresh_stages(doc: dict) -> str:
+    """Each freshness run's probe latency, stage by stage (``bench.stages``)."""
+    runs = [r for r in doc["freshness"]["runs"] if r.get("stages", {}).get("placed")]
+    if not runs:
+        return "(no stage breakdown in this run)"
+    head = "| stage | " + " | ".join(
+        f"{_n(r['rate'])}/s p50 / p95 s (share)" for r in runs) + " |"
+    lines = [head, "|---|" + "---|" * len(runs)]
+    for stage, name in STAGE_NAMES.items():
+        cells = [f"{_n(r['stages'][stage]['p50'])} / {_n(r['stages'][stage]['p95'])} "
+                 f"({_n(r['stages'][stage]['share'])})" for r in runs]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("| probes placed / seen | " + " | ".join(
+        f"{_n(r['stages']['placed'])} / {_n(r['stages']['probes'])}" for r in runs) + " |")
     return "\n".join(lines)
 
 

@@ -116,6 +116,9 @@ class Pipeline:
         self.started = threading.Event()    # set once run_continuous's stream is up
         # Called with every stream batch's ``PassResult`` (benchmarks, tests); never fail it.
         self.on_pass: list[Callable] = []
+        # Called with every shipper batch's ``(ShipBatch, Progress)`` (benchmarks); never
+        # fail it.
+        self.on_ship: list[Callable] = []
 
     @property
     def spark(self):
@@ -455,6 +458,11 @@ class Pipeline:
             self.marks.set("bronze", result.commit_lsn, result.commit_ts)
             if self.metrics is not None:
                 self.metrics.on_ship_batch(result, progress)
+            for callback in self.on_ship:
+                try:
+                    callback(result, progress)
+                except Exception:            # an observer never fails the shipper
+                    log.warning("a ship callback failed", exc_info=True)
             maintainer.after_batch()        # bronze, between two of the shipper's commits
         return Shipper(self.config, on_batch=on_batch, writes=self.spark_writes())
 

@@ -76,6 +76,10 @@ class PassResult:
     # is 0 when the batch's files are read by pyarrow: ``silver.writer.batch_rows``).
     input_rows: int = 0
     ahead_seconds: float = 0.0      # the push of gold's step ahead of gold, beside both halves
+    # From the batch's start to the end of its last push ahead (its rows on the dashboard);
+    # 0.0 when none was pushed ahead (the push loop brings them, after gold's MERGE).
+    ahead_done_seconds: float = 0.0
+    started_at: float = 0.0         # the batch's start, wall clock (time.time())
 
 
 @dataclass
@@ -134,15 +138,17 @@ class OnePass:
             self.gold.fold()
 
     def _pass(self, bronze: DataFrame, batch_id: int) -> None:
-        started = time.monotonic()
+        started, started_at = time.monotonic(), time.time()
         try:
-            written, applied, parse_seconds, silver_seconds, rows, ahead_seconds = \
+            written, applied, parse_seconds, silver_seconds, rows, ahead_seconds, ahead_done = \
                 self._both(bronze, batch_id, started)
         except BaseException as exc:
             self.failure = exc
             raise
         result = PassResult(batch_id, written, applied, time.monotonic() - started,
-                            silver_seconds, parse_seconds, rows, ahead_seconds)
+                            silver_seconds, parse_seconds, rows, ahead_seconds,
+                            max(0.0, ahead_done - started) if ahead_done else 0.0,
+                            started_at)
         self.run.add(result)
         log.info("batch %d: %d rows to silver (%d quarantined), %d transactions applied to "
                  "gold (%d keys), %d carried, %.2fs%s", batch_id, written.rows,
@@ -176,10 +182,12 @@ class OnePass:
         parsed_batch: Future = Future()
         pushes: list[threading.Thread] = []
         ahead_seconds: list[float] = []
+        ahead_done: list[float] = []
 
         def push(step: Planned) -> None:
             begun = time.monotonic()
             if self._push_ahead(step):
+                ahead_done.append(time.monotonic())
                 self.faults.hit("after_ahead_push")
             ahead_seconds.append(time.monotonic() - begun)
 
@@ -220,7 +228,7 @@ class OnePass:
         if "error" in gold:
             raise gold["error"]
         return (written, gold["result"], parse_seconds, silver_seconds, parsed.rows.num_rows,
-                sum(ahead_seconds))
+                sum(ahead_seconds), max(ahead_done, default=0.0))
 
     def _push_ahead(self, step: Planned) -> bool:
         try:
