@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from string import Template
 
+from bench.stages import STAGE_LABELS
 from core.layout import STREAM_QUERY
 
 QUERY = STREAM_QUERY                  # the one streaming query (pipelines/run/stream.py)
@@ -603,14 +604,6 @@ def pass_table(doc: dict) -> str:
     return "\n".join(lines)
 
 
-STAGE_NAMES = {"poll_wait": "poll wait (the shipper's next peek)",
-               "ship": "ship (peek, bronze commit, advance)",
-               "stream_trigger": "stream trigger (interval, bronze's log, planning)",
-               "parse": "parse (bronze files → Arrow rows)",
-               "gold_push": "gold + push (the step planned, upserted ahead)",
-               "seen": "seen (the dashboard poller, the rest)"}
-
-
 def fresh_stages(doc: dict) -> str:
     """Each freshness run's probe latency, stage by stage (``bench.stages``)."""
     runs = [r for r in doc["freshness"]["runs"] if r.get("stages", {}).get("placed")]
@@ -619,7 +612,7 @@ def fresh_stages(doc: dict) -> str:
     head = "| stage | " + " | ".join(
         f"{_n(r['rate'])}/s p50 / p95 s (share)" for r in runs) + " |"
     lines = [head, "|---|" + "---|" * len(runs)]
-    for stage, name in STAGE_NAMES.items():
+    for stage, name in STAGE_LABELS.items():
         cells = [f"{_n(r['stages'][stage]['p50'])} / {_n(r['stages'][stage]['p95'])} "
                  f"({_n(r['stages'][stage]['share'])})" for r in runs]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")

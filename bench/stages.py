@@ -27,7 +27,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-STAGES = ("poll_wait", "ship", "stream_trigger", "parse", "gold_push", "seen")
+STAGE_LABELS = {"poll_wait": "poll wait (the shipper's next peek)",
+                "ship": "ship (peek, bronze commit, advance)",
+                "stream_trigger": "stream trigger (interval, bronze's log, planning)",
+                "parse": "parse (bronze files → Arrow rows)",
+                "gold_push": "gold + push (the step planned, upserted ahead)",
+                "seen": "seen (the dashboard poller, the rest)"}
+STAGES = tuple(STAGE_LABELS)
 
 
 @dataclass(frozen=True)
