@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from bench.stages import STAGE_LABELS, STAGES
 from tests.tests_support import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.bench]
@@ -46,6 +47,7 @@ def test_quick_bench_measures_everything_and_lakecdc_is_exact(tmp_path):
     decode = doc["backlog"]["decode"]
     assert decode["peek_rows"] > doc["backlog"]["workload"]["changes"] > 0
     assert decode["ratio"] > 0 and decode["ship_peak_rss_mb"] > 0
+    assert decode["pg_recvlogical_s"] > 0 and decode["ship_vs_recvlogical"] > 0, decode
     layers = doc["backlog"]["layers"]
     for layer in ("stream", "push", "stream_push"):
         assert layers[layer]["changes_per_s"] > 0, layer
@@ -66,6 +68,10 @@ def test_quick_bench_measures_everything_and_lakecdc_is_exact(tmp_path):
         assert not missing, f"a freshness run lacks {missing}"
         assert {"p50", "p95", "max"} <= set(run["latency_s"])
         assert run["series"] and run["achieved_rate"] > 0 and run["probes"]["seen"] > 0
+        # Each probe seen is placed on the batches' timeline, stage by stage.
+        stages = run["stages"]
+        assert 0 < stages["placed"] <= stages["probes"] == run["probes"]["seen"], stages
+        assert all(stages[s]["p50"] >= 0 for s in STAGES if s != "seen"), stages
         # The three other captured tables changed beside the Notify traffic, and their
         # mirrors ended equal to them.
         assert run["neighbours"]["changes"] > 0, run["neighbours"]
@@ -97,6 +103,7 @@ def test_quick_bench_measures_everything_and_lakecdc_is_exact(tmp_path):
         assert (tmp_path / png).read_bytes().startswith(b"\x89PNG")
     text = report.read_text()
     assert "$" not in text.replace("$$", "") and "results.json" in text
+    assert STAGE_LABELS["stream_trigger"] in text and "pg_recvlogical" in text
 
 
 def test_quick_aged_bench_ages_a_lakehouse_and_measures_it_beside_a_fresh_one(tmp_path):
