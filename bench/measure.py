@@ -56,7 +56,7 @@ from psycopg import sql
 from bench import big_table, catch_up, decode, poc, workload
 from bench.drive import Drive, DriveProcess
 from bench.profile import PassLog, ProgressLog
-from bench.stages import StageClock
+from bench.stages import StageClock, percentile
 from core.captured import COUNTED
 from core.config import Config
 from core.layout import GOLD, mirror_path
@@ -511,12 +511,8 @@ def _percentiles(values: list[float], digits: int = 2) -> dict:
     if not values:
         return {"n": 0}
     s = sorted(values)
-
-    def pct(q: float) -> float:
-        return round(s[min(len(s) - 1, int(round(q * (len(s) - 1))))], digits)
-
-    return {"n": len(s), "p50": pct(0.5), "p90": pct(0.9), "p95": pct(0.95),
-            "max": round(s[-1], digits)}
+    return {"n": len(s), **{f"p{round(q * 100)}": round(percentile(s, q), digits)
+                            for q in (0.5, 0.9, 0.95)}, "max": round(s[-1], digits)}
 
 
 def run_all(params: Params, say=lambda text: None, save=lambda doc: None) -> dict:

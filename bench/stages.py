@@ -104,11 +104,11 @@ class StageClock:
                      "batches_pushed_ahead": sum(1 for p in self.passes if p.ahead)}
         if not placed:
             return out
-        median_latency = _pct(sorted(lat for _, lat in latencies), 0.5)
+        median_latency = percentile(sorted(lat for _, lat in latencies), 0.5)
         for stage in STAGES:
             values = sorted(p[stage] for p in placed)
-            p50 = _pct(values, 0.5)
-            out[stage] = {"p50": round(p50, 3), "p95": round(_pct(values, 0.95), 3),
+            p50 = percentile(values, 0.5)
+            out[stage] = {"p50": round(p50, 3), "p95": round(percentile(values, 0.95), 3),
                           "max": round(values[-1], 3),
                           "share": round(p50 / median_latency, 2) if median_latency else None}
         return out
@@ -131,5 +131,6 @@ def _first_from(spans: list[_Span], after: float, before: float) -> _Span | None
     return earlier if earlier is not None and after < earlier.end <= before else None
 
 
-def _pct(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of sorted ``values``: the nearest rank, as the bench reports it."""
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
