@@ -613,11 +613,13 @@ def fresh_stages(doc: dict) -> str:
         f"{_n(r['rate'])}/s p50 / p95 s (share)" for r in runs) + " |"
     lines = [head, "|---|" + "---|" * len(runs)]
     for stage, name in STAGE_LABELS.items():
-        cells = [f"{_n(r['stages'][stage]['p50'])} / {_n(r['stages'][stage]['p95'])} "
-                 f"({_n(r['stages'][stage]['share'])})" for r in runs]
+        cells = [f"{_n(s.get('p50'))} / {_n(s.get('p95'))} ({_n(s.get('share'))})"
+                 for s in (r["stages"].get(stage, {}) for r in runs)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("| probes placed / seen | " + " | ".join(
         f"{_n(r['stages']['placed'])} / {_n(r['stages']['probes'])}" for r in runs) + " |")
+    lines.append("| of them, shown ahead of the stream | " + " | ".join(
+        _n(r["stages"].get("shipped_ahead")) for r in runs) + " |")
     return "\n".join(lines)
 
 

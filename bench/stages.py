@@ -2,10 +2,16 @@
 
 The pipeline reports each shipper batch (``Pipeline.on_ship``) and each stream batch
 (``Pipeline.on_pass``); ``StageClock`` keeps their wall-clock times. Each probe, committed at
-``t0`` and first seen on the dashboard ``latency`` later, is then placed on that timeline:
+``t0`` and first seen on the dashboard ``latency`` later, is then placed on that timeline.
+The batch that showed it is the last one whose rows reached the dashboard before it was
+seen: a shipper batch whose step went ahead of the stream (``gold.ahead``), or a stream
+batch. Its stages:
 
 - **poll wait**: from its commit to the start of the shipper's peek that carried it;
 - **ship**: that peek, its bronze commit and the slot's advance;
+- **ahead of the stream**: the shipper batch's step - the Arrow parse, gold's plan, the
+  upsert into the dashboard - right after the advance (0 for a probe a stream batch
+  showed);
 - **stream trigger**: from the bronze commit to the start of the stream batch that read it
   (the trigger interval, a batch that had fixed its input just before the commit, Spark's
   reading of bronze's log and its planning);
@@ -16,8 +22,9 @@ The pipeline reports each shipper batch (``Pipeline.on_ship``) and each stream b
 - **seen**: what is left: the dashboard poller's own interval (0.05 s), the push loop for
   a batch not pushed ahead, and anything the stages above did not cover.
 
-The stages add up to the probe's latency by construction; ``breakdown`` reports each one's
-percentiles over the probes, and their medians' share.
+The last three are 0 for a probe shown ahead of the stream. The stages add up to the
+probe's latency by construction; ``breakdown`` reports each one's percentiles over the
+probes, and their medians' share.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from dataclasses import dataclass
 
 STAGE_LABELS = {"poll_wait": "poll wait (the shipper's next peek)",
                 "ship": "ship (peek, bronze commit, advance)",
+                "ship_ahead": "ahead of the stream (parse, plan, upsert)",
                 "stream_trigger": "stream trigger (interval, bronze's log, planning)",
                 "parse": "parse (bronze files → Arrow rows)",
                 "gold_push": "gold + push (the step planned, upserted ahead)",
@@ -52,11 +60,15 @@ class StageClock:
         self.passes: list[_Span] = []
 
     def on_ship(self, result, progress) -> None:
-        """``Pipeline.on_ship``: a shipper batch that committed changes."""
+        """``Pipeline.on_ship``: a shipper batch that committed changes (its rows on the
+        dashboard ``ahead_seconds`` after its end, when its step went ahead of the
+        stream)."""
         if result.committed and result.changes:
             now = time.time()
+            start = now - result.ahead_seconds - result.seconds
             with self._lock:
-                self.ships.append(_Span(now - result.seconds, now))
+                self.ships.append(_Span(start, start + result.seconds, 0.0, result.seconds
+                                        + result.ahead_seconds, result.ahead_seconds > 0))
 
     def on_pass(self, result) -> None:
         """``Pipeline.on_pass``: a stream batch (its rows on the dashboard at
@@ -79,16 +91,27 @@ class StageClock:
         before when that one ended after the stream batch began."""
         seen = t0 + latency
         shown = _last(self.passes, t0, seen, lambda p: p.start + p.done_s)
+        early = _last([s for s in self.ships if s.ahead], t0, seen,
+                      lambda s: s.start + s.done_s)
+        if early is not None and (shown is None or early.start + early.done_s
+                                  >= shown.start + shown.done_s):
+            stages = {"poll_wait": max(0.0, early.start - t0), "ship": early.end - early.start,
+                      "ship_ahead": early.done_s - (early.end - early.start),
+                      "stream_trigger": 0.0, "parse": 0.0, "gold_push": 0.0}
+            stages["seen"] = latency - sum(stages.values())
+            stages["ahead"] = stages["shipped_ahead"] = True
+            return stages
         if shown is None:
             return None
         ship = _first_from(self.ships, t0, shown.start)
         if ship is None:
             return None
         stages = {"poll_wait": max(0.0, ship.start - t0), "ship": ship.end - ship.start,
-                  "stream_trigger": max(0.0, shown.start - ship.end),
+                  "ship_ahead": 0.0, "stream_trigger": max(0.0, shown.start - ship.end),
                   "parse": shown.parse_s, "gold_push": max(0.0, shown.done_s - shown.parse_s)}
         stages["seen"] = latency - sum(stages.values())
         stages["ahead"] = shown.ahead
+        stages["shipped_ahead"] = False
         return stages
 
     def breakdown(self, latencies: list[tuple[float, float]]) -> dict:
@@ -100,6 +123,9 @@ class StageClock:
         placed = [s for t0, lat in latencies if (s := self.place(t0, lat)) is not None]
         out: dict = {"probes": len(latencies), "placed": len(placed),
                      "pushed_ahead": sum(1 for p in placed if p["ahead"]),
+                     "shipped_ahead": sum(1 for p in placed if p["shipped_ahead"]),
+                     "ship_batches": len(self.ships),
+                     "ship_batches_ahead": sum(1 for s in self.ships if s.ahead),
                      "batches": len(self.passes),
                      "batches_pushed_ahead": sum(1 for p in self.passes if p.ahead)}
         if not placed:

@@ -33,7 +33,7 @@ import gc
 import logging
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Callable
 
@@ -46,7 +46,7 @@ from bronze.backfill_emitter import BackfillEmitter
 from bronze.batch_rows import BatchRows
 from bronze.capture_list import ShipperSet
 from bronze.failover import check_same_history, slot_ahead, slot_lost, slot_missing
-from bronze.records import UTC_US, TransactionAssembler
+from bronze.records import BRONZE_SCHEMA, UTC_US, TransactionAssembler
 from bronze.session_loss import diagnose, reconnect_reason, transient
 from bronze.source import check_replication_role, require_identity
 from bronze.spark_table import bronze_table
@@ -69,6 +69,11 @@ SESSION_OPTIONS = {"application_name": "lakecdc ship", "keepalives": 1,
                    "tcp_user_timeout": 30_000}
 RETRY_FIRST_S = 0.5            # first reconnect delay; doubles up to reconnect_max_backoff_s
 ALERT_REPEAT_S = 5.0           # wal_status alerts repeat every batch, at most this often
+# The most rows, and bytes of them, a batch keeps in memory for ``ShipBatch.rows``: a
+# continuous batch (about 500 rows at 2,000 changes/s) is far below; a catch-up's peek is
+# left to the stream, and memory stays bounded by the peek's chunk.
+KEPT_ROWS = 20_000
+KEPT_BYTES = 16 << 20
 
 
 @dataclass
@@ -91,6 +96,16 @@ class ShipBatch:
     # The newest source commit this batch stored in bronze (None: none).
     commit_lsn: int | None = None
     commit_ts: datetime | None = None
+    # For a batch that stored changes: the newest source commit bronze held before it (None:
+    # not known, the first such batch of this shipper), and, with ``keep_rows``, its bronze
+    # rows when they are few (``KEPT_ROWS``, ``KEPT_BYTES``; else None). ``lakecdc run``
+    # pushes them to the dashboard ahead of the stream (``gold.ahead``).
+    after_lsn: int | None = None
+    rows: pa.Table | None = field(default=None, repr=False)
+    # Set by ``lakecdc run`` (``pipelines.run.pipeline``) when the dashboard took this
+    # batch's step as soon as bronze held it (``gold.ahead``): the seconds that took after
+    # the advance. 0.0: not taken.
+    ahead_seconds: float = 0.0
 
 
 @dataclass
@@ -108,10 +123,15 @@ class Shipper:
     def __init__(self, config: Config, faults: FaultPoints | None = None,
                  storage_options: dict | None = None,
                  on_batch: Callable[[ShipBatch, Progress], None] | None = None,
-                 writes=None) -> None:
+                 writes=None, keep_rows: bool = False) -> None:
         """``writes``: the ``core.spark_writes.SparkWrites`` every lakehouse read and write
-        goes through when ``config.spark_writes`` (``bronze.spark_table``); else unused."""
+        goes through when ``config.spark_writes`` (``bronze.spark_table``); else unused.
+        ``keep_rows``: report a small batch's bronze rows (``ShipBatch.rows``)."""
         self.config = config
+        self.keep_rows = keep_rows
+        # The newest source commit this shipper stored in bronze, once it has stored one:
+        # bronze has one writer (the ship lock), so it stays true across reconnects.
+        self._stored_lsn: int | None = None
         # Called after every batch (metrics); must not raise.
         self.on_batch = on_batch
         self.faults = faults or FaultPoints(config.faults)
@@ -286,8 +306,16 @@ class Shipper:
         shipped_at = pa.scalar(int(time.time() * 1e6), pa.int64()).cast(UTC_US)
         self.captured.refresh()          # the captured set (bronze.capture_list)
         ack = self.captured.ack()
+        kept = _Kept() if self.keep_rows else None
+
+        def to_bronze(batch: pa.RecordBatch) -> pa.RecordBatch:
+            self.faults.hit("during_bronze_write")
+            if kept is not None:
+                kept.add(batch)
+            return batch
+
         with self.table.data_files() as files, BatchRows(
-                files, assembler, cfg, shipped_at, self._with_fault) as rows:
+                files, assembler, cfg, shipped_at, to_bronze) as rows:
             for cols in slots.peek(conn, cfg.slot, self.captured.tables, cfg.upto_nchanges,
                                    int(cfg.chunk_mb * (1 << 20)), bool(self.numbers_as_text)):
                 rows.add(assembler.add(cols))
@@ -306,6 +334,7 @@ class Shipper:
                 self.faults.hit("after_advance")
             committed = False
             read_rows = skipped = 0
+            stored: dict = {}
             if summary.kept:
                 metadata = {"lakecdc.changes": summary.kept,
                             "lakecdc.transactions": summary.transactions}
@@ -323,7 +352,7 @@ class Shipper:
                 skipped += rows.rejected_marks
                 if emission is not None:
                     for batch in emission.batches:
-                        files.write(self._with_fault(batch))
+                        files.write(to_bronze(batch))
                     read_rows = emission.rows
                     metadata.update({"lakecdc.backfill_chunks": ",".join(emission.chunks),
                                      "lakecdc.backfill_rows": emission.rows,
@@ -333,6 +362,9 @@ class Shipper:
                                   {**ack, **self.recorded,
                                    **(emission.app_versions if emission else {})})
                 committed = True
+                stored = {"after_lsn": self._stored_lsn,
+                          "rows": kept.table() if kept is not None else None}
+                self._stored_lsn = summary.max_commit_lsn
             elif new.end_lsn > progress.end_lsn and (
                     force_progress or full or self._progress_due() or ack
                     or self.heartbeat.passed(summary.last_lsn)):
@@ -353,14 +385,14 @@ class Shipper:
                 self._done(ShipBatch(summary.rows, summary.kept, summary.transactions, full,
                                        committed, time.monotonic() - started, read_rows,
                                        skipped_messages=skipped,
-                                       **_newest(summary, committed)), new)
+                                       **_newest(summary, committed), **stored), new)
                 self.faults.hit("after_bronze_commit")
             slots.advance(conn, cfg.slot, new.end_lsn)
             self.faults.hit("after_advance")
         return self._done(ShipBatch(summary.rows, summary.kept, summary.transactions, full,
                                       committed, time.monotonic() - started, read_rows,
                                       skipped_messages=skipped,
-                                      **_newest(summary, committed)), new)
+                                      **_newest(summary, committed), **stored), new)
 
     def _done(self, result: ShipBatch, progress: Progress) -> tuple[ShipBatch, Progress]:
         """The batch ``run`` reports next (``on_batch``, totals)."""
@@ -384,10 +416,6 @@ class Shipper:
             log.debug("shipped %d changes in %d transactions in %.2fs (up to %s)",
                       result.changes, result.transactions, result.seconds,
                       fmt(progress.commit_lsn))
-
-    def _with_fault(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        self.faults.hit("during_bronze_write")
-        return batch
 
     def _progress_due(self) -> bool:
         return time.monotonic() - self._last_progress_commit >= self.config.progress_commit_interval_s
@@ -514,6 +542,29 @@ class Shipper:
                      "%s); bronze holds up to %s", attempt, time.monotonic() - started,
                      reason, fmt(progress.commit_lsn))
             return conn, progress
+
+
+class _Kept:
+    """A batch's bronze rows, as they are written, while they stay within ``KEPT_ROWS`` and
+    ``KEPT_BYTES``."""
+
+    def __init__(self) -> None:
+        self.batches: list[pa.RecordBatch] | None = []
+        self.rows = self.bytes = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if self.batches is None:
+            return
+        self.rows += batch.num_rows
+        self.bytes += batch.nbytes
+        if self.rows > KEPT_ROWS or self.bytes > KEPT_BYTES:
+            self.batches = None
+        else:
+            self.batches.append(batch)
+
+    def table(self) -> pa.Table | None:
+        return None if self.batches is None else pa.Table.from_batches(self.batches,
+                                                                         BRONZE_SCHEMA)
 
 
 def _newest(summary, committed: bool) -> dict:

@@ -10,9 +10,10 @@ nothing (step 2b: a version the dashboard is already past is only recorded); the
 push), and COMMIT. All or nothing: the dashboard always shows gold at one watermark, so
 never part of a source transaction.
 
-``push_ahead`` adds a stream batch's planned step of gold to the dashboard before gold's
-MERGE commits it, fenced on the dashboard being at the step's start (docs/gold.md, "Ahead
-of gold"). The two tables here must never be captured (F20).
+``push_ahead`` adds a step of gold to the dashboard before gold's MERGE commits it - a
+stream batch's planned step, or a shipper batch's before the stream reads it
+(``gold.ahead``) - fenced on the dashboard being at the step's start (docs/gold.md, "Ahead
+of gold", "Ahead of the stream"). The two tables here must never be captured (F20).
 """
 
 from __future__ import annotations
@@ -257,19 +258,23 @@ def behind(gold_lsn: int | None, dashboard_lsn: int | None) -> bool:
 
 def push_ahead(conn: psycopg.Connection, key: str, table_id: str, step,
                marks: dict | None = None, fence: bool = True) -> bool:
-    """Add a batch's planned step of gold (``gold.apply.Planned``) to the dashboard before
-    gold's MERGE commits it (docs/gold.md, "Ahead of gold"). Returns whether it was
-    added: False when the dashboard is not at the step's starting watermark of this gold
-    table (behind, being caught up by ``push_table``; or already past it: a replay).
-    ``fence=False`` (the ``ahead_fence`` guard off) adds it anyway: negative controls only."""
+    """Add a step of gold (``gold.apply.Planned``) to the dashboard before gold's MERGE
+    commits it (docs/gold.md, "Ahead of gold"). ``step`` is the step, or a function of the
+    dashboard's watermark (None: it holds no counts of this gold table) that returns one or
+    None (``gold.ahead``: the step from there). Returns whether it was added: False when the
+    dashboard is not at the step's starting watermark of this gold table (behind, being
+    caught up by ``push_table``; or already past it: a replay). ``fence=False`` (the
+    ``ahead_fence`` guard off) adds it anyway: negative controls only."""
     with conn.transaction():
         _lock_progress(conn)
         row = conn.execute(sql.SQL(
             "SELECT gold_version, gold_table_id, source_commit_lsn FROM {} "
             "WHERE gold_table = %s FOR UPDATE").format(sql.Identifier(PROGRESS_TABLE)),
             [key]).fetchone()
-        if fence and (row is None or row[0] < 0 or row[1] != table_id
-                          or row[2] != step.after_lsn):
+        at = row[2] if row is not None and row[0] >= 0 and row[1] == table_id else None
+        if callable(step):
+            step = step(at)
+        if step is None or fence and (at is None or at != step.after_lsn):
             return False
         _stage(conn, [tuple(k.values()) for k in step.key_deltas.to_pylist()], [])
         _upsert(conn, step.commit_lsn, step.commit_ts, add=True)
@@ -302,6 +307,7 @@ class AheadPush:
         self._conn: psycopg.Connection | None = None
 
     def __call__(self, step) -> bool:
+        """``push_ahead`` of ``step`` (a step, or a function of the dashboard's watermark)."""
         try:
             if self._table_id is None:
                 self._table_id = gold_view(self.gold_path, self.storage_options,
@@ -312,8 +318,7 @@ class AheadPush:
                               self.marks() if self.marks is not None else None, self.fence)
         except (psycopg.Error, DeltaError, OSError, Unreachable, UserError,
                 *_spark_errors(self.spark)) as exc:
-            log.warning("batch %d: not pushed ahead of gold (the push catches up): %s",
-                        step.batch_id, exc)
+            log.warning("a step was not pushed ahead of gold (the push catches up): %s", exc)
             self.close()
             return False
 

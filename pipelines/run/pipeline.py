@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
 from bronze.ship import Shipper
@@ -24,6 +24,7 @@ from core.config import Config
 from core.faults import FaultPoints
 from core.layout import GOLD, GOLD_DELTAS, GOLD_PENDING, STREAM_CHECKPOINT, Table
 from core.spark import low_latency, require_classic
+from gold.ahead import ShipAhead
 from gold.apply import GoldPaths
 from gold.push import AheadPush, push_once, run_push
 from pipelines.maintain.schedule import Maintainer
@@ -365,7 +366,7 @@ class Pipeline:
         self.classic_spark("run --once")        # before the shipper moves the slot
         report = OnceReport()
         started = time.monotonic()
-        report.shipped = self._shipper().run(once=True).changes
+        report.shipped = self.shipper().run(once=True).changes
         report.seconds["ship"] = time.monotonic() - started
         t = time.monotonic()
         run = self.stream(once=True)
@@ -403,17 +404,23 @@ class Pipeline:
             return thread
 
         wake = threading.Event()
-        threads = [guarded("ship", lambda: self._shipper().run(once=False, stop=stop))]
+        # Each shipper batch's step reaches the dashboard as soon as bronze holds it, with
+        # the parse the stream knows (gold.ahead); each stream batch's, while gold's MERGE
+        # runs (gold.push): whichever comes first, the other finds the dashboard past it.
+        stream_parse: list[SilverWriter] = []
+        ship_ahead = self.ship_ahead(lambda: (stream_parse[0].known_tables if stream_parse
+                                              else None))
+        threads = [guarded("ship", lambda: self.shipper(ship_ahead).run(once=False,
+                                                                         stop=stop))]
         query = writer = mirrors = None
-        # Each batch's step reaches the dashboard while gold's MERGE runs (gold.push).
-        ahead = AheadPush(self.where.gold, self.config.dashboard, marks=self.marks.snapshot,
-                          fence=self._fence, spark=self.reader)
+        ahead = self._ahead_push()
         with ExitStack() as latency:
             try:
                 # The Spark session starts here, after the shipper.
                 latency.enter_context(low_latency(self.spark, True))
                 query, writer = self.start_stream(False, on_pass=[lambda _: wake.set()],
                                                   ahead=ahead)
+                stream_parse.append(writer.silver)
                 if self.config.mirrored:
                     mirrors = self.start_mirrors(False)
                 self.started.set()
@@ -445,17 +452,37 @@ class Pipeline:
                 for thread in threads:
                     thread.join(timeout=120)
                 ahead.close()
+                ship_ahead.push.close()
         if errors:
             raise errors[0]
 
     # --- metrics hooks (no-ops without self.metrics) ---------------------------------------
 
-    def _shipper(self) -> Shipper:
+    def _ahead_push(self) -> AheadPush:
+        return AheadPush(self.where.gold, self.config.dashboard, marks=self.marks.snapshot,
+                         fence=self._fence, spark=self.reader)
+
+    def ship_ahead(self, known: Callable[[], tuple[str, ...] | None]) -> ShipAhead:
+        """Shipper batches' steps for the dashboard (``gold.ahead``), parsed with the tables
+        ``known`` returns (the stream's parse's; None: not yet)."""
+        return ShipAhead(self._ahead_push(), self.config.counted, known)
+
+    def shipper(self, ahead: ShipAhead | None = None) -> Shipper:
+        """The shipper; with ``ahead``, each batch's step goes to the dashboard once bronze
+        holds it (``gold.ahead``), before ``on_ship`` hears of the batch."""
         maintainer = Maintainer(self.config, "ship", self._delta_rs_options,
                                 writes=self.spark_writes())
 
         def on_batch(result, progress) -> None:
             self.marks.set("bronze", result.commit_lsn, result.commit_ts)
+            if ahead is not None and result.commit_lsn is not None:
+                begun = time.monotonic()
+                try:
+                    if ahead(result):
+                        result = replace(result, ahead_seconds=time.monotonic() - begun)
+                except Exception:           # the stream's step, or the push loop, follows
+                    log.warning("a shipper batch was not pushed ahead", exc_info=True)
+                result = replace(result, rows=None)
             if self.metrics is not None:
                 self.metrics.on_ship_batch(result, progress)
             for callback in self.on_ship:
@@ -464,7 +491,8 @@ class Pipeline:
                 except Exception:            # an observer never fails the shipper
                     log.warning("a ship callback failed", exc_info=True)
             maintainer.after_batch()        # bronze, between two of the shipper's commits
-        return Shipper(self.config, on_batch=on_batch, writes=self.spark_writes())
+        return Shipper(self.config, on_batch=on_batch, writes=self.spark_writes(),
+                       keep_rows=ahead is not None)
 
     def _observe_streams(self) -> None:
         """Record Spark streaming progress (rows and batch durations per query) into

@@ -1,0 +1,128 @@
+"""The dashboard ahead of the stream: each shipper batch's step of gold, pushed as soon as
+bronze holds it (``lakecdc run`` only; docs/gold.md, "Ahead of the stream").
+
+A shipper batch is one bronze commit of whole source transactions, so its rows alone give
+gold's step across it: the Arrow parse (``silver.parse``), gold's rules and lines
+(``gold.deltas.line_table``) and the plan (``gold.plan``), the stream's own functions on
+the same rows. ``ShipAhead`` keeps the steps of the last few batches, each with the newest
+source commit bronze held before it, and offers the dashboard the step from its own
+watermark to the newest batch: the push adds it only when the dashboard's watermark is
+that step's start (``gold.push.push_ahead``'s fence), so the dashboard stays exact as of
+its watermark whoever moves it - these steps, the stream's (``gold.apply.Planned``), or the
+push loop from gold.
+
+A batch gold would stop on, quarantine rows of, or that does not plan whole (a TRUNCATE,
+a row without its dims, a table the parse does not know yet), or too big to keep
+(``bronze.ship.KEPT_ROWS``), is never offered, and no step goes across it: the stream
+decides those, and the dashboard follows it from there.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Callable, Iterable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from gold.apply import Planned
+from gold.deltas import CountedTables, line_table
+from gold.plan import LINES, plan
+from silver.parse import parse_table
+
+log = logging.getLogger("lakecdc.ahead")
+
+# A step ahead of the stream carries this batch id (it is no stream batch).
+SHIP_STEP = -1
+# The most batches, and contribution lines, kept for the dashboard to catch up through: at
+# steady traffic the dashboard takes every batch at once, so one or two are kept.
+MAX_BATCHES = 64
+MAX_LINES = 200_000
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """One shipper batch: gold's lines across it (None: not for a step ahead)."""
+
+    after_lsn: int | None       # the newest source commit bronze held before it
+    commit_lsn: int             # the newest it holds after it
+    commit_ts: datetime | None
+    lines: pa.Table | None      # ``gold.plan.LINES``
+
+
+def shipped_lines(rows: pa.Table, after_lsn: int | None, known_tables: Iterable[str],
+                  tables: CountedTables) -> pa.Table | None:
+    """Gold's contribution lines of one shipper batch's bronze rows, or None where the
+    stream must judge them: a row the parse fails (silver quarantines it), a row gold stops
+    on, a transaction the rows do not hold whole, or a row not after ``after_lsn``."""
+    if after_lsn is None or not rows.num_rows:
+        return None
+    if pc.min(rows.column("commit_lsn")).as_py() <= after_lsn:
+        return None
+    silver = parse_table(rows, known_tables, tables.names)
+    if silver.column("error").null_count < silver.num_rows:
+        return None
+    found = line_table(silver, tables)
+    if found.column("problem_rank").null_count < found.num_rows:
+        return None
+    lines = found.drop_columns(["problem_rank"]).cast(LINES)
+    whole = plan(lines)
+    if whole.carried or whole.broken_at is not None:
+        return None
+    return lines
+
+
+class ShipAhead:
+    """Called with each shipper batch that stored changes (``bronze.ship.ShipBatch``), in
+    bronze's order, from one thread; returns whether the dashboard took its step.
+
+    ``push``: ``gold.push.AheadPush`` (never raises); ``known``: the tables the stream's
+    parse knows now (None until the stream has started)."""
+
+    def __init__(self, push: Callable, tables: CountedTables,
+                 known: Callable[[], Iterable[str] | None] = lambda: None) -> None:
+        self.push = push
+        self.tables = tables
+        self.known = known
+        self.batches: list[Shipped] = []
+
+    def __call__(self, batch) -> bool:
+        if batch.commit_lsn is None:
+            return False
+        self.add(batch)
+        if self.batches[-1].lines is None:
+            return False
+        return bool(self.push(self.step_from))
+
+    def add(self, batch) -> None:
+        if self.batches and batch.after_lsn != self.batches[-1].commit_lsn:
+            self.batches.clear()         # not the next batch: no step goes across the gap
+        known = self.known()
+        lines = None
+        if batch.rows is not None and known is not None:
+            lines = shipped_lines(batch.rows, batch.after_lsn, known, self.tables)
+        self.batches.append(Shipped(batch.after_lsn, batch.commit_lsn, batch.commit_ts,
+                                    lines))
+        while len(self.batches) > MAX_BATCHES or (
+                len(self.batches) > 1 and sum(b.lines.num_rows for b in self.batches
+                                              if b.lines is not None) > MAX_LINES):
+            self.batches.pop(0)
+
+    def step_from(self, at: int | None) -> Planned | None:
+        """The step from the dashboard's watermark ``at`` (None: it holds none of this
+        gold) to the newest batch: across every batch after ``at``. Where ``at`` is no batch's
+        start, the newest batch's own step, which the fence refuses."""
+        if at is not None:
+            while self.batches and self.batches[0].commit_lsn <= at:
+                self.batches.pop(0)      # the dashboard holds it
+        if not self.batches:
+            return None
+        first, newest = self.batches[0], self.batches[-1]
+        across = self.batches if first.after_lsn == at else [newest]
+        if any(b.lines is None for b in across):
+            return None
+        step = plan(pa.concat_tables([b.lines for b in across]))
+        return Planned(SHIP_STEP, across[0].after_lsn, step.commit_lsn, step.commit_ts,
+                       step.key_deltas)

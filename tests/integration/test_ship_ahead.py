@@ -1,0 +1,111 @@
+"""A shipper batch's step on the dashboard as soon as bronze holds it, before the stream has
+read it (``gold.ahead``; docs/gold.md, "Ahead of the stream"): the real shipper, wal2json
+and dashboard, compared with the source's own GROUP BY after every batch; the stream and
+the push from gold then change nothing. The fence is what keeps a step from being added
+where the dashboard does not stand: with it off (the ``ahead_fence`` guard), a batch the
+dashboard lacks is skipped over and the counts go wrong."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import psycopg
+import pytest
+
+from core.storage import gold_key
+from pipelines.run.pipeline import Pipeline
+from pipelines.setup.prepare import setup
+from pipelines.setup.tables import known_tables
+from tests.integration.workload import mixed
+from tests.truth import _nonzero, check_gold, dashboard_counts, source_truth
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+
+def started(config, spark, dsn: str) -> tuple[Pipeline, Counter]:
+    """Set up on a populated source, one ``run --once``: the dashboard exact at a
+    watermark. Returns the pipeline and the history rows purged so far."""
+    mixed(dsn, seed=1)
+    setup(config)
+    purged = mixed(dsn, seed=2)
+    pipeline = Pipeline(config, spark_factory=lambda: spark)
+    pipeline.run_once()
+    check_gold(config.lakehouse, dsn, dsn, purged)
+    return pipeline, purged
+
+
+def dashboard_lsn(config, pipeline: Pipeline) -> int:
+    with psycopg.connect(config.dashboard) as conn:
+        return conn.execute("SELECT source_commit_lsn FROM lakecdc_push_progress WHERE "
+                            "gold_table = %s", [gold_key(pipeline.where.gold)]).fetchone()[0]
+
+
+def ship(shipper, pipeline: Pipeline) -> list:
+    """Drain the slot; the batches that stored changes, as ``on_ship`` heard of them."""
+    batches: list = []
+
+    def heard(result, progress):
+        if result.commit_lsn is not None:
+            batches.append(result)
+    pipeline.on_ship.append(heard)
+    try:
+        shipper.run(once=True)
+    finally:
+        pipeline.on_ship.remove(heard)
+    return batches
+
+
+def test_each_shipper_batch_reaches_the_dashboard_before_the_stream_reads_it(
+        source_db, config, spark):
+    pipeline, purged = started(config, spark, source_db.dsn)
+    watermark = dashboard_lsn(config, pipeline)
+    shipper = pipeline.shipper(pipeline.ship_ahead(known_tables(config)))
+
+    # This shipper's first batch: what bronze held before it is its own question, so the
+    # dashboard waits for the stream.
+    before = _nonzero(source_truth(source_db.dsn, purged))
+    purged += mixed(source_db.dsn, seed=3)
+    first = ship(shipper, pipeline)
+    assert first and not any(b.ahead_seconds for b in first)
+    assert _nonzero(dashboard_counts(source_db.dsn)) == before
+    assert dashboard_lsn(config, pipeline) == watermark
+    pipeline.stream(once=True)
+    pipeline.push(once=True)
+    check_gold(config.lakehouse, source_db.dsn, source_db.dsn, purged)
+
+    # From there on, each batch's step lands as soon as bronze holds it: no stream ran.
+    for seed in (4, 5):
+        purged += mixed(source_db.dsn, seed=seed)
+        batches = ship(shipper, pipeline)
+        assert batches and all(b.ahead_seconds > 0 for b in batches)
+        assert _nonzero(dashboard_counts(source_db.dsn)) == _nonzero(
+            source_truth(source_db.dsn, purged))
+        assert dashboard_lsn(config, pipeline) == batches[-1].commit_lsn
+
+    # The stream's own steps find the dashboard past them; gold catches up to it.
+    pipeline.stream(once=True)
+    assert not pipeline.push(once=True).pushed
+    check_gold(config.lakehouse, source_db.dsn, source_db.dsn, purged)
+
+
+@pytest.mark.parametrize("fence", [True, False], ids=["fenced", "negative-control"])
+def test_a_batch_the_dashboard_lacks_is_never_skipped_over(source_db, config, spark, fence):
+    if not fence:
+        config = config.with_(disabled_guards=frozenset({"ahead_fence"}))
+    pipeline, purged = started(config, spark, source_db.dsn)
+    shipper = pipeline.shipper(pipeline.ship_ahead(known_tables(config)))
+    before = _nonzero(source_truth(source_db.dsn, purged))
+    purged += mixed(source_db.dsn, seed=3)
+    ship(shipper, pipeline)                   # the first batch: the stream's, not run here
+    purged += mixed(source_db.dsn, seed=4)
+    batches = ship(shipper, pipeline)
+    if fence:
+        assert not any(b.ahead_seconds for b in batches)
+        assert _nonzero(dashboard_counts(source_db.dsn)) == before
+    else:
+        # Without the fence the second batch's step is added on a dashboard that lacks
+        # the first: it then claims the source's newest commit with wrong counts.
+        assert any(b.ahead_seconds for b in batches)
+        assert dashboard_lsn(config, pipeline) == batches[-1].commit_lsn
+        assert _nonzero(dashboard_counts(source_db.dsn)) != _nonzero(
+            source_truth(source_db.dsn, purged))

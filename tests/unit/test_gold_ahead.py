@@ -1,0 +1,121 @@
+"""gold.ahead: a shipper batch's step from the dashboard's watermark, across every batch
+after it, with the stream's own parse and plan; never across a batch the stream must judge.
+
+``Dashboard`` stands in for ``gold.push.push_ahead`` (its fence is tested on a real
+dashboard in tests/integration/test_ship_ahead.py): it takes a step only from its own
+watermark, and adds its key deltas."""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+
+import pyarrow as pa
+
+from bronze.records import BRONZE_SCHEMA
+from core.captured import COUNTED, DIMS
+from gold.ahead import ShipAhead, shipped_lines
+from tests.unit.test_silver_parse import bronze_row, dims, nid, w2j
+
+KNOWN = ("public.notifications", "public.notification_history", "public.services")
+CREATED, SENDING = dims(1, "email", "created"), dims(1, "email", "sending")
+
+
+def key(d: dict) -> tuple:
+    return tuple(d[c] for c in DIMS)
+
+
+def ins(n: int, keys: dict = CREATED) -> str:
+    return w2j("I", columns={**keys, "id": nid(n)})
+
+
+def send(n: int) -> str:
+    return w2j("U", columns={**SENDING, "id": nid(n)}, identity={**CREATED, "id": nid(n)})
+
+
+def tx(lsn: int, *changes: str) -> list[dict]:
+    return [bronze_row(lsn, seq, len(changes), data) for seq, data in enumerate(changes)]
+
+
+def shipped(after: int | None, *txs: list[dict]):
+    """A ``bronze.ship.ShipBatch`` as ``ShipAhead`` reads it."""
+    rows = [row for t in txs for row in t]
+    return SimpleNamespace(after_lsn=after, commit_lsn=max(r["commit_lsn"] for r in rows),
+                           commit_ts=None,
+                           rows=pa.Table.from_pylist(rows, schema=BRONZE_SCHEMA))
+
+
+class Dashboard:
+    def __init__(self, at: int | None) -> None:
+        self.at = at
+        self.counts: Counter = Counter()
+        self.down = False
+
+    def __call__(self, choose) -> bool:
+        step = choose(self.at)
+        if self.down or step is None or step.after_lsn != self.at:
+            return False
+        for row in step.key_deltas.to_pylist():
+            self.counts[key(row)] += row["delta"]
+        self.at = step.commit_lsn
+        return True
+
+
+def ahead(dashboard: Dashboard) -> ShipAhead:
+    return ShipAhead(dashboard, COUNTED, known=lambda: KNOWN)
+
+
+def test_each_batch_goes_ahead_from_the_dashboards_watermark_and_a_missed_one_with_the_next():
+    board = Dashboard(at=100)
+    push = ahead(board)
+    # The first batch of a shipper: what bronze held before it is not known.
+    assert not push(shipped(None, tx(110, ins(1), ins(2))))
+    assert board.at == 100
+    board.at, board.counts = 110, Counter({key(CREATED): 2})   # the stream brought it
+    assert push(shipped(110, tx(120, send(1)), tx(130, ins(3))))
+    assert board.at == 130 and board.counts == {key(CREATED): 2, key(SENDING): 1}
+    board.down = True                                           # one push fails
+    assert not push(shipped(130, tx(140, send(2))))
+    board.down = False
+    assert push(shipped(140, tx(150, send(3))))                # both batches, one step
+    assert board.at == 150 and board.counts == {key(CREATED): 0, key(SENDING): 3}
+    assert push(shipped(150, tx(160, ins(4))))
+    assert [b.commit_lsn for b in push.batches] == [160]       # what the dashboard holds goes
+
+
+def test_no_step_goes_across_a_batch_the_stream_must_judge():
+    board = Dashboard(at=110)
+    push = ahead(board)
+    push(shipped(None, tx(110, ins(1))))
+    # A transaction the batch does not hold whole (its rows disagree with its size).
+    torn = shipped(110, [bronze_row(120, 0, 3, ins(2)), bronze_row(120, 1, 3, ins(3))])
+    assert not push(torn)
+    assert not push(shipped(120, tx(130, ins(4))))             # it would go across 120
+    assert board.at == 110
+    board.at = 120                                              # the stream judged it
+    assert push(shipped(130, tx(140, ins(5))))                 # 130 and 140
+    assert board.at == 140 and board.counts == {key(CREATED): 2}
+
+
+def test_a_batch_out_of_bronzes_order_starts_the_batches_again():
+    board = Dashboard(at=110)
+    push = ahead(board)
+    push(shipped(None, tx(110, ins(1))))
+    push.add(shipped(125, tx(130, ins(2))))        # after 125, not after 110: a gap
+    assert [b.commit_lsn for b in push.batches] == [130]
+    assert not push(shipped(130, tx(140, ins(3))))  # nothing links 110 to 130
+    assert board.at == 110
+
+
+def test_lines_are_refused_for_every_row_gold_or_silver_would_judge():
+    def lines(after, *txs):
+        return shipped_lines(shipped(after, *txs).rows, after, KNOWN, COUNTED)
+
+    assert lines(100, tx(110, ins(1)), tx(120, ins(2))).num_rows > 0
+    assert lines(None, tx(110, ins(1))) is None                 # what came before unknown
+    assert lines(110, tx(110, ins(1))) is None                  # not after it
+    assert lines(100, tx(110, w2j("T"))) is None               # a TRUNCATE stops gold
+    assert lines(100, tx(110, "{not json")) is None             # silver quarantines it
+    assert lines(100, tx(110, w2j("I", table="unknown", columns={"id": "1"}))) is None
+    assert lines(100, tx(110, w2j("I", columns={"id": nid(1)}))) is None   # no dims
+    assert lines(100, tx(110, w2j("I", table="services", columns={"id": "1"}))).num_rows
