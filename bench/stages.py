@@ -8,12 +8,12 @@ seen: a shipper batch whose step went ahead of the stream (``gold.ahead``), or a
 batch. Its stages:
 
 - **poll wait**: from its commit to the start of the shipper's peek that carried it;
-- **ship**: that peek, its bronze commit and the slot's advance;
+- **ship**: that peek and its bronze commit;
 - **ahead of the stream**: the shipper batch's step - the Arrow parse, gold's plan, the
-  upsert into the dashboard - right after the advance (0 for a probe a stream batch
-  showed);
+  upsert into the dashboard - right after the bronze commit, before the slot's advance (0
+  for a probe a stream batch showed);
 - **stream trigger**: from the bronze commit to the start of the stream batch that read it
-  (the trigger interval, a batch that had fixed its input just before the commit, Spark's
+  (the slot's advance, the trigger interval, a batch that had fixed its input just before the commit, Spark's
   reading of bronze's log and its planning);
 - **parse**: reading the batch's bronze files and the Arrow parse;
 - **gold + push**: from the parse to the end of the batch's push ahead (gold's step planned
@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import bisect
 import threading
-import time
 from dataclasses import dataclass
 
 STAGE_LABELS = {"poll_wait": "poll wait (the shipper's next peek)",
-                "ship": "ship (peek, bronze commit, advance)",
+                "ship": "ship (peek, bronze commit)",
                 "ship_ahead": "ahead of the stream (parse, plan, upsert)",
                 "stream_trigger": "stream trigger (interval, bronze's log, planning)",
                 "parse": "parse (bronze files → Arrow rows)",
@@ -61,11 +60,10 @@ class StageClock:
 
     def on_ship(self, result, progress) -> None:
         """``Pipeline.on_ship``: a shipper batch that committed changes (its rows on the
-        dashboard ``ahead_seconds`` after its end, when its step went ahead of the
-        stream)."""
+        dashboard ``ahead_seconds`` after its bronze commit, when its step went ahead of the
+        stream; the slot's advance follows)."""
         if result.committed and result.changes:
-            now = time.time()
-            start = now - result.ahead_seconds - result.seconds
+            start = result.started_at
             with self._lock:
                 self.ships.append(_Span(start, start + result.seconds, 0.0, result.seconds
                                         + result.ahead_seconds, result.ahead_seconds > 0))

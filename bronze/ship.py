@@ -33,7 +33,7 @@ import gc
 import logging
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Callable
 
@@ -69,7 +69,7 @@ SESSION_OPTIONS = {"application_name": "lakecdc ship", "keepalives": 1,
                    "tcp_user_timeout": 30_000}
 RETRY_FIRST_S = 0.5            # first reconnect delay; doubles up to reconnect_max_backoff_s
 ALERT_REPEAT_S = 5.0           # wal_status alerts repeat every batch, at most this often
-# The most rows, and bytes of them, a batch keeps in memory for ``ShipBatch.rows``: a
+# The most rows, and bytes of them, a batch keeps in memory for ``on_rows``: a
 # continuous batch (about 500 rows at 2,000 changes/s) is far below; a catch-up's peek is
 # left to the stream, and memory stays bounded by the peek's chunk.
 KEPT_ROWS = 20_000
@@ -83,7 +83,7 @@ class ShipBatch:
     transactions: int
     full: bool              # the peek hit upto_nchanges: more may be waiting
     committed: bool         # a bronze commit was made
-    seconds: float
+    seconds: float          # the peek and the bronze commit (not the slot's advance)
     read_rows: int = 0      # snapshot backfill rows appended (not counted in ``changes``)
     # Set by ``Shipper.run`` for ``on_batch``: what happened since the previous batch it
     # reported - heartbeats sent, and why each reconnect's session was lost
@@ -97,15 +97,13 @@ class ShipBatch:
     commit_lsn: int | None = None
     commit_ts: datetime | None = None
     # For a batch that stored changes: the newest source commit bronze held before it (None:
-    # not known, the first such batch of this shipper), and, with ``keep_rows``, its bronze
-    # rows when they are few (``KEPT_ROWS``, ``KEPT_BYTES``; else None). ``lakecdc run``
-    # pushes them to the dashboard ahead of the stream (``gold.ahead``).
+    # not known, the first such batch of this shipper).
     after_lsn: int | None = None
-    rows: pa.Table | None = field(default=None, repr=False)
-    # Set by ``lakecdc run`` (``pipelines.run.pipeline``) when the dashboard took this
-    # batch's step as soon as bronze held it (``gold.ahead``): the seconds that took after
-    # the advance. 0.0: not taken.
+    # Set by ``on_stored`` in ``lakecdc run`` (``pipelines.run.pipeline``) when the
+    # dashboard took this batch's step as soon as bronze held it (``gold.ahead``): the
+    # seconds that took, right after ``seconds``. 0.0: not taken.
     ahead_seconds: float = 0.0
+    started_at: float = 0.0     # when the peek began (wall clock, ``time.time()``)
 
 
 @dataclass
@@ -123,12 +121,21 @@ class Shipper:
     def __init__(self, config: Config, faults: FaultPoints | None = None,
                  storage_options: dict | None = None,
                  on_batch: Callable[[ShipBatch, Progress], None] | None = None,
-                 writes=None, keep_rows: bool = False) -> None:
+                 writes=None,
+                 on_rows: Callable[[int | None, pa.Table], None] | None = None,
+                 on_stored: Callable[[ShipBatch], ShipBatch] | None = None) -> None:
         """``writes``: the ``core.spark_writes.SparkWrites`` every lakehouse read and write
         goes through when ``config.spark_writes`` (``bronze.spark_table``); else unused.
-        ``keep_rows``: report a small batch's bronze rows (``ShipBatch.rows``)."""
+        ``lakecdc run`` pushes each batch to the dashboard ahead of the stream
+        (``gold.ahead``) through two calls, which must not raise: ``on_rows``, right
+        before a batch's bronze commit, with the newest source commit bronze held before
+        it (``ShipBatch.after_lsn``) and its rows, when they are few (``KEPT_ROWS``,
+        ``KEPT_BYTES``), so their parse overlaps the commit; ``on_stored``, right after
+        the commit and before the slot's advance, with each batch that stored changes; it
+        returns the batch as ``on_batch`` is to hear of it."""
         self.config = config
-        self.keep_rows = keep_rows
+        self.on_rows = on_rows
+        self.on_stored = on_stored
         # The newest source commit this shipper stored in bronze, once it has stored one:
         # bronze has one writer (the ship lock), so it stays true across reconnects.
         self._stored_lsn: int | None = None
@@ -300,13 +307,13 @@ class Shipper:
         Rows are written to the commit's data files while the peek streams, as their
         transactions close (``BatchRows``); none of them is visible before the commit."""
         cfg = self.config
-        started = time.monotonic()
+        started, started_at = time.monotonic(), time.time()
         after = progress.commit_lsn if cfg.guard_on("version_check") else -1
         assembler = TransactionAssembler(after)
         shipped_at = pa.scalar(int(time.time() * 1e6), pa.int64()).cast(UTC_US)
         self.captured.refresh()          # the captured set (bronze.capture_list)
         ack = self.captured.ack()
-        kept = _Kept() if self.keep_rows else None
+        kept = _Kept() if self.on_rows is not None else None
 
         def to_bronze(batch: pa.RecordBatch) -> pa.RecordBatch:
             self.faults.hit("during_bronze_write")
@@ -323,8 +330,8 @@ class Shipper:
             self.faults.hit("after_peek")
             full = summary.rows >= cfg.upto_nchanges
             if summary.last_lsn is None:
-                return self._done(ShipBatch(0, 0, 0, False, False,
-                                              time.monotonic() - started), progress)
+                return self._done(ShipBatch(0, 0, 0, False, False, time.monotonic() - started,
+                                            started_at=started_at), progress)
 
             new = Progress(max(progress.commit_lsn, summary.max_commit_lsn or 0),
                            max(progress.end_lsn, summary.last_lsn))
@@ -358,12 +365,13 @@ class Shipper:
                                      "lakecdc.backfill_rows": emission.rows,
                                      "lakecdc.backfill_dropped": emission.dropped,
                                      "lakecdc.backfill_partial": emission.partial})
+                if kept is not None and kept.batches is not None:
+                    self.on_rows(self._stored_lsn, kept.table())
                 self.table.commit(files, cfg.slot, new, metadata,
                                   {**ack, **self.recorded,
                                    **(emission.app_versions if emission else {})})
                 committed = True
-                stored = {"after_lsn": self._stored_lsn,
-                          "rows": kept.table() if kept is not None else None}
+                stored = {"after_lsn": self._stored_lsn}
                 self._stored_lsn = summary.max_commit_lsn
             elif new.end_lsn > progress.end_lsn and (
                     force_progress or full or self._progress_due() or ack
@@ -381,18 +389,19 @@ class Shipper:
                 self._last_progress_commit = time.monotonic()
                 if self.heartbeat.passed(summary.last_lsn):
                     self.heartbeat.recorded()
+            result = ShipBatch(summary.rows, summary.kept, summary.transactions, full,
+                               committed, time.monotonic() - started, read_rows,
+                               skipped_messages=skipped, started_at=started_at,
+                               **_newest(summary, committed), **stored)
+            if committed:
+                if self.on_stored is not None and result.commit_lsn is not None:
+                    result = self.on_stored(result)
                 # In bronze now: reported even if the advance fails (a reconnect completes it).
-                self._done(ShipBatch(summary.rows, summary.kept, summary.transactions, full,
-                                       committed, time.monotonic() - started, read_rows,
-                                       skipped_messages=skipped,
-                                       **_newest(summary, committed), **stored), new)
+                self._done(result, new)
                 self.faults.hit("after_bronze_commit")
             slots.advance(conn, cfg.slot, new.end_lsn)
             self.faults.hit("after_advance")
-        return self._done(ShipBatch(summary.rows, summary.kept, summary.transactions, full,
-                                      committed, time.monotonic() - started, read_rows,
-                                      skipped_messages=skipped,
-                                      **_newest(summary, committed), **stored), new)
+        return self._done(result, new)
 
     def _done(self, result: ShipBatch, progress: Progress) -> tuple[ShipBatch, Progress]:
         """The batch ``run`` reports next (``on_batch``, totals)."""
@@ -436,6 +445,7 @@ class Shipper:
         conn, progress = self.open()
         try:
             while not stop.is_set():
+                began = time.monotonic()
                 try:
                     result, progress = self._step(conn, progress, once)
                     # --once: drained, but the WAL is far ahead: one heartbeat, one more batch.
@@ -464,7 +474,8 @@ class Shipper:
                     continue
                 if once:
                     break
-                stop.wait(self.config.poll_interval_s)
+                # Peeks begin every poll interval (at once when the last one took longer).
+                stop.wait(max(0.0, self.config.poll_interval_s - (time.monotonic() - began)))
         finally:
             release(conn, ship_lock_name(self.config.slot))
             conn.close()
@@ -562,9 +573,8 @@ class _Kept:
         else:
             self.batches.append(batch)
 
-    def table(self) -> pa.Table | None:
-        return None if self.batches is None else pa.Table.from_batches(self.batches,
-                                                                         BRONZE_SCHEMA)
+    def table(self) -> pa.Table:
+        return pa.Table.from_batches(self.batches, BRONZE_SCHEMA)
 
 
 def _newest(summary, committed: bool) -> dict:

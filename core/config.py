@@ -93,10 +93,10 @@ class Config:
     # is read: ~1 kB per change of the Notify-like tables.
     upto_nchanges: int = 200_000
     peek_timeout_s: int = 300
-    # Sleep after a peek that was not full. A change waits half of it on average before it
-    # is peeked; each non-empty peek is one bronze commit (docs/operations.md, "Poll
-    # interval and bronze's files").
-    poll_interval_s: float = 0.25
+    # Peeks begin this often (a full one is followed at once). A change waits half of it on
+    # average before it is peeked; each non-empty peek is one bronze commit
+    # (docs/operations.md, "Poll interval and bronze's files").
+    poll_interval_s: float = 0.1
     # Progress-only bronze commits (no rows: transactions of uncaptured tables passed over)
     # at most this often, unless a peek is full, a heartbeat was passed, or --once ends.
     progress_commit_interval_s: float = 60.0

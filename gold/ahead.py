@@ -4,7 +4,8 @@ bronze holds it (``lakecdc run`` only; docs/gold.md, "Ahead of the stream").
 A shipper batch is one bronze commit of whole source transactions, so its rows alone give
 gold's step across it: the Arrow parse (``silver.parse``), gold's rules and lines
 (``gold.deltas.line_table``) and the plan (``gold.plan``), the stream's own functions on
-the same rows. ``ShipAhead`` keeps the steps of the last few batches, each with the newest
+the same rows. They are worked out in a thread of their own while bronze commits the rows
+(``prepare``), and taken once it has (``__call__``). ``ShipAhead`` keeps the steps of the last few batches, each with the newest
 source commit bronze held before it, and offers the dashboard the step from its own
 watermark to the newest batch: the push adds it only when the dashboard's watermark is
 that step's start (``gold.push.push_ahead``'s fence), so the dashboard stays exact as of
@@ -20,6 +21,7 @@ decides those, and the dashboard follows it from there.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable, Iterable
@@ -75,8 +77,9 @@ def shipped_lines(rows: pa.Table, after_lsn: int | None, known_tables: Iterable[
 
 
 class ShipAhead:
-    """Called with each shipper batch that stored changes (``bronze.ship.ShipBatch``), in
-    bronze's order, from one thread; returns whether the dashboard took its step.
+    """The shipper's ``on_rows`` (``prepare``) and ``on_stored`` (``__call__``), in bronze's
+    order, from one thread: ``__call__`` takes each shipper batch that stored changes
+    (``bronze.ship.ShipBatch``) and returns whether the dashboard took its step.
 
     ``push``: ``gold.push.AheadPush`` (never raises); ``known``: the tables the stream's
     parse knows now (None until the stream has started)."""
@@ -87,6 +90,20 @@ class ShipAhead:
         self.tables = tables
         self.known = known
         self.batches: list[Shipped] = []
+        self._prepared: tuple[int | None, int, Future] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def prepare(self, after_lsn: int | None, rows: pa.Table) -> None:
+        """A batch's rows, about to be committed: their lines worked out meanwhile."""
+        self._prepared = None
+        known = self.known()
+        if known is None or after_lsn is None or not rows.num_rows:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="lakecdc-ahead")
+        newest = pc.max(rows.column("commit_lsn")).as_py()
+        self._prepared = (after_lsn, newest, self._pool.submit(
+            shipped_lines, rows, after_lsn, tuple(known), self.tables))
 
     def __call__(self, batch) -> bool:
         if batch.commit_lsn is None:
@@ -97,12 +114,14 @@ class ShipAhead:
         return bool(self.push(self.step_from))
 
     def add(self, batch) -> None:
+        """The batch bronze just committed, with its prepared lines if they are its own
+        (none: too big to keep, or prepared before the stream started)."""
         if self.batches and batch.after_lsn != self.batches[-1].commit_lsn:
             self.batches.clear()         # not the next batch: no step goes across the gap
-        known = self.known()
+        prepared, self._prepared = self._prepared, None
         lines = None
-        if batch.rows is not None and known is not None:
-            lines = shipped_lines(batch.rows, batch.after_lsn, known, self.tables)
+        if prepared is not None and prepared[:2] == (batch.after_lsn, batch.commit_lsn):
+            lines = prepared[2].result()
         self.batches.append(Shipped(batch.after_lsn, batch.commit_lsn, batch.commit_ts,
                                     lines))
         while len(self.batches) > MAX_BATCHES or (
@@ -126,3 +145,8 @@ class ShipAhead:
         step = plan(pa.concat_tables([b.lines for b in across]))
         return Planned(SHIP_STEP, across[0].after_lsn, step.commit_lsn, step.commit_ts,
                        step.key_deltas)
+
+    def close(self) -> None:
+        self.push.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)

@@ -27,6 +27,7 @@ from importlib import resources
 from typing import Callable
 
 import psycopg
+import pyarrow as pa
 from deltalake.exceptions import DeltaError
 from psycopg import sql
 
@@ -276,8 +277,7 @@ def push_ahead(conn: psycopg.Connection, key: str, table_id: str, step,
             step = step(at)
         if step is None or fence and (at is None or at != step.after_lsn):
             return False
-        _stage(conn, [tuple(k.values()) for k in step.key_deltas.to_pylist()], [])
-        _upsert(conn, step.commit_lsn, step.commit_ts, add=True)
+        _upsert(conn, step.commit_lsn, step.commit_ts, deltas=step.key_deltas)
         conn.execute(sql.SQL(
             "UPDATE {} SET source_commit_lsn = %s::bigint, source_commit_ts = %s::timestamptz, "
             "pushed_at = now() WHERE gold_table = %s").format(sql.Identifier(PROGRESS_TABLE)),
@@ -433,18 +433,25 @@ def _apply(conn: psycopg.Connection, full: bool, lsn: int | None,
 
 
 def _upsert(conn: psycopg.Connection, lsn: int | None, ts: datetime | None,
-            add: bool = False) -> int:
-    """The staged rows not marked deleted into ``service_stats`` at watermark ``lsn``: their
-    counts replace the dashboard's (absolute, ``push_table``) or are added to them
-    (``add``: a step's deltas, ``push_ahead``). Returns the rows written."""
+            deltas: pa.Table | None = None) -> int:
+    """Rows into ``service_stats`` at watermark ``lsn``: the staged rows not marked deleted,
+    whose counts replace the dashboard's (absolute, ``push_table``); or a step's key
+    ``deltas`` (``gold.plan``'s ``KEY_DELTA_COLUMNS``), added to them (``push_ahead``: one
+    statement, the deltas passed as arrays). Returns the rows written."""
     dims = sql.SQL(", ").join(map(sql.Identifier, DIMS))
-    count = sql.SQL("t.count + EXCLUDED.count" if add else "EXCLUDED.count")
+    if deltas is None:
+        source, rows = sql.SQL("SELECT {dims}, count FROM {stage} WHERE NOT deleted").format(
+            dims=dims, stage=sql.Identifier(_STAGE)), []
+    else:
+        source = sql.SQL("SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], "
+                         "%s::text[], %s::bigint[])")
+        rows = [deltas.column(c).to_pylist() for c in (*DIMS, "delta")]
+    count = sql.SQL("EXCLUDED.count" if deltas is None else "t.count + EXCLUDED.count")
     return conn.execute(sql.SQL(
         "INSERT INTO {stats} AS t ({dims}, count, source_commit_lsn, source_commit_ts, "
-        "pushed_at) SELECT {dims}, count, %s::bigint, %s::timestamptz, now() FROM {stage} "
-        "WHERE NOT deleted "
+        "pushed_at) SELECT s.*, %s::bigint, %s::timestamptz, now() FROM ({source}) s "
         "ON CONFLICT ({dims}) DO UPDATE SET count = {count}, "
         "source_commit_lsn = EXCLUDED.source_commit_lsn, "
         "source_commit_ts = EXCLUDED.source_commit_ts, pushed_at = EXCLUDED.pushed_at"
-    ).format(stats=sql.Identifier(STATS_TABLE), dims=dims, stage=sql.Identifier(_STAGE),
-             count=count), [lsn, ts]).rowcount
+    ).format(stats=sql.Identifier(STATS_TABLE), dims=dims, source=source, count=count),
+        [lsn, ts, *rows]).rowcount

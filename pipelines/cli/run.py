@@ -29,7 +29,7 @@ from pipelines.run.signals import stop_on_signals
 @click.option("--peek-timeout", "peek_timeout_s", type=int,
               help="Statement timeout of one peek, seconds [300].")
 @click.option("--poll-interval", "poll_interval_s", type=float,
-              help="Seconds between peeks unless the last one was full [0.25].")
+              help="Seconds from one peek's start to the next, unless the last was full [0.1].")
 @click.option("--chunk-mb", type=float, help="Peek rows are converted in chunks of this size [2].")
 @click.option("--memory-budget-mb", type=int,
               help="Rows held in memory per batch before spilling to local disk [64].")

@@ -452,7 +452,7 @@ class Pipeline:
                 for thread in threads:
                     thread.join(timeout=120)
                 ahead.close()
-                ship_ahead.push.close()
+                ship_ahead.close()
         if errors:
             raise errors[0]
 
@@ -468,21 +468,29 @@ class Pipeline:
         return ShipAhead(self._ahead_push(), self.config.counted, known)
 
     def shipper(self, ahead: ShipAhead | None = None) -> Shipper:
-        """The shipper; with ``ahead``, each batch's step goes to the dashboard once bronze
-        holds it (``gold.ahead``), before ``on_ship`` hears of the batch."""
+        """The shipper; with ``ahead``, each batch's step goes to the dashboard as soon as
+        bronze holds it, before the slot's advance (``gold.ahead``)."""
         maintainer = Maintainer(self.config, "ship", self._delta_rs_options,
                                 writes=self.spark_writes())
 
+        def on_stored(result):
+            self.marks.set("bronze", result.commit_lsn, result.commit_ts)
+            begun = time.monotonic()
+            try:
+                if ahead(result):
+                    return replace(result, ahead_seconds=time.monotonic() - begun)
+            except Exception:               # the stream's step, or the push loop, follows
+                log.warning("a shipper batch was not pushed ahead", exc_info=True)
+            return result
+
+        def on_rows(after_lsn, rows) -> None:
+            try:
+                ahead.prepare(after_lsn, rows)
+            except Exception:               # then not ahead: the stream's step follows
+                log.warning("a shipper batch's step was not prepared", exc_info=True)
+
         def on_batch(result, progress) -> None:
             self.marks.set("bronze", result.commit_lsn, result.commit_ts)
-            if ahead is not None and result.commit_lsn is not None:
-                begun = time.monotonic()
-                try:
-                    if ahead(result):
-                        result = replace(result, ahead_seconds=time.monotonic() - begun)
-                except Exception:           # the stream's step, or the push loop, follows
-                    log.warning("a shipper batch was not pushed ahead", exc_info=True)
-                result = replace(result, rows=None)
             if self.metrics is not None:
                 self.metrics.on_ship_batch(result, progress)
             for callback in self.on_ship:
@@ -492,7 +500,8 @@ class Pipeline:
                     log.warning("a ship callback failed", exc_info=True)
             maintainer.after_batch()        # bronze, between two of the shipper's commits
         return Shipper(self.config, on_batch=on_batch, writes=self.spark_writes(),
-                       keep_rows=ahead is not None)
+                       **(dict(on_rows=on_rows, on_stored=on_stored)
+                          if ahead is not None else {}))
 
     def _observe_streams(self) -> None:
         """Record Spark streaming progress (rows and batch durations per query) into

@@ -59,26 +59,20 @@ def test_breakdown_reports_each_stage_and_a_probe_nothing_carried_is_left_out():
 
 
 def test_a_probe_the_shipper_batch_showed_ahead_of_the_stream_has_no_stream_stages():
-    # The peek begun at 10.1 carried the probe: advanced at 10.2, its step on the dashboard
+    # The peek begun at 10.1 carried the probe: in bronze at 10.2, its step on the dashboard
     # 0.02 s later, ahead of the stream batch begun at 10.3 (which then found the dashboard
     # past it). Seen at 10.26.
     clock = _clock(ships=[(9.8, 0.1)], passes=[(10.3, 0.2, 0.05, 0.0)])
-    clock.on_ship(SimpleNamespace(committed=True, changes=5, seconds=0.1, ahead_seconds=0.02),
-                  None)
-    clock.ships[-1] = _shifted(clock.ships[-1], to=10.1)
+    clock.on_ship(SimpleNamespace(committed=True, changes=5, started_at=10.1, seconds=0.1,
+                                  ahead_seconds=0.02), None)
     stages = clock.place(10.0, 0.26)
     assert stages["shipped_ahead"]
-    assert stages["poll_wait"] == pytest.approx(0.1, abs=1e-6)
-    assert stages["ship"] == pytest.approx(0.1, abs=1e-6)
-    assert stages["ship_ahead"] == pytest.approx(0.02, abs=1e-6)
+    assert stages["poll_wait"] == pytest.approx(0.1)
+    assert stages["ship"] == pytest.approx(0.1)
+    assert stages["ship_ahead"] == pytest.approx(0.02)
     assert stages["stream_trigger"] == stages["parse"] == stages["gold_push"] == 0.0
-    assert stages["seen"] == pytest.approx(0.04, abs=1e-6)
+    assert stages["seen"] == pytest.approx(0.04)
     assert sum(stages[s] for s in STAGES) == pytest.approx(0.26)
     # A shipper batch whose step did not go ahead leaves the probe to the stream batch.
     clock.ships[-1] = _span(10.1, 0.1)
     assert not clock.place(10.0, 0.55)["shipped_ahead"]
-
-
-def _shifted(span, to):
-    from dataclasses import replace
-    return replace(span, start=to, end=to + (span.end - span.start))

@@ -37,12 +37,21 @@ def tx(lsn: int, *changes: str) -> list[dict]:
     return [bronze_row(lsn, seq, len(changes), data) for seq, data in enumerate(changes)]
 
 
-def shipped(after: int | None, *txs: list[dict]):
-    """A ``bronze.ship.ShipBatch`` as ``ShipAhead`` reads it."""
-    rows = [row for t in txs for row in t]
-    return SimpleNamespace(after_lsn=after, commit_lsn=max(r["commit_lsn"] for r in rows),
-                           commit_ts=None,
-                           rows=pa.Table.from_pylist(rows, schema=BRONZE_SCHEMA))
+def bronze(*txs: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist([row for t in txs for row in t], schema=BRONZE_SCHEMA)
+
+
+def offer(push: ShipAhead, after: int | None, *txs: list[dict], add: bool = False) -> bool:
+    """A shipper batch of ``txs``, as the shipper hands it on: its rows before its bronze
+    commit, then the batch (a ``bronze.ship.ShipBatch``) after it."""
+    rows = bronze(*txs)
+    push.prepare(after, rows)
+    batch = SimpleNamespace(after_lsn=after, commit_ts=None,
+                            commit_lsn=max(rows.column("commit_lsn").to_pylist()))
+    if add:
+        push.add(batch)
+        return False
+    return push(batch)
 
 
 class Dashboard:
@@ -69,47 +78,46 @@ def test_each_batch_goes_ahead_from_the_dashboards_watermark_and_a_missed_one_wi
     board = Dashboard(at=100)
     push = ahead(board)
     # The first batch of a shipper: what bronze held before it is not known.
-    assert not push(shipped(None, tx(110, ins(1), ins(2))))
+    assert not offer(push, None, tx(110, ins(1), ins(2)))
     assert board.at == 100
     board.at, board.counts = 110, Counter({key(CREATED): 2})   # the stream brought it
-    assert push(shipped(110, tx(120, send(1)), tx(130, ins(3))))
+    assert offer(push, 110, tx(120, send(1)), tx(130, ins(3)))
     assert board.at == 130 and board.counts == {key(CREATED): 2, key(SENDING): 1}
     board.down = True                                           # one push fails
-    assert not push(shipped(130, tx(140, send(2))))
+    assert not offer(push, 130, tx(140, send(2)))
     board.down = False
-    assert push(shipped(140, tx(150, send(3))))                # both batches, one step
+    assert offer(push, 140, tx(150, send(3)))                # both batches, one step
     assert board.at == 150 and board.counts == {key(CREATED): 0, key(SENDING): 3}
-    assert push(shipped(150, tx(160, ins(4))))
+    assert offer(push, 150, tx(160, ins(4)))
     assert [b.commit_lsn for b in push.batches] == [160]       # what the dashboard holds goes
 
 
 def test_no_step_goes_across_a_batch_the_stream_must_judge():
     board = Dashboard(at=110)
     push = ahead(board)
-    push(shipped(None, tx(110, ins(1))))
+    offer(push, None, tx(110, ins(1)))
     # A transaction the batch does not hold whole (its rows disagree with its size).
-    torn = shipped(110, [bronze_row(120, 0, 3, ins(2)), bronze_row(120, 1, 3, ins(3))])
-    assert not push(torn)
-    assert not push(shipped(120, tx(130, ins(4))))             # it would go across 120
+    assert not offer(push, 110, [bronze_row(120, 0, 3, ins(2)), bronze_row(120, 1, 3, ins(3))])
+    assert not offer(push, 120, tx(130, ins(4)))             # it would go across 120
     assert board.at == 110
     board.at = 120                                              # the stream judged it
-    assert push(shipped(130, tx(140, ins(5))))                 # 130 and 140
+    assert offer(push, 130, tx(140, ins(5)))                 # 130 and 140
     assert board.at == 140 and board.counts == {key(CREATED): 2}
 
 
 def test_a_batch_out_of_bronzes_order_starts_the_batches_again():
     board = Dashboard(at=110)
     push = ahead(board)
-    push(shipped(None, tx(110, ins(1))))
-    push.add(shipped(125, tx(130, ins(2))))        # after 125, not after 110: a gap
+    offer(push, None, tx(110, ins(1)))
+    offer(push, 125, tx(130, ins(2)), add=True)     # after 125, not after 110: a gap
     assert [b.commit_lsn for b in push.batches] == [130]
-    assert not push(shipped(130, tx(140, ins(3))))  # nothing links 110 to 130
+    assert not offer(push, 130, tx(140, ins(3)))  # nothing links 110 to 130
     assert board.at == 110
 
 
 def test_lines_are_refused_for_every_row_gold_or_silver_would_judge():
     def lines(after, *txs):
-        return shipped_lines(shipped(after, *txs).rows, after, KNOWN, COUNTED)
+        return shipped_lines(bronze(*txs), after, KNOWN, COUNTED)
 
     assert lines(100, tx(110, ins(1)), tx(120, ins(2))).num_rows > 0
     assert lines(None, tx(110, ins(1))) is None                 # what came before unknown
@@ -119,3 +127,13 @@ def test_lines_are_refused_for_every_row_gold_or_silver_would_judge():
     assert lines(100, tx(110, w2j("I", table="unknown", columns={"id": "1"}))) is None
     assert lines(100, tx(110, w2j("I", columns={"id": nid(1)}))) is None   # no dims
     assert lines(100, tx(110, w2j("I", table="services", columns={"id": "1"}))).num_rows
+
+
+def test_rows_prepared_for_another_batch_are_not_taken():
+    board = Dashboard(at=110)
+    push = ahead(board)
+    offer(push, None, tx(110, ins(1)))
+    push.prepare(110, bronze(tx(120, ins(2))))      # its commit failed: never stored
+    stored = SimpleNamespace(after_lsn=110, commit_lsn=130, commit_ts=None)
+    assert not push(stored)                          # stored anew, with rows unseen
+    assert board.at == 110 and not board.counts
