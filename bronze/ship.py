@@ -71,9 +71,10 @@ RETRY_FIRST_S = 0.5            # first reconnect delay; doubles up to reconnect_
 ALERT_REPEAT_S = 5.0           # wal_status alerts repeat every batch, at most this often
 # The most rows, and bytes of them, a batch keeps in memory for ``on_rows``: a
 # continuous batch (about 500 rows at 2,000 changes/s) is far below; a catch-up's peek is
-# left to the stream, and memory stays bounded by the peek's chunk.
-KEPT_ROWS = 20_000
-KEPT_BYTES = 16 << 20
+# left to the stream (its rows would be parsed twice), and memory stays bounded by the
+# peek's chunk.
+KEPT_ROWS = 5_000
+KEPT_BYTES = 8 << 20
 
 
 @dataclass

@@ -230,10 +230,13 @@ def push_table(conn: psycopg.Connection, table: GoldView, key: str, faults,
                 log.warning("gold's change data feed from version %d is not readable (%s); "
                             "pushing every row", prev_version + 1, exc)
                 full = True
+            else:
+                rows, deleted = _with_keys_moved_ahead(conn, table, prev_version, prev_lsn,
+                                                       rows, deleted)
         if full:
             rows = table.rows()
         if lsn is None:       # no watermark recorded (old gold): the newest change pushed
-            lsn = max([r[4] for r in rows if r[4] is not None] + [prev_lsn or 0]) or None
+            lsn = max([r[5] for r in rows if r[5] is not None] + [prev_lsn or 0]) or None
         _stage(conn, rows, deleted)
         faults.hit("after_push_stage")
         upserted, removed = _apply(conn, full, lsn, ts)
@@ -249,6 +252,32 @@ def push_table(conn: psycopg.Connection, table: GoldView, key: str, faults,
     faults.hit("after_push_commit")
     return PushResult(version, prev_version if same_table else None, pushed=True, full=full,
                       upserted=upserted, deleted=removed, source_commit_lsn=lsn)
+
+
+def _with_keys_moved_ahead(conn: psycopg.Connection, table: GoldView, prev_version: int,
+                           prev_lsn: int | None, rows: list[tuple], deleted: list[tuple]
+                           ) -> tuple[list[tuple], list[tuple]]:
+    """Step 3's keys, with those steps ahead of gold (``push_ahead``) moved past gold's
+    recorded version. The feed from that version names the keys whose counts changed *net*
+    up to ``table``'s version, but the dashboard, at ``prev_lsn`` past that version's
+    watermark, may hold a key a step ahead changed and a later change took back (a row
+    created, sent, then delivered: ``sending`` +1, then -1): the feed does not name it, and
+    the dashboard would keep it changed. Every key a step ahead wrote since that watermark
+    (its rows' ``source_commit_lsn`` is past it) gets gold's count too, or is deleted where
+    gold has no row. Only when the dashboard is past the recorded version's watermark: after
+    an ahead push that came before gold, never on a dashboard only ``push_table`` writes."""
+    floor, _ = table.position(prev_version)
+    if floor is None or prev_lsn is None or prev_lsn <= floor:
+        return rows, deleted
+    named = {tuple(r[:4]) for r in rows} | {tuple(k) for k in deleted}
+    moved = {tuple(r) for r in conn.execute(sql.SQL(
+        "SELECT {} FROM {} WHERE source_commit_lsn > %s").format(
+        sql.SQL(", ").join(map(sql.Identifier, DIMS)), sql.Identifier(STATS_TABLE)),
+        [floor])} - named
+    if not moved:
+        return rows, deleted
+    found = [r for r in table.rows() if tuple(r[:4]) in moved]
+    return rows + found, deleted + sorted(moved - {tuple(r[:4]) for r in found})
 
 
 def behind(gold_lsn: int | None, dashboard_lsn: int | None) -> bool:

@@ -39,7 +39,9 @@ class GoldView(Protocol):
     @property
     def table_id(self) -> str: ...
 
-    def position(self) -> tuple[int | None, datetime | None]: ...
+    def position(self, version: int | None = None) -> tuple[int | None, datetime | None]:
+        """The watermark at this view's version (or at an earlier ``version``)."""
+        ...
 
     def changes(self, start: int, end: int) -> tuple[list[tuple], list[tuple]]: ...
 
@@ -117,9 +119,10 @@ class RsGold:
     def table_id(self) -> str:
         return self.table.metadata().id
 
-    def position(self) -> tuple[int | None, datetime | None]:
+    def position(self, version: int | None = None) -> tuple[int | None, datetime | None]:
         return position_of(read_commits_rs(self.table.table_uri, self.storage_options,
-                                           limit=HISTORY, up_to=self.version))
+                                           limit=HISTORY, up_to=version if version is not None
+                                           else self.version))
 
     def changes(self, start: int, end: int) -> tuple[list[tuple], list[tuple]]:
         from deltalake.exceptions import DeltaError
@@ -152,9 +155,10 @@ class SparkGold:
     def table_id(self) -> str:
         return self.spark.sql(f"DESCRIBE DETAIL delta.`{self.path}`").first()["id"]
 
-    def position(self) -> tuple[int | None, datetime | None]:
+    def position(self, version: int | None = None) -> tuple[int | None, datetime | None]:
         return position_of(read_commits(self.spark, self.path, limit=HISTORY,
-                                        up_to=self.version))
+                                        up_to=version if version is not None
+                                        else self.version))
 
     def changes(self, start: int, end: int) -> tuple[list[tuple], list[tuple]]:
         from py4j.protocol import Py4JError

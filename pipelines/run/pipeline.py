@@ -478,6 +478,7 @@ class Pipeline:
             begun = time.monotonic()
             try:
                 if ahead(result):
+                    self.faults.hit("after_ship_ahead")
                     return replace(result, ahead_seconds=time.monotonic() - begun)
             except Exception:               # the stream's step, or the push loop, follows
                 log.warning("a shipper batch was not pushed ahead", exc_info=True)

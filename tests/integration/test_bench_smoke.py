@@ -72,6 +72,8 @@ def test_quick_bench_measures_everything_and_lakecdc_is_exact(tmp_path):
         stages = run["stages"]
         assert 0 < stages["placed"] <= stages["probes"] == run["probes"]["seen"], stages
         assert all(stages[s]["p50"] >= 0 for s in STAGES if s != "seen"), stages
+        # The dashboard took the shipper's batches ahead of the stream (gold.ahead).
+        assert 0 < stages["shipped_ahead"] <= stages["placed"], stages
         # The three other captured tables changed beside the Notify traffic, and their
         # mirrors ended equal to them.
         assert run["neighbours"]["changes"] > 0, run["neighbours"]

@@ -363,14 +363,17 @@ def test_kill_9_after_silver_appends_while_gold_merges_beside_them_ends_exact(
 
 @pytest.mark.spark
 @pytest.mark.long
-def test_kill_9_right_after_a_step_is_pushed_ahead_of_gold_ends_exact(
+def test_kill_9_right_after_a_step_is_pushed_ahead_of_gold_or_of_the_stream_ends_exact(
         source_db, config, witness, pipeline, traffic, tmp_path):
-    """``lakecdc run`` pushes each batch's step of gold to the dashboard as soon as it is
-    planned, while silver appends and gold merges the batch (``gold.push.push_ahead``). The
-    driver dies right after such a push, silver's appends and the MERGE anywhere (not
-    started, mid-way, committed); a continuous restart replays the batch under
-    traffic (its step is fenced off: the dashboard is past its starting watermark), and is
-    killed too; then I1-I5 hold."""
+    """``lakecdc run`` pushes each stream batch's step of gold to the dashboard as soon as
+    it is planned, while silver appends and gold merges the batch (``gold.push.push_ahead``),
+    and each shipper batch's as soon as bronze holds it (``gold.ahead``). Cycle 1: the
+    driver dies right after a stream batch's push, silver's appends and the MERGE anywhere
+    (not started, mid-way, committed). Cycle 2: restarted under traffic, it replays the
+    batch (its step is fenced off: the dashboard is past its starting watermark), and dies
+    right after a shipper batch's push, before the slot's advance. Cycle 3: restarted, the
+    advance completed and the stream's steps over those rows fenced off, it is killed once
+    the dashboard has moved on; then I1-I5 hold."""
     soak = killed_at(config, tmp_path, "after_ahead_push:1")
 
     def dashboard_lsn() -> int:
@@ -378,6 +381,7 @@ def test_kill_9_right_after_a_step_is_pushed_ahead_of_gold_ends_exact(
             return conn.execute("SELECT source_commit_lsn FROM lakecdc_push_progress"
                                 ).fetchone()[0]
 
+    assert soak.cycle(fault="after_ship_ahead:2").exit_code == 137
     ahead_lsn = dashboard_lsn()
     soak.cycle(until=lambda: dashboard_lsn() > ahead_lsn, then_s=2)
     drained_exact(config, witness, pipeline, traffic)

@@ -377,3 +377,24 @@ def test_a_second_pipeline_is_refused_the_dashboard_until_it_takes_it_over(
     with pytest.raises(UserError, match="another pipeline"):
         push_once(gold.gold, source_db.dsn)
     assert counts(dash) == second.truth()
+
+
+def test_a_push_past_a_dashboard_moved_ahead_refreshes_every_key_a_step_ahead_wrote(
+        spark, gold, dash, source_db):
+    """A step ahead moves a row from ``created`` to ``sending`` on the dashboard; gold then
+    merges that change and the next (``sending`` to ``delivered``) in one version. The feed
+    from the version the dashboard recorded names ``created`` and ``delivered`` but not
+    ``sending``, whose net change there is 0, while the dashboard holds it at 1 from the
+    step ahead. The push refreshes every key a step ahead wrote since gold's recorded
+    watermark (step 3b): without it, ``sending`` stays at 1."""
+    sim = Sim()
+    ids = sim.create(A, A)
+    done = apply(spark, gold, sim, 0, 0)
+    push_once(gold.gold, source_db.dsn)
+    sim.set_status(ids[:1], "sending")
+    assert ahead(dash, gold, planned_step(spark, gold, sim, done, 1))
+    assert nonzero(counts(dash)) == sim.truth()
+    sim.set_status(ids[:1], "delivered")
+    apply(spark, gold, sim, done, 1)              # both transactions, one version of gold
+    assert push_once(gold.gold, source_db.dsn).pushed
+    assert nonzero(counts(dash)) == sim.truth()
