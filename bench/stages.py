@@ -13,8 +13,8 @@ batch. Its stages:
   upsert into the dashboard - right after the bronze commit, before the slot's advance (0
   for a probe a stream batch showed);
 - **stream trigger**: from the bronze commit to the start of the stream batch that read it
-  (the slot's advance, the trigger interval, a batch that had fixed its input just before the commit, Spark's
-  reading of bronze's log and its planning);
+  (the slot's advance, the trigger interval, a batch that had fixed its input just before
+  the commit, Spark's reading of bronze's log and its planning);
 - **parse**: reading the batch's bronze files and the Arrow parse;
 - **gold + push**: from the parse to the end of the batch's push ahead (gold's step planned
   and upserted into the dashboard); for a batch not pushed ahead (the dashboard was not at

@@ -5,12 +5,14 @@ A shipper batch is one bronze commit of whole source transactions, so its rows a
 gold's step across it: the Arrow parse (``silver.parse``), gold's rules and lines
 (``gold.deltas.line_table``) and the plan (``gold.plan``), the stream's own functions on
 the same rows. They are worked out in a thread of their own while bronze commits the rows
-(``prepare``), and taken once it has (``__call__``). ``ShipAhead`` keeps the steps of the last few batches, each with the newest
-source commit bronze held before it, and offers the dashboard the step from its own
-watermark to the newest batch: the push adds it only when the dashboard's watermark is
-that step's start (``gold.push.push_ahead``'s fence), so the dashboard stays exact as of
-its watermark whoever moves it - these steps, the stream's (``gold.apply.Planned``), or the
-push loop from gold.
+(``prepare``), and taken once it has (``__call__``).
+
+``ShipAhead`` keeps the steps of the last few batches, each with the newest source commit
+bronze held before it, and offers the dashboard the step from its own watermark to the
+newest batch: the push adds it only when the dashboard's watermark is that step's start
+(``gold.push.push_ahead``'s fence), so the dashboard stays exact as of its watermark
+whoever moves it - these steps, the stream's (``gold.apply.Planned``), or the push loop
+from gold (whose step 3b refreshes every key such steps wrote).
 
 A batch gold would stop on, quarantine rows of, or that does not plan whole (a TRUNCATE,
 a row without its dims, a table the parse does not know yet), or too big to keep
@@ -20,7 +22,6 @@ decides those, and the dashboard follows it from there.
 
 from __future__ import annotations
 
-import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -33,8 +34,6 @@ from gold.apply import Planned
 from gold.deltas import CountedTables, line_table
 from gold.plan import LINES, plan
 from silver.parse import parse_table
-
-log = logging.getLogger("lakecdc.ahead")
 
 # A step ahead of the stream carries this batch id (it is no stream batch).
 SHIP_STEP = -1
