@@ -262,6 +262,9 @@ class Config:
                                 "with a digit.")
         if self.upto_nchanges < 1 or self.peek_timeout_s < 1 or self.chunk_mb <= 0:
             raise UserError("--max-changes, --peek-timeout and --chunk-mb must be positive.")
+        if self.poll_interval_s < 0:
+            raise UserError("--poll-interval must be a number of seconds >= 0 (0: each peek "
+                            "begins as soon as the last one ends).")
         if self.heartbeat_interval_s < 0:
             raise UserError("the heartbeat interval (LAKECDC_HEARTBEAT_INTERVAL) must be a "
                             "number of seconds >= 0 (0 turns heartbeats off).")

@@ -103,6 +103,12 @@ def test_invalid_configuration_is_a_user_error(env, fragment):
         Config.load(env=env)
 
 
+def test_a_negative_poll_interval_is_a_user_error():
+    with pytest.raises(UserError, match="--poll-interval must be a number of seconds >= 0"):
+        Config.load(env={}, poll_interval_s=-0.1)
+    assert Config.load(env={}, poll_interval_s=0).poll_interval_s == 0
+
+
 def test_missing_source_dsn_says_what_to_set():
     with pytest.raises(UserError, match="LAKECDC_SOURCE_DSN"):
         Config.load(env={}).require_source()
