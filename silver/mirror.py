@@ -13,10 +13,11 @@ docs/silver.md, "Mirrors", is the user's account; the rules, per micro-batch of 
   the mirror's value. An UPDATE that changes the key deletes the old key.
 - A TRUNCATE empties the mirror: changes before the batch's last TRUNCATE of the table are
   dropped and the MERGE deletes every row its source does not name.
-- One MERGE per changed table: Spark types the folded rows' columns that are not text
-  into the MERGE's source (one job on a local relation, ``typed_rows``, or ``merge_source``
-  where a row moved key; ``silver.mirror_types`` is the types' one implementation), which
-  comes back as Arrow, and delta-rs runs the MERGE (a Spark MERGE
+- One MERGE per changed table: the folded rows' columns that are not text are typed into
+  the MERGE's source (``typed_rows``: by Arrow where its cast reads the text as Spark's
+  typing does, ``silver.mirror_arrow_types``, else one Spark job on a local relation; or
+  ``merge_source`` where a row moved key; ``silver.mirror_types`` is the types' rule),
+  and delta-rs runs the MERGE (a Spark MERGE
   cost 1-2 s and a few CPU-seconds per table per batch, whatever its size; docs/gold.md) -
   or Spark does, where only Spark reaches storage (``silver.mirror_store.SparkMirrors``);
   two tables at a time (``MirrorWriter._tables``). It sets
@@ -56,6 +57,7 @@ from core.errors import UserError
 from core.faults import FaultPoints
 from core.lsn import fmt
 from core.tables import create_table
+from silver.mirror_arrow_types import arrow_typed
 from silver.mirror_fold import (
     HAS_PREFIX,
     MIRRORED_OPS,
@@ -88,6 +90,7 @@ from silver.mirror_table import (  # noqa: F401  (this module's names too)
     PROPERTIES,
     SEED_APP_ID,
     TableSpec,
+    mirror_shape_of,
 )
 from silver.mirror_types import BAD_VALUE, spark_type, typed
 
@@ -144,15 +147,22 @@ def typed_rows(session: SparkSession, values: pa.Table, key: tuple[str, ...],
                types: dict[str, str]) -> pa.Table:
     """``merge_source``'s rows (without ``mirror``: a part that moves no key), in Arrow,
     from ``column_values``'s ``values``. A column whose mirror type is text is taken as it
-    is (``typed`` leaves text as it is); only the others cross into Spark, in ``session``,
-    to be typed. Of a catch-up batch's 82,000 notifications, 4 of 15 columns are not text:
-    typing them alone, beside the 52,514 history rows, took 0.8 s where every column took
-    1.5-2.1 s (2 cores)."""
+    is (``typed`` leaves text as it is); numbers, booleans, dates and timestamps are typed
+    by Arrow (``silver.mirror_arrow_types``); only the rest (bytea, arrays, a value Arrow
+    refuses) cross into Spark, in ``session``, to be typed. Of a catch-up batch's 82,000
+    notifications, 4 of 15 columns are not text: typing them in Spark, beside the 52,514
+    history rows, took 0.8 s where every column took 1.5-2.1 s (2 cores)."""
     others = mirrored_columns(key, types)
     keys = values.column("_key").combine_chunks()
     texts = {k: keys.field(k) for k in key}
     texts.update((n, values[f"{TEXT_PREFIX}{i}"]) for i, n in enumerate(others))
-    convert = [n for n in (*key, *others) if spark_type(types[n]) != StringType()]
+    convert = []
+    for name in (n for n in (*key, *others) if spark_type(types[n]) != StringType()):
+        by_arrow = arrow_typed(texts[name], types[name])
+        if by_arrow is None:
+            convert.append(name)
+        else:
+            texts[name] = by_arrow
     texts.update(typed_texts(session, {n: texts[n] for n in convert}, types, values.num_rows))
     columns = {k: texts[k] for k in key}
     for i, name in enumerate(others):
@@ -487,7 +497,7 @@ class MirrorWriter:
 
     def _shape(self, spark: SparkSession, path: str) -> tuple[tuple[str, ...], dict[str, str]]:
         if path not in self._shapes:
-            self._shapes[path] = mirror_shape(spark, path)
+            self._shapes[path] = self.store.shape(path)
         return self._shapes[path]
 
 
@@ -495,8 +505,7 @@ def mirror_shape(spark: SparkSession, path: str) -> tuple[tuple[str, ...], dict[
     """A mirror's key and (column → Postgres type), as its table properties record them."""
     from delta.tables import DeltaTable
 
-    properties = DeltaTable.forPath(spark, path).detail().first().properties
-    return tuple(json.loads(properties[KEY_PROPERTY])), dict(json.loads(properties[TYPES_PROPERTY]))
+    return mirror_shape_of(DeltaTable.forPath(spark, path).detail().first().properties)
 
 
 def _no_rows(rows: pa.Table) -> pa.Table:

@@ -31,7 +31,12 @@ from core.commits import merge_recorded, parse_commit_metadata, rs_commit
 from core.handle import WriterHandle
 from core.storage import delta_rs_uri
 from silver.mirror_fold import HAS_PREFIX, MIRROR_COLUMNS
-from silver.mirror_table import COMMIT_LSN, COMMIT_TS, TYPES_PROPERTY  # noqa: F401
+from silver.mirror_table import (  # noqa: F401
+    COMMIT_LSN,
+    COMMIT_TS,
+    TYPES_PROPERTY,
+    mirror_shape_of,
+)
 
 APP_ID = "lakecdc-mirror"
 PARTS = 1_000_000       # txn version = batch id * PARTS + the part of the batch (chain_cuts)
@@ -135,6 +140,16 @@ class RsMirrors:
         """Spark committed to the mirror beside the kept handle (a column added)."""
         self._handle(path).reset()
 
+    def shape(self, path: str) -> tuple[tuple[str, ...], dict[str, str]]:
+        """The mirror's key and (column → Postgres type), from its table properties: a
+        read of its log, where Spark's ``detail()`` cost about 0.4 s a mirror at the
+        query's first batch."""
+        from deltalake import DeltaTable
+
+        return mirror_shape_of(DeltaTable(delta_rs_uri(path),
+                                          storage_options=self.storage_options)
+                               .metadata().configuration)
+
     def seed_state(self, path: str, app_id: str) -> tuple[int | None, dict[str, str]]:
         """The version of ``app_id`` the mirror records (its initial rows) and its
         column → Postgres type."""
@@ -186,6 +201,13 @@ class SparkMirrors:
 
     def changed_beside(self, path: str) -> None:
         """Nothing kept that a commit beside it makes stale (Spark reads the log anew)."""
+
+    def shape(self, path: str) -> tuple[tuple[str, ...], dict[str, str]]:
+        """As ``RsMirrors.shape``, from Spark's ``detail()``."""
+        from delta.tables import DeltaTable
+
+        return mirror_shape_of(DeltaTable.forPath(self.writes.spark, path).detail().first()
+                               .properties)
 
     def seed_state(self, path: str, app_id: str) -> tuple[int | None, dict[str, str]]:
         """As ``RsMirrors.seed_state``; the initial rows' point from the newest commit

@@ -5,6 +5,7 @@ mirrors' writer (``silver.mirror``, ``silver.mirror_store``) and the load
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from core.handle import CHECKPOINTS
@@ -31,3 +32,9 @@ class TableSpec:
     @property
     def name(self) -> str:
         return f"{self.schema}.{self.table}"
+
+
+def mirror_shape_of(properties: dict[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """A mirror's key and (column → Postgres type), from its table properties. Pure."""
+    return (tuple(json.loads(properties[KEY_PROPERTY])),
+            dict(json.loads(properties[TYPES_PROPERTY])))

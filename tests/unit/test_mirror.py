@@ -87,6 +87,60 @@ def test_conversions(spark):
     assert math.isnan(nan)
 
 
+# Texts of every kind Arrow types (``silver.mirror_arrow_types``), as Postgres prints them
+# through wal2json, with the forms Arrow leaves to Spark (an offset with seconds, a year past
+# 9999, BC, infinity, text with spaces).
+ARROW_TEXTS = {
+    "smallint": ["0", "-32768", "32767"], "integer": ["-42", "2147483647", " 7"],
+    "bigint": ["9007199254740993", "-9223372036854775808"],
+    "real": ["0.1", "1.17549435e-38", "3.4028235e+38", "-0", "NaN", "Infinity", "-Infinity"],
+    "double precision": ["0.1", "1e-320", "1.7976931348623157e+308", "NaN", "-Infinity"],
+    "boolean": ["true", "false"], "numeric(12,2)": ["1234567890.12", "-0.01", "0.00", "NaN"],
+    "numeric(38,0)": ["99999999999999999999999999999999999999"],
+    "date": ["2026-02-28", "0001-01-01", "9999-12-31", "2000-02-29"],
+    "timestamp with time zone": [
+        "2026-01-02 03:04:05.123456+00", "2026-01-02 05:04:05+02", "2026-01-02 03:34:05+05:30",
+        "1900-01-01 00:00:00-03", "1890-01-01 00:00:00+00:01:15", "0001-01-01 00:00:00+00"],
+    "timestamp(3) without time zone": ["2026-01-02 03:04:05.5", "2026-01-02 03:04:05",
+                                       "0001-01-01 00:00:00", "1999-12-31 23:59:59.999"],
+}
+
+
+@pytest.mark.parametrize("pg_type", sorted(ARROW_TEXTS))
+def test_arrow_types_a_column_as_spark_does_or_leaves_it_to_spark(spark, pg_type):
+    """Each text alone, and every one in one column: where Arrow types a column, each value
+    equals Spark's typing of it (NaN as NaN); the usual forms are Arrow's (not left to Spark)."""
+    from silver.mirror_arrow_types import arrow_typed
+
+    texts = [*ARROW_TEXTS[pg_type], None]
+    frame = spark.createDataFrame([(t,) for t in texts], "t string")
+    by_spark = frame.select(typed(F.col("t"), pg_type, "c")).toArrow().column(0).to_pylist()
+
+    def same(a, b):
+        if isinstance(a, float) and isinstance(b, float) and math.isnan(a):
+            return math.isnan(b)
+        return a == b and type(a) is type(b)
+
+    typed_alone = 0
+    for text, expected in zip(texts, by_spark):
+        got = arrow_typed(pa.array([text], pa.string()), pg_type)
+        if got is not None:
+            typed_alone += 1
+            assert same(got.to_pylist()[0], expected), (pg_type, text, got, expected)
+    assert typed_alone >= len(texts) - 2, (pg_type, typed_alone)
+    whole = arrow_typed(pa.array(texts, pa.string()), pg_type)
+    if whole is not None:
+        assert all(same(a, b) for a, b in zip(whole.to_pylist(), by_spark)), pg_type
+
+
+@pytest.mark.parametrize("pg_type", ["bytea", "integer[]", "text", "uuid", "numeric",
+                                     "numeric(40,2)", "interval"])
+def test_arrow_leaves_the_other_kinds_to_spark(pg_type):
+    from silver.mirror_arrow_types import arrow_typed
+
+    assert arrow_typed(pa.array(["00ff"], pa.string()), pg_type) is None
+
+
 @pytest.mark.parametrize("pg_type, text", [
     ("date", "infinity"), ("integer", "12x"), ("integer[]", "{{1,2},{3,4}}"),
     ("integer[]", "{1,x}"), ("timestamp with time zone", "-infinity"), ("bytea", "0g"),
@@ -115,9 +169,11 @@ def _folded(values: list[dict], keys: list[str]) -> pa.Table:
 
 
 def test_typed_rows_equal_the_whole_spark_typing_and_stop_on_a_bad_value(spark):
-    """``typed_rows`` (only the columns that are not text through Spark) gives what
-    ``merge_source`` (every column through Spark) gives: same columns, values and order;
-    columns a row does not set stay unset. A value that does not convert is the same error."""
+    """``typed_rows`` (Arrow's types where it reads the text as Spark does, Spark's for
+    the rest: ``old``, whose offsets with seconds Arrow refuses, goes to Spark whole) gives
+    what ``merge_source`` (every column through Spark) gives: same columns, values and
+    order; columns a row does not set stay unset. A value that does not convert is the same
+    error."""
     import random
 
     from silver.mirror import merge_source, typed_rows
@@ -126,10 +182,15 @@ def test_typed_rows_equal_the_whole_spark_typing_and_stop_on_a_bad_value(spark):
 
     types = {"id": "integer", "name": "text", "at": "timestamp with time zone",
              "amount": "numeric(12,2)", "tags": "text[]", "blob": "bytea", "ref": "uuid",
-             "n": "bigint"}
+             "n": "bigint", "day": "date", "ok": "boolean", "ratio": "double precision",
+             "local": "timestamp without time zone", "old": "timestamp with time zone"}
     samples = {"name": ["a", "", "x y"], "at": ["2026-01-02 03:04:05+00", "2026-01-02 03:04:05.5+05:30"],
                "amount": ["1.50", "-0.01"], "tags": ['{a,"b c"}', "{}"], "blob": ["00ff", ""],
-               "ref": ["6f1c2a3e-0000-4000-8000-000000000001"], "n": ["9007199254740993", "-1"]}
+               "ref": ["6f1c2a3e-0000-4000-8000-000000000001"], "n": ["9007199254740993", "-1"],
+               "day": ["2026-02-28", "0001-01-01"], "ok": ["true", "false"],
+               "ratio": ["0.1", "-Infinity", "1e-320"],
+               "local": ["2026-01-02 03:04:05.5", "1999-12-31 23:59:59"],
+               "old": ["1890-01-01 00:00:00+00:01:15", "2026-01-02 03:04:05+00"]}
     rng = random.Random(38)
     rows = [{c: rng.choice([*texts, None]) for c, texts in samples.items() if rng.random() < 0.8}
             for _ in range(200)]
