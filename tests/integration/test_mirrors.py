@@ -152,7 +152,7 @@ def test_a_mirror_matches_its_source_through_toast_key_changes_truncate_and_a_ne
         conn.execute(SCHEMA_SQL)
         traffic(conn, rng, 40)
     env = {**cli_env(config), **MIRRORED}
-    setup = run_cli(["setup"], env)
+    setup = cli_here(["setup"], env)      # in this process: its bytea and arrays need Spark
     assert setup.returncode == 0, setup.stderr[-3000:]
     for table in ("public.notifications", "public.notification_history"):
         assert f"loaded the 0 rows of {table} into its mirror" in setup.stdout, setup.stdout
@@ -294,7 +294,7 @@ def test_verify_checks_each_mirror_against_its_source_under_traffic_and_names_a_
         conn.execute(SCHEMA_SQL)
         traffic(conn, rng, 30)
     env = {**cli_env(config), **MIRRORED}
-    setup = run_cli(["setup"], env)
+    setup = cli_here(["setup"], env)
     assert setup.returncode == 0, setup.stderr[-3000:]
     # The float and numeric columns, whose NaN and ±Infinity wal2json 2.5 prints as null.
     assert "public.typed_rows: NaN and ±Infinity in price, exact, ratio, score arrive as " \
