@@ -118,6 +118,18 @@ def acquire(conn: psycopg.Connection, name: str, application: str, busy: str) ->
                 "; ".join(h.describe() for h in found) or "a session that has ended")
 
 
+@contextmanager
+def locked(conn: psycopg.Connection, name: str, application: str, busy: str) -> Iterator[None]:
+    """Hold advisory lock ``name`` on ``conn`` for the block (``acquire``), and give it back
+    at its end however it ends (``release``), so a command refused inside it leaves no
+    lock behind for the next one to trip over."""
+    acquire(conn, name, application, busy)
+    try:
+        yield
+    finally:
+        release(conn, name)
+
+
 def _own_sessions(conn: psycopg.Connection, application: str) -> list[Holder]:
     """Other sessions of this connection's role on its database named ``application``."""
     return [Holder(pid, role, app, client, True) for pid, role, app, client in conn.execute(

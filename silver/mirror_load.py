@@ -9,8 +9,11 @@ mirror's type (``silver.mirror_type_map``), with the values the change stream gi
   wal2json prints too); NaN and ±Infinity as NULL where the stream gives NULL
   (``silver.mirror_type_map.loses_specials``: always with wal2json 2.5, only a decimal's NaN
   with numbers printed as text);
-- timestamps as microseconds since the epoch (whole seconds and microseconds, each exact),
-  dates as days since it;
+- timestamps as their own ISO text, in the reading session's zone, UTC (``READ_SETTINGS``:
+  ``+00``), which Arrow's CSV reader parses exactly to the microsecond; a year past 9999,
+  BC or ``infinity`` does not parse, and stops the load with one sentence, as such a value
+  stops the mirrors' typing of the change stream (``silver.mirror_arrow_types``); dates
+  as days since the epoch;
 - bytea (as its hex digits, as wal2json prints it) and arrays that the mirror holds typed
   go through ``silver.mirror.typed_texts`` (Spark's typing, the one implementation of
   ``silver.mirror_types``): the only columns that need a Spark session. Nothing else here
@@ -33,7 +36,10 @@ from psycopg import sql
 from silver.mirror_table import COMMIT_LSN, COMMIT_TS
 from silver.mirror_type_map import kind_arrow, loses_specials, mirror_kind
 
-_AS_IS = ("int", "long", "float", "double", "boolean", "string")
+_AS_IS = ("int", "long", "float", "double", "boolean", "string", "timestamp",
+          "timestamp_ntz")
+# The reading session's settings that fix how Postgres prints a timestamp: ISO, in UTC.
+READ_SETTINGS = {"DateStyle": "ISO", "TimeZone": "UTC"}
 
 
 @dataclass(frozen=True)
@@ -61,13 +67,6 @@ def load_column(name: str, pg_type: str, numbers_as_text: bool = False) -> LoadC
     if loses_specials(pg_type, numbers_as_text):   # NaN and ±Infinity: NULL, as the stream
         c = sql.SQL("CASE WHEN {c}::text IN ('NaN', 'Infinity', '-Infinity') THEN NULL "
                     "ELSE {c} END").format(c=c)
-    if kind[0] in ("timestamp", "timestamp_ntz"):
-        # Whole seconds and the microseconds in them, each exact in a float8 (a numeric
-        # ``extract(epoch ...)`` is exact too, but costs the read a third more).
-        return LoadColumn(name, pg_type, sql.SQL(
-            "date_part('epoch', date_trunc('second', {c}))::int8 * 1000000 + "
-            "date_part('microseconds', {c})::int8 % 1000000").format(c=c), pa.int64(),
-            kind_arrow(kind))
     if kind[0] == "date":
         return LoadColumn(name, pg_type, sql.SQL("({} - DATE '1970-01-01')").format(c),
                           pa.int32(), pa.date32())

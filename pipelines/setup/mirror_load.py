@@ -41,7 +41,13 @@ from core.faults import FaultPoints
 from core.features import PLAIN
 from core.postgres import connect
 from core.storage import delta_rs_uri
-from silver.mirror_load import chunk_copy, chunk_end, load_column, parse_chunk
+from silver.mirror_load import (
+    READ_SETTINGS,
+    chunk_copy,
+    chunk_end,
+    load_column,
+    parse_chunk,
+)
 from silver.mirror_table import (
     COMMIT_LSN,
     COMMIT_TS,
@@ -276,8 +282,9 @@ def _read_chunks(dsn: str, spec: TableSpec, columns, after: list[str] | None,
 
     try:
         with connect(dsn, what="source") as conn:
-            conn.execute("SELECT set_config('statement_timeout', %s, false)",
-                         [f"{READ_TIMEOUT_S}s"])
+            for name, value in {"statement_timeout": f"{READ_TIMEOUT_S}s",
+                                **READ_SETTINGS}.items():
+                conn.execute("SELECT set_config(%s, %s, false)", [name, value])
             conn.autocommit = True
             while True:
                 if halted():

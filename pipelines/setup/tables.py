@@ -52,7 +52,7 @@ from core.errors import UserError
 from core.faults import FaultPoints
 from core.features import open_table
 from core.layout import GOLD, mirror_path
-from core.locks import acquire, shipper_running
+from core.locks import locked, shipper_running
 from core.lsn import fmt
 from core.postgres import connect
 from core.spark_writes import start_writes
@@ -107,6 +107,13 @@ def _states(stored: CaptureSet | None, config: Config) -> dict[str, str]:
     return {t: s for t, (s, _) in stored.states.items()}
 
 
+def _tables_lock(conn, config: Config):
+    """The slot's ``tables add`` / ``remove`` lock, held for the block."""
+    return locked(conn, _lock_name(config.slot), f"lakecdc tables {config.slot}",
+                  f"another `lakecdc tables add` or `remove` is running on slot {config.slot}; "
+                  "wait for it to finish.")
+
+
 def add_table(config: Config, name: str, storage_options: dict | None = None,
               stop: threading.Event | None = None, chunk_rows: int = DEFAULT_CHUNK_ROWS,
               timeout_s: float | None = None, spark_factory=None) -> str:
@@ -125,10 +132,8 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
     if not bronze.exists():
         raise UserError(f"no bronze table at {config.bronze_path}: run `lakecdc setup` first.")
     started = time.monotonic()
-    with connect(config.require_source(), what="source") as conn:
-        acquire(conn, _lock_name(config.slot), f"lakecdc tables {config.slot}",
-                f"another `lakecdc tables add` or `remove` is running on slot {config.slot}; "
-                "wait for it to finish.")
+    with connect(config.require_source(), what="source") as conn, \
+            _tables_lock(conn, config):
         stored = store.read()
         if stored is not None and stored.state(table) == CAPTURED:
             registered = _register(spark, config, table)
@@ -221,10 +226,8 @@ def remove_table(config: Config, name: str, storage_options: dict | None = None,
     bronze = bronze_table(config, storage_options, writes)
     if not bronze.exists():
         raise UserError(f"no bronze table at {config.bronze_path}: run `lakecdc setup` first.")
-    with connect(config.require_source(), what="source") as conn:
-        acquire(conn, _lock_name(config.slot), f"lakecdc tables {config.slot}",
-                f"another `lakecdc tables add` or `remove` is running on slot {config.slot}; "
-                "wait for it to finish.")
+    with connect(config.require_source(), what="source") as conn, \
+            _tables_lock(conn, config):
         stored = store.read()
         states = _states(stored, config)
         if states.get(table) in (None, REMOVED):
