@@ -141,13 +141,10 @@ def _own_sessions(conn: psycopg.Connection, application: str) -> list[Holder]:
 @contextmanager
 def exclusive(dsn: str, name: str, busy: str, what: str = "dashboard") -> Iterator[None]:
     """Hold advisory lock ``name`` for the block (see ``acquire``)."""
-    with connect(dsn, what=what) as conn:
-        acquire(conn, name, f"lakecdc {name.split(':', 1)[0].split('.')[-1]} "
-                f"{sha256(name.encode()).hexdigest()[:16]}", busy)
-        try:
-            yield
-        finally:
-            release(conn, name)
+    with connect(dsn, what=what) as conn, locked(
+            conn, name, f"lakecdc {name.split(':', 1)[0].split('.')[-1]} "
+            f"{sha256(name.encode()).hexdigest()[:16]}", busy):
+        yield
 
 
 def release(conn: psycopg.Connection, name: str) -> None:
