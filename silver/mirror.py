@@ -90,7 +90,6 @@ from silver.mirror_table import (  # noqa: F401  (this module's names too)
     PROPERTIES,
     SEED_APP_ID,
     TableSpec,
-    mirror_shape_of,
 )
 from silver.mirror_types import BAD_VALUE, spark_type, typed
 
@@ -499,13 +498,6 @@ class MirrorWriter:
         if path not in self._shapes:
             self._shapes[path] = self.store.shape(path)
         return self._shapes[path]
-
-
-def mirror_shape(spark: SparkSession, path: str) -> tuple[tuple[str, ...], dict[str, str]]:
-    """A mirror's key and (column → Postgres type), as its table properties record them."""
-    from delta.tables import DeltaTable
-
-    return mirror_shape_of(DeltaTable.forPath(spark, path).detail().first().properties)
 
 
 def _no_rows(rows: pa.Table) -> pa.Table:

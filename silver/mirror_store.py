@@ -204,10 +204,7 @@ class SparkMirrors:
 
     def shape(self, path: str) -> tuple[tuple[str, ...], dict[str, str]]:
         """As ``RsMirrors.shape``, from Spark's ``detail()``."""
-        from delta.tables import DeltaTable
-
-        return mirror_shape_of(DeltaTable.forPath(self.writes.spark, path).detail().first()
-                               .properties)
+        return mirror_shape(self.writes.spark, path)
 
     def seed_state(self, path: str, app_id: str) -> tuple[int | None, dict[str, str]]:
         """As ``RsMirrors.seed_state``; the initial rows' point from the newest commit
@@ -238,6 +235,13 @@ class SparkMirrors:
         if path not in self._recorded:
             self._recorded[path] = recorded_version(self.writes.spark, path)
         return self._recorded[path]
+
+
+def mirror_shape(spark, path: str) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(Spark) A mirror's key and (column → Postgres type), from its table properties."""
+    from delta.tables import DeltaTable
+
+    return mirror_shape_of(DeltaTable.forPath(spark, path).detail().first().properties)
 
 
 def due_replay(metadata: list[str | None]) -> int | None:

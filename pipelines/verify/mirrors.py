@@ -158,7 +158,8 @@ def check_mirror(spark, config, table: str, point: int, silver_path: str, lost: 
     from core.layout import mirror_baseline_path
     from gold.asof import silver_range
     from pipelines.source.mirror_baseline import keys_path
-    from silver.mirror import bad_values_stop, mirror_shape, q
+    from silver.mirror import bad_values_stop, q
+    from silver.mirror_store import mirror_shape
     from silver.mirror_types import typed
 
     on_dbx = on_databricks()
