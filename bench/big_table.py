@@ -15,6 +15,15 @@ table keeps ``rows`` rows throughout. Measured in one run:
   (``pg_stat_activity``: ``now() - xact_start`` and ``age(backend_xmin)``), polled, without
   the sampler's own;
 
+then, the traffic going on, the mirror as it is kept (``kept``, ``KEPT_S`` seconds):
+
+- its freshness: a probe (``BigProbe``) sets one row's ``reference`` every 0.5 s and looks
+  for it in the mirror's current rows (its tail laid over its table, ``bench.drive.
+  CurrentMirror``) every 0.1 s;
+- what its batches cost: the mirrors' query's batches in that time and their mean duration
+  (``lakecdc_stream_batch_duration_seconds``, scraped from ``run``'s metrics), which
+  include the tail's folds; and each fold ``run`` logged;
+
 then the traffic stops, ``run`` catches up, and the mirror is compared with the table: its
 row count, and every column of ``SAMPLE_RANGES`` key ranges.
 """
@@ -23,27 +32,35 @@ from __future__ import annotations
 
 import multiprocessing
 import random
+import re
+import socket
 import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from bench import workload
 from bench.catch_up import ROOT, RunProcess, lakecdc_env
 from bench.decode import PeakRss
+from bench.drive import CurrentMirror
 from core.config import Config
 from core.layout import STREAM_CHECKPOINT, mirror_path
+from pipelines.demo.traffic import Probe
 
 TABLE = "public.big"
 TOAST_EVERY = 100
 SAMPLE_RANGES = 20
 SAMPLE_ROWS = 500
 POLL_S = 0.2
+KEPT_S = 120.0              # the mirror kept under traffic: its freshness and batches' cost
+MIRRORS_QUERY = "lakecdc_mirrors"
 
 BIG_SQL = """
 CREATE TABLE big (
@@ -110,6 +127,82 @@ class BigTraffic:
                         "ids": ids}).rowcount
                 n += 1
                 stop.wait(max(0.0, started + n * self.tick_s - time.monotonic()))
+
+
+class BigProbe(Probe):
+    """The big mirror's probe: one row of ``big`` (a random key, never the same twice) gets
+    ``reference = 'probe <n>'``, looked for in the mirror's current rows."""
+
+    def __init__(self, dsn: str, mirror_uri: str, rows: int) -> None:
+        super().__init__(dsn=dsn, poll_s=0.1)
+        self.mirror_uri = mirror_uri
+        self.ids = random.Random(3939).sample(range(1, rows + 1), min(rows, 100_000))
+
+    def commit(self, conn, n: int) -> tuple[int, str]:
+        key = (self.ids[n], f"probe {n}")
+        conn.execute("UPDATE big SET reference = %s WHERE id = %s", [key[1], key[0]])
+        return key
+
+    @contextmanager
+    def looking(self):
+        mirror = CurrentMirror(self.mirror_uri)
+
+        def look(pending: list) -> list:
+            got = mirror.rows(["reference"], pc.field("id").isin([k for k, _ in pending]))
+            return [k for k in pending if k in set(zip(got["id"].to_pylist(),
+                                                       got["reference"].to_pylist()))]
+        yield look
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def mirrors_batches(port: int) -> tuple[int, float]:
+    """(batches, seconds in all) of the mirrors' query so far, from ``run``'s metrics."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    found = dict(re.findall(rb'lakecdc_stream_batch_duration_seconds_(count|sum)\{query="'
+                            + MIRRORS_QUERY.encode() + rb'"\} (\S+)', text))
+    return int(float(found.get(b"count", 0))), float(found.get(b"sum", 0.0))
+
+
+def folds(log: Path) -> list[tuple[int, float]]:
+    """(rows, seconds) of each fold of the big mirror's tail ``run`` logged."""
+    return [(int(rows), float(s)) for rows, s in re.findall(
+        r"public/big: (\d+) rows of its tail merged in ([\d.]+) s",
+        log.read_text(errors="replace"))]
+
+
+def kept(config: Config, run: RunProcess, port: int, seconds: float, rows: int) -> dict:
+    """The big mirror kept under the traffic for ``seconds``: its freshness by ``BigProbe``
+    and its mirrors' batches (see the module's text)."""
+    from bench.measure import _percentiles
+
+    before, folded = mirrors_batches(port), len(folds(run.log))
+    probe = BigProbe(config.source_dsn, mirror_path(config.lakehouse, TABLE), rows)
+    stop = threading.Event()
+    threads = [threading.Thread(target=probe.run, args=(stop,), daemon=True),
+               threading.Thread(target=probe.watch, args=(stop,), daemon=True)]
+    for thread in threads:
+        thread.start()
+    stop.wait(seconds)
+    after = mirrors_batches(port)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    run.check()
+    batches, spent = after[0] - before[0], after[1] - before[1]
+    latencies = [s for _, s in probe.latencies()]
+    return {"seconds": seconds, "probes": len(probe.committed), "seen": len(latencies),
+            "mirror_latency_s": _percentiles(latencies),
+            "mirrors_batches": batches,
+            "mirrors_batch_mean_s": round(spent / batches, 3) if batches else None,
+            "mirrors_busy_share": round(spent / seconds, 3),
+            "folds": [{"rows": r, "seconds": s} for r, s in folds(run.log)[folded:]]}
 
 
 def _traffic(dsn: str, rows: int, counted_rate: float, big_rate: float,
@@ -197,8 +290,12 @@ def lakecdc_verify(config: Config, log: Path, *args: str) -> tuple[float, int]:
 
 
 def mirror_rows(config: Config) -> int:
+    """The mirror's rows: its table's, and its tail's keys that it lacks (every change of
+    the traffic updates a row of the table)."""
+    from silver.mirror_pending import read_mirror
+
     try:
-        return DeltaTable(mirror_path(config.lakehouse, TABLE)).to_pyarrow_dataset().count_rows()
+        return read_mirror(mirror_path(config.lakehouse, TABLE), columns=[]).num_rows
     except Exception:       # not created yet
         return 0
 
@@ -215,12 +312,10 @@ def replayed(config: Config) -> bool:
 def sample_matches(config: Config, rows: int) -> tuple[int, int]:
     """(rows compared, rows differing) over ``SAMPLE_RANGES`` random key ranges of
     ``SAMPLE_ROWS`` rows: every column, the mirror (delta-rs) against the source."""
-    import pyarrow.compute as pc
-
     from bench.measure import _utc
 
     rng = random.Random(3838)
-    mirror = DeltaTable(mirror_path(config.lakehouse, TABLE)).to_pyarrow_dataset()
+    mirror = CurrentMirror(mirror_path(config.lakehouse, TABLE))
     compared = differing = 0
     with psycopg.connect(config.source_dsn) as conn:
         for _ in range(SAMPLE_RANGES):
@@ -229,8 +324,8 @@ def sample_matches(config: Config, rows: int) -> tuple[int, int]:
             cur = conn.execute("SELECT * FROM big WHERE id BETWEEN %s AND %s", [lo, hi])
             names = [d.name for d in cur.description]
             source = {r[0]: tuple(_utc(v) for v in r) for r in cur}
-            got = mirror.to_table(columns=names, filter=(pc.field("id") >= lo)
-                                  & (pc.field("id") <= hi)).to_pylist()
+            got = mirror.rows(names, (pc.field("id") >= lo)
+                              & (pc.field("id") <= hi)).to_pylist()
             theirs = {r["id"]: tuple(_utc(r[n]) for n in names) for r in got}
             compared += len(source)
             differing += sum(1 for k in source.keys() | theirs.keys()
@@ -238,14 +333,16 @@ def sample_matches(config: Config, rows: int) -> tuple[int, int]:
     return compared, differing
 
 
-def measure(config: Config, work: Path, rows: int, rate: float) -> dict:
+def measure(config: Config, work: Path, rows: int, rate: float,
+            kept_s: float = KEPT_S) -> dict:
     """The section on ``config``'s database (set up, ``big`` created and filled, not
     captured). ``rate``: changes per second in all, half of them updates of ``big``."""
     from bench.catch_up import _until_exact
     from bench.measure import _load, _rate, exactness, truth
 
     out: dict = {"rows": rows, "rate": rate, "load_before": _load()}
-    run = RunProcess(config, work / "big-run.log")
+    port = free_port()
+    run = RunProcess(config, work / "big-run.log", {"LAKECDC_METRICS_PORT": str(port)})
     stop = multiprocessing.get_context("spawn").Event()
     results = multiprocessing.get_context("spawn").Queue()
     traffic = multiprocessing.get_context("spawn").Process(
@@ -282,6 +379,7 @@ def measure(config: Config, work: Path, rows: int, rate: float) -> dict:
                        "oldest_transaction_s": round(oldest.xact_s, 2),
                        "oldest_transaction": oldest.who,
                        "oldest_snapshot_xids": oldest.xmin_age}
+        out["kept"] = kept(config, run, port, kept_s, rows)
         stop.set()
         traffic.join(timeout=120)
         out["traffic"] = results.get(timeout=60)

@@ -51,8 +51,8 @@ def lakecdc_env(config: Config) -> dict[str, str]:
 class RunProcess:
     """``python -m pipelines run`` for ``config``, in a process group of its own."""
 
-    def __init__(self, config: Config, log: Path) -> None:
-        env = lakecdc_env(config)
+    def __init__(self, config: Config, log: Path, extra: dict[str, str] | None = None) -> None:
+        env = {**lakecdc_env(config), **(extra or {})}
         self.log = log
         self._sink = open(log, "ab")
         self.started = time.perf_counter()

@@ -59,21 +59,43 @@ class MirrorProbe(Probe):
 
     @contextmanager
     def looking(self):
-        from deltalake import DeltaTable
-
-        # One handle, brought up to date by the commits since (a reader's cheapest look:
-        # the probe must not take the cores it measures), opened once the mirror exists
-        # and again if its log was cleaned past the handle.
-        handle: list = []
+        mirror = CurrentMirror(self.mirror_uri)
 
         def look(pending: list) -> list:
-            try:
-                handle[0].update_incremental()
-            except Exception:
-                handle[:] = [DeltaTable(self.mirror_uri)]
-            return handle[0].to_pyarrow_dataset().to_table(
-                columns=["id"], filter=pc.field("id").isin(pending)).column("id").to_pylist()
+            return mirror.rows(["id"], pc.field("id").isin(pending)).column("id").to_pylist()
         yield look
+
+
+class CurrentMirror:
+    """A mirror's current rows, its tail laid over its table
+    (``silver.mirror_pending.mirror_of``), through handles brought up to date by the
+    commits since (a reader's cheapest look: a probe must not take the cores it measures),
+    opened once a table exists and again if its log was cleaned past the handle."""
+
+    def __init__(self, uri: str) -> None:
+        from silver.mirror_pending import pending_path
+
+        self.uri, self.tail_uri = uri, pending_path(uri)
+        self._handles: dict = {}
+
+    def rows(self, columns: list[str], where):
+        """The current rows of the keys ``where`` (an expression over the key) selects."""
+        from silver.mirror_pending import mirror_of
+
+        tail = self._kept(self.tail_uri)           # first: a fold empties it after the table
+        pending = None if tail is None else tail.to_pyarrow_dataset().to_table(filter=where)
+        return mirror_of(self._kept(self.uri), pending, columns, where)
+
+    def _kept(self, uri: str):
+        from deltalake import DeltaTable
+
+        try:
+            self._handles[uri].update_incremental()
+        except Exception:
+            if not DeltaTable.is_deltatable(uri):
+                return None
+            self._handles[uri] = DeltaTable(uri)
+        return self._handles[uri]
 
 
 def drive(source_dsn: str, dashboard_dsn: str, rate: float, neighbour_rate: float,

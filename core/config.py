@@ -20,6 +20,7 @@ DEFAULT_NOTIFICATIONS = "public.notifications"
 DEFAULT_HISTORY = "public.notification_history"
 DEFAULT_TABLES = (DEFAULT_NOTIFICATIONS, DEFAULT_HISTORY)
 MIRROR_INTERVAL_S = 1.0
+MIRROR_MERGE_S = 1.0
 MAINTAIN_INTERVAL_S = 300.0
 RETENTION_HOURS = 24
 LOG_RETENTION_MINUTES = 10
@@ -107,6 +108,10 @@ class Config:
     # often: each costs one MERGE per changed table, beside the gold path on the same cores
     # (docs/silver.md, "Mirrors": how fresh).
     mirror_interval_s: float = MIRROR_INTERVAL_S
+    # A mirror whose MERGE takes longer than this many seconds (a big table: its
+    # copy-on-write MERGE rewrites most of it) takes its batches into a tail, merged now and
+    # then (``silver.mirror_pending``; docs/silver.md, "Big mirrors"); 0: every mirror.
+    mirror_merge_s: float = MIRROR_MERGE_S
     # Maintenance (pipelines.maintain, docs/operations.md "Running for months"): each writer
     # compacts and vacuums its tables between its batches at most this often. At 2,000
     # changes/s bronze and silver get 700-800 small files in 5 minutes: compacting them
@@ -183,6 +188,7 @@ class Config:
         for name, key in (("LAKECDC_HEARTBEAT_INTERVAL", "heartbeat_interval_s"),
                           ("LAKECDC_RECONNECT_MAX_BACKOFF", "reconnect_max_backoff_s"),
                           ("LAKECDC_MIRROR_INTERVAL", "mirror_interval_s"),
+                          ("LAKECDC_MIRROR_MERGE_S", "mirror_merge_s"),
                           ("LAKECDC_MAINTAIN_INTERVAL", "maintain_interval_s")):
             if env.get(name):
                 values[key] = _number(name, env[name])
@@ -271,6 +277,9 @@ class Config:
         if self.mirror_interval_s <= 0:
             raise UserError("the mirrors' interval (LAKECDC_MIRROR_INTERVAL) must be a "
                             "positive number of seconds.")
+        if self.mirror_merge_s < 0:
+            raise UserError("the mirrors' MERGE time for a tail (LAKECDC_MIRROR_MERGE_S) must "
+                            "be a number of seconds >= 0 (0 gives every mirror a tail).")
         if self.maintain_interval_s <= 0:
             raise UserError("the maintenance interval (LAKECDC_MAINTAIN_INTERVAL) must be a "
                             "positive number of seconds.")

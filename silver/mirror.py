@@ -291,8 +291,11 @@ class MirrorWriter:
         mirrors have nothing waiting; each batch commits its MERGEs."""
 
     def finish(self) -> None:
-        """After the last batch: each batch committed its MERGEs (see ``idle``); what
-        records the mirrors' progress lets its connection go."""
+        """After the last batch: each batch committed its MERGEs (see ``idle``), and each
+        mirror's tail is folded into its table (a run that ends leaves every mirror's table
+        whole); what records the mirrors' progress lets its connection go."""
+        if self.failure is None:
+            self.store.fold_all()
         if self.on_finish is not None:
             self.on_finish()
 
@@ -357,7 +360,9 @@ class MirrorWriter:
         if complete is not None and self.on_complete is not None:
             self.on_complete(*complete)
         if marker is not None and self.on_marker is not None:
+            self.store.fold_all()               # each mirror's table holds its changes
             self.on_marker(marker, batch_id)     # every mirror holds the batch now
+        self.store.fold_due()
         if self.after_batch is not None:
             self.after_batch()
 
@@ -447,8 +452,9 @@ class MirrorWriter:
             held["replayed"] = self._replaying[found.name]    # all applied with this part
         meta = commit_metadata("mirror", batch_id=batch_id, part=part, truncated=truncate,
                                **held)
+        plain = not truncate and not moved and "replayed" not in held
         if not self.store.merge(MergeJob(path, batch_id * PARTS + part, meta, source, key,
-                                         types, truncate)):
+                                         types, truncate, plain)):
             return                                      # merged before a kill: a replay
         self.faults.hit("after_mirror_merge")
 
@@ -481,6 +487,7 @@ class MirrorWriter:
                 "\"Mirrors\": schema changes).")
         added = {n: t for n, t in found.types.items() if n not in types}
         if added:
+            self.store.fold(path)               # the tail in the table's columns, first
             have = set(DeltaTable.forPath(spark, path).toDF().columns)   # a replay's
             columns = ", ".join(f"{q(n)} {spark_type(t).simpleString()}"
                                 for n, t in added.items() if n not in have)

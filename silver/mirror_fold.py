@@ -19,12 +19,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from core.captured import MARKER_PREFIX
+from silver.mirror_table import EXISTS, HAS_PREFIX  # noqa: F401  (this module's names too)
 from silver.parse import MESSAGE_ACTION
 
 MIRRORED_OPS = ("I", "U", "D", "R")
 TEXT_MAP = pa.map_(pa.string(), pa.string())
 # ``column_values``'s columns, per non-key column ``i``: its text, and whether it is set.
-TEXT_PREFIX, HAS_PREFIX = "__lakecdc_text_", "__lakecdc_has_"
+TEXT_PREFIX = "__lakecdc_text_"
 _ENTRIES = pa.list_(pa.struct([("key", pa.string()), ("value", pa.string())]))
 # The silver columns the mirrors read.
 MIRROR_COLUMNS = ("commit_lsn", "seq", "tx_changes", "commit_ts", "op", "schema_name",

@@ -22,37 +22,48 @@ carries no app transaction, so a replayed batch is merged again.
 from __future__ import annotations
 
 import json
+import logging
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from core.commits import merge_recorded, parse_commit_metadata, rs_commit
+from core.commits import commit_metadata, merge_recorded, parse_commit_metadata, rs_commit
 from core.handle import WriterHandle
 from core.storage import delta_rs_uri
-from silver.mirror_fold import HAS_PREFIX, MIRROR_COLUMNS
+from silver.mirror_fold import MIRROR_COLUMNS
+from silver.mirror_pending import (
+    FOLD_SHARE,
+    MAX_PENDING_ROWS,
+    VERSION,
+    as_tail,
+    fold_pending,
+    pending_path,
+    tail_schema,
+)
 from silver.mirror_table import (  # noqa: F401
     COMMIT_LSN,
     COMMIT_TS,
+    EXISTS,
+    HAS_PREFIX,
+    PROPERTIES,
     TYPES_PROPERTY,
     mirror_shape_of,
+    mirrored_columns,
 )
+
+log = logging.getLogger("lakecdc.mirror")
 
 APP_ID = "lakecdc-mirror"
 PARTS = 1_000_000       # txn version = batch id * PARTS + the part of the batch (chain_cuts)
-EXISTS = "__lakecdc_exists"
 HISTORY = 100           # commits searched for the newest MERGE's batch (Spark)
 
 
 def q(name: str) -> str:
     """A column name quoted for a Spark SQL expression."""
     return "`" + name.replace("`", "``") + "`"
-
-
-def mirrored_columns(key: tuple[str, ...], types: dict[str, str]) -> list[str]:
-    """The mirror's non-key columns, in the order ``silver.mirror.merge_source`` numbers
-    them."""
-    return [n for n in types if n not in key]
 
 
 @dataclass(frozen=True)
@@ -108,18 +119,37 @@ class MergeJob:
     key: tuple[str, ...]
     types: dict[str, str]
     truncate: bool = False
+    # Neither a TRUNCATE, nor a key moved (whose source reads the mirror's table), nor the
+    # changes held while the table loaded (``replay_due`` reads the table's own commits):
+    # such a part may go to the tail (``silver.mirror_pending``).
+    plain: bool = False
+
+
+@dataclass
+class Tail:
+    """A mirror's tail as its writer knows it (``silver.mirror_pending``)."""
+
+    exists: bool
+    rows: int
+    cost: float = 0.0               # seconds its last MERGE or fold took
+    folded_at: float = 0.0          # ``time.monotonic()`` of its last fold
+    meta: str | None = None         # the metadata of its newest batch
 
 
 class RsMirrors:
     """The mirrors' tables through delta-rs (see the module's text): one kept handle per
-    mirror."""
+    mirror and per tail. A mirror whose MERGE took more than ``merge_s`` seconds takes its
+    next batches into its tail, folded by ``fold_due`` (``silver.mirror_pending``)."""
 
     writes = None                   # no Spark writer: every read and write is delta-rs's
 
-    def __init__(self, storage_options: dict | None = None, guard: bool = True) -> None:
+    def __init__(self, storage_options: dict | None = None, guard: bool = True,
+                 merge_s: float = float("inf")) -> None:
         self.storage_options = storage_options
         self.guard = guard
+        self.merge_s = merge_s
         self._handles: dict[str, WriterHandle] = {}
+        self._tails: dict[str, Tail] = {}
 
     def rows(self, batch) -> pa.Table:
         from silver.writer import batch_rows
@@ -127,14 +157,118 @@ class RsMirrors:
         return batch_rows(batch, MIRROR_COLUMNS)
 
     def merge(self, job: MergeJob) -> bool:
-        """Commit ``job`` unless its version is recorded; False: a replay, skipped."""
-        with self._handle(job.path).use() as table:
-            recorded = table.transaction_version(APP_ID) if self.guard else None
+        """Commit ``job`` unless its version is recorded (in the mirror's table or its
+        tail); False: a replay, skipped."""
+        tail = self._tail(job.path)
+        if self.guard:
+            recorded = self._recorded(job.path, tail)
             if recorded is not None and recorded >= job.version:
                 return False                            # merged before a kill: a replay
+        if job.plain and (tail.rows or self.merge_s == 0 or tail.cost > self.merge_s):
+            self._append(job, tail)
+            return True
+        self.fold(job.path)
+        start = time.monotonic()
+        with self._handle(job.path).use() as table:
             commit = rs_commit(job.meta, APP_ID, job.version)
             merge_changes(table, job.source(), job.key, job.types, commit, job.truncate)
+        tail.cost = time.monotonic() - start
         return True
+
+    def fold(self, path: str) -> None:
+        """MERGE the mirror's tail into its table, then empty the tail (nothing when it is
+        empty). Its app transaction is the tail's newest version; a kill before the tail
+        is emptied folds the same rows again, to the same table."""
+        tail = self._tail(path)
+        if not tail.rows:
+            return
+        start = time.monotonic()
+        key, types = self.shape(path)
+        with self._handle(pending_path(path)).use() as pending:
+            rows = pending.to_pyarrow_table()
+            meta = tail.meta or _newest_batch_meta(
+                [c.get("userMetadata") for c in pending.history(HISTORY)])
+        top = int(pc.max(rows[VERSION]).as_py())
+        with self._handle(path).use() as table:
+            merge_changes(table, fold_pending(rows, key, mirrored_columns(key, types)), key,
+                          types, rs_commit(meta, APP_ID, top))
+        self._empty_tail(path, rows.schema, top)
+        tail.rows, tail.meta, tail.folded_at = 0, None, time.monotonic()
+        tail.cost = tail.folded_at - start
+        log.info("mirror at %s: %d rows of its tail merged in %.2f s", path, rows.num_rows,
+                 tail.cost)
+
+    def fold_due(self) -> None:
+        """Fold each tail whose folds would take at most ``FOLD_SHARE`` of the time since
+        the last, or that holds ``MAX_PENDING_ROWS``; between two batches."""
+        now = time.monotonic()
+        for path, tail in list(self._tails.items()):
+            if tail.rows and (tail.rows >= MAX_PENDING_ROWS
+                              or now - tail.folded_at >= tail.cost / FOLD_SHARE):
+                self.fold(path)
+
+    def fold_all(self) -> None:
+        """Fold every tail: each mirror's table then holds all its changes (a verify
+        marker passed, ``pipelines.verify.mirrors``)."""
+        for path in list(self._tails):
+            self.fold(path)
+
+    def drop_tail(self, path: str) -> None:
+        """Empty the mirror's tail, unmerged: its table was replaced (new initial rows)."""
+        tail = self._tail(path)
+        if tail.rows:
+            with self._handle(pending_path(path)).use() as pending:
+                schema = pa.schema(pending.schema().to_arrow())
+            self._empty_tail(path, schema, None)
+            tail.rows, tail.meta = 0, None
+
+    def _append(self, job: MergeJob, tail: Tail) -> None:
+        from deltalake import write_deltalake
+
+        with self._handle(job.path).use() as table:
+            base = pa.schema(table.schema().to_arrow())
+        rows = as_tail(job.source(), tail_schema(base, job.key, mirrored_columns(
+            job.key, job.types)), job.version)
+        commit = rs_commit(job.meta, APP_ID, job.version)
+        uri = pending_path(job.path)
+        if not tail.exists:
+            write_deltalake(delta_rs_uri(uri), rows, mode="append", schema_mode="merge",
+                            commit_properties=commit, storage_options=self.storage_options,
+                            configuration=dict(PROPERTIES))
+            tail.exists = True
+        else:
+            with self._handle(uri).use() as pending:
+                write_deltalake(pending, rows, mode="append", schema_mode="merge",
+                                commit_properties=commit)
+        tail.rows += rows.num_rows
+        tail.meta = job.meta
+
+    def _empty_tail(self, path: str, schema: pa.Schema, folded: int | None) -> None:
+        from deltalake import write_deltalake
+
+        with self._handle(pending_path(path)).use() as pending:
+            write_deltalake(pending, schema.empty_table(), mode="overwrite",
+                            commit_properties=rs_commit(commit_metadata(
+                                "mirror", folded=folded)))
+
+    def _tail(self, path: str) -> Tail:
+        if path not in self._tails:
+            from deltalake import DeltaTable
+
+            uri = delta_rs_uri(pending_path(path))
+            exists = DeltaTable.is_deltatable(uri, storage_options=self.storage_options)
+            rows = _rows_of(DeltaTable(uri, storage_options=self.storage_options)) \
+                if exists else 0
+            self._tails[path] = Tail(exists, rows, folded_at=time.monotonic())
+        return self._tails[path]
+
+    def _recorded(self, path: str, tail: Tail) -> int | None:
+        with self._handle(path).use() as table:
+            versions = [table.transaction_version(APP_ID)]
+        if tail.exists:
+            with self._handle(pending_path(path)).use() as pending:
+                versions.append(pending.transaction_version(APP_ID))
+        return max((v for v in versions if v is not None), default=None)
 
     def changed_beside(self, path: str) -> None:
         """Spark committed to the mirror beside the kept handle (a column added)."""
@@ -167,6 +301,7 @@ class RsMirrors:
             delta_rs_uri(path), storage_options=self.storage_options).history(HISTORY)])
 
     def _handle(self, path: str) -> WriterHandle:
+        """The kept handle of a mirror's table, or of its tail (``pending_path``)."""
         if path not in self._handles:
             self._handles[path] = WriterHandle(delta_rs_uri(path), self.storage_options)
         return self._handles[path]
@@ -180,13 +315,15 @@ class SparkMirrors:
         self.writes = writes
         self.guard = guard
         self._recorded: dict[str, int | None] = {}      # path → the newest MERGE's version
+        self._settled: set[str] = set()         # mirrors whose tail was looked at
 
     def rows(self, batch) -> pa.Table:
         return batch.select(*MIRROR_COLUMNS).toArrow()
 
     def merge(self, job: MergeJob) -> bool:
         """Commit ``job`` unless its version is recorded; False: a replay, skipped (by this
-        check or by Spark's own)."""
+        check or by Spark's own). Every batch is MERGEd into the mirror's table."""
+        self.fold(job.path)
         if self.guard:
             recorded = self.recorded(job.path)
             if recorded is not None and recorded >= job.version:
@@ -198,6 +335,47 @@ class SparkMirrors:
                           app=(APP_ID, job.version) if self.guard else None)
         self._recorded[job.path] = job.version
         return True
+
+    def fold(self, path: str) -> None:
+        """Fold a tail the delta-rs writer left (``RsMirrors.fold``), once per query: this
+        writer keeps none."""
+        from delta.tables import DeltaTable
+
+        if path in self._settled:
+            return
+        self._settled.add(path)
+        spark, tail = self.writes.spark, pending_path(path)
+        if not DeltaTable.isDeltaTable(spark, tail):
+            return
+        rows = spark.read.format("delta").load(tail).toArrow()
+        if rows.num_rows:
+            key, types = self.shape(path)
+            c = merge_clauses(key, types)
+            top = int(pc.max(rows[VERSION]).as_py())
+            meta = _newest_batch_meta([r.userMetadata for r in DeltaTable.forPath(
+                spark, tail).history(HISTORY).orderBy("version", ascending=False).collect()])
+            self.writes.merge(path, fold_pending(rows, key, mirrored_columns(key, types)),
+                              c.on, delete=c.delete_when, update=c.update,
+                              update_when=c.exists, insert=c.insert, insert_when=c.exists,
+                              meta=meta, app=(APP_ID, top))
+            self._recorded.pop(path, None)
+        self.drop_tail(path)
+
+    def fold_due(self) -> None:
+        """Nothing: this writer keeps no tail."""
+
+    def fold_all(self) -> None:
+        """Nothing: this writer keeps no tail."""
+
+    def drop_tail(self, path: str) -> None:
+        """Empty the mirror's tail, if it has one (``RsMirrors.drop_tail``)."""
+        from delta.tables import DeltaTable
+
+        spark, tail = self.writes.spark, pending_path(path)
+        if DeltaTable.isDeltaTable(spark, tail):
+            (spark.read.format("delta").load(tail).limit(0).write.format("delta")
+             .mode("overwrite").option("userMetadata", commit_metadata("mirror", folded=None))
+             .save(tail))
 
     def changed_beside(self, path: str) -> None:
         """Nothing kept that a commit beside it makes stale (Spark reads the log anew)."""
@@ -237,11 +415,61 @@ class SparkMirrors:
         return self._recorded[path]
 
 
+def current_mirror(spark, path: str):
+    """(Spark) The current rows of the Delta table at ``path``: a mirror's table with its
+    tail laid over it as ``silver.mirror_pending.current_rows`` does (any other table, or a
+    mirror without a tail, as it is). The tail is read now (it is small: at most
+    ``MAX_PENDING_ROWS``), the table when the DataFrame runs."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    table = spark.read.format("delta").load(path)
+    tail = pending_path(path)
+    if not DeltaTable.isDeltaTable(spark, tail):
+        return table
+    rows = spark.read.format("delta").load(tail).toArrow()
+    if rows.num_rows == 0:
+        return table
+    key, types = mirror_shape(spark, path)
+    others = mirrored_columns(key, types)
+    folded = spark.createDataFrame(fold_pending(rows, key, others))
+    kept = table.join(folded.select(*[q(k) for k in key]), list(key), "left_anti")
+    made = folded.where(F.col(EXISTS)).alias("s").join(
+        table.alias("t"), [F.col(f"s.{q(k)}") == F.col(f"t.{q(k)}") for k in key], "left")
+    columns = []
+    for name in table.columns:
+        if name in others and name in folded.columns:
+            value = F.when(F.col(f"s.{q(HAS_PREFIX + str(others.index(name)))}"),
+                           F.col(f"s.{q(name)}")).otherwise(F.col(f"t.{q(name)}"))
+        elif name in folded.columns:
+            value = F.col(f"s.{q(name)}")
+        else:                                   # a column the tail does not have yet
+            value = F.col(f"t.{q(name)}")
+        columns.append(value.cast(table.schema[name].dataType).alias(name))
+    return kept.unionByName(made.select(*columns))
+
+
 def mirror_shape(spark, path: str) -> tuple[tuple[str, ...], dict[str, str]]:
     """(Spark) A mirror's key and (column → Postgres type), from its table properties."""
     from delta.tables import DeltaTable
 
     return mirror_shape_of(DeltaTable.forPath(spark, path).detail().first().properties)
+
+
+def _rows_of(table) -> int:
+    """The rows of a delta-rs table, from its files' statistics."""
+    files = pa.table(table.get_add_actions(flatten=True))
+    return int(pc.sum(files["num_records"]).as_py() or 0) if files.num_rows else 0
+
+
+def _newest_batch_meta(metadata: list[str | None]) -> str:
+    """Of a tail's commits' metadata (newest first), the newest batch's: its fold carries
+    it into the mirror's table, where ``pipelines.verify.mirrors`` reads it."""
+    for text in metadata:
+        meta = parse_commit_metadata(text, "mirror")
+        if meta is not None and "batch_id" in meta:
+            return text
+    return commit_metadata("mirror")
 
 
 def due_replay(metadata: list[str | None]) -> int | None:
@@ -273,8 +501,10 @@ def recorded_version(spark, path: str) -> int | None:
     return None
 
 
-def mirror_store(writes=None, storage_options: dict | None = None, guard: bool = True):
+def mirror_store(writes=None, storage_options: dict | None = None, guard: bool = True,
+                 merge_s: float = float("inf")):
     """The mirrors' engine: Spark's with ``writes`` (a ``SparkWrites``; the entry point
-    makes one where ``Config.spark_writes``), else delta-rs's."""
-    return SparkMirrors(writes, guard) if writes is not None else RsMirrors(storage_options,
-                                                                            guard)
+    makes one where ``Config.spark_writes``), else delta-rs's, keeping a tail for each
+    mirror whose MERGE takes more than ``merge_s`` seconds."""
+    return SparkMirrors(writes, guard) if writes is not None else RsMirrors(
+        storage_options, guard, merge_s)

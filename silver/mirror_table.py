@@ -14,6 +14,9 @@ COMMIT_LSN, COMMIT_TS = "_lakecdc_commit_lsn", "_lakecdc_commit_ts"
 TYPES_PROPERTY = "lakecdc.sourceTypes"       # JSON {column: Postgres type}
 KEY_PROPERTY = "lakecdc.keyColumns"          # JSON list of the primary key's columns
 SEED_APP_ID = "lakecdc-mirror-seed"          # the initial rows' point (seed or load)
+# A MERGE source's columns besides the mirror's (``silver.mirror.merge_source``): whether
+# the key's final row exists, and per non-key column ``i`` whether the batch carried it.
+EXISTS, HAS_PREFIX = "__lakecdc_exists", "__lakecdc_has_"
 # No deletion vectors: delta-rs (deltalake 1.6.6) refuses to read a table with that reader
 # feature, and a mirror is read by delta-rs (``lakecdc tables``, the demo, users).
 PROPERTIES = {"delta.enableDeletionVectors": "false", **CHECKPOINTS}
@@ -38,3 +41,9 @@ def mirror_shape_of(properties: dict[str, str]) -> tuple[tuple[str, ...], dict[s
     """A mirror's key and (column → Postgres type), from its table properties. Pure."""
     return (tuple(json.loads(properties[KEY_PROPERTY])),
             dict(json.loads(properties[TYPES_PROPERTY])))
+
+
+def mirrored_columns(key: tuple[str, ...], types: dict[str, str]) -> list[str]:
+    """The mirror's non-key columns, in the order ``silver.mirror.merge_source`` numbers
+    them. Pure."""
+    return [n for n in types if n not in key]

@@ -69,13 +69,17 @@ def use_tables(spark: SparkSession, config) -> list[str]:
 
 
 def register_tables(spark: SparkSession, paths: dict[str, str]) -> list[str]:
-    """Create or replace a temporary view per existing table; returns the names made."""
+    """Create or replace a temporary view per existing table; returns the names made. A
+    mirror with a tail is its current rows, the tail as it is now laid over its table
+    (``silver.mirror_store.current_mirror``)."""
     from delta.tables import DeltaTable
+
+    from silver.mirror_store import current_mirror
 
     made = []
     for name, path in paths.items():
         if DeltaTable.isDeltaTable(spark, path):
-            spark.read.format("delta").load(path).createOrReplaceTempView(name)
+            current_mirror(spark, path).createOrReplaceTempView(name)
             made.append(name)
     return made
 

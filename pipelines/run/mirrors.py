@@ -117,6 +117,7 @@ def seed_mirror(spark: SparkSession, lakehouse: str, table: str, path: str,
         (typed_rows.write.format("delta").mode("overwrite")
          .option("txnAppId", SEED_APP_ID).option("txnVersion", point)
          .option("userMetadata", commit_metadata("mirror", seed=point)).save(path))
+    store.drop_tail(path)              # changes of the rows replaced (``silver.mirror_pending``)
     log.info("mirror of %s: started from its initial rows at %s", table, fmt(point))
     return point
 

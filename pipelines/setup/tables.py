@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from bronze import heartbeat
@@ -65,6 +66,8 @@ from pipelines.setup.mirror_load import (
     typing_session,
 )
 from pipelines.source.mirror_specs import specials_note, table_specs
+from silver.mirror_pending import pending_path, read_mirror
+from silver.mirror_table import COMMIT_TS
 
 ACK_TIMEOUT_S = 120.0
 
@@ -323,6 +326,14 @@ def _mirror_freshness(lakehouse: str, table: str, storage_options: dict | None):
     rows = sum(f.get("num_records") or 0 for f in files)
     newest = max((f.get("max._lakecdc_commit_ts") for f in files
                   if f.get("max._lakecdc_commit_ts") is not None), default=None)
+    tail = pending_path(uri)
+    if DeltaTable.is_deltatable(tail, storage_options=storage_options) \
+            and pa.table(DeltaTable(tail, storage_options=storage_options)
+                         .get_add_actions()).num_rows:
+        # Changes not merged into the table yet (silver.mirror_pending): counted over it.
+        current = read_mirror(uri, storage_options, columns=[COMMIT_TS])
+        rows = current.num_rows
+        newest = pc.max(current[COMMIT_TS]).as_py()
     last = mirror.history(1)[0].get("timestamp")
     updated = datetime.fromtimestamp(last / 1000, timezone.utc) if last else None
     return rows, updated, newest

@@ -73,7 +73,8 @@ def values(rng: random.Random, k1: int, k2: str) -> list:
 INSERT = ("INSERT INTO typed_rows VALUES (" + ", ".join(["%s"] * 22) + ")")
 
 
-def traffic(conn, rng: random.Random, rounds: int, added: bool = False) -> None:
+def traffic(conn, rng: random.Random, rounds: int, added: bool = False,
+            moves: bool = True) -> None:
     keys = [tuple(r) for r in conn.execute("SELECT k1, k2 FROM typed_rows")]
     for _ in range(rounds):
         with conn.transaction():
@@ -88,7 +89,7 @@ def traffic(conn, rng: random.Random, rounds: int, added: bool = False) -> None:
             if keys and rng.random() < 0.2:          # body rewritten
                 conn.execute("UPDATE typed_rows SET body = %s WHERE k1 = %s AND k2 = %s",
                              [toasted(rng), *rng.choice(keys)])
-            if keys and rng.random() < 0.15:         # the key changes
+            if moves and keys and rng.random() < 0.15:         # the key changes
                 old = keys.pop(rng.randrange(len(keys)))
                 new = (old[0] + 10**7, old[1])
                 conn.execute("UPDATE typed_rows SET k1 = %s, small = 1 WHERE k1 = %s "
@@ -112,13 +113,26 @@ def _float4(value):
     return None if value is None else struct.unpack("f", struct.pack("f", value))[0]
 
 
-def mirror_rows(config, added: bool) -> dict:
+def mirror_rows(config, added: bool, tail: bool = False, spark=None) -> dict:
+    """The mirror's table read with delta-rs; ``tail``: with its tail laid over it
+    (``silver.mirror_pending.read_mirror``), by Spark where ``spark`` is given
+    (``silver.mirror_store.current_mirror``)."""
     from deltalake import DeltaTable
+
+    from silver.mirror_pending import read_mirror
 
     names = ["k1", "k2", "small", "big", "price", "exact", "ratio", "score", "flag", "day",
              "seen", "at", "label", "code", "ref", "state", "doc", "raw", "counts", "tags",
              "wait", "body", *(["note"] if added else [])]
-    table = DeltaTable(mirror_path(config.lakehouse, TABLE)).to_pyarrow_table(columns=names)
+    path = mirror_path(config.lakehouse, TABLE)
+    if tail and spark is not None:
+        from silver.mirror_store import current_mirror
+
+        table = current_mirror(spark, path).select(*names).toArrow()
+    elif tail:
+        table = read_mirror(path, columns=names).select(names)
+    else:
+        table = DeltaTable(path).to_pyarrow_table(columns=names)
     return {(r["k1"], r["k2"]): [_norm(r[n]) for n in names] for r in table.to_pylist()}
 
 
@@ -130,10 +144,10 @@ def _norm(value):
     return value
 
 
-def assert_mirror_is_source(source_db, config, added=False):
+def assert_mirror_is_source(source_db, config, added=False, tail=False, spark=None):
     with source_db.connect() as conn:
         expected = source_rows(conn, added)
-    got = mirror_rows(config, added)
+    got = mirror_rows(config, added, tail, spark)
     assert len(expected) > 5
     assert got.keys() == expected.keys()
     differing = [k for k in expected if got[k] != expected[k]]
@@ -143,22 +157,26 @@ def assert_mirror_is_source(source_db, config, added=False):
 
 
 @pytest.mark.long
+@pytest.mark.parametrize("merge_s", ["1", "0"], ids=["merge", "tail"])
 def test_a_mirror_matches_its_source_through_toast_key_changes_truncate_and_a_new_column(
-        source_db, config, cli_here):
+        source_db, config, cli_here, merge_s):
     """The table holds rows before ``setup``: its mirror starts from them (read in the
-    slot's exported snapshot), then follows the changes."""
+    slot's exported snapshot), then follows the changes. ``tail``: every mirror keeps its
+    batches in a tail first (``LAKECDC_MIRROR_MERGE_S=0``, as a big table's does), folded
+    at the end of each run."""
     rng = random.Random(1717)
     with source_db.connect() as conn:
         conn.execute(SCHEMA_SQL)
         traffic(conn, rng, 40)
-    env = {**cli_env(config), **MIRRORED}
+    env = {**cli_env(config), **MIRRORED, "LAKECDC_MIRROR_MERGE_S": merge_s}
     setup = cli_here(["setup"], env)      # in this process: its bytea and arrays need Spark
     assert setup.returncode == 0, setup.stderr[-3000:]
     for table in ("public.notifications", "public.notification_history"):
         assert f"loaded the 0 rows of {table} into its mirror" in setup.stdout, setup.stdout
     assert "rows of public.typed_rows into its mirror in" in setup.stdout, setup.stdout
+    moves = merge_s != "0"           # a batch moving a key is MERGEd, tail or not
     with source_db.connect() as conn:
-        traffic(conn, rng, 60)
+        traffic(conn, rng, 60, moves=moves)
 
     def run_once():
         done = cli_here(["run", "--once"], env)
@@ -168,7 +186,7 @@ def test_a_mirror_matches_its_source_through_toast_key_changes_truncate_and_a_ne
     assert_mirror_is_source(source_db, config)
     with source_db.connect() as conn:           # TOAST left alone across batches
         conn.execute("UPDATE typed_rows SET small = 7")
-        traffic(conn, rng, 30)
+        traffic(conn, rng, 30, moves=moves)
     run_once()
     assert_mirror_is_source(source_db, config)
     with source_db.connect() as conn:           # a TRUNCATE between changes, in one batch
@@ -179,6 +197,24 @@ def test_a_mirror_matches_its_source_through_toast_key_changes_truncate_and_a_ne
         traffic(conn, rng, 30, added=True)
     run_once()
     assert_mirror_is_source(source_db, config, added=True)
+    # The tail took the second run's batch; the first applies the changes held while setup
+    # loaded the table, the third a TRUNCATE: both MERGEd into the table.
+    assert (tail_batches(config) >= 1) if merge_s == "0" else tail_batches(config) == 0
+
+
+def tail_batches(config) -> int:
+    """The batches the mirror's tail took (``silver.mirror_pending``)."""
+    import json
+
+    from deltalake import DeltaTable
+
+    from silver.mirror_pending import pending_path
+
+    tail = pending_path(mirror_path(config.lakehouse, TABLE))
+    if not DeltaTable.is_deltatable(tail):
+        return 0
+    return sum("batch_id" in json.loads(c.get("userMetadata") or "{}")
+               for c in DeltaTable(tail).history())
 
 
 def mirrored_after_one_run(source_db, config, cli_here, seed: int, rounds: int) -> dict:
@@ -257,6 +293,88 @@ def test_kill_9_between_the_parts_of_a_batch_then_the_rerun_merges_only_the_rest
     assert first["batch_id"] == json.loads(written[0]["userMetadata"])["batch_id"]
     assert_mirror_is_source(source_db, config)
     assert mirror_rows(config, added=False)[(-2, k2)][-1] is not None     # the body kept
+
+
+def test_a_tail_holds_a_batch_over_its_table_until_folded_and_a_replay_appends_nothing(
+        source_db, config, cli_here, tmp_path, spark):
+    """A mirror keeping its batches in a tail (``LAKECDC_MIRROR_MERGE_S=0``, as a big
+    table's does): killed right after the tail took a batch, the mirror's table has not
+    changed and the table with its tail laid over it equals the source, read by delta-rs
+    (``read_mirror``) and by Spark (``current_mirror``, as ``lakecdc sql`` reads it).
+    The next start replays the batch: the tail's app transaction skips it, and the end of
+    the run folds the tail into the table, which then equals the source by itself. The
+    negative control: with the guard off, the replay appends the batch to the tail again."""
+    import json
+
+    from deltalake import DeltaTable
+
+    from silver.mirror_pending import pending_path
+
+    env = mirrored_after_one_run(source_db, config, cli_here, seed=41, rounds=15)
+    env = {**env, "LAKECDC_MIRROR_MERGE_S": "0"}
+    with source_db.connect() as conn:
+        conn.execute("UPDATE typed_rows SET big = big + 1")     # the TOASTed body left out
+        conn.execute("DELETE FROM typed_rows WHERE k1 % 3 = 0")
+        conn.execute(INSERT, values(random.Random(42), 5, "new"))
+    for stage in (["ship", "--once"], ["stream", "--once"]):
+        assert cli_here(stage, env).returncode == 0
+    mirror = mirror_path(config.lakehouse, TABLE)
+    tail = pending_path(mirror)
+    before = DeltaTable(mirror).version()
+    checkpoint = f"{config.lakehouse}/_checkpoints/mirrors"
+    saved = tmp_path / "mirrors-checkpoint"
+    shutil.copytree(checkpoint, saved)
+
+    killed = run_cli(["mirrors", "--once"], {**env, "LAKECDC_FAULT": "after_mirror_merge:1"})
+    assert killed.returncode == 137, killed.stderr[-3000:]
+    assert DeltaTable(mirror).version() == before               # the table waits
+    with pytest.raises(AssertionError):
+        assert_mirror_is_source(source_db, config)
+    assert_mirror_is_source(source_db, config, tail=True)
+    assert_mirror_is_source(source_db, config, tail=True, spark=spark)
+    with source_db.connect() as conn:
+        count = conn.execute("SELECT count(*) FROM typed_rows").fetchone()[0]
+    assert count != len(mirror_rows(config, added=False))
+    listed = cli_here(["tables"], env)                          # its rows: the current ones
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    assert next(ln for ln in listed.stdout.splitlines()
+                if ln.startswith(TABLE)).split()[6] == f"{count:,}", listed.stdout
+    taken = DeltaTable(tail).version()
+
+    def appended_since(version: int) -> list[dict]:
+        table = DeltaTable(tail)
+        return [m for c in table.history(table.version() - version)
+                if "batch_id" in (m := json.loads(c.get("userMetadata") or "{}"))]
+
+    again = cli_here(["mirrors", "--once"], env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert appended_since(taken) == []                          # the replay: skipped
+    assert DeltaTable(tail).to_pyarrow_table().num_rows == 0    # folded
+    assert_mirror_is_source(source_db, config)
+    folded = json.loads(DeltaTable(mirror).history(1)[0]["userMetadata"])
+    assert "batch_id" in folded and not folded.get("partial"), folded
+
+    shutil.rmtree(checkpoint)
+    shutil.copytree(saved, checkpoint)                          # the batch runs again
+    unguarded = cli_here(["mirrors", "--once"],
+                         {**env, "LAKECDC_UNSAFE_DISABLE_GUARDS": "mirror_txn"})
+    assert unguarded.returncode == 0, unguarded.stderr[-3000:]
+    assert len(appended_since(taken)) == 1                      # appended a second time
+    assert_mirror_is_source(source_db, config)
+
+    # A tail left by a kill, then the Spark writer (``LAKECDC_WRITER=spark``), which keeps
+    # no tail: it folds the tail first, and its replay guard skips the batch folded.
+    with source_db.connect() as conn:
+        conn.execute("UPDATE typed_rows SET small = small - 1")
+    for stage in (["ship", "--once"], ["stream", "--once"]):
+        assert cli_here(stage, env).returncode == 0
+    killed = run_cli(["mirrors", "--once"], {**env, "LAKECDC_FAULT": "after_mirror_merge:1"})
+    assert killed.returncode == 137, killed.stderr[-3000:]
+    assert DeltaTable(tail).to_pyarrow_table().num_rows > 0
+    by_spark = cli_here(["mirrors", "--once"], {**env, "LAKECDC_WRITER": "spark"})
+    assert by_spark.returncode == 0, by_spark.stderr[-3000:]
+    assert DeltaTable(tail).to_pyarrow_table().num_rows == 0
+    assert_mirror_is_source(source_db, config)
 
 
 def test_mirrors_before_silver_exists_is_one_sentence(source_db, config, cli_here):
@@ -453,3 +571,4 @@ def test_a_table_loaded_by_tables_add_holds_every_type_as_its_changes_do(
     drained = cli_here(["run", "--once"], env)
     assert drained.returncode == 0, drained.stderr[-3000:]
     assert_mirror_is_source(source_db, config)
+

@@ -73,6 +73,11 @@ def test_the_mirrors_interval_is_seconds_and_defaults_to_1():
     assert Config.load(env={"LAKECDC_MIRROR_INTERVAL": "2.5"}).mirror_interval_s == 2.5
 
 
+def test_the_mirrors_merge_time_for_a_tail_is_seconds_and_defaults_to_1():
+    assert Config.load(env={}).mirror_merge_s == 1
+    assert Config.load(env={"LAKECDC_MIRROR_MERGE_S": "0"}).mirror_merge_s == 0
+
+
 @pytest.mark.parametrize("master", ["local[2]", "local[*]", "local", "spark://10.0.0.5:7077",
                                     "spark://a.example:7077,b.example:7077"])
 def test_the_spark_master_is_local_or_a_standalone_cluster(master):
@@ -94,6 +99,8 @@ def test_gold_fold_share_is_a_share_and_defaults_to_a_tenth():
     ({"LAKECDC_UNSAFE_DISABLE_GUARDS": "nonsense"}, "unknown guard"),
     ({"LAKECDC_MIRROR_INTERVAL": "0"}, "LAKECDC_MIRROR_INTERVAL"),
     ({"LAKECDC_MIRROR_INTERVAL": "soon"}, "LAKECDC_MIRROR_INTERVAL"),
+    ({"LAKECDC_MIRROR_MERGE_S": "-1"}, "LAKECDC_MIRROR_MERGE_S"),
+    ({"LAKECDC_MIRROR_MERGE_S": "big"}, "LAKECDC_MIRROR_MERGE_S"),
     ({"LAKECDC_SPARK_MASTER": "yarn"}, "LAKECDC_SPARK_MASTER.*spark://host:port"),
     ({"LAKECDC_SPARK_MASTER": "spark://host"}, "LAKECDC_SPARK_MASTER"),
     ({"LAKECDC_WRITER": "polars"}, "LAKECDC_WRITER='polars'.*delta-rs.*spark"),

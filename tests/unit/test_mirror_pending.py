@@ -1,0 +1,126 @@
+"""The tail of a big mirror (``silver.mirror_pending``): folded and laid over the mirror's
+table, it gives what the batches' MERGEs, one after another, would have made."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+
+from silver.mirror_pending import as_tail, current_rows, fold_pending, tail_schema
+from silver.mirror_table import COMMIT_LSN, COMMIT_TS, EXISTS, HAS_PREFIX
+
+KEY = ("id", "region")
+OTHERS = ["body", "status", "tags"]
+BASE = pa.schema([("id", pa.int64()), ("region", pa.string()), ("body", pa.string()),
+                  ("status", pa.int32()), ("tags", pa.list_(pa.string())),
+                  (COMMIT_LSN, pa.int64()), (COMMIT_TS, pa.timestamp("us", tz="UTC"))])
+
+
+def merged(rows: dict, source: list[dict]) -> dict:
+    """The MERGE of ``silver.mirror_store.merge_clauses``, one source row per key, in plain
+    Python: the reference."""
+    rows = dict(rows)
+    for s in source:
+        k = (s["id"], s["region"])
+        if not s[EXISTS]:
+            rows.pop(k, None)
+        elif k in rows:
+            rows[k] = {**rows[k], **{n: s[n] for i, n in enumerate(OTHERS)
+                                     if s[f"{HAS_PREFIX}{i}"]},
+                       COMMIT_LSN: s[COMMIT_LSN], COMMIT_TS: s[COMMIT_TS]}
+        else:
+            rows[k] = {n: s[n] for n in BASE.names}
+    return rows
+
+
+def random_batches(rng: random.Random, base: dict, batches: int) -> list[list[dict]]:
+    """MERGE sources as the mirrors' writer makes them: one row per key and batch; a row
+    that leaves a column out (a TOASTed value) only for a key that exists."""
+    live = set(base)
+    out = []
+    lsn = 100
+    for _ in range(batches):
+        source = []
+        for k in rng.sample(sorted({(i, r) for i in range(12) for r in ("a", "b")}), 6):
+            lsn += 1
+            exists = rng.random() > 0.25
+            row = {"id": k[0], "region": k[1], EXISTS: exists, COMMIT_LSN: lsn,
+                   COMMIT_TS: None}
+            for i, n in enumerate(OTHERS):
+                carried = not exists or k not in live or rng.random() > 0.4
+                row[f"{HAS_PREFIX}{i}"] = carried and exists
+                row[n] = ({"body": f"b{lsn}", "status": lsn % 7,
+                           "tags": None if lsn % 3 == 0 else [f"t{lsn}"]}[n]
+                          if carried and exists else None)
+            (live.add if exists else live.discard)(k)
+            source.append(row)
+        out.append(source)
+    return out
+
+
+def as_table(rows, schema) -> pa.Table:
+    return pa.Table.from_pylist(list(rows), schema=schema)
+
+
+def source_schema() -> pa.Schema:
+    return tail_schema(BASE, KEY, OTHERS).remove(len(tail_schema(BASE, KEY, OTHERS)) - 1)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_tail_over_the_table_is_the_merges_one_after_another(seed):
+    rng = random.Random(seed)
+    base = {(i, "a"): {"id": i, "region": "a", "body": f"old{i}", "status": i,
+                       "tags": [f"o{i}"], COMMIT_LSN: i, COMMIT_TS: None} for i in range(8)}
+    batches = random_batches(rng, base, rng.randint(1, 6))
+    expected = base
+    for source in batches:
+        expected = merged(expected, source)
+    schema = tail_schema(BASE, KEY, OTHERS)
+    tail = pa.concat_tables([as_tail(as_table(b, source_schema()), schema, v)
+                             for v, b in enumerate(batches, start=1)])
+    got = current_rows(as_table(base.values(), BASE), tail, KEY, OTHERS)
+    assert got.schema == BASE
+    assert sorted(got.to_pylist(), key=lambda r: (r["id"], r["region"])) == \
+        [expected[k] for k in sorted(expected)]
+    # One MERGE of the folded tail is the MERGEs one after another.
+    once = merged(base, fold_pending(tail, KEY, OTHERS).to_pylist())
+    assert once == expected
+
+
+def test_a_column_the_tail_leaves_out_keeps_the_tables_value_even_when_null():
+    base = as_table([{"id": 1, "region": "a", "body": None, "status": 5, "tags": ["x"],
+                      COMMIT_LSN: 1, COMMIT_TS: None}], BASE)
+    schema = tail_schema(BASE, KEY, OTHERS)
+    first = {"id": 1, "region": "a", EXISTS: True, COMMIT_LSN: 9, COMMIT_TS: None,
+             "body": "new", f"{HAS_PREFIX}0": True, "status": None, f"{HAS_PREFIX}1": True,
+             "tags": None, f"{HAS_PREFIX}2": False}
+    second = {**first, COMMIT_LSN: 10, "body": None, f"{HAS_PREFIX}0": False,
+              f"{HAS_PREFIX}1": False}
+    tail = pa.concat_tables([as_tail(as_table([first], source_schema()), schema, 1),
+                             as_tail(as_table([second], source_schema()), schema, 2)])
+    assert current_rows(base, tail, KEY, OTHERS).to_pylist() == [
+        {"id": 1, "region": "a", "body": "new", "status": None, "tags": ["x"],
+         COMMIT_LSN: 10, COMMIT_TS: None}]
+
+
+def test_no_tail_is_the_table():
+    base = as_table([], BASE)
+    assert current_rows(base, None, KEY, OTHERS) is base
+
+
+def test_a_key_deleted_and_made_again_in_the_tail_keeps_nothing_of_the_tables_row():
+    base = as_table([{"id": 1, "region": "a", "body": "old", "status": 5, "tags": ["x"],
+                      COMMIT_LSN: 1, COMMIT_TS: None}], BASE)
+    schema = tail_schema(BASE, KEY, OTHERS)
+    gone = {"id": 1, "region": "a", EXISTS: False, COMMIT_LSN: 9, COMMIT_TS: None,
+            **{n: None for n in OTHERS}, **{f"{HAS_PREFIX}{i}": False for i in range(3)}}
+    changed = {**gone, EXISTS: True, COMMIT_LSN: 8, "body": "new", f"{HAS_PREFIX}0": True}
+    made = {**gone, EXISTS: True, COMMIT_LSN: 10, "status": 7, f"{HAS_PREFIX}1": True}
+    tail = pa.concat_tables([as_tail(as_table([r], source_schema()), schema, v)
+                             for v, r in enumerate([changed, gone, made])])
+    expected = merged({(1, "a"): base.to_pylist()[0]}, [changed])
+    expected = merged(merged(expected, [gone]), [made])
+    assert expected[(1, "a")]["body"] is None
+    assert current_rows(base, tail, KEY, OTHERS).to_pylist() == list(expected.values())
