@@ -30,7 +30,8 @@ from bench.measure import Params, run_all
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = Params(changes=6_000, tx_size=500, rates=(300.0,), freshness_s=10.0,
                scale_keys=(2_000, 20_000), scale_rates=(300.0,), scale_s=10.0,
-               big_tx_rows=20_000, big_rows=100_000, big_rate=300.0, quick=True)
+               big_tx_rows=20_000, big_rows=100_000, big_rate=300.0, big_kept_s=30.0,
+               big_compare_rows=10_000, quick=True)
 
 
 def _sizes(text: str) -> tuple[int, ...]:

@@ -342,7 +342,8 @@ def measure(config: Config, work: Path, rows: int, rate: float,
 
     out: dict = {"rows": rows, "rate": rate, "load_before": _load()}
     port = free_port()
-    run = RunProcess(config, work / "big-run.log", {"LAKECDC_METRICS_PORT": str(port)})
+    name = Path(config.lakehouse).name         # the database's: the logs' names
+    run = RunProcess(config, work / f"{name}-run.log", {"LAKECDC_METRICS_PORT": str(port)})
     stop = multiprocessing.get_context("spawn").Event()
     results = multiprocessing.get_context("spawn").Queue()
     traffic = multiprocessing.get_context("spawn").Process(
@@ -358,9 +359,9 @@ def measure(config: Config, work: Path, rows: int, rate: float,
                        "rows_per_s": _rate(rows, copy_s)}
         with OldestTransaction(config.source_dsn) as oldest:
             started = time.perf_counter()
-            add_s, peak_mb, code = tables_add(config, work / "big-tables-add.log")
+            add_s, peak_mb, code = tables_add(config, work / f"{name}-tables-add.log")
             if code != 0:
-                raise RuntimeError(f"tables add exited {code}: see {work}/big-tables-add.log")
+                raise RuntimeError(f"tables add exited {code}: see {work}/{name}-tables-add.log")
             while mirror_rows(config) < rows:
                 run.check()
                 time.sleep(POLL_S)
@@ -400,7 +401,7 @@ def measure(config: Config, work: Path, rows: int, rate: float,
         for name, args in (("verify", ("--sample-above", str(rows // 2))),
                            ("verify_whole", ("--whole",))):
             with OldestTransaction(config.source_dsn) as oldest:
-                verify_s, code = lakecdc_verify(config, work / "big-verify.log", *args)
+                verify_s, code = lakecdc_verify(config, work / f"{name}-verify.log", *args)
             out[name] = {"seconds": round(verify_s, 2), "exit": code,
                          "oldest_transaction_s": round(oldest.xact_s, 2)}
         out["lakecdc"] = exactness(config)

@@ -29,7 +29,10 @@
 - ``big_transaction``: one transaction of ``big_tx_rows`` inserts, drained by
   ``lakecdc ship --once``; the child's peak RSS.
 - ``big_table``: ``lakecdc tables add`` of a ``big_rows``-row table while ``lakecdc run``
-  runs under ``big_rate`` changes/s, beside Postgres's own COPY of it (``bench.big_table``).
+  runs under ``big_rate`` changes/s, beside Postgres's own COPY of it, then its mirror
+  kept under that traffic for ``big_kept_s`` (``bench.big_table``); the same on a
+  ``big_compare_rows``-row table first, whose mirror's batches the big one's are set
+  against.
 
 Load averages are recorded at the start of every section: the machine is shared.
 """
@@ -82,6 +85,8 @@ class Params:
     big_tx_rows: int = 1_000_000
     big_rows: int = 10_000_000        # the big table: rows of ``public.big`` (bench.big_table)
     big_rate: float = 2000.0          # its traffic: changes/s, half on it, half counted
+    big_kept_s: float = 300.0         # its mirror kept under the traffic, probed
+    big_compare_rows: int = 1_000_000   # the same first on a table this big (0: not)
     quick: bool = False
 
 
@@ -485,12 +490,25 @@ class Bench:
         return out
 
     def big_table(self) -> dict:
-        """``tables add`` of a ``big_rows``-row table under traffic (``bench.big_table``)."""
+        """``tables add`` of a ``big_rows``-row table under traffic, its mirror kept
+        (``bench.big_table``); first the same with ``big_compare_rows`` rows: how the
+        mirrors' batches grow with the table (``kept_growth``)."""
         p = self.params
-        config = self.database("big")
-        big_table.create_big(config.source_dsn, p.big_rows)
+        smaller = self._big_table("bigsmall", p.big_compare_rows) \
+            if p.big_compare_rows else None
+        out = self._big_table("big", p.big_rows)
+        if smaller is not None:
+            out["smaller"] = smaller
+            mean = [d["kept"]["mirrors_batch_mean_s"] for d in (smaller, out)]
+            out["kept_growth"] = round(mean[1] / mean[0], 2) if all(mean) else None
+        return out
+
+    def _big_table(self, name: str, rows: int) -> dict:
+        p = self.params
+        config = self.database(name)
+        big_table.create_big(config.source_dsn, rows)
         setup(config)
-        return big_table.measure(config, self.work, p.big_rows, p.big_rate)
+        return big_table.measure(config, self.work, rows, p.big_rate, p.big_kept_s)
 
     def big_transaction(self) -> dict:
         p = self.params

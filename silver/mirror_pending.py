@@ -14,8 +14,8 @@ longer than ``LAKECDC_MIRROR_MERGE_S`` is therefore kept merge-on-read:
   a folder whose name starts with ``_``), with the batch's ``_lakecdc_version`` (its app
   transaction's version: batch id and part);
 - ``fold_pending`` folds the tail to one MERGE source row per key, in version order, and
-  the store MERGEs that into the mirror's table now and then (``FOLD_SHARE`` of the time
-  a fold takes), then empties the tail;
+  the store MERGEs that into the mirror's table now and then, in the background (folds
+  take at most ``FOLD_SHARE`` of the time), then drops the rows it folded from the tail;
 - ``current_rows``: the mirror's table with the tail laid over it, which is what the MERGE
   would have made.
 """

@@ -6,7 +6,9 @@ MERGE is recorded already, and who commits the MERGE:
 
 - ``RsMirrors`` (the default): the batch's Parquet files read by pyarrow where they are local
   (``silver.writer.batch_rows``), and a delta-rs MERGE on a kept table handle, whose app
-  transaction ``lakecdc-mirror`` is read first (delta-rs skips no replay by itself);
+  transaction ``lakecdc-mirror`` is read first (delta-rs skips no replay by itself); or,
+  for a mirror whose MERGE is slow (a big table), an append of the MERGE's source to the
+  mirror's tail, folded into its table in the background (``silver.mirror_pending``);
 - ``SparkMirrors`` (``LAKECDC_WRITER=spark``: only Spark holds the storage credentials): the
   batch collected by Spark (``toArrow``), and the MERGE committed by ``core.spark_writes``
   with the same metadata and app transaction. Spark itself skips a MERGE whose version is
@@ -24,8 +26,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -133,7 +137,39 @@ class Tail:
     rows: int
     cost: float = 0.0               # seconds its last MERGE or fold took
     folded_at: float = 0.0          # ``time.monotonic()`` of its last fold
-    meta: str | None = None         # the metadata of its newest batch
+
+
+@dataclass(frozen=True)
+class Folded:
+    """A fold's MERGE (``fold_tail``): the tail's rows up to ``top`` are in the table."""
+
+    path: str
+    top: int                        # the newest version folded
+    rows: int
+    seconds: float
+
+
+def fold_tail(path: str, storage_options: dict | None, key: tuple[str, ...],
+              types: dict[str, str]) -> Folded | None:
+    """MERGE the mirror's tail, as it is now, into its table (``silver.mirror_pending``:
+    its rows folded to one per key), both opened anew (a thread of its own may run it);
+    None when the tail is empty. The MERGE carries the app transaction of the tail's
+    newest version and that batch's metadata (``pipelines.verify.mirrors`` reads it)."""
+    from deltalake import DeltaTable
+
+    from core.features import open_table
+
+    start = time.monotonic()
+    tail = DeltaTable(delta_rs_uri(pending_path(path)), storage_options=storage_options)
+    rows = tail.to_pyarrow_table()
+    if not rows.num_rows:
+        return None
+    top = int(pc.max(rows[VERSION]).as_py())
+    meta = _batch_meta([c.get("userMetadata") for c in tail.history(HISTORY)], top)
+    table = open_table(delta_rs_uri(path), storage_options)
+    merge_changes(table, fold_pending(rows, key, mirrored_columns(key, types)), key, types,
+                  rs_commit(meta, APP_ID, top))
+    return Folded(path, top, rows.num_rows, time.monotonic() - start)
 
 
 class RsMirrors:
@@ -150,6 +186,8 @@ class RsMirrors:
         self.merge_s = merge_s
         self._handles: dict[str, WriterHandle] = {}
         self._tails: dict[str, Tail] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._folding: Future | None = None     # a fold running in the background
 
     def rows(self, batch) -> pa.Table:
         from silver.writer import batch_rows
@@ -176,51 +214,79 @@ class RsMirrors:
         return True
 
     def fold(self, path: str) -> None:
-        """MERGE the mirror's tail into its table, then empty the tail (nothing when it is
-        empty). Its app transaction is the tail's newest version; a kill before the tail
-        is emptied folds the same rows again, to the same table."""
-        tail = self._tail(path)
-        if not tail.rows:
-            return
-        start = time.monotonic()
-        key, types = self.shape(path)
-        with self._handle(pending_path(path)).use() as pending:
-            rows = pending.to_pyarrow_table()
-            meta = tail.meta or _newest_batch_meta(
-                [c.get("userMetadata") for c in pending.history(HISTORY)])
-        top = int(pc.max(rows[VERSION]).as_py())
-        with self._handle(path).use() as table:
-            merge_changes(table, fold_pending(rows, key, mirrored_columns(key, types)), key,
-                          types, rs_commit(meta, APP_ID, top))
-        self._empty_tail(path, rows.schema, top)
-        tail.rows, tail.meta, tail.folded_at = 0, None, time.monotonic()
-        tail.cost = tail.folded_at - start
-        log.info("mirror at %s: %d rows of its tail merged in %.2f s", path, rows.num_rows,
-                 tail.cost)
+        """MERGE the mirror's tail into its table, here and now (after the fold running
+        in the background, if any): the table then holds every batch the tail took."""
+        self._settle(wait=True)
+        if self._tail(path).rows:
+            key, types = self.shape(path)
+            self._folded(fold_tail(path, self.storage_options, key, types))
 
     def fold_due(self) -> None:
-        """Fold each tail whose folds would take at most ``FOLD_SHARE`` of the time since
-        the last, or that holds ``MAX_PENDING_ROWS``; between two batches."""
+        """Between two batches: collect a fold that ended; else, none running, start one
+        of a tail whose folds would take at most ``FOLD_SHARE`` of the time since its last,
+        or that holds ``MAX_PENDING_ROWS``. It runs in a thread of its own (delta-rs's
+        MERGE lets go of the interpreter), beside the next batches: they go to the tail,
+        and the table has no other writer meanwhile (a batch that needs the table waits
+        for it, ``fold``)."""
+        if not self._settle(wait=False):
+            return
         now = time.monotonic()
-        for path, tail in list(self._tails.items()):
+        for path, tail in self._tails.items():
             if tail.rows and (tail.rows >= MAX_PENDING_ROWS
                               or now - tail.folded_at >= tail.cost / FOLD_SHARE):
-                self.fold(path)
+                key, types = self.shape(path)
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="lakecdc-fold")
+                self._folding = self._pool.submit(fold_tail, path, self.storage_options,
+                                                  key, types)
+                return
 
     def fold_all(self) -> None:
         """Fold every tail: each mirror's table then holds all its changes (a verify
-        marker passed, ``pipelines.verify.mirrors``)."""
+        marker passed, ``pipelines.verify.mirrors``; the end of a run)."""
         for path in list(self._tails):
             self.fold(path)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No fold inside the block (the mirrors' maintenance, in the query's thread, which
+        alone starts folds): a running one is waited for."""
+        self._settle(wait=True)
+        yield
+
+    def _settle(self, wait: bool) -> bool:
+        """Whether no fold runs in the background; one that ended (or, ``wait``, once it
+        ends) is collected here, in the query's thread, its failure raised."""
+        if self._folding is None:
+            return True
+        if not wait and not self._folding.done():
+            return False
+        future, self._folding = self._folding, None
+        self._folded(future.result())
+        return True
+
+    def _folded(self, done: "Folded | None") -> None:
+        """After a fold's MERGE: the rows it folded dropped from the tail (which only this
+        thread writes); a kill before folds them again, to the same table."""
+        if done is None:
+            return
+        self._handle(done.path).reset()         # the fold committed beside the kept handle
+        tail = self._tails[done.path]
+        with self._handle(pending_path(done.path)).use() as pending:
+            metrics = pending.delete(f"{VERSION} <= {done.top}", commit_properties=rs_commit(
+                commit_metadata("mirror", folded=done.top)))
+        tail.rows = max(0, tail.rows - int(metrics.get("num_deleted_rows") or 0))
+        tail.cost, tail.folded_at = done.seconds, time.monotonic()
+        log.info("mirror at %s: %d rows of its tail merged in %.2f s", done.path, done.rows,
+                 done.seconds)
 
     def drop_tail(self, path: str) -> None:
         """Empty the mirror's tail, unmerged: its table was replaced (new initial rows)."""
         tail = self._tail(path)
         if tail.rows:
             with self._handle(pending_path(path)).use() as pending:
-                schema = pa.schema(pending.schema().to_arrow())
-            self._empty_tail(path, schema, None)
-            tail.rows, tail.meta = 0, None
+                write_empty(pending, commit_metadata("mirror", folded=None))
+            tail.rows = 0
 
     def _append(self, job: MergeJob, tail: Tail) -> None:
         from deltalake import write_deltalake
@@ -241,15 +307,6 @@ class RsMirrors:
                 write_deltalake(pending, rows, mode="append", schema_mode="merge",
                                 commit_properties=commit)
         tail.rows += rows.num_rows
-        tail.meta = job.meta
-
-    def _empty_tail(self, path: str, schema: pa.Schema, folded: int | None) -> None:
-        from deltalake import write_deltalake
-
-        with self._handle(pending_path(path)).use() as pending:
-            write_deltalake(pending, schema.empty_table(), mode="overwrite",
-                            commit_properties=rs_commit(commit_metadata(
-                                "mirror", folded=folded)))
 
     def _tail(self, path: str) -> Tail:
         if path not in self._tails:
@@ -352,8 +409,8 @@ class SparkMirrors:
             key, types = self.shape(path)
             c = merge_clauses(key, types)
             top = int(pc.max(rows[VERSION]).as_py())
-            meta = _newest_batch_meta([r.userMetadata for r in DeltaTable.forPath(
-                spark, tail).history(HISTORY).orderBy("version", ascending=False).collect()])
+            meta = _batch_meta([r.userMetadata for r in DeltaTable.forPath(
+                spark, tail).history(HISTORY).collect()], top)
             self.writes.merge(path, fold_pending(rows, key, mirrored_columns(key, types)),
                               c.on, delete=c.delete_when, update=c.update,
                               update_when=c.exists, insert=c.insert, insert_when=c.exists,
@@ -363,6 +420,11 @@ class SparkMirrors:
 
     def fold_due(self) -> None:
         """Nothing: this writer keeps no tail."""
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Nothing to pause: this writer folds nothing in the background."""
+        yield
 
     def fold_all(self) -> None:
         """Nothing: this writer keeps no tail."""
@@ -462,14 +524,23 @@ def _rows_of(table) -> int:
     return int(pc.sum(files["num_records"]).as_py() or 0) if files.num_rows else 0
 
 
-def _newest_batch_meta(metadata: list[str | None]) -> str:
-    """Of a tail's commits' metadata (newest first), the newest batch's: its fold carries
-    it into the mirror's table, where ``pipelines.verify.mirrors`` reads it."""
+def _batch_meta(metadata: list[str | None], version: int) -> str:
+    """Of a tail's commits' metadata, that of the batch part of app transaction version
+    ``version``: its fold carries it into the mirror's table."""
     for text in metadata:
         meta = parse_commit_metadata(text, "mirror")
-        if meta is not None and "batch_id" in meta:
+        if meta is not None and "batch_id" in meta \
+                and int(meta["batch_id"]) * PARTS + int(meta.get("part") or 0) == version:
             return text
     return commit_metadata("mirror")
+
+
+def write_empty(table, meta: str) -> None:
+    """Overwrite the delta-rs ``table`` with no row, committed with ``meta``."""
+    from deltalake import write_deltalake
+
+    write_deltalake(table, pa.schema(table.schema().to_arrow()).empty_table(),
+                    mode="overwrite", commit_properties=rs_commit(meta))
 
 
 def due_replay(metadata: list[str | None]) -> int | None:

@@ -33,6 +33,7 @@ from core.layout import (
     STREAM_CHECKPOINT,
     mirror_path,
 )
+from silver.mirror_pending import pending_path
 
 GROUPS = ("ship", "stream", "mirrors")
 
@@ -64,5 +65,7 @@ def tables_of(config: Config, group: str, mirrored: tuple[str, ...] = ()
     if group == "mirrors":
         return [*[Maintained(f"mirror {t}", mirror_path(config.lakehouse, t), log)
                   for t in mirrored],
+                *[Maintained(f"mirror tail {t}", pending_path(mirror_path(config.lakehouse, t)),
+                             log) for t in mirrored],
                 Maintained("mirror markers", path(MIRROR_MARKERS), log)]
     raise ValueError(f"unknown maintenance group {group!r}")

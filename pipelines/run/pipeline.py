@@ -338,6 +338,7 @@ class Pipeline:
                                         mirrored=lambda: tuple(
                                             t for t in writer.paths
                                             if t not in writer.now_loading),
+                                        exclusive=store.paused,
                                         writes=self.spark_writes()).after_batch
         query = start_mirrors(self.spark, self.where.silver.silver_path,
                               checkpoint_path(self.config), writer, once,

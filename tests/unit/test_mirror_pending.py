@@ -124,3 +124,95 @@ def test_a_key_deleted_and_made_again_in_the_tail_keeps_nothing_of_the_tables_ro
     expected = merged(merged(expected, [gone]), [made])
     assert expected[(1, "a")]["body"] is None
     assert current_rows(base, tail, KEY, OTHERS).to_pylist() == list(expected.values())
+
+
+# --- the tail of a real delta-rs mirror (``silver.mirror_store.RsMirrors``) --------------
+
+TYPES = {"id": "bigint", "region": "text", "body": "text", "status": "integer",
+         "tags": "text[]"}
+
+
+def real_mirror(tmp_path, base: dict) -> str:
+    import json
+
+    from deltalake import DeltaTable, write_deltalake
+
+    from silver.mirror_table import KEY_PROPERTY, TYPES_PROPERTY
+
+    path = str(tmp_path / "mirror")
+    DeltaTable.create(path, schema=BASE, raise_if_key_not_exists=False, configuration={
+        KEY_PROPERTY: json.dumps(list(KEY)), TYPES_PROPERTY: json.dumps(TYPES)})
+    write_deltalake(path, as_table(base.values(), BASE), mode="append")
+    return path
+
+
+def job(path: str, batch: int, rows: list[dict], plain: bool = True):
+    from core.commits import commit_metadata
+    from silver.mirror_store import PARTS, MergeJob
+
+    meta = commit_metadata("mirror", batch_id=batch, part=0, newest=batch * 10)
+    return MergeJob(path, batch * PARTS, meta, lambda: as_table(rows, source_schema()), KEY,
+                    TYPES, plain=plain)
+
+
+def by_key(table: pa.Table) -> dict:
+    return {(r["id"], r["region"]): r for r in table.to_pylist()}
+
+
+def test_a_fold_in_the_background_keeps_the_batches_the_tail_took_meanwhile(tmp_path):
+    from deltalake import DeltaTable
+
+    from silver.mirror_pending import pending_path, read_mirror
+    from silver.mirror_store import RsMirrors
+
+    rng = random.Random(7)
+    base = {(i, "a"): {"id": i, "region": "a", "body": f"old{i}", "status": i,
+                       "tags": [f"o{i}"], COMMIT_LSN: i, COMMIT_TS: None} for i in range(8)}
+    batches = random_batches(rng, base, 3)
+    path = real_mirror(tmp_path, base)
+    store = RsMirrors(merge_s=0)
+    assert store.merge(job(path, 1, batches[0])) and store.merge(job(path, 2, batches[1]))
+    assert by_key(DeltaTable(path).to_pyarrow_table()) == base           # the table waits
+    assert by_key(read_mirror(path)) == merged(merged(base, batches[0]), batches[1])
+
+    store._tails[path].folded_at = -1e9                  # a fold is due
+    store.fold_due()                                     # ... and starts in the background
+    folding = store._folding
+    assert folding is not None
+    folding.result()
+    assert store.merge(job(path, 3, batches[2]))         # the tail takes a batch meanwhile
+    assert not store.merge(job(path, 2, batches[1]))     # a replay: recorded by the tail
+    store.fold_due()                                     # collected: batches 1-2 dropped
+    after_two = merged(merged(base, batches[0]), batches[1])
+    assert by_key(DeltaTable(path).to_pyarrow_table()) == after_two
+    tail = DeltaTable(pending_path(path)).to_pyarrow_table()
+    assert set(tail["_lakecdc_version"].to_pylist()) == {3 * 1_000_000}
+    assert by_key(read_mirror(path)) == merged(after_two, batches[2])
+
+    store.fold(path)                                     # here and now: the tail emptied
+    assert by_key(DeltaTable(path).to_pyarrow_table()) == merged(after_two, batches[2])
+    assert DeltaTable(pending_path(path)).to_pyarrow_table().num_rows == 0
+
+
+def test_a_kill_between_a_fold_and_the_tail_emptied_folds_the_same_rows_again(tmp_path):
+    from deltalake import DeltaTable
+
+    from silver.mirror_pending import read_mirror
+    from silver.mirror_store import RsMirrors, fold_tail
+
+    rng = random.Random(8)
+    base = {(i, "b"): {"id": i, "region": "b", "body": f"old{i}", "status": i,
+                       "tags": None, COMMIT_LSN: i, COMMIT_TS: None} for i in range(6)}
+    batches = random_batches(rng, base, 2)
+    path = real_mirror(tmp_path, base)
+    store = RsMirrors(merge_s=0)
+    for b, rows in enumerate(batches, start=1):
+        assert store.merge(job(path, b, rows))
+    expected = merged(merged(base, batches[0]), batches[1])
+    fold_tail(path, None, KEY, TYPES)                    # MERGEd; then killed
+    assert by_key(DeltaTable(path).to_pyarrow_table()) == expected
+    assert by_key(read_mirror(path)) == expected         # the tail over it: the same
+    again = RsMirrors(merge_s=0)                          # the next start
+    assert not again.merge(job(path, 2, batches[1]))     # recorded
+    again.fold(path)
+    assert by_key(DeltaTable(path).to_pyarrow_table()) == expected
