@@ -86,16 +86,25 @@ class CurrentMirror:
         pending = None if tail is None else tail.to_pyarrow_dataset().to_table(filter=where)
         return mirror_of(self._kept(self.uri), pending, columns, where)
 
-    def _kept(self, uri: str):
+    def _kept(self, uri: str, tries: int = 3):
         from deltalake import DeltaTable
 
-        try:
-            self._handles[uri].update_incremental()
-        except Exception:
-            if not DeltaTable.is_deltatable(uri):
-                return None
-            self._handles[uri] = DeltaTable(uri)
-        return self._handles[uri]
+        for attempt in range(tries):
+            try:
+                if uri in self._handles:
+                    self._handles[uri].update_incremental()
+                elif not DeltaTable.is_deltatable(uri):
+                    return None
+                else:
+                    self._handles[uri] = DeltaTable(uri)
+                return self._handles[uri]
+            except Exception:
+                # A log listed while its writer commits may miss a commit file being
+                # renamed into place ("expected contiguous commit files"): look again.
+                self._handles.pop(uri, None)
+                if attempt == tries - 1:
+                    raise
+                time.sleep(0.05)
 
 
 def drive(source_dsn: str, dashboard_dsn: str, rate: float, neighbour_rate: float,

@@ -375,6 +375,7 @@ class MirrorWriter:
             self._looked.discard(name)
             if name in self.paths:
                 self._shapes.pop(self.paths[name], None)     # a load may change its shape
+                self.store.changed_beside(self.paths[name])  # ... and empty its tail
         self._seen_loading |= loading
         if self.held is None:
             return {}

@@ -46,6 +46,7 @@ from silver.mirror_pending import (
     fold_pending,
     pending_path,
     tail_schema,
+    write_empty,
 )
 from silver.mirror_table import (  # noqa: F401
     COMMIT_LSN,
@@ -187,7 +188,7 @@ class RsMirrors:
         self._handles: dict[str, WriterHandle] = {}
         self._tails: dict[str, Tail] = {}
         self._pool: ThreadPoolExecutor | None = None
-        self._folding: Future | None = None     # a fold running in the background
+        self._folding: tuple[str, Future] | None = None    # a fold in the background
 
     def rows(self, batch) -> pa.Table:
         from silver.writer import batch_rows
@@ -214,9 +215,11 @@ class RsMirrors:
         return True
 
     def fold(self, path: str) -> None:
-        """MERGE the mirror's tail into its table, here and now (after the fold running
-        in the background, if any): the table then holds every batch the tail took."""
-        self._settle(wait=True)
+        """MERGE the mirror's tail into its table, here and now (after its fold running in
+        the background, if any): the table then holds every batch the tail took. Called
+        by the thread that writes this mirror in a batch (``silver.mirror.TABLE_THREADS``
+        tables at a time), or between batches."""
+        self._settle(wait=True, path=path)
         if self._tail(path).rows:
             key, types = self.shape(path)
             self._folded(fold_tail(path, self.storage_options, key, types))
@@ -237,8 +240,8 @@ class RsMirrors:
                 key, types = self.shape(path)
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="lakecdc-fold")
-                self._folding = self._pool.submit(fold_tail, path, self.storage_options,
-                                                  key, types)
+                self._folding = (path, self._pool.submit(fold_tail, path,
+                                                         self.storage_options, key, types))
                 return
 
     def fold_all(self) -> None:
@@ -254,14 +257,15 @@ class RsMirrors:
         self._settle(wait=True)
         yield
 
-    def _settle(self, wait: bool) -> bool:
-        """Whether no fold runs in the background; one that ended (or, ``wait``, once it
-        ends) is collected here, in the query's thread, its failure raised."""
-        if self._folding is None:
+    def _settle(self, wait: bool, path: str | None = None) -> bool:
+        """Whether no fold (of ``path``'s tail, if given) runs in the background; one that
+        ended (or, ``wait``, once it ends) is collected here, its failure raised. Only the
+        thread that writes that tail collects it: its rows are dropped from the tail."""
+        if self._folding is None or path not in (None, self._folding[0]):
             return True
-        if not wait and not self._folding.done():
+        if not wait and not self._folding[1].done():
             return False
-        future, self._folding = self._folding, None
+        (_, future), self._folding = self._folding, None
         self._folded(future.result())
         return True
 
@@ -285,7 +289,7 @@ class RsMirrors:
         tail = self._tail(path)
         if tail.rows:
             with self._handle(pending_path(path)).use() as pending:
-                write_empty(pending, commit_metadata("mirror", folded=None))
+                write_empty(pending, rs_commit(commit_metadata("mirror", folded=None)))
             tail.rows = 0
 
     def _append(self, job: MergeJob, tail: Tail) -> None:
@@ -328,8 +332,12 @@ class RsMirrors:
         return max((v for v in versions if v is not None), default=None)
 
     def changed_beside(self, path: str) -> None:
-        """Spark committed to the mirror beside the kept handle (a column added)."""
+        """Another writer committed to the mirror beside the kept handles: Spark (a column
+        added), or a load (``tables add``), which may also have emptied its tail."""
+        self._settle(wait=True, path=path)
         self._handle(path).reset()
+        self._handle(pending_path(path)).reset()
+        self._tails.pop(path, None)
 
     def shape(self, path: str) -> tuple[tuple[str, ...], dict[str, str]]:
         """The mirror's key and (column → Postgres type), from its table properties: a
@@ -431,13 +439,7 @@ class SparkMirrors:
 
     def drop_tail(self, path: str) -> None:
         """Empty the mirror's tail, if it has one (``RsMirrors.drop_tail``)."""
-        from delta.tables import DeltaTable
-
-        spark, tail = self.writes.spark, pending_path(path)
-        if DeltaTable.isDeltaTable(spark, tail):
-            (spark.read.format("delta").load(tail).limit(0).write.format("delta")
-             .mode("overwrite").option("userMetadata", commit_metadata("mirror", folded=None))
-             .save(tail))
+        drop_tail_spark(self.writes.spark, path)
 
     def changed_beside(self, path: str) -> None:
         """Nothing kept that a commit beside it makes stale (Spark reads the log anew)."""
@@ -535,12 +537,15 @@ def _batch_meta(metadata: list[str | None], version: int) -> str:
     return commit_metadata("mirror")
 
 
-def write_empty(table, meta: str) -> None:
-    """Overwrite the delta-rs ``table`` with no row, committed with ``meta``."""
-    from deltalake import write_deltalake
+def drop_tail_spark(spark, path: str) -> None:
+    """(Spark) Empty the tail of the mirror at ``path``, if it has one, unmerged."""
+    from delta.tables import DeltaTable
 
-    write_deltalake(table, pa.schema(table.schema().to_arrow()).empty_table(),
-                    mode="overwrite", commit_properties=rs_commit(meta))
+    tail = pending_path(path)
+    if DeltaTable.isDeltaTable(spark, tail):
+        (spark.read.format("delta").load(tail).limit(0).write.format("delta")
+         .mode("overwrite").option("userMetadata", commit_metadata("mirror", folded=None))
+         .save(tail))
 
 
 def due_replay(metadata: list[str | None]) -> int | None:

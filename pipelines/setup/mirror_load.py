@@ -154,9 +154,18 @@ class MirrorTarget:
               app: tuple[str, int] | None = None) -> None:
         rows = rows.select(self.schema.names).cast(self.schema)
         if self.writes is not None:
+            if overwrite:                       # the rows replaced: a tail left is stale
+                from silver.mirror_store import drop_tail_spark
+
+                drop_tail_spark(self.writes.spark, self.path)
             self.writes.append(self.path, rows, meta=meta, app=app, overwrite=overwrite)
             return
         from deltalake import write_deltalake
+
+        from silver.mirror_pending import drop_tail
+
+        if overwrite:                           # the rows replaced: a tail left is stale
+            drop_tail(self.path, self.storage_options, rs_commit(meta))
 
         write_deltalake(self.uri, rows, mode="overwrite" if overwrite else "append",
                         storage_options=self.storage_options,

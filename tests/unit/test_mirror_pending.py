@@ -175,11 +175,17 @@ def test_a_fold_in_the_background_keeps_the_batches_the_tail_took_meanwhile(tmp_
     assert by_key(DeltaTable(path).to_pyarrow_table()) == base           # the table waits
     assert by_key(read_mirror(path)) == merged(merged(base, batches[0]), batches[1])
 
+    other = real_mirror(tmp_path / "other", base)
     store._tails[path].folded_at = -1e9                  # a fold is due
     store.fold_due()                                     # ... and starts in the background
     folding = store._folding
-    assert folding is not None
-    folding.result()
+    assert folding is not None and folding[0] == path
+    folding[1].result()
+    # Another mirror's MERGE, in another of the batch's threads, leaves that fold alone:
+    # only the thread that writes its tail drops the rows it folded.
+    assert store.merge(job(other, 3, batches[0], plain=False))
+    assert store._folding is folding
+    assert by_key(DeltaTable(other).to_pyarrow_table()) == merged(base, batches[0])
     assert store.merge(job(path, 3, batches[2]))         # the tail takes a batch meanwhile
     assert not store.merge(job(path, 2, batches[1]))     # a replay: recorded by the tail
     store.fold_due()                                     # collected: batches 1-2 dropped
@@ -216,3 +222,31 @@ def test_a_kill_between_a_fold_and_the_tail_emptied_folds_the_same_rows_again(tm
     assert not again.merge(job(path, 2, batches[1]))     # recorded
     again.fold(path)
     assert by_key(DeltaTable(path).to_pyarrow_table()) == expected
+
+
+def test_a_load_replacing_a_mirrors_rows_empties_its_stale_tail(tmp_path):
+    """``tables add`` of a table removed before (its mirror and tail kept): the load's
+    first chunk replaces the table's rows, and the tail left from before is emptied with
+    it, or the next fold would lay stale rows over the loaded ones."""
+    from deltalake import DeltaTable
+
+    from core.commits import commit_metadata
+    from pipelines.setup.mirror_load import MirrorTarget
+    from silver.mirror_pending import pending_path, read_mirror
+    from silver.mirror_store import RsMirrors
+    from silver.mirror_table import TableSpec
+
+    base = {(1, "a"): {"id": 1, "region": "a", "body": "old", "status": 1, "tags": None,
+                       COMMIT_LSN: 1, COMMIT_TS: None}}
+    path = real_mirror(tmp_path, base)
+    stale = random_batches(random.Random(9), base, 1)[0]
+    assert RsMirrors(merge_s=0).merge(job(path, 1, stale))
+    assert DeltaTable(pending_path(path)).to_pyarrow_table().num_rows > 0
+
+    loaded = {(2, "z"): {"id": 2, "region": "z", "body": "new", "status": 2, "tags": ["t"],
+                         COMMIT_LSN: None, COMMIT_TS: None}}
+    target = MirrorTarget(path, TableSpec("public", "t", tuple(TYPES.items()), KEY))
+    target.write(as_table(loaded.values(), BASE), commit_metadata("mirror", load=1),
+                 overwrite=True)
+    assert DeltaTable(pending_path(path)).to_pyarrow_table().num_rows == 0
+    assert by_key(read_mirror(path)) == loaded
