@@ -39,13 +39,15 @@ WARM_CHANGES = 20_000
 
 
 def lakecdc_env(config: Config) -> dict[str, str]:
-    """The whole environment of a ``python -m pipelines`` child for ``config``."""
+    """The whole environment of a ``python -m pipelines`` child for ``config`` (and the
+    bench's own ``LAKECDC_MIRROR_MERGE_S``: a big mirror MERGEd every batch, to compare)."""
     return {"LAKECDC_SOURCE_DSN": config.source_dsn, "LAKECDC_LAKEHOUSE": config.lakehouse,
             "LAKECDC_SLOT": config.slot, "LAKECDC_DASHBOARD_DSN": config.dashboard,
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": os.environ.get("HOME", "/root"),
             **{k: v for k, v in os.environ.items()
-               if k in ("SPARK_SUBMIT_OPTS", "JAVA_HOME", "LAKECDC_SPARK_LOG")}}
+               if k in ("SPARK_SUBMIT_OPTS", "JAVA_HOME", "LAKECDC_SPARK_LOG",
+                        "LAKECDC_MIRROR_MERGE_S")}}
 
 
 class RunProcess:

@@ -67,6 +67,7 @@ from infra.localpg import LocalPostgres, bin_dir
 from pipelines.run.pipeline import Pipeline
 from pipelines.setup.prepare import setup
 from pipelines.source.truth import source_counts
+from silver.mirror_pending import read_mirror
 
 SCHEMA = (Path(__file__).resolve().parents[1] / "infra" / "postgres" /
           "source_schema.sql").read_text()
@@ -167,15 +168,14 @@ def exactness(config: Config) -> dict:
 
 
 def mirror_is_source(config: Config, table: str) -> bool:
-    """Every row and column of ``table``'s mirror (read with delta-rs) equals the source's
-    (psycopg), compared as sets of rows; timestamps in UTC."""
+    """Every row and column of ``table``'s mirror (read with delta-rs, its tail laid over
+    its table) equals the source's (psycopg), compared as sets of rows; timestamps in UTC."""
     with psycopg.connect(config.source_dsn) as conn:
         cur = conn.execute(sql.SQL("SELECT * FROM {}").format(
             sql.Identifier(*table.split(".", 1))))
         columns = [d.name for d in cur.description]
         source = {tuple(_utc(v) for v in row) for row in cur}
-    mirror = DeltaTable(mirror_path(config.lakehouse, table)).to_pyarrow_table(
-        columns=columns).to_pylist()
+    mirror = read_mirror(mirror_path(config.lakehouse, table), columns=columns).to_pylist()
     return source == {tuple(_utc(r[c]) for c in columns) for r in mirror}
 
 

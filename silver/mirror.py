@@ -25,6 +25,10 @@ docs/silver.md, "Mirrors", is the user's account; the rules, per micro-batch of 
   checkpoint commit) leaves the same mirror; its Delta app transaction ``lakecdc-mirror``,
   version = batch id (times ``PARTS``, plus the part), is checked first, so the tables
   already merged are skipped without writing.
+- A mirror whose MERGE is slow (a big table, ``LAKECDC_MIRROR_MERGE_S``) takes a plain
+  part (no TRUNCATE, no key moved, not the changes held while it loaded) into its tail
+  instead, folded into it in the background (``silver.mirror_pending``); every tail is
+  folded before a verify marker is recorded passed, and at the end of a run.
 - A column added to the source appears in the mirror (``ALTER TABLE ADD COLUMNS`` before the
   MERGE, repeated harmlessly on a replay); a column whose type changed, a value that does not
   convert, or a change silver could not parse stops the mirrors with one sentence.
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Callable
@@ -285,10 +290,19 @@ class MirrorWriter:
         self.merged: dict[str, int] = {}        # table -> batches merged by this writer
         self.run = self.merged                  # what ``pipelines.run.stream.await_stream`` returns
         self._typing_session: SparkSession | None = None
+        self._busy = threading.Lock()           # held through each batch (``idle``)
 
     def idle(self) -> None:
-        """Between batches (``pipelines.run.stream.await_stream`` asks each writer): the
-        mirrors have nothing waiting; each batch commits its MERGEs."""
+        """Between batches (``pipelines.run.stream.await_stream`` and ``run`` ask each
+        writer, from their own thread): each batch commits its MERGEs; a tail's fold that is
+        due (``silver.mirror_store.RsMirrors.fold_due``) starts or is collected here too
+        when no batch comes, so a big mirror's table catches up once the traffic stops.
+        Never beside a batch: a running one holds ``_busy``."""
+        if self._busy.acquire(blocking=False):
+            try:
+                self.store.fold_due()
+            finally:
+                self._busy.release()
 
     def finish(self) -> None:
         """After the last batch: each batch committed its MERGEs (see ``idle``), and each
@@ -301,7 +315,8 @@ class MirrorWriter:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
-            self._batch(batch, batch_id)
+            with self._busy:
+                self._batch(batch, batch_id)
         except BaseException as exc:
             self.failure = exc
             raise

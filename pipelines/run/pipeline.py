@@ -437,6 +437,8 @@ class Pipeline:
                                           or RuntimeError(f"query {q.name} stopped"))
                             stop.set()
                     writer.idle()
+                    if mirrors:
+                        mirrors[1].idle()       # a big mirror's tail folded when due
                     stop.wait(0.5)
             finally:
                 stop.set()

@@ -250,3 +250,28 @@ def test_a_load_replacing_a_mirrors_rows_empties_its_stale_tail(tmp_path):
                  overwrite=True)
     assert DeltaTable(pending_path(path)).to_pyarrow_table().num_rows == 0
     assert by_key(read_mirror(path)) == loaded
+
+
+def test_with_no_batch_coming_the_writers_idle_folds_a_due_tail_but_never_beside_a_batch(
+        tmp_path):
+    from deltalake import DeltaTable
+
+    from silver.mirror import MirrorWriter
+    from silver.mirror_store import RsMirrors
+
+    base = {(1, "a"): {"id": 1, "region": "a", "body": "old", "status": 1, "tags": None,
+                       COMMIT_LSN: 1, COMMIT_TS: None}}
+    path = real_mirror(tmp_path, base)
+    batch = random_batches(random.Random(10), base, 1)[0]
+    store = RsMirrors(merge_s=0)
+    writer = MirrorWriter({"public.t": path}, store=store)
+    assert store.merge(job(path, 1, batch))
+    store._tails[path].folded_at = -1e9                  # a fold is due
+    with writer._busy:                                   # a batch runs
+        writer.idle()
+    assert store._folding is None
+    writer.idle()                                        # none runs: the fold starts
+    store._folding[1].result()
+    writer.idle()                                        # ... and is collected
+    assert store._folding is None and store._tails[path].rows == 0
+    assert by_key(DeltaTable(path).to_pyarrow_table()) == merged(base, batch)
