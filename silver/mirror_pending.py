@@ -178,8 +178,14 @@ def mirror_of(table, pending: pa.Table | None, columns: list[str] | None = None,
     """The current rows of the mirror whose table is ``table`` (delta-rs, opened or brought
     up to date after ``pending``, its tail's rows, was read); ``columns``: only these
     besides the key; ``where``: a pyarrow expression over the key's columns only (a column
-    the tail may change cannot filter the table)."""
+    the tail may change cannot filter the table), or False: none of the table's rows (the
+    tail's rows alone, their columns as the tail last carried them)."""
     key, types = mirror_shape_of(table.metadata().configuration)
     wanted = None if columns is None else [*key, *[c for c in columns if c not in key]]
-    base = table.to_pyarrow_dataset().to_table(columns=wanted, filter=where)
+    if where is False:      # the tail's rows alone (a probe's cheap look), in its columns
+        schema = pa.schema(table.schema().to_arrow())
+        base = schema.empty_table() if wanted is None else \
+            pa.schema([schema.field(n) for n in wanted]).empty_table()
+    else:
+        base = table.to_pyarrow_dataset().to_table(columns=wanted, filter=where)
     return current_rows(base, pending, key, mirrored_columns(key, types))

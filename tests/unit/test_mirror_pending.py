@@ -275,3 +275,22 @@ def test_with_no_batch_coming_the_writers_idle_folds_a_due_tail_but_never_beside
     writer.idle()                                        # ... and is collected
     assert store._folding is None and store._tails[path].rows == 0
     assert by_key(DeltaTable(path).to_pyarrow_table()) == merged(base, batch)
+
+
+def test_the_tails_rows_alone_are_the_keys_it_holds_as_it_last_carried_them(tmp_path):
+    from deltalake import DeltaTable
+
+    from silver.mirror_pending import mirror_of, pending_path, read_mirror
+    from silver.mirror_store import RsMirrors
+
+    base = {(i, "a"): {"id": i, "region": "a", "body": f"old{i}", "status": i, "tags": None,
+                       COMMIT_LSN: i, COMMIT_TS: None} for i in range(4)}
+    path = real_mirror(tmp_path, base)
+    batch = random_batches(random.Random(11), base, 1)[0]
+    assert RsMirrors(merge_s=0).merge(job(path, 1, batch))
+    tail = DeltaTable(pending_path(path)).to_pyarrow_table()
+    alone = by_key(mirror_of(DeltaTable(path), tail, ["status"], False))
+    current = by_key(read_mirror(path, columns=["status"]))
+    carried = {(r["id"], r["region"]) for r in batch if r[EXISTS] and r[f"{HAS_PREFIX}1"]}
+    assert carried and {k: alone[k] for k in carried} == {k: current[k] for k in carried}
+    assert set(alone) <= set(current)
