@@ -43,6 +43,7 @@ from core.maintenance import (
     held_by_reader,
     log_properties,
 )
+from core.tables import is_table
 
 _SESSION = {"spark.databricks.delta.retentionDurationCheck.enabled": "false",
             "spark.databricks.delta.vacuum.logging.enabled": "true"}
@@ -70,12 +71,11 @@ def maintain_table_spark(writes, name: str, path: str, *, retention_hours: int,
                          ) -> TableReport:
     """``core.maintenance.maintain_table`` through Spark (the module's text); ``path`` as
     Spark names the table; ``reader_floor`` and ``log_floor`` as there."""
-    from delta.tables import DeltaTable
 
     started = time.monotonic()
     spark = writes.spark
     report = TableReport(name)
-    if not DeltaTable.isDeltaTable(spark, path):
+    if not is_table(spark, path):
         report.notes.append("no table yet")
         return report
     now = now or time.time()
@@ -107,9 +107,8 @@ def clean_log_spark(writes, path: str, *, log_retention_minutes: int = LOG_RETEN
                     log_floor: int | None = None, now: float | None = None) -> str | None:
     """``core.maintenance.clean_log`` through Spark: step 2 alone (Delta deletes the
     expired entries at its next checkpoint). Returns None (nothing it could not do)."""
-    from delta.tables import DeltaTable
 
-    if DeltaTable.isDeltaTable(writes.spark, path):
+    if is_table(writes.spark, path):
         _keep_retention(writes.spark, path, log_retention_minutes, log_floor,
                         now or time.time())
     return None
@@ -205,7 +204,7 @@ def table_size_spark(spark, path: str) -> TableSize | None:
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    if not DeltaTable.isDeltaTable(spark, path):
+    if not is_table(spark, path):
         return None
     table = DeltaTable.forPath(spark, path)
     detail = table.detail().first()

@@ -32,6 +32,24 @@ def create_table(spark, path: str, schema, properties: dict[str, str],
     builder.execute()
 
 
+def is_table(spark, path: str) -> bool:
+    """(Spark) Whether ``path`` is a Delta table's own folder. Delta's ``isDeltaTable`` also
+    says yes for a folder inside a table (it finds the table above it: a mirror's tail's
+    folder before the tail exists, ``silver.mirror_pending``), and reading such a path
+    then fails (``DELTA_INVALID_PARTITION_PATH``)."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return False
+    try:
+        DeltaTable.forPath(spark, path)
+    except Exception as exc:
+        if "DELTA_INVALID_PARTITION_PATH" in str(exc):
+            return False            # the table found is the one above the path
+        raise
+    return True
+
+
 def remove_uncommitted_log(spark, path: str) -> bool:
     """Remove the ``_delta_log`` folder at ``path`` if it holds no file but Spark's
     temporary ones: what a process killed while creating the table leaves (the folder, an

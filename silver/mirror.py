@@ -292,6 +292,14 @@ class MirrorWriter:
         self._typing_session: SparkSession | None = None
         self._busy = threading.Lock()           # held through each batch (``idle``)
 
+    def __getstate__(self) -> dict:
+        """Without its lock (Spark Connect pickles a ``foreachBatch`` function)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_busy"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._busy = threading.Lock()
+
     def idle(self) -> None:
         """Between batches (``pipelines.run.stream.await_stream`` and ``run`` ask each
         writer, from their own thread): each batch commits its MERGEs; a tail's fold that is

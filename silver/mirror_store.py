@@ -410,7 +410,7 @@ class SparkMirrors:
             return
         self._settled.add(path)
         spark, tail = self.writes.spark, pending_path(path)
-        if not DeltaTable.isDeltaTable(spark, tail):
+        if not tail_exists_spark(spark, path):
             return
         rows = spark.read.format("delta").load(tail).toArrow()
         if rows.num_rows:
@@ -484,12 +484,11 @@ def current_mirror(spark, path: str):
     tail laid over it as ``silver.mirror_pending.current_rows`` does (any other table, or a
     mirror without a tail, as it is). The tail is read now (it is small: at most
     ``MAX_PENDING_ROWS``), the table when the DataFrame runs."""
-    from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     table = spark.read.format("delta").load(path)
     tail = pending_path(path)
-    if not DeltaTable.isDeltaTable(spark, tail):
+    if not tail_exists_spark(spark, path):
         return table
     rows = spark.read.format("delta").load(tail).toArrow()
     if rows.num_rows == 0:
@@ -537,12 +536,18 @@ def _batch_meta(metadata: list[str | None], version: int) -> str:
     return commit_metadata("mirror")
 
 
+def tail_exists_spark(spark, path: str) -> bool:
+    """(Spark) Whether the mirror at ``path`` has a tail (``core.tables.is_table``)."""
+    from core.tables import is_table
+
+    return is_table(spark, pending_path(path))
+
+
 def drop_tail_spark(spark, path: str) -> None:
     """(Spark) Empty the tail of the mirror at ``path``, if it has one, unmerged."""
-    from delta.tables import DeltaTable
 
     tail = pending_path(path)
-    if DeltaTable.isDeltaTable(spark, tail):
+    if tail_exists_spark(spark, path):
         (spark.read.format("delta").load(tail).limit(0).write.format("delta")
          .mode("overwrite").option("userMetadata", commit_metadata("mirror", folded=None))
          .save(tail))
