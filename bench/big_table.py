@@ -299,8 +299,7 @@ def lakecdc_verify(config: Config, log: Path, *args: str) -> tuple[float, int]:
 
 
 def mirror_rows(config: Config) -> int:
-    """The mirror's rows: its table's, and its tail's keys that it lacks (every change of
-    the traffic updates a row of the table)."""
+    """The mirror's current rows (its tail laid over its table); 0 before it exists."""
     from silver.mirror_pending import read_mirror
 
     try:

@@ -157,13 +157,13 @@ def assert_mirror_is_source(source_db, config, added=False, tail=False, spark=No
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("merge_s", ["1", "0"], ids=["merge", "tail"])
+@pytest.mark.parametrize("merge_s", ["1000", "0"], ids=["merge", "tail"])
 def test_a_mirror_matches_its_source_through_toast_key_changes_truncate_and_a_new_column(
         source_db, config, cli_here, merge_s):
     """The table holds rows before ``setup``: its mirror starts from them (read in the
-    slot's exported snapshot), then follows the changes. ``tail``: every mirror keeps its
-    batches in a tail first (``LAKECDC_MIRROR_MERGE_S=0``, as a big table's does), folded
-    at the end of each run."""
+    slot's exported snapshot), then follows the changes. ``merge``: every batch MERGEd
+    (however long a MERGE takes); ``tail``: every mirror keeps its batches in a tail first
+    (``LAKECDC_MIRROR_MERGE_S=0``, as a big table's does), folded at the end of each run."""
     rng = random.Random(1717)
     with source_db.connect() as conn:
         conn.execute(SCHEMA_SQL)
