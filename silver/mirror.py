@@ -308,7 +308,7 @@ class MirrorWriter:
         Never beside a batch: a running one holds ``_busy``."""
         if self._busy.acquire(blocking=False):
             try:
-                self.store.fold_due()
+                self.store.fold_due(self._mirrors())
             finally:
                 self._busy.release()
 
@@ -317,7 +317,7 @@ class MirrorWriter:
         mirror's tail is folded into its table (a run that ends leaves every mirror's table
         whole); what records the mirrors' progress lets its connection go."""
         if self.failure is None:
-            self.store.fold_all()
+            self.store.fold_all(self._mirrors())
         if self.on_finish is not None:
             self.on_finish()
 
@@ -383,11 +383,16 @@ class MirrorWriter:
         if complete is not None and self.on_complete is not None:
             self.on_complete(*complete)
         if marker is not None and self.on_marker is not None:
-            self.store.fold_all()               # each mirror's table holds its changes
+            self.store.fold_all(self._mirrors())    # each mirror's table holds its changes
             self.on_marker(marker, batch_id)     # every mirror holds the batch now
-        self.store.fold_due()
+        self.store.fold_due(self._mirrors())
         if self.after_batch is not None:
             self.after_batch()
+
+    def _mirrors(self) -> list[str]:
+        """The paths of the mirrors kept now (not those being loaded: the load writes
+        them), whose tails are folded, one an earlier run left included."""
+        return [p for n, p in self.paths.items() if n not in self.now_loading]
 
     def _due_replays(self, loading: frozenset[str]) -> dict[str, int]:
         """table → floor, of the mirrors whose load is done and whose held changes are not

@@ -139,23 +139,17 @@ def as_tail(rows: pa.Table, schema: pa.Schema, version: int) -> pa.Table:
     return rows.select(schema.names).cast(schema)
 
 
-def write_empty(table, commit) -> None:
-    """Overwrite the delta-rs ``table`` (a tail) with no row, committed with ``commit``
-    (``CommitProperties``)."""
-    from deltalake import write_deltalake
-
-    write_deltalake(table, pa.schema(table.schema().to_arrow()).empty_table(),
-                    mode="overwrite", commit_properties=commit)
-
-
 def drop_tail(path: str, storage_options: dict | None, commit) -> None:
-    """(delta-rs) Empty the tail of the mirror at ``path``, if it has one, unmerged: its
-    table was replaced (a load's first chunk)."""
-    from deltalake import DeltaTable
+    """(delta-rs) Empty the tail of the mirror at ``path``, if it has one, unmerged, with
+    ``commit`` (``CommitProperties``): its table was replaced (a load's first chunk, a
+    seed)."""
+    from deltalake import DeltaTable, write_deltalake
 
     uri = delta_rs_uri(pending_path(path))
     if DeltaTable.is_deltatable(uri, storage_options=storage_options):
-        write_empty(DeltaTable(uri, storage_options=storage_options), commit)
+        tail = DeltaTable(uri, storage_options=storage_options)
+        write_deltalake(tail, pa.schema(tail.schema().to_arrow()).empty_table(),
+                        mode="overwrite", commit_properties=commit)
 
 
 def read_mirror(path: str, storage_options: dict | None = None,

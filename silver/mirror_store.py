@@ -29,7 +29,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,10 +43,10 @@ from silver.mirror_pending import (
     MAX_PENDING_ROWS,
     VERSION,
     as_tail,
+    drop_tail,
     fold_pending,
     pending_path,
     tail_schema,
-    write_empty,
 )
 from silver.mirror_table import (  # noqa: F401
     COMMIT_LSN,
@@ -224,17 +224,19 @@ class RsMirrors:
             key, types = self.shape(path)
             self._folded(fold_tail(path, self.storage_options, key, types))
 
-    def fold_due(self) -> None:
+    def fold_due(self, paths: Iterable[str] = ()) -> None:
         """Between two batches: collect a fold that ended; else, none running, start one
-        of a tail whose folds would take at most ``FOLD_SHARE`` of the time since its last,
-        or that holds ``MAX_PENDING_ROWS``. It runs in a thread of its own (delta-rs's
+        of a tail (of ``paths``' mirrors, and any this writer wrote) whose folds would take
+        at most ``FOLD_SHARE`` of the time since its last, or that holds
+        ``MAX_PENDING_ROWS``. It runs in a thread of its own (delta-rs's
         MERGE lets go of the interpreter), beside the next batches: they go to the tail,
         and the table has no other writer meanwhile (a batch that needs the table waits
         for it, ``fold``)."""
         if not self._settle(wait=False):
             return
         now = time.monotonic()
-        for path, tail in self._tails.items():
+        for path in self._known(paths):
+            tail = self._tail(path)
             if tail.rows and (tail.rows >= MAX_PENDING_ROWS
                               or now - tail.folded_at >= tail.cost / FOLD_SHARE):
                 key, types = self.shape(path)
@@ -244,11 +246,16 @@ class RsMirrors:
                                                          self.storage_options, key, types))
                 return
 
-    def fold_all(self) -> None:
-        """Fold every tail: each mirror's table then holds all its changes (a verify
-        marker passed, ``pipelines.verify.mirrors``; the end of a run)."""
-        for path in list(self._tails):
+    def fold_all(self, paths: Iterable[str] = ()) -> None:
+        """Fold every tail (of ``paths``' mirrors, and any this writer wrote): each mirror's
+        table then holds all its changes (a verify marker passed, ``pipelines.verify.
+        mirrors``; the end of a run). A tail an earlier run left, of a table that has not
+        changed since, is folded too."""
+        for path in self._known(paths):
             self.fold(path)
+
+    def _known(self, paths: Iterable[str]) -> list[str]:
+        return list(dict.fromkeys([*paths, *self._tails]))
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -286,11 +293,9 @@ class RsMirrors:
 
     def drop_tail(self, path: str) -> None:
         """Empty the mirror's tail, unmerged: its table was replaced (new initial rows)."""
-        tail = self._tail(path)
-        if tail.rows:
-            with self._handle(pending_path(path)).use() as pending:
-                write_empty(pending, rs_commit(commit_metadata("mirror", folded=None)))
-            tail.rows = 0
+        drop_tail(path, self.storage_options, rs_commit(commit_metadata("mirror", folded=None)))
+        self._handle(pending_path(path)).reset()
+        self._tails.pop(path, None)
 
     def _append(self, job: MergeJob, tail: Tail) -> None:
         from deltalake import write_deltalake
@@ -426,7 +431,7 @@ class SparkMirrors:
             self._recorded.pop(path, None)
         self.drop_tail(path)
 
-    def fold_due(self) -> None:
+    def fold_due(self, paths: Iterable[str] = ()) -> None:
         """Nothing: this writer keeps no tail."""
 
     @contextmanager
@@ -434,8 +439,8 @@ class SparkMirrors:
         """Nothing to pause: this writer folds nothing in the background."""
         yield
 
-    def fold_all(self) -> None:
-        """Nothing: this writer keeps no tail."""
+    def fold_all(self, paths: Iterable[str] = ()) -> None:
+        """Nothing: this writer keeps no tail (one left is folded at its first MERGE)."""
 
     def drop_tail(self, path: str) -> None:
         """Empty the mirror's tail, if it has one (``RsMirrors.drop_tail``)."""

@@ -294,3 +294,25 @@ def test_the_tails_rows_alone_are_the_keys_it_holds_as_it_last_carried_them(tmp_
     carried = {(r["id"], r["region"]) for r in batch if r[EXISTS] and r[f"{HAS_PREFIX}1"]}
     assert carried and {k: alone[k] for k in carried} == {k: current[k] for k in carried}
     assert set(alone) <= set(current)
+
+
+def test_a_tail_an_earlier_run_left_is_folded_at_the_end_of_a_run_its_table_saw_no_batch_of(
+        tmp_path):
+    """Killed after its tail took a batch; the next run gets no change of that table: its
+    end still folds the tail (and so does a verify marker), or the table alone would stay
+    behind and verify would find drift that is not there."""
+    from deltalake import DeltaTable
+
+    from silver.mirror import MirrorWriter
+    from silver.mirror_pending import pending_path
+    from silver.mirror_store import RsMirrors
+
+    base = {(1, "a"): {"id": 1, "region": "a", "body": "old", "status": 1, "tags": None,
+                       COMMIT_LSN: 1, COMMIT_TS: None}}
+    path = real_mirror(tmp_path, base)
+    batch = random_batches(random.Random(12), base, 1)[0]
+    assert RsMirrors(merge_s=0).merge(job(path, 1, batch))          # then killed
+    writer = MirrorWriter({"public.t": path}, store=RsMirrors(merge_s=0))   # the next run
+    writer.finish()
+    assert by_key(DeltaTable(path).to_pyarrow_table()) == merged(base, batch)
+    assert DeltaTable(pending_path(path)).to_pyarrow_table().num_rows == 0
