@@ -4,10 +4,11 @@ the dashboard equals the source.
 ``lakecdc run`` is the real CLI in a process group of its own (Spark's JVM inside it),
 with its defaults: shipping, the one pass, the push and the mirrors share the machine.
 
-- **warm**: a running ``lakecdc run``, caught up on a warm-up round, is frozen (SIGSTOP to
-  its group); the backlog is committed (``bench.workload.write_backlog``: about
-  ``changes`` changes in transactions of ``tx_size`` rows); the group is thawed (SIGCONT).
-  Timed from the thaw.
+- **warm**: a running ``lakecdc run``, caught up on a warm-up round in every layer (its
+  mirrors too: their first batch, JIT and the changes held while they loaded, is not part
+  of the catch-up), is frozen (SIGSTOP to its group); the backlog is committed
+  (``bench.workload.write_backlog``: about ``changes`` changes in transactions of
+  ``tx_size`` rows); the group is thawed (SIGCONT). Timed from the thaw.
 - **cold**: ``lakecdc run`` started on such a backlog. Timed from the process's start, with
   its start-up apart: from the start to the stream's first batch (the first entry in the
   stream checkpoint's ``offsets``: Python, the JVM, the Delta jars, the query), then from
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from bench import workload
 from core.config import Config
-from core.layout import STREAM_CHECKPOINT
+from core.layout import GOLD, STREAM_CHECKPOINT
 
 ROOT = Path(__file__).resolve().parent.parent
 POLL_S = 0.05
@@ -105,6 +106,26 @@ def _until_exact(run: RunProcess, config: Config, expected: dict, timeout: float
         time.sleep(POLL_S)
 
 
+def _until_mirrored(run: RunProcess, config: Config, timeout: float) -> None:
+    """Wait until the mirrors hold what the dashboard holds (their row of
+    ``lakecdc_layer_progress``): a warm run has every layer caught up, its mirrors' first
+    batch (their JIT, the changes held while they loaded) done."""
+    from core.storage import gold_key
+    from gold.push import MIRRORS_LAYER, read_layer
+
+    key = gold_key(config.table_path(GOLD))
+    deadline = time.perf_counter() + timeout
+    while True:
+        dashboard = read_layer(config.dashboard, key, "dashboard")
+        mirrors = read_layer(config.dashboard, key, MIRRORS_LAYER)
+        if dashboard and mirrors and mirrors[0] >= dashboard[0]:
+            return
+        run.check()
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"the mirrors did not catch up within {timeout:.0f} s")
+        time.sleep(POLL_S)
+
+
 def _first_batch(config: Config) -> Path:
     return Path(config.table_path(STREAM_CHECKPOINT)) / "offsets" / "0"
 
@@ -120,6 +141,8 @@ def warm(config: Config, work: Path, changes: int, tx_size: int) -> dict:
         warmed = truth(config.source_dsn)
         _until_exact(run, config, warmed, timeout=600)
         _until_exact(run, config, warmed, timeout=600, layer="gold")    # every layer
+        if config.mirrored:
+            _until_mirrored(run, config, timeout=600)
         run.signal(signal.SIGSTOP)
         load = _load()
         written = workload.write_backlog(config.source_dsn, changes, tx_size)

@@ -145,4 +145,23 @@ def check_gold(lakehouse: str, source_dsn: str, dashboard_dsn: str,
     apart = {k: (dashboard.get(k), gold.get(k)) for k in set(dashboard) | set(gold)
              if dashboard.get(k) != gold.get(k)}
     assert not apart, f"the dashboard differs from gold on {len(apart)} keys " \
-                      f"(dashboard, gold): {list(apart.items())[:3]}"
+                      f"(dashboard, gold): {list(apart.items())[:3]}" \
+                      f"{_dashboard_trail(dashboard_dsn, lakehouse, list(apart)[:20])}"
+
+
+def _dashboard_trail(dsn: str, lakehouse: str, keys: list[tuple]) -> str:
+    """Where a dashboard that differs from gold came from, for the failure's message: its
+    progress rows, the watermark each differing key was last written at, and gold's
+    watermark per version (which push, ahead or from gold, wrote it)."""
+    with psycopg.connect(dsn) as conn:
+        progress = conn.execute("SELECT gold_version, source_commit_lsn FROM "
+                                "lakecdc_push_progress").fetchall()
+        written = sorted({r[0] for r in conn.execute(
+            "SELECT source_commit_lsn FROM service_stats WHERE (service_id, template_id, "
+            "notification_type, notification_status) IN (SELECT * FROM unnest("
+            "%s::text[], %s::text[], %s::text[], %s::text[]))",
+            [list(c) for c in zip(*keys)] if keys else [[], [], [], []]).fetchall()})
+    history = sorted((h["version"], json.loads(h.get("userMetadata") or "{}").get("commit_lsn"))
+                     for h in DeltaTable(f"{lakehouse}/gold/service_stats").history())
+    return (f"; dashboard progress (gold_version, lsn) {progress}; differing keys last "
+            f"written at lsn {written}; gold (version, lsn) {history}")
