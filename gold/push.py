@@ -5,8 +5,8 @@ reaches storage, ``LAKECDC_WRITER=spark``, gold is read through a Spark session 
 passes in: ``gold.view``). One push takes steps
 1-4 of docs/gold.md, "The push": one Postgres transaction at one gold version ``V``, fenced
 on this gold table's row of ``lakecdc_push_progress``, so a replayed or stale push changes
-nothing (step 2b: a version the dashboard is already past is only recorded); then the
-*absolute* counts at ``V`` of the keys gold's change data feed names (every row for a full
+nothing (step 2b: a version the dashboard is exactly at is only recorded, one it is past
+is left unrecorded); then the *absolute* counts at ``V`` of the keys gold's change data feed names (every row for a full
 push), and COMMIT. All or nothing: the dashboard always shows gold at one watermark, so
 never part of a source transaction.
 
@@ -215,9 +215,16 @@ def push_table(conn: psycopg.Connection, table: GoldView, key: str, faults,
             return PushResult(version, prev_version, pushed=False)
         lsn, ts = table.position()
         if fence and same_table and not force_full and behind(lsn, prev_lsn):
-            # Step 2b: the dashboard is at or ahead of V already (ahead pushes).
-            conn.execute(sql.SQL("UPDATE {} SET gold_version = %s WHERE gold_table = %s")
-                         .format(sql.Identifier(PROGRESS_TABLE)), [version, key])
+            # Step 2b: the dashboard is at or ahead of V already (ahead pushes). V is
+            # recorded only where the dashboard is exactly at V's watermark, so that the
+            # recorded version stays one the dashboard equalled: the next write reads the
+            # feed from it and refreshes every key a step wrote since its watermark (3b).
+            # Recorded while the dashboard is past it, a step over V's watermark that
+            # took a key there and back (net 0: not written) would hide the key's change
+            # at V from both (found 2026-11-30: the F13b kill test, 3 runs in 15).
+            if lsn == prev_lsn:
+                conn.execute(sql.SQL("UPDATE {} SET gold_version = %s WHERE gold_table = %s")
+                             .format(sql.Identifier(PROGRESS_TABLE)), [version, key])
             _record_layers(conn, key, {**(marks or {}), "gold": (lsn, ts)})
             return PushResult(version, prev_version, pushed=False, source_commit_lsn=prev_lsn)
         rows, deleted, full = None, [], force_full or not same_table

@@ -233,11 +233,14 @@ def test_a_push_of_a_gold_version_behind_the_dashboard_never_overwrites_it(spark
         second = planned_step(spark, gold, sim, done, 2)
         assert ahead(dash, gold, second)
         assert nonzero(counts(dash)) == sim.truth()
+        recorded = progress(dash, gold.gold)[0]
         stale = push_once(gold.gold, source_db.dsn, fence=fence)   # gold at batch 1
         if fence:
             assert not stale.pushed
             assert nonzero(counts(dash)) == sim.truth()
-            assert progress(dash, gold.gold) == (stale.gold_version, sim.lsn)
+            # The dashboard is past batch 1's watermark: its version is not recorded (2b).
+            assert progress(dash, gold.gold) == (recorded, sim.lsn) != (stale.gold_version,
+                                                                        sim.lsn)
         else:
             assert counts(dash)[A] == 1 != sim.truth().get(A, 0)   # taken back
         apply(spark, gold, sim, done, 2)
@@ -377,6 +380,34 @@ def test_a_second_pipeline_is_refused_the_dashboard_until_it_takes_it_over(
     with pytest.raises(UserError, match="another pipeline"):
         push_once(gold.gold, source_db.dsn)
     assert counts(dash) == second.truth()
+
+
+def test_a_step_ahead_across_a_gold_version_that_takes_a_key_there_and_back_is_caught_up(
+        spark, gold, dash, source_db):
+    """A step ahead from gold's first version across its second: ``sending`` goes 0 -> 1
+    (the second version's watermark) -> 0 inside the step, so the step does not write it.
+    The push of the second version finds the dashboard past it and writes nothing (step
+    2b); then ``sending`` goes back to 1 in gold's third version, whose feed does not name
+    it (1 at the second version, 1 at the third). Had 2b recorded the second version, the
+    next push would read the feed, and the keys steps wrote (3b), from there, and leave
+    ``sending`` at 0 (found 2026-11-30 by the F13b kill test, 3 runs in 15)."""
+    sim = Sim()
+    ids = sim.create(A, A)
+    done = apply(spark, gold, sim, 0, 0)
+    synced = push_once(gold.gold, source_db.dsn)
+    sim.set_status(ids[:1], "sending")                    # sending 0 -> 1
+    sim.set_status(ids[:1], "delivered")                  # sending 1 -> 0
+    assert ahead(dash, gold, planned_step(spark, gold, sim, done, 1))
+    assert nonzero(counts(dash)) == sim.truth()
+    GoldBatchWriter(gold, fold_share=1.0).apply(          # gold: the first of the two only
+        spark, df(spark, sim.txs[done]).toArrow(), 1)
+    passed = push_once(gold.gold, source_db.dsn)
+    assert not passed.pushed
+    assert progress(dash, gold.gold) == (synced.gold_version, sim.lsn)
+    sim.set_status(ids[1:], "sending")                    # sending 0 -> 1 again
+    apply(spark, gold, sim, done + 1, 2)                  # the last two, one gold version
+    assert push_once(gold.gold, source_db.dsn).pushed
+    assert nonzero(counts(dash)) == sim.truth()
 
 
 def test_a_push_past_a_dashboard_moved_ahead_refreshes_every_key_a_step_ahead_wrote(
