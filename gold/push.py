@@ -6,8 +6,8 @@ passes in: ``gold.view``). One push takes steps
 1-4 of docs/gold.md, "The push": one Postgres transaction at one gold version ``V``, fenced
 on this gold table's row of ``lakecdc_push_progress``, so a replayed or stale push changes
 nothing (step 2b: a version the dashboard is exactly at is only recorded, one it is past
-is left unrecorded); then the *absolute* counts at ``V`` of the keys gold's change data feed names (every row for a full
-push), and COMMIT. All or nothing: the dashboard always shows gold at one watermark, so
+is left unrecorded); then the *absolute* counts at ``V`` of the keys gold's change data
+feed names (every row for a full push), and COMMIT. All or nothing: the dashboard always shows gold at one watermark, so
 never part of a source transaction.
 
 ``push_ahead`` adds a step of gold to the dashboard before gold's MERGE commits it - a
