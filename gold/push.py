@@ -7,8 +7,8 @@ passes in: ``gold.view``). One push takes steps
 on this gold table's row of ``lakecdc_push_progress``, so a replayed or stale push changes
 nothing (step 2b: a version the dashboard is exactly at is only recorded, one it is past
 is left unrecorded); then the *absolute* counts at ``V`` of the keys gold's change data
-feed names (every row for a full push), and COMMIT. All or nothing: the dashboard always shows gold at one watermark, so
-never part of a source transaction.
+feed names (every row for a full push), and COMMIT. All or nothing: the dashboard always
+shows gold at one watermark, so never part of a source transaction.
 
 ``push_ahead`` adds a step of gold to the dashboard before gold's MERGE commits it - a
 stream batch's planned step, or a shipper batch's before the stream reads it
