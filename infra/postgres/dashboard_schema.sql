@@ -26,8 +26,10 @@ CREATE TABLE IF NOT EXISTS service_stats (
 CREATE TABLE IF NOT EXISTS lakecdc_push_progress (
     gold_table          text        PRIMARY KEY,   -- gold's path or URI
     gold_table_id       text,                      -- Delta table id: a new table = full push
-    gold_version        bigint      NOT NULL,      -- -1 before the first push
-    source_commit_lsn   bigint,
+    -- The newest gold version the counts equalled (pushed from it, or at its watermark
+    -- exactly); -1 before the first push. Pushes ahead move the watermark below past it.
+    gold_version        bigint      NOT NULL,
+    source_commit_lsn   bigint,                    -- the counts are exact as of this commit
     source_commit_ts    timestamptz,
     pushed_at           timestamptz
 );
