@@ -49,7 +49,7 @@ def test_dashboard_total_is_constant_under_count_neutral_traffic(source_db, conf
             while not stop_reader.is_set():
                 seen.append(conn.execute(
                     "SELECT (SELECT sum(count) FROM service_stats)::bigint, "
-                    "(SELECT max(gold_version) FROM lakecdc_push_progress)").fetchone())
+                    "(SELECT max(source_commit_lsn) FROM lakecdc_push_progress)").fetchone())
 
     failures: list[BaseException] = []
 
@@ -78,6 +78,8 @@ def test_dashboard_total_is_constant_under_count_neutral_traffic(source_db, conf
     assert len(moves) > 10 and len(seen) > 100
     totals = {t for t, _ in seen}
     assert totals == {total}, f"a reader saw partial transactions: totals {sorted(totals)}"
-    assert len({v for _, v in seen}) > 4          # the dashboard did change meanwhile
+    # The dashboard did change meanwhile: its watermark moved (pushes from gold, and steps
+    # ahead of it, which leave the gold version it records alone).
+    assert len({v for _, v in seen}) > 4
     pipeline.run_once()
     check_gold(config.lakehouse, source_db.dsn, source_db.dsn)
