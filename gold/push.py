@@ -274,8 +274,10 @@ def _with_keys_moved_ahead(conn: psycopg.Connection, table: GoldView, prev_versi
     gold has no row. Only when the dashboard is past the recorded version's watermark: after
     an ahead push that came before gold, never on a dashboard only ``push_table`` writes."""
     floor, _ = table.position(prev_version)
-    if floor is None or prev_lsn is None or prev_lsn <= floor:
+    if prev_lsn is None or (floor is not None and prev_lsn <= floor):
         return rows, deleted
+    if floor is None:        # not among the commits read (2b left it far back): every key
+        floor = -1
     named = {tuple(r[:4]) for r in rows} | {tuple(k) for k in deleted}
     moved = {tuple(r) for r in conn.execute(sql.SQL(
         "SELECT {} FROM {} WHERE source_commit_lsn > %s").format(

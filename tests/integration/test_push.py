@@ -410,14 +410,19 @@ def test_a_step_ahead_across_a_gold_version_that_takes_a_key_there_and_back_is_c
     assert nonzero(counts(dash)) == sim.truth()
 
 
+@pytest.mark.parametrize("history", [None, 1], ids=["recent", "recorded_version_not_read"])
 def test_a_push_past_a_dashboard_moved_ahead_refreshes_every_key_a_step_ahead_wrote(
-        spark, gold, dash, source_db):
+        spark, gold, dash, source_db, monkeypatch, history):
     """A step ahead moves a row from ``created`` to ``sending`` on the dashboard; gold then
     merges that change and the next (``sending`` to ``delivered``) in one version. The feed
     from the version the dashboard recorded names ``created`` and ``delivered`` but not
     ``sending``, whose net change there is 0, while the dashboard holds it at 1 from the
     step ahead. The push refreshes every key a step ahead wrote since gold's recorded
-    watermark (step 3b): without it, ``sending`` stays at 1."""
+    watermark (step 3b): without it, ``sending`` stays at 1. ``recorded_version_not_read``:
+    the recorded version is older than the gold commits a push reads (its watermark
+    unknown), so every key the dashboard holds is refreshed."""
+    if history is not None:
+        monkeypatch.setattr("gold.view.HISTORY", history)
     sim = Sim()
     ids = sim.create(A, A)
     done = apply(spark, gold, sim, 0, 0)
