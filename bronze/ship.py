@@ -70,11 +70,14 @@ SESSION_OPTIONS = {"application_name": "lakecdc ship", "keepalives": 1,
 RETRY_FIRST_S = 0.5            # first reconnect delay; doubles up to reconnect_max_backoff_s
 ALERT_REPEAT_S = 5.0           # wal_status alerts repeat every batch, at most this often
 # The most rows, and bytes of them, a batch keeps in memory for ``on_rows``: a
-# continuous batch (about 500 rows at 2,000 changes/s) is far below; a catch-up's peek is
-# left to the stream (its rows would be parsed twice), and memory stays bounded by the
-# peek's chunk.
-KEPT_ROWS = 5_000
-KEPT_BYTES = 8 << 20
+# continuous batch (about 500 rows at 2,000 changes/s) is far below. ``lakecdc run`` peeks
+# at most ``FOLLOWED_PEEK`` changes, so that each batch of a catch-up is kept too (a peek
+# ends at a transaction's end, past its bound) and the dashboard follows the shipper
+# through it (``gold.ahead``). A batch bigger still (one big transaction) is left to the
+# stream, and memory stays bounded by the peek's chunk.
+FOLLOWED_PEEK = 50_000
+KEPT_ROWS = 64_000
+KEPT_BYTES = 96 << 20
 
 
 @dataclass
@@ -102,7 +105,8 @@ class ShipBatch:
     after_lsn: int | None = None
     # Set by ``on_stored`` in ``lakecdc run`` (``pipelines.run.pipeline``) when the
     # dashboard took this batch's step as soon as bronze held it (``gold.ahead``): the
-    # seconds that took, right after ``seconds``. 0.0: not taken.
+    # seconds that took, right after ``seconds``. 0.0: not taken, or not waited for (a
+    # catch-up's batch, its step pushed beside the next peek).
     ahead_seconds: float = 0.0
     started_at: float = 0.0     # when the peek began (wall clock, ``time.time()``)
 

@@ -5,7 +5,8 @@ A shipper batch is one bronze commit of whole source transactions, so its rows a
 gold's step across it: the Arrow parse (``silver.parse``), gold's rules and lines
 (``gold.deltas.line_table``) and the plan (``gold.plan``), the stream's own functions on
 the same rows. They are worked out in a thread of their own while bronze commits the rows
-(``prepare``), and taken once it has (``__call__``).
+(``prepare``), and offered to the dashboard, from another thread, once it has
+(``__call__``).
 
 ``ShipAhead`` keeps the steps of the last few batches, each with the newest source commit
 bronze held before it, and offers the dashboard the step from its own watermark to the
@@ -22,7 +23,8 @@ decides those, and the dashboard follows it from there.
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable, Iterable
@@ -41,6 +43,9 @@ SHIP_STEP = -1
 # steady traffic the dashboard takes every batch at once, so one or two are kept.
 MAX_BATCHES = 64
 MAX_LINES = 200_000
+# The most batches handed on and not yet offered: in a catch-up, one batch's parse and push
+# run beside the shipper's next peek.
+WAITING = 1
 
 
 @dataclass(frozen=True)
@@ -77,8 +82,12 @@ def shipped_lines(rows: pa.Table, after_lsn: int | None, known_tables: Iterable[
 
 class ShipAhead:
     """The shipper's ``on_rows`` (``prepare``) and ``on_stored`` (``__call__``), in bronze's
-    order, from one thread: ``__call__`` takes each shipper batch that stored changes
-    (``bronze.ship.ShipBatch``) and returns whether the dashboard took its step.
+    order, from one thread. ``__call__`` hands each shipper batch that stored changes
+    (``bronze.ship.ShipBatch``) to a thread of its own, which adds it to the batches kept and
+    offers the dashboard the step to it, in bronze's order; the future it returns says
+    whether the dashboard took the step. The shipper waits for it, or, in a catch-up, peeks
+    on meanwhile (``pipelines.run.pipeline``): at most ``WAITING`` batches wait for the
+    thread, so the rows held stay bounded.
 
     ``push``: ``gold.push.AheadPush`` (never raises); ``known``: the tables the stream's
     parse knows now (None until the stream has started)."""
@@ -89,8 +98,13 @@ class ShipAhead:
         self.tables = tables
         self.known = known
         self.batches: list[Shipped] = []
+        # Whether the dashboard took the newest batch handed on's step: it follows the
+        # shipper (set by the pushing thread).
+        self.following = False
         self._prepared: tuple[int | None, int, Future] | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._parse: ThreadPoolExecutor | None = None
+        self._pushes: ThreadPoolExecutor | None = None
+        self._waiting: deque[Future] = deque()
 
     def prepare(self, after_lsn: int | None, rows: pa.Table) -> None:
         """A batch's rows, about to be committed: their lines worked out meanwhile."""
@@ -98,26 +112,45 @@ class ShipAhead:
         known = self.known()
         if known is None or after_lsn is None or not rows.num_rows:
             return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="lakecdc-ahead")
+        if self._parse is None:
+            self._parse = ThreadPoolExecutor(1, thread_name_prefix="lakecdc-ahead")
         newest = pc.max(rows.column("commit_lsn")).as_py()
-        self._prepared = (after_lsn, newest, self._pool.submit(
+        self._prepared = (after_lsn, newest, self._parse.submit(
             shipped_lines, rows, after_lsn, tuple(known), self.tables))
 
-    def __call__(self, batch) -> bool:
+    def __call__(self, batch) -> Future | None:
+        """Hand ``batch`` on (None: it stored no source commit); waits while ``WAITING``
+        batches already do."""
         if batch.commit_lsn is None:
-            return False
-        self.add(batch)
-        if self.batches[-1].lines is None:
-            return False
-        return bool(self.push(self.step_from))
+            return None
+        prepared, self._prepared = self._prepared, None
+        while self._waiting and (self._waiting[0].done() or len(self._waiting) >= WAITING):
+            wait([self._waiting.popleft()])
+        if self._pushes is None:
+            self._pushes = ThreadPoolExecutor(1, thread_name_prefix="lakecdc-ahead-push")
+        taken = self._pushes.submit(self._take, batch, prepared)
+        self._waiting.append(taken)
+        return taken
 
-    def add(self, batch) -> None:
+    def drain(self) -> None:
+        """Until every batch handed on has been offered."""
+        wait(list(self._waiting))
+
+    def _take(self, batch, prepared) -> bool:
+        try:
+            self.add(batch, prepared)
+            took = self.batches[-1].lines is not None and bool(self.push(self.step_from))
+        except BaseException:
+            self.following = False
+            raise
+        self.following = took
+        return took
+
+    def add(self, batch, prepared: tuple[int | None, int, Future] | None) -> None:
         """The batch bronze just committed, with its prepared lines if they are its own
         (none: too big to keep, or prepared before the stream started)."""
         if self.batches and batch.after_lsn != self.batches[-1].commit_lsn:
             self.batches.clear()         # not the next batch: no step goes across the gap
-        prepared, self._prepared = self._prepared, None
         lines = None
         if prepared is not None and prepared[:2] == (batch.after_lsn, batch.commit_lsn):
             lines = prepared[2].result()
@@ -146,6 +179,9 @@ class ShipAhead:
                        step.key_deltas)
 
     def close(self) -> None:
+        """After the shipper stopped: the batches handed on are offered, then the
+        dashboard's connection closed."""
+        for pool in (self._parse, self._pushes):
+            if pool is not None:
+                pool.shutdown(wait=True)
         self.push.close()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)

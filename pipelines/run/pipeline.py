@@ -19,7 +19,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
-from bronze.ship import Shipper
+from bronze.ship import FOLLOWED_PEEK, Shipper
 from core.config import Config
 from core.faults import FaultPoints
 from core.layout import GOLD, GOLD_DELTAS, GOLD_PENDING, STREAM_CHECKPOINT, Table
@@ -28,6 +28,7 @@ from gold.ahead import ShipAhead
 from gold.apply import GoldPaths
 from gold.push import AheadPush, push_once, run_push
 from pipelines.maintain.schedule import Maintainer
+from pipelines.run.behind import ShipperBehind
 from pipelines.run.stream import (
     Marks,
     OnePass,
@@ -239,9 +240,11 @@ class Pipeline:
 
     def start_stream(self, once: bool, accept_errors_upto: int | None = None,
                      on_pass: list | None = None, max_files_per_trigger: int | None = None,
-                     ahead: Callable | None = None):
+                     ahead: Callable | None = None, behind: ShipperBehind | None = None):
         """Prepare, seed gold if it has no counts yet, and start the one-pass stream
-        (``pipelines.run.stream``); returns (query, writer). Call under ``gold_lock``."""
+        (``pipelines.run.stream``); returns (query, writer). Call under ``gold_lock``.
+        ``behind``: each batch held while the shipper catches up with the dashboard
+        following it (``pipelines.run.behind``)."""
         from gold.start import gold_writer
         from pipelines.setup.tables import known_tables
 
@@ -269,7 +272,8 @@ class Pipeline:
         if self.metrics is not None:
             callbacks.append(self.metrics.on_pass)
         writer = OnePass(silver, gold, self.faults, callbacks, ahead)
-        query = start_stream(self.spark, paths, writer, once,
+        query = start_stream(self.spark, paths,
+                             writer if behind is None else behind.holding("stream", writer), once,
                              trigger_interval=self.trigger_interval,
                              max_files_per_trigger=max_files_per_trigger)
         return query, writer
@@ -300,9 +304,11 @@ class Pipeline:
                         spark=self.reader,
                         on_result=self.metrics.on_push if self.metrics is not None else None)
 
-    def start_mirrors(self, once: bool, accept_errors_upto: int | None = None):
+    def start_mirrors(self, once: bool, accept_errors_upto: int | None = None,
+                      behind: ShipperBehind | None = None):
         """Create missing mirrors and start their query (``pipelines.run.mirrors``); returns
-        (query, writer). Silver must exist (the stream creates it)."""
+        (query, writer). Silver must exist (the stream creates it). ``behind``: as for
+        ``start_stream``."""
         from core.storage import gold_key
         from pipelines.run.markers import record_marker
         from pipelines.run.mirror_progress import MirrorProgress
@@ -341,8 +347,9 @@ class Pipeline:
                                         exclusive=store.paused,
                                         writes=self.spark_writes()).after_batch
         query = start_mirrors(self.spark, self.where.silver.silver_path,
-                              checkpoint_path(self.config), writer, once,
-                              self.config.mirror_interval_s)
+                              checkpoint_path(self.config),
+                              writer if behind is None else behind.holding("mirrors", writer),
+                              once, self.config.mirror_interval_s)
         return query, writer
 
     def mirrors(self, once: bool, stop: threading.Event | None = None,
@@ -409,11 +416,14 @@ class Pipeline:
         # Each shipper batch's step reaches the dashboard as soon as bronze holds it, with
         # the parse the stream knows (gold.ahead); each stream batch's, while gold's MERGE
         # runs (gold.push): whichever comes first, the other finds the dashboard past it.
+        # In a catch-up the dashboard follows the shipper, and the stream and the mirrors
+        # wait for it (pipelines.run.behind).
         stream_parse: list[SilverWriter] = []
         ship_ahead = self.ship_ahead(lambda: (stream_parse[0].known_tables if stream_parse
                                               else None))
-        threads = [guarded("ship", lambda: self.shipper(ship_ahead).run(once=False,
-                                                                         stop=stop))]
+        behind = ShipperBehind(stop)
+        threads = [guarded("ship", lambda: self.shipper(ship_ahead, behind).run(
+            once=False, stop=stop))]
         query = writer = mirrors = None
         ahead = self._ahead_push()
         with ExitStack() as latency:
@@ -421,10 +431,10 @@ class Pipeline:
                 # The Spark session starts here, after the shipper.
                 latency.enter_context(low_latency(self.spark, True))
                 query, writer = self.start_stream(False, on_pass=[lambda _: wake.set()],
-                                                  ahead=ahead)
+                                                  ahead=ahead, behind=behind)
                 stream_parse.append(writer.silver)
                 if self.config.mirrored:
-                    mirrors = self.start_mirrors(False)
+                    mirrors = self.start_mirrors(False, behind=behind)
                 self.started.set()
                 threads.append(guarded("push", lambda: self.push(once=False, stop=stop,
                                                                  wake=wake)))
@@ -471,21 +481,48 @@ class Pipeline:
         ``known`` returns (the stream's parse's; None: not yet)."""
         return ShipAhead(self._ahead_push(), self.config.counted, known)
 
-    def shipper(self, ahead: ShipAhead | None = None) -> Shipper:
+    def shipper(self, ahead: ShipAhead | None = None,
+                behind: ShipperBehind | None = None) -> Shipper:
         """The shipper; with ``ahead``, each batch's step goes to the dashboard as soon as
-        bronze holds it, before the slot's advance (``gold.ahead``)."""
+        bronze holds it (``gold.ahead``), and its peeks are bounded by ``FOLLOWED_PEEK``.
+        The shipper waits for that push, except with ``behind`` in a catch-up the dashboard
+        follows: a full peek, after one that was not (a catch-up's start) or whose step the
+        dashboard took. The shipper then peeks on meanwhile, and ``behind`` holds the
+        stream's and the mirrors' batches until a peek is not full or a step not taken."""
         maintainer = Maintainer(self.config, "ship", self._delta_rs_options,
                                 writes=self.spark_writes())
+        config = self.config if ahead is None else self.config.with_(
+            upto_nchanges=min(self.config.upto_nchanges, FOLLOWED_PEEK))
+        last_full = [False]             # the shipper's previous batch's peek was full
+
+        def taken(result, handed) -> bool:
+            try:
+                if not handed.result():
+                    return False
+            except Exception:               # the stream's step, or the push loop, follows
+                log.warning("a shipper batch was not pushed ahead", exc_info=True)
+                return False
+            self.faults.hit("after_ship_ahead")
+            return True
 
         def on_stored(result):
             self.marks.set("bronze", result.commit_lsn, result.commit_ts)
             begun = time.monotonic()
             try:
-                if ahead(result):
-                    self.faults.hit("after_ship_ahead")
-                    return replace(result, ahead_seconds=time.monotonic() - begun)
-            except Exception:               # the stream's step, or the push loop, follows
-                log.warning("a shipper batch was not pushed ahead", exc_info=True)
+                handed = ahead(result)
+            except Exception:
+                log.warning("a shipper batch was not handed on", exc_info=True)
+                handed = None
+            if handed is None:
+                return result
+            if behind is not None and result.full and (ahead.following or not last_full[0]):
+                behind.set(True)
+                handed.add_done_callback(lambda done: taken(result, done) or behind.set(False))
+                return result
+            if behind is not None:
+                behind.set(False)
+            if taken(result, handed):
+                return replace(result, ahead_seconds=time.monotonic() - begun)
             return result
 
         def on_rows(after_lsn, rows) -> None:
@@ -495,6 +532,9 @@ class Pipeline:
                 log.warning("a shipper batch's step was not prepared", exc_info=True)
 
         def on_batch(result, progress) -> None:
+            last_full[0] = result.full
+            if behind is not None and not result.full:
+                behind.set(False)
             self.marks.set("bronze", result.commit_lsn, result.commit_ts)
             if self.metrics is not None:
                 self.metrics.on_ship_batch(result, progress)
@@ -504,7 +544,7 @@ class Pipeline:
                 except Exception:            # an observer never fails the shipper
                     log.warning("a ship callback failed", exc_info=True)
             maintainer.after_batch()        # bronze, between two of the shipper's commits
-        return Shipper(self.config, on_batch=on_batch, writes=self.spark_writes(),
+        return Shipper(config, on_batch=on_batch, writes=self.spark_writes(),
                        **(dict(on_rows=on_rows, on_stored=on_stored)
                           if ahead is not None else {}))
 

@@ -7,12 +7,14 @@ dashboard lacks is skipped over and the counts go wrong."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 
 import psycopg
 import pytest
 
 from core.storage import gold_key
+from pipelines.run.behind import ShipperBehind
 from pipelines.run.pipeline import Pipeline
 from pipelines.setup.prepare import setup
 from pipelines.setup.tables import known_tables
@@ -109,3 +111,49 @@ def test_a_batch_the_dashboard_lacks_is_never_skipped_over(source_db, config, sp
         assert dashboard_lsn(config, pipeline) == batches[-1].commit_lsn
         assert _nonzero(dashboard_counts(source_db.dsn)) != _nonzero(
             source_truth(source_db.dsn, purged))
+
+
+class Recorded(ShipperBehind):
+    def __init__(self) -> None:
+        super().__init__(threading.Event())
+        self.calls: list[bool] = []
+
+    def set(self, behind: bool) -> None:
+        self.calls.append(behind)
+        super().set(behind)
+
+
+def test_in_a_catch_up_the_dashboard_follows_the_shipper_which_peeks_on_meanwhile(
+        source_db, config, spark):
+    """Full peeks (a small bound here) while the dashboard follows: the shipper hands each
+    batch on and peeks on while its step is pushed, and the stream is held meanwhile
+    (``pipelines.run.behind``); the dashboard ends exact at bronze's end."""
+    config = config.with_(upto_nchanges=40)
+    pipeline, purged = started(config, spark, source_db.dsn)
+    behind = Recorded()
+    ahead = pipeline.ship_ahead(known_tables(config))
+    shipper = pipeline.shipper(ahead, behind)
+    purged += mixed(source_db.dsn, seed=3)
+    first = ship(shipper, pipeline)
+    # This shipper's first batch cannot go ahead (what bronze held before it is not
+    # known): the stream is held only while that is tried, not for the full peeks after.
+    assert sum(b.full for b in first) >= 3 and not any(b.ahead_seconds for b in first)
+    assert behind.calls[0] is True and True not in behind.calls[1:]
+    pipeline.stream(once=True)
+    pipeline.push(once=True)
+
+    behind.calls.clear()
+    purged += mixed(source_db.dsn, seed=4)
+    batches = ship(shipper, pipeline)
+    # Each full batch is handed on, not waited for, and the stream held, until a peek is
+    # not full.
+    assert sum(b.full for b in batches) >= 3
+    assert not any(b.ahead_seconds for b in batches if b.full)
+    assert behind.calls[0] is True and behind.calls[-1] is False
+    ahead.drain()
+    assert _nonzero(dashboard_counts(source_db.dsn)) == _nonzero(
+        source_truth(source_db.dsn, purged))
+    assert dashboard_lsn(config, pipeline) == batches[-1].commit_lsn
+    pipeline.stream(once=True)
+    assert not pipeline.push(once=True).pushed
+    check_gold(config.lakehouse, source_db.dsn, source_db.dsn, purged)

@@ -7,6 +7,7 @@ watermark, and adds its key deltas."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from types import SimpleNamespace
 
@@ -41,17 +42,15 @@ def bronze(*txs: list[dict]) -> pa.Table:
     return pa.Table.from_pylist([row for t in txs for row in t], schema=BRONZE_SCHEMA)
 
 
-def offer(push: ShipAhead, after: int | None, *txs: list[dict], add: bool = False) -> bool:
+def offer(push: ShipAhead, after: int | None, *txs: list[dict]) -> bool:
     """A shipper batch of ``txs``, as the shipper hands it on: its rows before its bronze
-    commit, then the batch (a ``bronze.ship.ShipBatch``) after it."""
+    commit, then the batch (a ``bronze.ship.ShipBatch``) after it. Whether the dashboard
+    took its step."""
     rows = bronze(*txs)
     push.prepare(after, rows)
     batch = SimpleNamespace(after_lsn=after, commit_ts=None,
                             commit_lsn=max(rows.column("commit_lsn").to_pylist()))
-    if add:
-        push.add(batch)
-        return False
-    return push(batch)
+    return push(batch).result()
 
 
 class Dashboard:
@@ -109,7 +108,7 @@ def test_a_batch_out_of_bronzes_order_starts_the_batches_again():
     board = Dashboard(at=110)
     push = ahead(board)
     offer(push, None, tx(110, ins(1)))
-    offer(push, 125, tx(130, ins(2)), add=True)     # after 125, not after 110: a gap
+    assert not offer(push, 125, tx(130, ins(2)))    # after 125, not after 110: a gap
     assert [b.commit_lsn for b in push.batches] == [130]
     assert not offer(push, 130, tx(140, ins(3)))  # nothing links 110 to 130
     assert board.at == 110
@@ -135,5 +134,40 @@ def test_rows_prepared_for_another_batch_are_not_taken():
     offer(push, None, tx(110, ins(1)))
     push.prepare(110, bronze(tx(120, ins(2))))      # its commit failed: never stored
     stored = SimpleNamespace(after_lsn=110, commit_lsn=130, commit_ts=None)
-    assert not push(stored)                          # stored anew, with rows unseen
+    assert not push(stored).result()                 # stored anew, with rows unseen
     assert board.at == 110 and not board.counts
+
+
+def test_following_says_whether_the_dashboard_took_the_newest_batch():
+    board = Dashboard(at=110)
+    push = ahead(board)
+    offer(push, None, tx(110, ins(1)))
+    assert not push.following                       # the stream's to judge
+    assert offer(push, 110, tx(120, ins(2)))
+    assert push.following
+    board.down = True
+    assert not offer(push, 120, tx(130, ins(3)))
+    assert not push.following
+
+
+def test_a_batch_waits_to_be_handed_on_while_the_one_before_is_pushed():
+    """The shipper peeks on beside one batch's push, never more: the rows it holds stay
+    bounded (``gold.ahead.WAITING``)."""
+    release = threading.Event()
+    board = Dashboard(at=110)
+
+    def slow(choose):
+        release.wait()
+        return board(choose)
+    push = ShipAhead(slow, COUNTED, known=lambda: KNOWN)
+    offer_rows = [(110, bronze(tx(120, ins(1)))), (120, bronze(tx(130, ins(2))))]
+    handed = []
+    for after, rows in offer_rows:
+        push.prepare(after, rows)
+        if handed:                     # the first is held in its push until then
+            threading.Timer(0.2, release.set).start()
+        handed.append(push(SimpleNamespace(after_lsn=after, commit_ts=None,
+                                           commit_lsn=after + 10)))
+        assert all(f.done() for f in handed[:-1])
+    assert [f.result() for f in handed] == [True, True]
+    assert board.at == 130 and board.counts == {key(CREATED): 2}
