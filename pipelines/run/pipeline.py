@@ -495,7 +495,7 @@ class Pipeline:
             upto_nchanges=min(self.config.upto_nchanges, FOLLOWED_PEEK))
         last_full = [False]             # the shipper's previous batch's peek was full
 
-        def taken(result, handed) -> bool:
+        def taken(handed) -> bool:
             try:
                 if not handed.result():
                     return False
@@ -517,11 +517,11 @@ class Pipeline:
                 return result
             if behind is not None and result.full and (ahead.following or not last_full[0]):
                 behind.set(True)
-                handed.add_done_callback(lambda done: taken(result, done) or behind.set(False))
+                handed.add_done_callback(lambda done: taken(done) or behind.set(False))
                 return result
             if behind is not None:
                 behind.set(False)
-            if taken(result, handed):
+            if taken(handed):
                 return replace(result, ahead_seconds=time.monotonic() - begun)
             return result
 

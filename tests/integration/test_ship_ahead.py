@@ -57,6 +57,20 @@ def ship(shipper, pipeline: Pipeline) -> list:
     return batches
 
 
+def dashboard_exact_at(config, pipeline: Pipeline, dsn: str, purged: Counter,
+                       lsn: int) -> None:
+    """The dashboard equals the source's own GROUP BY, at watermark ``lsn``."""
+    assert _nonzero(dashboard_counts(dsn)) == _nonzero(source_truth(dsn, purged))
+    assert dashboard_lsn(config, pipeline) == lsn
+
+
+def stream_changes_nothing(config, pipeline: Pipeline, dsn: str, purged: Counter) -> None:
+    """The stream's own steps find the dashboard past them; gold catches up to it."""
+    pipeline.stream(once=True)
+    assert not pipeline.push(once=True).pushed
+    check_gold(config.lakehouse, dsn, dsn, purged)
+
+
 def test_each_shipper_batch_reaches_the_dashboard_before_the_stream_reads_it(
         source_db, config, spark):
     pipeline, purged = started(config, spark, source_db.dsn)
@@ -80,14 +94,8 @@ def test_each_shipper_batch_reaches_the_dashboard_before_the_stream_reads_it(
         purged += mixed(source_db.dsn, seed=seed)
         batches = ship(shipper, pipeline)
         assert batches and all(b.ahead_seconds > 0 for b in batches)
-        assert _nonzero(dashboard_counts(source_db.dsn)) == _nonzero(
-            source_truth(source_db.dsn, purged))
-        assert dashboard_lsn(config, pipeline) == batches[-1].commit_lsn
-
-    # The stream's own steps find the dashboard past them; gold catches up to it.
-    pipeline.stream(once=True)
-    assert not pipeline.push(once=True).pushed
-    check_gold(config.lakehouse, source_db.dsn, source_db.dsn, purged)
+        dashboard_exact_at(config, pipeline, source_db.dsn, purged, batches[-1].commit_lsn)
+    stream_changes_nothing(config, pipeline, source_db.dsn, purged)
 
 
 @pytest.mark.parametrize("fence", [True, False], ids=["fenced", "negative-control"])
@@ -151,9 +159,5 @@ def test_in_a_catch_up_the_dashboard_follows_the_shipper_which_peeks_on_meanwhil
     assert not any(b.ahead_seconds for b in batches if b.full)
     assert behind.calls[0] is True and behind.calls[-1] is False
     ahead.drain()
-    assert _nonzero(dashboard_counts(source_db.dsn)) == _nonzero(
-        source_truth(source_db.dsn, purged))
-    assert dashboard_lsn(config, pipeline) == batches[-1].commit_lsn
-    pipeline.stream(once=True)
-    assert not pipeline.push(once=True).pushed
-    check_gold(config.lakehouse, source_db.dsn, source_db.dsn, purged)
+    dashboard_exact_at(config, pipeline, source_db.dsn, purged, batches[-1].commit_lsn)
+    stream_changes_nothing(config, pipeline, source_db.dsn, purged)
