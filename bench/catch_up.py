@@ -14,12 +14,14 @@ with its defaults: shipping, the one pass, the push and the mirrors share the ma
   stream checkpoint's ``offsets``: Python, the JVM, the Delta jars, the query), then from
   there to an exact dashboard.
 
-The dashboard is read every 50 ms and compared with the source's ``GROUP BY``, taken once
-the backlog is committed (nothing else writes the source meanwhile). The dashboard can be
+The dashboard is read every 50 ms, on one session, and compared with the source's ``GROUP
+BY``, taken once the backlog is committed (nothing else writes the source meanwhile). The dashboard can be
 exact before gold is (docs/gold.md, "Ahead of the stream": in a catch-up the stream waits
 while the dashboard follows the shipper), so ``lakecdc run`` is stopped only once gold is
 exact too, and the bench's exactness check finds every layer caught up; when gold was exact
-is reported too (``gold_seconds``, from the same start).
+is reported too (``gold_seconds``, from the same start). So is where the CPU went until the
+dashboard was exact (``cpu_s``, ``bench.cpu``: the source's Postgres, the run's Python and
+JVM, the bench's poll), the budget the two cores set.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg
+
 from bench import workload
+from bench.cpu import CpuAccount
 from core.config import Config
 from core.layout import GOLD, STREAM_CHECKPOINT
 
@@ -91,20 +96,21 @@ def _until_exact(run: RunProcess, config: Config, expected: dict, timeout: float
                  layer: str = "dashboard") -> float:
     """Wait until ``layer`` (the dashboard, or gold) equals ``expected``; returns when
     (``perf_counter``)."""
-    from bench.measure import dashboard_counts, gold_counts
+    from bench.measure import dashboard_rows, gold_counts
 
-    read = {"dashboard": lambda: dashboard_counts(config.dashboard),
-            "gold": lambda: gold_counts(config)}[layer]
     want = {k: v for k, v in expected.items() if v}
     deadline = time.perf_counter() + timeout
-    while True:
-        got = {k: v for k, v in read().items() if v}
-        if got == want:
-            return time.perf_counter()
-        run.check()
-        if time.perf_counter() > deadline:
-            raise RuntimeError(f"the {layer} was not exact within {timeout:.0f} s")
-        time.sleep(POLL_S)
+    with psycopg.connect(config.dashboard, autocommit=True) as conn:
+        read = {"dashboard": lambda: dashboard_rows(conn),
+                "gold": lambda: gold_counts(config)}[layer]
+        while True:
+            got = {k: v for k, v in read().items() if v}
+            if got == want:
+                return time.perf_counter()
+            run.check()
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"the {layer} was not exact within {timeout:.0f} s")
+            time.sleep(POLL_S)
 
 
 def _until_mirrored(run: RunProcess, config: Config, timeout: float) -> None:
@@ -125,6 +131,12 @@ def _until_mirrored(run: RunProcess, config: Config, timeout: float) -> None:
         if time.perf_counter() > deadline:
             raise RuntimeError(f"the mirrors did not catch up within {timeout:.0f} s")
         time.sleep(POLL_S)
+
+
+def _backend_pid(config: Config) -> int:
+    """A session's pid on the source's cluster (its postmaster is that pid's parent)."""
+    with psycopg.connect(config.source_dsn) as conn:
+        return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
 
 
 def _first_batch(config: Config) -> Path:
@@ -148,16 +160,19 @@ def warm(config: Config, work: Path, changes: int, tx_size: int) -> dict:
         load = _load()
         written = workload.write_backlog(config.source_dsn, changes, tx_size)
         expected = truth(config.source_dsn)
+        account = CpuAccount(run.proc.pid, _backend_pid(config))
+        account.start()
         thawed = time.perf_counter()
         run.signal(signal.SIGCONT)
         exact = _until_exact(run, config, expected, timeout=1800)
+        cpu = account.stop()
         gold = _until_exact(run, config, expected, timeout=600, layer="gold")
     finally:
         run.stop()
     seconds = exact - thawed
     return {"load_before": load, "workload": written.as_dict(), "seconds": round(seconds, 2),
             "changes_per_s": _rate(written.changes, seconds),
-            "gold_seconds": round(gold - thawed, 2)}
+            "gold_seconds": round(gold - thawed, 2), "cpu_s": cpu}
 
 
 def cold(config: Config, work: Path, changes: int, tx_size: int) -> dict:
@@ -174,7 +189,10 @@ def cold(config: Config, work: Path, changes: int, tx_size: int) -> dict:
             run.check()
             time.sleep(POLL_S)
         up = time.perf_counter()
+        account = CpuAccount(run.proc.pid, _backend_pid(config))
+        account.start()
         exact = _until_exact(run, config, expected, timeout=1800)
+        cpu = account.stop()
         gold = _until_exact(run, config, expected, timeout=600, layer="gold")
     finally:
         run.stop()
@@ -184,4 +202,5 @@ def cold(config: Config, work: Path, changes: int, tx_size: int) -> dict:
             "gold_seconds": round(gold - run.started, 2),
             "start_up_s": round(up - run.started, 2),
             "after_start_up_s": round(exact - up, 2),
-            "after_start_up_changes_per_s": _rate(written.changes, exact - up)}
+            "after_start_up_changes_per_s": _rate(written.changes, exact - up),
+            "after_start_up_cpu_s": cpu}

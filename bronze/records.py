@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+from numpy.lib.stride_tricks import sliding_window_view
 
 UTC_US = pa.timestamp("us", tz="UTC")
 
@@ -264,26 +265,35 @@ def decode_copy_rows(rows: list) -> PeekColumns:
     """Decode binary-COPY tuples (one buffer each, file header already removed).
 
     The tuples must come from the shipper's peek query (four ``bigint`` columns, the
-    ``int2`` action and the wal2json text). The fixed-size heads are joined into one
-    structured numpy array and the texts into one Arrow buffer: two joins, no per-row
-    parsing in Python.
+    ``int2`` action and the wal2json text). The tuples are joined into one buffer, once;
+    the fixed-size heads are gathered from it into one structured numpy array, and the
+    texts are addressed where they lie (Arrow string views) and packed by one Arrow cast.
+    No per-row work in Python but taking each tuple's length: slicing each tuple in two
+    cost about 3 µs a row, as much as reading it from the connection (docs/bronze.md).
     """
     n = len(rows)
-    heads = b"".join([r[:ROW_HEAD_LEN] for r in rows])
-    if len(heads) != n * ROW_HEAD_LEN:
+    if n == 0:
+        return PeekColumns(*(np.zeros(0, np.int64) for _ in range(4)), np.zeros(0, np.uint8),
+                           pa.array([], pa.string()))
+    lengths = np.fromiter(map(len, rows), np.int64, n)
+    if np.any(lengths < ROW_HEAD_LEN):
         raise MalformedPeek("binary COPY tuple shorter than its fixed fields")
-    head = np.frombuffer(heads, dtype=_ROW_HEAD)
-    data = b"".join([r[ROW_HEAD_LEN:] for r in rows])
+    joined = b"".join([*rows, bytes(_INLINE)])   # padded: a text's first bytes are in reach
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    tuples = np.frombuffer(joined, np.uint8)
+    head = sliding_window_view(tuples, ROW_HEAD_LEN)[starts].view(_ROW_HEAD).ravel()
     data_len = head["l6"].astype(np.int64)
     if (np.any(head["n"] != 6) or np.any(head["l1"] != 8)
             or np.any(head["l2"] != 8) or np.any(head["l3"] != 8) or np.any(head["l4"] != 8)
-            or np.any(head["l5"] != 2) or np.any(data_len < 0)
-            or int(data_len.sum()) != len(data)):
+            or np.any(head["l5"] != 2) or np.any(data_len != lengths - ROW_HEAD_LEN)):
         raise MalformedPeek("unexpected binary COPY tuple layout")
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(data_len, out=offsets[1:])
+    texts = _texts(joined, starts + ROW_HEAD_LEN, data_len)
+    offsets = np.frombuffer(texts.buffers()[1], np.int32, n + 1)
     action = head["action"].astype(np.uint8)
-    data, offsets = _valid_messages(data, offsets, action)
+    packed = texts.buffers()[2]
+    data, offsets = _valid_messages(b"" if packed is None else memoryview(packed), offsets,
+                                    action)
     return PeekColumns(lsn=head["lsn"].astype(np.int64), xid=head["xid"].astype(np.int64),
                        commit_lsn=head["commit_lsn"].astype(np.int64),
                        commit_ts_us=head["ts"].astype(np.int64),
@@ -292,8 +302,32 @@ def decode_copy_rows(rows: list) -> PeekColumns:
                                                         pa.py_buffer(data)))
 
 
-def _valid_messages(data: bytes, offsets: np.ndarray, action: np.ndarray
-                    ) -> tuple[bytes, np.ndarray]:
+# An Arrow binary view: its length, then up to 12 bytes inline, or else its first 4 bytes,
+# its buffer's index and its offset in that buffer (little-endian).
+_VIEW = np.dtype([("length", "<i4"), ("prefix", "V4"), ("buffer", "<i4"), ("offset", "<i4")])
+_INLINE = 12
+
+
+def _texts(joined: bytes, at: np.ndarray, length: np.ndarray) -> pa.BinaryArray:
+    """The ``length`` bytes at each offset ``at`` of ``joined`` (which has ``_INLINE``
+    bytes more after the last text), packed back to back."""
+    n = len(at)
+    first = sliding_window_view(np.frombuffer(joined, np.uint8), _INLINE)[at]  # or a prefix
+    first[np.arange(_INLINE) >= length[:, None]] = 0            # nothing past a short text
+    views = np.zeros(n, _VIEW)
+    views["length"] = length
+    raw = views.view(np.uint8).reshape(n, _VIEW.itemsize)
+    raw[:, 4:] = first
+    long = length > _INLINE
+    views["buffer"][long] = 0
+    views["offset"][long] = at[long]
+    array = pa.Array.from_buffers(pa.binary_view(), n,
+                                  [None, pa.py_buffer(views), pa.py_buffer(joined)])
+    return array.cast(pa.binary())
+
+
+def _valid_messages(data: bytes | memoryview, offsets: np.ndarray, action: np.ndarray
+                    ) -> tuple[bytes | memoryview, np.ndarray]:
     """``data`` and ``offsets`` with every logical message's text made valid UTF-8.
 
     wal2json prints the column values of changes as valid text, but a message's content as
@@ -304,7 +338,7 @@ def _valid_messages(data: bytes, offsets: np.ndarray, action: np.ndarray
     """
     fixed: dict[int, bytes] = {}
     for i in np.flatnonzero(action == _M).tolist():
-        text = data[int(offsets[i]):int(offsets[i + 1])]
+        text = bytes(data[int(offsets[i]):int(offsets[i + 1])])
         try:
             text.decode("utf-8")
         except UnicodeDecodeError:

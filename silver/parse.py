@@ -70,8 +70,9 @@ _DOCUMENT = pa.struct([("action", pa.string()), ("schema", pa.string()),
                        ("table", pa.string()), ("columns", pa.list_(_COLUMN)),
                        ("identity", pa.list_(_COLUMN)), ("transactional", pa.bool_()),
                        ("prefix", pa.string()), ("content", pa.string())])
-_ROW = "_r"        # each row's index, written into its own JSON object (``_documents``)
-_NUMBERED = pa.schema([(_ROW, pa.int64()), *_DOCUMENT])
+# Each row's JSON as member ``_d`` of an object that carries its index (``_documents``).
+_ROW, _DOC = "_r", "_d"
+_NUMBERED = pa.schema([(_ROW, pa.int64()), (_DOC, _DOCUMENT)])
 
 # A bare JSON scalar (number, NaN, Infinity, true, false) as the value of a "value" key. In
 # wal2json v2 "value" is only ever a key of a column object, and the text `"value":` cannot
@@ -188,19 +189,19 @@ def _documents(data: pa.StringArray) -> pa.StructArray:
     """Each row's JSON as a ``_DOCUMENT`` struct; NULL where it is not one JSON object of
     that shape.
 
-    One JSON read per chunk: every row's object gets its index as a first member (``{"_r":
-    i,`` replaces its ``{``) and the objects are read back to back. The chunk is taken as
-    read only if it yields exactly the objects ``0 … n-1`` in order: text that is not one
-    object (empty, ``null``, two objects, a truncated one) breaks that or the read, and the
-    chunk is then read row by row (``_one_by_one``), so a bad row never shifts another.
+    One JSON read per chunk: every row's text is wrapped with its index (``{"_r":i,"_d":``
+    text ``}``) and the wrappers are read back to back. The chunk is taken as read only if
+    it yields exactly the wrappers ``0 … n-1`` in order: text that is not one object
+    (empty, ``null``, two objects, a truncated one) breaks that or the read, and the chunk
+    is then read row by row (``_one_by_one``), so a bad row never shifts another. (Wrapping
+    copies each row once; cutting its ``{`` to put the index inside it cost as much again.)
     """
     n = len(data)
     if n == 0:
         return pa.array([], _DOCUMENT)
     data = data.fill_null("")
     index = pc.cast(pa.array(np.arange(n, dtype=np.int64)), pa.string())
-    numbered = pc.binary_join_element_wise(
-        '{"_r":', index, ",", pc.utf8_slice_codeunits(data, 1), "")
+    numbered = pc.binary_join_element_wise('{"_r":', index, ',"_d":', data, "}", "")
     numbered = pc.replace_substring_regex(numbered, _BARE_VALUE, _QUOTED_VALUE)
     offsets = np.frombuffer(numbered.buffers()[1], np.int32, n + 1, numbered.offset * 4)
     text = numbered.buffers()[2][offsets[0]:offsets[-1]]
@@ -211,7 +212,7 @@ def _documents(data: pa.StringArray) -> pa.StructArray:
     if read is not None and read.num_rows == n and \
             read.column(_ROW).null_count == 0 and \
             np.array_equal(read.column(_ROW).to_numpy(), np.arange(n)):
-        return read.drop_columns([_ROW]).to_struct_array().combine_chunks().cast(_DOCUMENT)
+        return read.column(_DOC).combine_chunks().cast(_DOCUMENT)
     return _one_by_one(data)
 
 
@@ -255,14 +256,16 @@ class _NameMap:
         bad = np.zeros(n, bool)
         unnamed = _np(pc.is_null(names))
         bad[parent[unnamed]] = True
-        codes = pc.dictionary_encode(names).indices
-        key = parent * (len(names) + 1) + np.asarray(codes.fill_null(-1)) + 1
+        encoded = pc.dictionary_encode(names)
+        codes = np.asarray(encoded.indices.fill_null(-1))
+        key = parent * (len(names) + 1) + codes + 1
         distinct, counts = np.unique(key, return_counts=True)
         bad[distinct[counts > 1] // (len(names) + 1)] = True
         self.ok = _np(pc.is_valid(entries)) & ~bad
         keep = self.ok[parent]
         self.parent = parent[keep]
         self.names = names.filter(pa.array(keep))
+        self._codes, self._dictionary = codes[keep], encoded.dictionary
         self._types = types.filter(pa.array(keep))
         self._values = values.filter(pa.array(keep))
         counts = np.bincount(self.parent, minlength=n).astype(np.int32)
@@ -282,7 +285,8 @@ class _NameMap:
     def value(self, name: str) -> pa.Array:
         """The value of column ``name`` per row (NULL where absent or the map is)."""
         if name not in self._found:
-            found = _np(pc.equal(self.names, name))
+            code = self._dictionary.index(name).as_py()
+            found = (self._codes == code) if code >= 0 else np.zeros(len(self._codes), bool)
             at = np.full(self.n, -1, np.int64)
             at[self.parent[found]] = np.flatnonzero(found)
             self._found[name] = self._values.take(pa.array(at, mask=at < 0))

@@ -208,12 +208,29 @@ def test_binary_copy_tuples_decode_column_wise():
     assert COPY_HEADER_LEN == 19
 
 
+@pytest.mark.parametrize("last", [b"", b"x", b"a" * 12, b"b" * 13])
+def test_binary_copy_texts_of_every_length_decode_in_place(last):
+    """Texts kept inline in Arrow's views (12 bytes or fewer) and texts addressed in the
+    joined tuples alike, wherever they are, the last one too."""
+    texts = [b"", b'{"action":"I"}', b"y" * 11, b"z" * 12, "é€".encode() * 5, b"", last]
+    tuples = [memoryview(_copy_tuple(i + 1, 7, 0, 0, ord("I"), t)) for i, t in enumerate(texts)]
+    decoded = decode_copy_rows(tuples)
+    assert decoded.data.to_pylist() == [t.decode() for t in texts]
+    assert decoded.lsn.tolist() == list(range(1, len(texts) + 1))
+    assert len(decode_copy_rows([]).data) == 0
+
+
 def test_binary_copy_with_an_unexpected_layout_is_refused():
     bad = struct.pack(">hiq", 1, 8, 5)
     with pytest.raises(MalformedPeek, match="layout"):
         decode_copy_rows([bad + b"\x00" * 60])
     with pytest.raises(MalformedPeek, match="shorter"):
         decode_copy_rows([bad])
+    good = _copy_tuple(1, 7, 0, 0, ord("I"), b"{}")
+    with pytest.raises(MalformedPeek, match="layout"):     # a text longer than it says
+        decode_copy_rows([memoryview(good + b"}")])
+    with pytest.raises(MalformedPeek, match="layout"):     # a NULL text
+        decode_copy_rows([memoryview(good[:-6] + struct.pack(">i", -1))])
 
 
 # --- snapshot backfill: HIGH watermarks, window drops, read rows ----------------------------

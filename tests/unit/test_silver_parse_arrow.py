@@ -39,6 +39,9 @@ NOT_ONE_OBJECT = [
     insert(902) + "null",
     insert(904)[:-1],
     "[" + insert(905) + "]",
+    # An object's text with another first character: never read as if it were `{`.
+    "x" + insert(906)[1:],
+    "[" + insert(907)[1:],
 ]
 
 
@@ -51,7 +54,8 @@ def test_a_row_that_is_not_one_object_fails_alone(bad):
 
 
 def test_a_row_whose_object_names_another_rows_place_keeps_its_own():
-    """The chunk read numbers each object (``_r``); a row's own ``_r`` member cannot move it."""
+    """The chunk read wraps each row's object with its index (``_r``); the row's own ``_r``
+    member cannot move it."""
     claims = '{"_r":2,' + insert(903)[1:]
     rows = [bronze_row(10, 0, 3, insert(1)), bronze_row(10, 1, 3, claims, "I"),
             bronze_row(10, 2, 3, insert(2))]
