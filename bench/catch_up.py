@@ -15,17 +15,18 @@ with its defaults: shipping, the one pass, the push and the mirrors share the ma
   there to an exact dashboard.
 
 The dashboard is read every 50 ms, on one session, and compared with the source's ``GROUP
-BY``, taken once the backlog is committed (nothing else writes the source meanwhile). The dashboard can be
-exact before gold is (docs/gold.md, "Ahead of the stream": in a catch-up the stream waits
-while the dashboard follows the shipper), so ``lakecdc run`` is stopped only once gold is
-exact too, and the bench's exactness check finds every layer caught up; when gold was exact
-is reported too (``gold_seconds``, from the same start). So is where the CPU went until the
-dashboard was exact (``cpu_s``, ``bench.cpu``: the source's Postgres, the run's Python and
-JVM, the bench's poll), the budget the two cores set.
+BY``, taken once the backlog is committed (nothing else writes the source meanwhile). The
+dashboard can be exact before gold is (docs/gold.md, "Ahead of the stream": in a catch-up
+the stream waits while the dashboard follows the shipper), so ``lakecdc run`` is stopped
+only once gold is exact too, and the bench's exactness check finds every layer caught up;
+when gold was exact is reported too (``gold_seconds``, from the same start). So is where
+the CPU went until the dashboard was exact (``cpu_s``, ``bench.cpu``: the source's Postgres,
+the run's Python and JVM, the bench's poll), the budget the two cores set.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -36,7 +37,7 @@ from pathlib import Path
 import psycopg
 
 from bench import workload
-from bench.cpu import CpuAccount
+from bench.cpu import CpuAccount, parent_pid
 from core.config import Config
 from core.layout import GOLD, STREAM_CHECKPOINT
 
@@ -100,7 +101,8 @@ def _until_exact(run: RunProcess, config: Config, expected: dict, timeout: float
 
     want = {k: v for k, v in expected.items() if v}
     deadline = time.perf_counter() + timeout
-    with psycopg.connect(config.dashboard, autocommit=True) as conn:
+    with (psycopg.connect(config.dashboard, autocommit=True) if layer == "dashboard"
+          else contextlib.nullcontext()) as conn:
         read = {"dashboard": lambda: dashboard_rows(conn),
                 "gold": lambda: gold_counts(config)}[layer]
         while True:
@@ -133,10 +135,11 @@ def _until_mirrored(run: RunProcess, config: Config, timeout: float) -> None:
         time.sleep(POLL_S)
 
 
-def _backend_pid(config: Config) -> int:
-    """A session's pid on the source's cluster (its postmaster is that pid's parent)."""
+def _postmaster_pid(config: Config) -> int:
+    """The source cluster's postmaster: the parent of a session's process, read while the
+    session is open."""
     with psycopg.connect(config.source_dsn) as conn:
-        return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        return parent_pid(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
 
 
 def _first_batch(config: Config) -> Path:
@@ -160,7 +163,7 @@ def warm(config: Config, work: Path, changes: int, tx_size: int) -> dict:
         load = _load()
         written = workload.write_backlog(config.source_dsn, changes, tx_size)
         expected = truth(config.source_dsn)
-        account = CpuAccount(run.proc.pid, _backend_pid(config))
+        account = CpuAccount(run.proc.pid, _postmaster_pid(config))
         account.start()
         thawed = time.perf_counter()
         run.signal(signal.SIGCONT)
@@ -189,7 +192,7 @@ def cold(config: Config, work: Path, changes: int, tx_size: int) -> dict:
             run.check()
             time.sleep(POLL_S)
         up = time.perf_counter()
-        account = CpuAccount(run.proc.pid, _backend_pid(config))
+        account = CpuAccount(run.proc.pid, _postmaster_pid(config))
         account.start()
         exact = _until_exact(run, config, expected, timeout=1800)
         cpu = account.stop()

@@ -37,18 +37,23 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def parent_pid(pid: int) -> int:
+    """The parent of a running process ``pid`` (a Postgres session's: its postmaster)."""
+    stat = _stat(pid)
+    if stat is None:
+        raise RuntimeError(f"process {pid} is gone")
+    return stat[0]
+
+
 class CpuAccount:
     """CPU seconds per part between ``start()`` and ``stop()``: ``lakecdc_python`` (the run's
-    process), ``jvm`` (its children), ``postgres`` (the source cluster's processes: the
-    postmaster and its children, found from ``backend_pid``, a session of that cluster) and
-    ``bench`` (this process)."""
+    process), ``jvm`` (its children), ``postgres`` (the source cluster's processes: its
+    postmaster and the postmaster's children) and ``bench`` (this process)."""
 
-    def __init__(self, run_pid: int, backend_pid: int) -> None:
-        postmaster = _stat(backend_pid)
+    def __init__(self, run_pid: int, postmaster_pid: int) -> None:
         self.parts = {"lakecdc_python": lambda: [run_pid],
                       "jvm": lambda: _children(run_pid),
-                      "postgres": lambda: ([] if postmaster is None else
-                                           [postmaster[0], *_children(postmaster[0])]),
+                      "postgres": lambda: [postmaster_pid, *_children(postmaster_pid)],
                       "bench": lambda: [os.getpid()]}
         self._start: dict[str, dict[int, float]] = {}
 

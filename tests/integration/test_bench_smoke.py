@@ -59,10 +59,13 @@ def test_quick_bench_measures_everything_and_lakecdc_is_exact(tmp_path):
         run = doc["catch_up"][start]
         assert run["changes_per_s"] > 0 and run["lakecdc"]["dashboard"]["exact"], run
     assert doc["catch_up"]["cold"]["start_up_s"] > 0
-    for run, used in ((doc["catch_up"]["warm"], "cpu_s"),
-                      (doc["catch_up"]["cold"], "after_start_up_cpu_s")):
-        cpu = run[used]             # each part found and charged: the run and Postgres worked
-        assert cpu["lakecdc_python"] > 0 and cpu["postgres"] > 0 and cpu["jvm"] >= 0, cpu
+    # Where the CPU went: warm, the shipper's Postgres session decoded the backlog; cold,
+    # the shipper did that during the start-up, and the stream followed after it.
+    warm_cpu = doc["catch_up"]["warm"]["cpu_s"]
+    cold_cpu = doc["catch_up"]["cold"]["after_start_up_cpu_s"]
+    assert warm_cpu["lakecdc_python"] > 0 and warm_cpu["postgres"] > 0, warm_cpu
+    assert cold_cpu["lakecdc_python"] > 0 and cold_cpu["jvm"] > 0, cold_cpu
+    for cpu in (warm_cpu, cold_cpu):
         assert abs(cpu["total"] - sum(v for k, v in cpu.items() if k != "total")) < 0.05
     assert {r["writer"] for r in doc["writers"]["runs"]} == {"delta-rs", "spark"}
     for run in doc["writers"]["runs"]:
