@@ -49,3 +49,29 @@ def test_read_commits_rs_is_newest_first_and_numbered_right_at_any_version(tmp_p
     at_zero = read_commits_rs(path, up_to=0)
     assert [c.version for c in at_zero] == [0]
     assert newest(at_zero)["commit_lsn"] == 10
+
+
+def test_read_commits_rs_numbers_right_when_commits_land_while_it_reads(tmp_path, monkeypatch):
+    """delta-rs 1.6 numbers a history down from the version its handle loaded but reads
+    the newest commits storage holds: a commit landing in between made version 1's entry
+    version 2's commit, and the push took gold's next watermark for the one it pushed (the
+    F13b kill test). Here real commits land right before each of the first two reads."""
+    from deltalake import DeltaTable
+
+    path = str(tmp_path / "t")
+    _commit(path, commit_metadata(batch_id=0, commit_lsn=10))
+    _commit(path, commit_metadata(batch_id=1, commit_lsn=20))
+    history, landing = DeltaTable.history, [30, 40]
+
+    def history_after_a_commit(self, limit=None):
+        if landing:
+            _commit(path, commit_metadata(batch_id=landing[0] // 10 - 1,
+                                          commit_lsn=landing.pop(0)))
+        return history(self, limit)
+
+    monkeypatch.setattr(DeltaTable, "history", history_after_a_commit)
+    at_one = read_commits_rs(path, up_to=1)
+    assert [(c.version, c.meta["commit_lsn"]) for c in at_one] == [(1, 20), (0, 10)]
+    assert not landing                                   # both landed, and were read past
+    assert [c.version for c in read_commits_rs(path)] == [3, 2, 1, 0]
+    assert newest(read_commits_rs(path))["commit_lsn"] == 40
