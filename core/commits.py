@@ -93,10 +93,10 @@ def rs_history(uri: str, storage_options: dict | None = None,
 
     delta-rs (1.6) numbers a history down from the version its handle loaded, but reads the
     newest commits storage holds when asked. So the history of a handle loaded at an older
-    version is numbered wrongly, and so is the newest's when a commit lands between the load
-    and the read: every number is one too low, and version V's entry is V+1's commit. That
-    is why this always loads the newest version, and reads again, from the version the
-    handle then finds, while a commit landed meanwhile. (Found 2026-11-30: the push of gold
+    version is numbered wrongly, and so is the newest's when commits land between the load
+    and the read: every number is too low by as many, and with one, version V's entry is
+    V+1's commit. That is why this always loads the newest version, and reads again, from
+    the version the handle then finds, while a commit landed meanwhile. (Found 2026-11-30: the push of gold
     version V took V+1's watermark for V's when V+1 landed while it read, and the dashboard
     skipped V+1's step; the F13b kill test, 2 runs in 40.)"""
     from deltalake import DeltaTable
