@@ -39,7 +39,8 @@ venv: $(VENV)/.installed $(VENV)/node/.installed-$(AZURITE_VERSION)
 
 # Two workers (one per core) that steal tests from each other, so neither idles while the
 # other finishes a long file. Spark is started once first (tests/jvm_warmup.py): it resolves
-# the Delta jars before the workers start theirs and leaves a class data-sharing archive
+# the Delta jars before the workers start theirs (and records them: the suite's JVMs do not
+# run Ivy again, core/spark_jars.py) and leaves a class data-sharing archive
 # that every Spark JVM of the suite maps, with the C1 compiler alone (short-lived JVMs: the
 # suite starts one per CLI test). Measured on 2 cores, a JVM's start plus its first Delta
 # write: 37-38 s -> 19 s, the same after that (a warm run --once 18 s either way).

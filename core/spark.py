@@ -1,7 +1,8 @@
 """The one Spark session factory, for jobs, notebooks and tests.
 
 Delta is configured here (extensions, catalog, the delta-spark jars resolved from Maven
-Central through Ivy on the first start and cached under ~/.ivy2 afterwards). Outside
+Central through Ivy on the first start, cached under ~/.ivy2.5.2 and, from then on, taken
+from there without resolving them again: ``core.spark_jars``). Outside
 Databricks the session is ``local[2]``, tuned as a small single-machine session: few
 shuffle partitions, no UI, modest memory.
 On Databricks the runtime's session already exists; ``get_or_create`` returns it unchanged.
@@ -32,6 +33,7 @@ from pyspark import SparkContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from core import spark_jars
 from core.errors import UserError
 from core.handle import CHECKPOINT_INTERVAL
 from core.storage import (
@@ -213,13 +215,18 @@ def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None =
     if gcs:
         conf["spark.jars"] = ",".join(
             jar for jar in (conf.get("spark.jars"), str(gcs_connector_jar())) if jar)
-    for key, value in conf.items():
+    conf[spark_jars.PACKAGES] = configure_spark_with_delta_pip(
+        SparkSession.Builder(), extra_packages=list(SPARK_PACKAGES) if s3 else None
+    )._options[spark_jars.PACKAGES]
+    starts_jvm = SparkContext._gateway is None
+    start = spark_jars.start_conf(conf)      # the jars a start before resolved, if any
+    for key, value in start.items():
         builder = builder.config(key, value)
-    builder = configure_spark_with_delta_pip(
-        builder, extra_packages=list(SPARK_PACKAGES) if s3 else None)
-    if output is not None and SparkContext._gateway is None:
+    if output is not None and starts_jvm:
         _launch_jvm(builder, Path(output))
     spark = builder.getOrCreate()
+    if starts_jvm and spark_jars.PACKAGES in start:
+        spark_jars.remember(start, spark.conf.get(spark_jars.JARS, ""))
     spark.sparkContext.setLogLevel(log_level)
     if lakehouse is not None and lakehouse.spark_filesystem:
         _require_connector(spark, lakehouse, started_here=running is None)
@@ -234,7 +241,7 @@ def gcs_connector_jar() -> Path:
     at every start as a URL in ``spark.jars`` would be. A download whose SHA-256 differs is
     refused; two processes fetching at once each write a file of their own and rename it
     into place. Without Maven Central, the file can be put there by hand."""
-    jars = Path.home() / ".ivy2.5.2" / "jars"
+    jars = spark_jars.IVY_HOME / "jars"
     target = jars / ("com.google.cloud.bigdataoss_" + GCS_CONNECTOR_URL.rsplit("/", 1)[1])
     if target.exists():
         return target
@@ -280,8 +287,9 @@ def _require_master(master: str, timeout_s: float = 5.0) -> None:
 def _launch_jvm(builder: SparkSession.Builder, output: Path) -> None:
     """Start the JVM that ``builder.getOrCreate()`` then uses, with its stdout and stderr
     appended to ``output``. pyspark starts it through ``spark-submit`` with the builder's
-    settings as ``--conf`` (``spark.jars.packages`` among them: the Ivy resolution runs in
-    that JVM); only the stream it inherits differs. pyspark's ``launch_gateway`` takes the
+    settings as ``--conf`` (``spark.jars.packages`` among them when ``core.spark_jars`` has
+    no record of its jars yet: the Ivy resolution runs in that JVM); only the stream it
+    inherits differs. pyspark's ``launch_gateway`` takes the
     ``Popen`` arguments for exactly this; the builder's settings are its ``_options``."""
     from pyspark import SparkConf
     from pyspark.java_gateway import launch_gateway

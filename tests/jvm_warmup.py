@@ -1,6 +1,7 @@
 """``make test``'s first Spark start (``python -m tests.jvm_warmup ARCHIVE``).
 
-It resolves the Delta jars into the Ivy cache before the workers start theirs, and, run
+It resolves the Delta jars into the Ivy cache before the workers start theirs (recording
+them, ``core.spark_jars``: the suite's JVMs do not resolve them again), and, run
 with ``SPARK_SUBMIT_OPTS=-XX:ArchiveClassesAtExit=ARCHIVE``, leaves a class data-sharing
 archive of the classes a lakecdc JVM loads (Spark, Delta: a write, a MERGE, a read). Every
 Spark JVM of the suite then maps it instead of loading and verifying those classes again
