@@ -164,6 +164,10 @@ class Shipper:
         self._unreported: tuple[ShipBatch, Progress] | None = None   # see _report
         self.numbers_as_text: bool | None = None   # wal2json's, asked at every start
         self.recorded: dict[str, int] = {}         # app versions every commit records
+        # The source's WAL flush position read right before a peek that found nothing at
+        # all; None otherwise. Until more WAL is flushed, a peek would find nothing again
+        # (``_step``).
+        self._drained_at: int | None = None
 
     # --- start-up ---------------------------------------------------------------------
 
@@ -174,6 +178,7 @@ class Shipper:
         raised as they are (the caller retries), and the session this shipper had before
         is ended first, so its advisory lock and the slot are free at once."""
         cfg = self.config
+        self._drained_at = None
         conn = self._connect(reconnecting)
         try:
             if not self.table.exists():
@@ -496,12 +501,25 @@ class Shipper:
 
     def _step(self, conn: psycopg.Connection, progress: Progress, once: bool
               ) -> tuple[ShipBatch, Progress]:
-        """Watch the slot, send a heartbeat if one is due, ship one batch."""
+        """Watch the slot, send a heartbeat if one is due, ship one batch.
+
+        No peek while the source has flushed no WAL since a peek that found nothing: a peek
+        decodes what is flushed when it starts, so it would find nothing again. It would
+        still cost the server a decode from the slot's ``restart_lsn``, which stays where
+        a burst of changes began until a running-transactions record is passed, so an idle
+        shipper after a burst kept one of the source's cores busy (docs/operations.md,
+        "Idle after a burst")."""
         state = slots.slot_state(conn, self.config.slot)
         self._watch(state, progress)
         if not once and self.heartbeat.due(state.lag_bytes, self._last_progress_commit):
             self._send_heartbeat(conn, state)
-        return self.ship_batch(conn, progress, force_progress=once)
+            self._drained_at = None
+        if not once and state.flush_lsn is not None and state.flush_lsn == self._drained_at:
+            return self._done(ShipBatch(0, 0, 0, False, False, 0.0, started_at=time.time()),
+                              progress)
+        result, progress = self.ship_batch(conn, progress, force_progress=once)
+        self._drained_at = state.flush_lsn if result.peek_rows == 0 else None
+        return result, progress
 
     def _send_heartbeat(self, conn: psycopg.Connection, state: slots.SlotState) -> None:
         try:

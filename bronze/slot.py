@@ -155,6 +155,7 @@ class SlotState:
     safe_wal_size: int | None = None    # WAL that may still be written before it is
                                         # invalidated (NULL: max_slot_wal_keep_size = -1)
     max_slot_wal_keep_size: str = "-1"  # the server setting, as SHOW prints it
+    flush_lsn: int | None = None  # the source's WAL flushed so far: what a peek now decodes
 
     @property
     def invalidated(self) -> bool:
@@ -169,7 +170,8 @@ def slot_state(conn: psycopg.Connection, slot: str) -> SlotState | None:
                (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint,
                (pg_current_wal_lsn() - restart_lsn)::bigint,
                safe_wal_size,
-               current_setting('max_slot_wal_keep_size')
+               current_setting('max_slot_wal_keep_size'),
+               (pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::bigint
         FROM pg_replication_slots WHERE slot_name = %s""", [slot]).fetchone()
     return SlotState(*row) if row else None
 

@@ -248,6 +248,52 @@ def test_sigterm_stops_a_continuous_shipper_cleanly(source_db, config, witness):
     check_bronze(config.bronze_path, witness.transactions())
 
 
+def test_an_idle_shipper_peeks_again_only_once_more_wal_is_flushed(source_db, config, witness,
+                                                                 monkeypatch):
+    """A peek that found nothing is not repeated until the source flushes more WAL: each
+    would decode again from the slot's restart point (after a burst, all of the burst). A
+    change committed later is still shipped by the next step, and WAL that holds nothing
+    for the slot (a checkpoint) costs one more peek."""
+    import bronze.ship
+
+    peeks = []
+    real_peek = bronze.ship.slots.peek
+
+    def counted(*args, **kwargs):
+        peeks.append(1)
+        yield from real_peek(*args, **kwargs)
+
+    monkeypatch.setattr(bronze.ship.slots, "peek", counted)
+    shipper = Shipper(config)
+    conn, progress = shipper.open()
+
+    def step():
+        nonlocal progress
+        result, progress = shipper._step(conn, progress, once=False)
+        return result
+
+    def commit_one(seed: int) -> None:
+        with source_db.connect() as source:
+            insert(source, random.Random(seed), 1)
+
+    try:
+        commit_one(1)
+        assert step().changes == 1 and len(peeks) == 1
+        assert step().peek_rows == 0 and len(peeks) == 2          # found nothing
+        for _ in range(5):
+            assert step().changes == 0
+        assert len(peeks) == 2                                      # nothing new flushed
+        with source_db.connect() as source:
+            source.execute("CHECKPOINT")                            # WAL, no transaction
+        assert step().peek_rows == 0 and len(peeks) == 3
+        assert step().changes == 0 and len(peeks) == 3
+        commit_one(2)
+        assert step().changes == 1 and len(peeks) == 4
+    finally:
+        conn.close()
+    check_bronze(config.bronze_path, witness.transactions())
+
+
 # --- negative controls: each guard switched off must let the checker fail -------------------
 
 def test_without_the_version_check_a_restart_after_the_commit_duplicates(
