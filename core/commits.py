@@ -96,9 +96,9 @@ def rs_history(uri: str, storage_options: dict | None = None,
     version is numbered wrongly, and so is the newest's when commits land between the load
     and the read: every number is too low by as many, and with one, version V's entry is
     V+1's commit. That is why this always loads the newest version, and reads again, from
-    the version the handle then finds, while a commit landed meanwhile. (Found 2026-11-30: the push of gold
-    version V took V+1's watermark for V's when V+1 landed while it read, and the dashboard
-    skipped V+1's step; the F13b kill test, 2 runs in 40.)"""
+    the version the handle then finds, while a commit landed meanwhile. (Found 2026-11-30:
+    the push of gold version V took V+1's watermark for V's when V+1 landed while it read,
+    and the dashboard skipped V+1's step; the F13b kill test, 2 runs in 40.)"""
     from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError
 
