@@ -49,6 +49,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from uuid import UUID
 
@@ -455,11 +456,13 @@ class Bench:
 
     def catch_up(self) -> dict:
         """The end-to-end catch-up of a ``lakecdc run`` process, warm (frozen while the
-        backlog is committed, then thawed) and cold (started on the backlog), each on a
-        database of its own (``bench.catch_up``)."""
+        backlog is committed, then thawed), cold (started again on the backlog) and first
+        (its very first run, on the backlog), each on a database of its own
+        (``bench.catch_up``)."""
         p = self.params
         out: dict = {"load_before": _load()}
-        for name, measure in (("warm", catch_up.warm), ("cold", catch_up.cold)):
+        for name, measure in (("warm", catch_up.warm), ("cold", catch_up.cold),
+                              ("first", partial(catch_up.cold, restart=False))):
             config = self.database(f"catchup_{name}")
             setup(config)
             out[name] = measure(config, self.work, p.changes, p.tx_size)

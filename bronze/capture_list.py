@@ -198,6 +198,13 @@ class ShipperSet:
     def tables(self) -> tuple[str, ...]:
         return self.current.active if self.current is not None else self.default
 
+    @property
+    def known(self) -> tuple[str, ...]:
+        """Every table bronze may hold changes of, as of the set this peek uses: what
+        silver's parse knows (``pipelines.setup.tables.known_tables``) when it reads those
+        changes, or less (a set only grows)."""
+        return self.current.known if self.current is not None else self.default
+
     def ack(self) -> dict[str, int]:
         """The app transaction for the next commit: the set this peek uses, if bronze does
         not hold that version yet (else nothing)."""

@@ -101,7 +101,7 @@ class ShipBatch:
     commit_lsn: int | None = None
     commit_ts: datetime | None = None
     # For a batch that stored changes: the newest source commit bronze held before it (None:
-    # not known, the first such batch of this shipper).
+    # none).
     after_lsn: int | None = None
     # Set by ``on_stored`` in ``lakecdc run`` (``pipelines.run.pipeline``) when the
     # dashboard took this batch's step as soon as bronze held it (``gold.ahead``): the
@@ -127,22 +127,25 @@ class Shipper:
                  storage_options: dict | None = None,
                  on_batch: Callable[[ShipBatch, Progress], None] | None = None,
                  writes=None,
-                 on_rows: Callable[[int | None, pa.Table], None] | None = None,
+                 on_rows: Callable[[int | None, pa.Table, tuple[str, ...]], None]
+                 | None = None,
                  on_stored: Callable[[ShipBatch], ShipBatch] | None = None) -> None:
         """``writes``: the ``core.spark_writes.SparkWrites`` every lakehouse read and write
         goes through when ``config.spark_writes`` (``bronze.spark_table``); else unused.
         ``lakecdc run`` pushes each batch to the dashboard ahead of the stream
         (``gold.ahead``) through two calls, which must not raise: ``on_rows``, right
         before a batch's bronze commit, with the newest source commit bronze held before
-        it (``ShipBatch.after_lsn``) and its rows, when they are few (``KEPT_ROWS``,
-        ``KEPT_BYTES``), so their parse overlaps the commit; ``on_stored``, right after
+        it (``ShipBatch.after_lsn``), its rows, when they are few (``KEPT_ROWS``,
+        ``KEPT_BYTES``), so their parse overlaps the commit, and the tables bronze may
+        hold changes of as of its peek (``ShipperSet.known``); ``on_stored``, right after
         the commit and before the slot's advance, with each batch that stored changes; it
         returns the batch as ``on_batch`` is to hear of it."""
         self.config = config
         self.on_rows = on_rows
         self.on_stored = on_stored
-        # The newest source commit this shipper stored in bronze, once it has stored one:
-        # bronze has one writer (the ship lock), so it stays true across reconnects.
+        # The newest source commit bronze holds (None: none), read from bronze's progress
+        # at every (re)connect and kept by each commit: bronze has one writer, the shipper
+        # holding the slot's lock.
         self._stored_lsn: int | None = None
         # Called after every batch (metrics); must not raise.
         self.on_batch = on_batch
@@ -195,6 +198,7 @@ class Shipper:
                     f"another lakecdc shipper is already running on slot {cfg.slot}; stop it "
                     "first (only one may ship a slot).")
             progress = self._check(conn)
+            self._stored_lsn = progress.commit_lsn or None
             state = slots.slot_state(conn, cfg.slot)
             if state.confirmed_flush_lsn < progress.end_lsn and cfg.guard_on("version_check"):
                 log.info("slot %s at %s is behind bronze's %s: completing the advance",
@@ -376,7 +380,7 @@ class Shipper:
                                      "lakecdc.backfill_dropped": emission.dropped,
                                      "lakecdc.backfill_partial": emission.partial})
                 if kept is not None and kept.batches is not None:
-                    self.on_rows(self._stored_lsn, kept.table())
+                    self.on_rows(self._stored_lsn, kept.table(), self.captured.known)
                 self.table.commit(files, cfg.slot, new, metadata,
                                   {**ack, **self.recorded,
                                    **(emission.app_versions if emission else {})})

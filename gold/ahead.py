@@ -16,9 +16,15 @@ whoever moves it - these steps, the stream's (``gold.apply.Planned``), or the pu
 from gold (whose step 3b refreshes every key such steps wrote).
 
 A batch gold would stop on, quarantine rows of, or that does not plan whole (a TRUNCATE,
-a row without its dims, a table the parse does not know yet), or too big to keep
-(``bronze.ship.KEPT_ROWS``), is never offered, and no step goes across it: the stream
-decides those, and the dashboard follows it from there.
+a row without its dims), or too big to keep (``bronze.ship.KEPT_ROWS``), is never offered,
+and no step goes across it: the stream decides those, and the dashboard follows it from
+there.
+
+The parse knows the tables of the captured set the shipper peeked with
+(``bronze.capture_list.ShipperSet.known``), which needs no Spark: the steps go ahead from
+the shipper's first batch, while the stream is still starting. The set only grows, and the
+stream's parse reads it before each batch, so it knows at least those tables when it reads
+the same rows: a row the stream would find of an unknown table is found so here too.
 """
 
 from __future__ import annotations
@@ -89,14 +95,11 @@ class ShipAhead:
     on meanwhile (``pipelines.run.pipeline``): at most ``WAITING`` batches wait for the
     thread, so the rows held stay bounded.
 
-    ``push``: ``gold.push.AheadPush`` (never raises); ``known``: the tables the stream's
-    parse knows now (None until the stream has started)."""
+    ``push``: ``gold.push.AheadPush`` (never raises)."""
 
-    def __init__(self, push: Callable, tables: CountedTables,
-                 known: Callable[[], Iterable[str] | None] = lambda: None) -> None:
+    def __init__(self, push: Callable, tables: CountedTables) -> None:
         self.push = push
         self.tables = tables
-        self.known = known
         self.batches: list[Shipped] = []
         # Whether the dashboard took the newest batch handed on's step: it follows the
         # shipper (set by the pushing thread).
@@ -106,11 +109,11 @@ class ShipAhead:
         self._pushes: ThreadPoolExecutor | None = None
         self._waiting: deque[Future] = deque()
 
-    def prepare(self, after_lsn: int | None, rows: pa.Table) -> None:
-        """A batch's rows, about to be committed: their lines worked out meanwhile."""
+    def prepare(self, after_lsn: int | None, rows: pa.Table, known: Iterable[str]) -> None:
+        """A batch's rows, about to be committed: their lines worked out meanwhile, parsed
+        with the tables bronze may hold changes of as of their peek (``known``)."""
         self._prepared = None
-        known = self.known()
-        if known is None or after_lsn is None or not rows.num_rows:
+        if after_lsn is None or not rows.num_rows:
             return
         if self._parse is None:
             self._parse = ThreadPoolExecutor(1, thread_name_prefix="lakecdc-ahead")

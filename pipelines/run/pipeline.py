@@ -413,14 +413,12 @@ class Pipeline:
             return thread
 
         wake = threading.Event()
-        # Each shipper batch's step reaches the dashboard as soon as bronze holds it, with
-        # the parse the stream knows (gold.ahead); each stream batch's, while gold's MERGE
-        # runs (gold.push): whichever comes first, the other finds the dashboard past it.
-        # In a catch-up the dashboard follows the shipper, and the stream and the mirrors
-        # wait for it (pipelines.run.behind).
-        stream_parse: list[SilverWriter] = []
-        ship_ahead = self.ship_ahead(lambda: (stream_parse[0].known_tables if stream_parse
-                                              else None))
+        # Each shipper batch's step reaches the dashboard as soon as bronze holds it, from
+        # the shipper's first batch, while Spark starts (gold.ahead); each stream batch's,
+        # while gold's MERGE runs (gold.push): whichever comes first, the other finds the
+        # dashboard past it. In a catch-up the dashboard follows the shipper, and the
+        # stream and the mirrors wait for it (pipelines.run.behind).
+        ship_ahead = self.ship_ahead()
         behind = ShipperBehind(stop)
         threads = [guarded("ship", lambda: self.shipper(ship_ahead, behind).run(
             once=False, stop=stop))]
@@ -432,7 +430,6 @@ class Pipeline:
                 latency.enter_context(low_latency(self.spark, True))
                 query, writer = self.start_stream(False, on_pass=[lambda _: wake.set()],
                                                   ahead=ahead, behind=behind)
-                stream_parse.append(writer.silver)
                 if self.config.mirrored:
                     mirrors = self.start_mirrors(False, behind=behind)
                 self.started.set()
@@ -476,10 +473,9 @@ class Pipeline:
         return AheadPush(self.where.gold, self.config.dashboard, marks=self.marks.snapshot,
                          fence=self._fence, spark=self.reader)
 
-    def ship_ahead(self, known: Callable[[], tuple[str, ...] | None]) -> ShipAhead:
-        """Shipper batches' steps for the dashboard (``gold.ahead``), parsed with the tables
-        ``known`` returns (the stream's parse's; None: not yet)."""
-        return ShipAhead(self._ahead_push(), self.config.counted, known)
+    def ship_ahead(self) -> ShipAhead:
+        """Shipper batches' steps for the dashboard (``gold.ahead``)."""
+        return ShipAhead(self._ahead_push(), self.config.counted)
 
     def shipper(self, ahead: ShipAhead | None = None,
                 behind: ShipperBehind | None = None) -> Shipper:
@@ -525,9 +521,9 @@ class Pipeline:
                 return replace(result, ahead_seconds=time.monotonic() - begun)
             return result
 
-        def on_rows(after_lsn, rows) -> None:
+        def on_rows(after_lsn, rows, known) -> None:
             try:
-                ahead.prepare(after_lsn, rows)
+                ahead.prepare(after_lsn, rows, known)
             except Exception:               # then not ahead: the stream's step follows
                 log.warning("a shipper batch's step was not prepared", exc_info=True)
 

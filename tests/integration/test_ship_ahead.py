@@ -17,7 +17,6 @@ from core.storage import gold_key
 from pipelines.run.behind import ShipperBehind
 from pipelines.run.pipeline import Pipeline
 from pipelines.setup.prepare import setup
-from pipelines.setup.tables import known_tables
 from tests.integration.workload import mixed
 from tests.truth import _nonzero, check_gold, dashboard_counts, source_truth
 
@@ -73,28 +72,18 @@ def stream_changes_nothing(config, pipeline: Pipeline, dsn: str, purged: Counter
 
 def test_each_shipper_batch_reaches_the_dashboard_before_the_stream_reads_it(
         source_db, config, spark):
+    """From a shipper's first batch on, as on a start over a backlog: what bronze held
+    before it is bronze's progress, which the dashboard's watermark is, and the parse
+    knows the captured set's tables without the stream."""
     pipeline, purged = started(config, spark, source_db.dsn)
-    watermark = dashboard_lsn(config, pipeline)
-    shipper = pipeline.shipper(pipeline.ship_ahead(known_tables(config)))
-
-    # This shipper's first batch: what bronze held before it is its own question, so the
-    # dashboard waits for the stream.
-    before = _nonzero(source_truth(source_db.dsn, purged))
-    purged += mixed(source_db.dsn, seed=3)
-    first = ship(shipper, pipeline)
-    assert first and not any(b.ahead_seconds for b in first)
-    assert _nonzero(dashboard_counts(source_db.dsn)) == before
-    assert dashboard_lsn(config, pipeline) == watermark
-    pipeline.stream(once=True)
-    pipeline.push(once=True)
-    check_gold(config.lakehouse, source_db.dsn, source_db.dsn, purged)
-
-    # From there on, each batch's step lands as soon as bronze holds it: no stream ran.
-    for seed in (4, 5):
-        purged += mixed(source_db.dsn, seed=seed)
-        batches = ship(shipper, pipeline)
-        assert batches and all(b.ahead_seconds > 0 for b in batches)
-        dashboard_exact_at(config, pipeline, source_db.dsn, purged, batches[-1].commit_lsn)
+    for shippers in (1, 2):             # the second: a restarted shipper's first batch
+        shipper = pipeline.shipper(pipeline.ship_ahead())
+        for seed in (shippers * 10, shippers * 10 + 1):
+            purged += mixed(source_db.dsn, seed=seed)
+            batches = ship(shipper, pipeline)
+            assert batches and all(b.ahead_seconds > 0 for b in batches)
+            dashboard_exact_at(config, pipeline, source_db.dsn, purged,
+                               batches[-1].commit_lsn)
     stream_changes_nothing(config, pipeline, source_db.dsn, purged)
 
 
@@ -103,18 +92,17 @@ def test_a_batch_the_dashboard_lacks_is_never_skipped_over(source_db, config, sp
     if not fence:
         config = config.with_(disabled_guards=frozenset({"ahead_fence"}))
     pipeline, purged = started(config, spark, source_db.dsn)
-    shipper = pipeline.shipper(pipeline.ship_ahead(known_tables(config)))
     before = _nonzero(source_truth(source_db.dsn, purged))
     purged += mixed(source_db.dsn, seed=3)
-    ship(shipper, pipeline)                   # the first batch: the stream's, not run here
-    purged += mixed(source_db.dsn, seed=4)
-    batches = ship(shipper, pipeline)
+    ship(pipeline.shipper(), pipeline)        # `lakecdc ship` alone: bronze moves, not the
+    purged += mixed(source_db.dsn, seed=4)    # dashboard
+    batches = ship(pipeline.shipper(pipeline.ship_ahead()), pipeline)
     if fence:
         assert not any(b.ahead_seconds for b in batches)
         assert _nonzero(dashboard_counts(source_db.dsn)) == before
     else:
-        # Without the fence the second batch's step is added on a dashboard that lacks
-        # the first: it then claims the source's newest commit with wrong counts.
+        # Without the fence the batch's step is added on a dashboard that lacks the
+        # batch before it: it then claims the source's newest commit with wrong counts.
         assert any(b.ahead_seconds for b in batches)
         assert dashboard_lsn(config, pipeline) == batches[-1].commit_lsn
         assert _nonzero(dashboard_counts(source_db.dsn)) != _nonzero(
@@ -139,25 +127,17 @@ def test_in_a_catch_up_the_dashboard_follows_the_shipper_which_peeks_on_meanwhil
     config = config.with_(upto_nchanges=40)
     pipeline, purged = started(config, spark, source_db.dsn)
     behind = Recorded()
-    ahead = pipeline.ship_ahead(known_tables(config))
+    ahead = pipeline.ship_ahead()
     shipper = pipeline.shipper(ahead, behind)
-    purged += mixed(source_db.dsn, seed=3)
-    first = ship(shipper, pipeline)
-    # This shipper's first batch cannot go ahead (what bronze held before it is not
-    # known): the stream is held only while that is tried, not for the full peeks after.
-    assert sum(b.full for b in first) >= 3 and not any(b.ahead_seconds for b in first)
-    assert behind.calls[0] is True and True not in behind.calls[1:]
-    pipeline.stream(once=True)
-    pipeline.push(once=True)
-
-    behind.calls.clear()
-    purged += mixed(source_db.dsn, seed=4)
-    batches = ship(shipper, pipeline)
-    # Each full batch is handed on, not waited for, and the stream held, until a peek is
-    # not full.
-    assert sum(b.full for b in batches) >= 3
-    assert not any(b.ahead_seconds for b in batches if b.full)
-    assert behind.calls[0] is True and behind.calls[-1] is False
-    ahead.drain()
-    dashboard_exact_at(config, pipeline, source_db.dsn, purged, batches[-1].commit_lsn)
+    for seed in (3, 4):
+        behind.calls.clear()
+        purged += mixed(source_db.dsn, seed=seed)
+        batches = ship(shipper, pipeline)
+        # Each full batch is handed on, not waited for, and the stream held, until a peek
+        # is not full: from the shipper's first batch on.
+        assert sum(b.full for b in batches) >= 3
+        assert not any(b.ahead_seconds for b in batches if b.full)
+        assert behind.calls[0] is True and behind.calls[-1] is False
+        ahead.drain()
+        dashboard_exact_at(config, pipeline, source_db.dsn, purged, batches[-1].commit_lsn)
     stream_changes_nothing(config, pipeline, source_db.dsn, purged)

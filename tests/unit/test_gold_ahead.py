@@ -47,7 +47,7 @@ def offer(push: ShipAhead, after: int | None, *txs: list[dict]) -> bool:
     commit, then the batch (a ``bronze.ship.ShipBatch``) after it. Whether the dashboard
     took its step."""
     rows = bronze(*txs)
-    push.prepare(after, rows)
+    push.prepare(after, rows, KNOWN)
     batch = SimpleNamespace(after_lsn=after, commit_ts=None,
                             commit_lsn=max(rows.column("commit_lsn").to_pylist()))
     return push(batch).result()
@@ -70,13 +70,13 @@ class Dashboard:
 
 
 def ahead(dashboard: Dashboard) -> ShipAhead:
-    return ShipAhead(dashboard, COUNTED, known=lambda: KNOWN)
+    return ShipAhead(dashboard, COUNTED)
 
 
 def test_each_batch_goes_ahead_from_the_dashboards_watermark_and_a_missed_one_with_the_next():
     board = Dashboard(at=100)
     push = ahead(board)
-    # The first batch of a shipper: what bronze held before it is not known.
+    # A batch after none bronze held: no watermark to start a step from.
     assert not offer(push, None, tx(110, ins(1), ins(2)))
     assert board.at == 100
     board.at, board.counts = 110, Counter({key(CREATED): 2})   # the stream brought it
@@ -132,7 +132,7 @@ def test_rows_prepared_for_another_batch_are_not_taken():
     board = Dashboard(at=110)
     push = ahead(board)
     offer(push, None, tx(110, ins(1)))
-    push.prepare(110, bronze(tx(120, ins(2))))      # its commit failed: never stored
+    push.prepare(110, bronze(tx(120, ins(2))), KNOWN)      # its commit failed: never stored
     stored = SimpleNamespace(after_lsn=110, commit_lsn=130, commit_ts=None)
     assert not push(stored).result()                 # stored anew, with rows unseen
     assert board.at == 110 and not board.counts
@@ -159,11 +159,11 @@ def test_a_batch_waits_to_be_handed_on_while_the_one_before_is_pushed():
     def slow(choose):
         release.wait()
         return board(choose)
-    push = ShipAhead(slow, COUNTED, known=lambda: KNOWN)
+    push = ShipAhead(slow, COUNTED)
     offer_rows = [(110, bronze(tx(120, ins(1)))), (120, bronze(tx(130, ins(2))))]
     handed = []
     for after, rows in offer_rows:
-        push.prepare(after, rows)
+        push.prepare(after, rows, KNOWN)
         if handed:                     # the first is held in its push until then
             threading.Timer(0.2, release.set).start()
         handed.append(push(SimpleNamespace(after_lsn=after, commit_ts=None,
