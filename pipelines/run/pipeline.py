@@ -420,13 +420,22 @@ class Pipeline:
         # stream and the mirrors wait for it (pipelines.run.behind).
         ship_ahead = self.ship_ahead()
         behind = ShipperBehind(stop)
+        shipped = threading.Event()         # the shipper's first batch is done
+
+        def first_batch(result, progress) -> None:
+            shipped.set()
+        self.on_ship.append(first_batch)
         threads = [guarded("ship", lambda: self.shipper(ship_ahead, behind).run(
             once=False, stop=stop))]
         query = writer = mirrors = None
         ahead = self._ahead_push()
         with ExitStack() as latency:
             try:
-                # The Spark session starts here, after the shipper.
+                # Started on a backlog, the dashboard follows the shipper from its first
+                # batch, and the stream's start waits for that catch-up as the stream's
+                # batches do (at most HOLD_S): the JVM's work of starting the queries
+                # would take a core from it.
+                behind.hold("stream", before=shipped)
                 latency.enter_context(low_latency(self.spark, True))
                 query, writer = self.start_stream(False, on_pass=[lambda _: wake.set()],
                                                   ahead=ahead, behind=behind)
@@ -464,6 +473,7 @@ class Pipeline:
                     thread.join(timeout=120)
                 ahead.close()
                 ship_ahead.close()
+                self.on_ship.remove(first_batch)
         if errors:
             raise errors[0]
 
