@@ -414,10 +414,10 @@ class Pipeline:
 
         wake = threading.Event()
         # Each shipper batch's step reaches the dashboard as soon as bronze holds it, from
-        # the shipper's first batch, while Spark starts (gold.ahead); each stream batch's,
-        # while gold's MERGE runs (gold.push): whichever comes first, the other finds the
-        # dashboard past it. In a catch-up the dashboard follows the shipper, and the
-        # stream and the mirrors wait for it (pipelines.run.behind).
+        # the shipper's first batch, while the stream starts (gold.ahead); each stream
+        # batch's, while gold's MERGE runs (gold.push): whichever comes first, the other
+        # finds the dashboard past it. In a catch-up the dashboard follows the shipper,
+        # and the stream and the mirrors wait for it (pipelines.run.behind).
         ship_ahead = self.ship_ahead()
         behind = ShipperBehind(stop)
         shipped = threading.Event()         # the shipper's first batch is done
