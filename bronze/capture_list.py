@@ -154,6 +154,12 @@ class CaptureList:
         return stored
 
 
+def known_set(stored: CaptureSet | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    """Every table bronze may hold changes of: the stored set's (``CaptureSet.known``), or
+    ``default`` (``LAKECDC_TABLES``) in a lakehouse without one."""
+    return stored.known if stored is not None else default
+
+
 def _decode(version: int, data: pa.Table) -> CaptureSet:
     rows = data.to_pylist()
     return CaptureSet(version, {r["table_name"]: (r["state"], r["changed_at"]) for r in rows})
@@ -203,7 +209,7 @@ class ShipperSet:
         """Every table bronze may hold changes of, as of the set this peek uses: what
         silver's parse knows (``pipelines.setup.tables.known_tables``) when it reads those
         changes, or less (a set only grows)."""
-        return self.current.known if self.current is not None else self.default
+        return known_set(self.current, self.default)
 
     def ack(self) -> dict[str, int]:
         """The app transaction for the next commit: the set this peek uses, if bronze does

@@ -44,6 +44,7 @@ from bronze.capture_list import (
     CaptureList,
     CaptureSet,
     ShipperSet,
+    known_set,
 )
 from bronze.source import identity_blocker, mirror_key
 from bronze.spark_table import bronze_table
@@ -89,8 +90,7 @@ def known_tables(config: Config, storage_options: dict | None = None, writes=Non
     store = CaptureList(config.lakehouse, storage_options, writes)
 
     def known() -> tuple[str, ...]:
-        stored = store.read()
-        return stored.known if stored is not None else config.tables
+        return known_set(store.read(), config.tables)
     return known
 
 
