@@ -30,6 +30,7 @@ from gold.push import AheadPush, push_once, run_push
 from pipelines.maintain.schedule import Maintainer
 from pipelines.run.behind import ShipperBehind
 from pipelines.run.stream import (
+    TRIGGER_INTERVAL,
     Marks,
     OnePass,
     StreamPaths,
@@ -45,11 +46,6 @@ if TYPE_CHECKING:
     from pipelines.observe.metrics import PipelineMetrics
 
 log = logging.getLogger("lakecdc.run")
-
-# How often the stream looks for new bronze commits when it is idle: a change waits half
-# of it on average. Each look reads bronze's log listing (docs/benchmarks.md).
-TRIGGER_INTERVAL = "250 milliseconds"
-
 
 @dataclass(frozen=True)
 class Locations:

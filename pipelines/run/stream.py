@@ -61,6 +61,17 @@ log = logging.getLogger("lakecdc.stream")
 # 450 MB of JSON, and a 308,289-row batch peaked at 1.7 GB of Python memory.
 BATCH_BYTES = "16m"
 
+# How often the continuous stream starts a batch. The dashboard does not wait for it: each
+# shipper batch's step goes ahead of the stream (``gold.ahead``), and silver and gold trail
+# the dashboard by about this much more. Every batch costs the JVM about the same whatever
+# it holds (reading bronze's log, committing offsets, the batch's Spark jobs), on the cores
+# the shipper's path needs: at 250 ms the batches ran back to back under traffic. Measured on
+# 2 cores with Postgres, traffic and the mirrors beside it (2026-11-30, 60 s runs, two rounds
+# alternated; docs/gold.md, "The stream's trigger"), 250 ms -> 2 s: 81-102 -> 31-32 batches a
+# run, the JVM's CPU 38-73 -> 20-28 s, the dashboard's p95 0.26-0.57 -> 0.18-0.28 s at 200
+# changes/s and 0.61-1.18 -> 0.25-0.48 s at 2,000.
+TRIGGER_INTERVAL = "2 seconds"
+
 
 @dataclass(frozen=True)
 class PassResult:
@@ -291,7 +302,7 @@ def _streamed(spark: SparkSession, path: str) -> bool:
 
 
 def start_stream(spark: SparkSession, paths: StreamPaths, writer: OnePass, once: bool, *,
-                 trigger_interval: str = "250 milliseconds",
+                 trigger_interval: str = TRIGGER_INTERVAL,
                  max_files_per_trigger: int | None = None) -> StreamingQuery:
     """Start the query (after ``prepare``). ``once``: everything bronze holds now
     (``availableNow``), then it ends. A micro-batch reads at most ``BATCH_BYTES`` of bronze,

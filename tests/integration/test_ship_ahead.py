@@ -3,10 +3,12 @@ read it (``gold.ahead``; docs/gold.md, "Ahead of the stream"): the real shipper,
 and dashboard, compared with the source's own GROUP BY after every batch; the stream and
 the push from gold then change nothing. The fence is what keeps a step from being added
 where the dashboard does not stand: with it off (the ``ahead_fence`` guard), a batch the
-dashboard lacks is skipped over and the counts go wrong."""
+dashboard lacks is skipped over and the counts go wrong. In a catch-up the dashboard
+follows the shipper while the stream waits, from ``lakecdc run``'s start on."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import Counter
 
@@ -141,3 +143,39 @@ def test_in_a_catch_up_the_dashboard_follows_the_shipper_which_peeks_on_meanwhil
         ahead.drain()
         dashboard_exact_at(config, pipeline, source_db.dsn, purged, batches[-1].commit_lsn)
     stream_changes_nothing(config, pipeline, source_db.dsn, purged)
+
+
+def test_run_started_on_a_backlog_starts_the_stream_once_the_shipper_caught_up(
+        source_db, config, spark, monkeypatch):
+    """``lakecdc run`` started on a backlog (full peeks: a small bound here) holds the
+    stream's start while the dashboard follows the shipper (``pipelines.run.behind``): the
+    stream starts after the shipper's first peek that was not full, not beside the
+    catch-up. Without the hold it starts before the shipper's first batch."""
+    config = config.with_(upto_nchanges=40)
+    pipeline, purged = started(config, spark, source_db.dsn)
+    purged += mixed(source_db.dsn, seed=3)
+    # The hold's bound, far above this catch-up's seconds on a slow machine.
+    monkeypatch.setattr("pipelines.run.pipeline.ShipperBehind",
+                        functools.partial(ShipperBehind, hold_s=600.0))
+    fulls: list[bool] = []
+    pipeline.on_ship.append(lambda result, progress: fulls.append(result.full))
+    at_start: list[list[bool]] = []
+    start_stream = pipeline.start_stream
+
+    def recorded(*args, **kwargs):
+        at_start.append(list(fulls))
+        return start_stream(*args, **kwargs)
+    monkeypatch.setattr(pipeline, "start_stream", recorded)
+    stop = threading.Event()
+    runner = threading.Thread(target=pipeline.run_continuous, args=(stop,))
+    runner.start()
+    try:
+        assert pipeline.started.wait(300)
+    finally:
+        stop.set()
+        runner.join(timeout=300)
+    assert not runner.is_alive()
+    [shipped] = at_start
+    assert sum(shipped) >= 3 and shipped[-1] is False, shipped
+    assert _nonzero(dashboard_counts(source_db.dsn)) == _nonzero(
+        source_truth(source_db.dsn, purged))
