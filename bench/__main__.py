@@ -8,6 +8,10 @@ big table under traffic beside its COPY, ``bench.big_table``), writes the result
 document ``results.json`` and PNG plots into ``--out`` and regenerates ``--report`` from
 ``bench/report.py``'s template. Everything it started is stopped and removed again.
 
+``--sections freshness,writers`` measures those sections again on their own and puts them
+into the ``results.json`` already in ``--out``, each stamped with when it was measured (the
+report says so), the rest of the page kept.
+
 ``--quick`` is the smoke size (``tests/integration/test_bench_smoke.py``, run with
 ``pytest -m bench`` outside the default run), writing to ``bench-output/quick`` unless
 told otherwise.
@@ -25,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench import report
-from bench.measure import Params, run_all
+from bench.measure import SECTIONS, Params, run_all
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = Params(changes=6_000, tx_size=500, rates=(300.0,), freshness_s=10.0,
@@ -67,6 +71,9 @@ def parse(argv: list[str] | None) -> tuple[Params, argparse.Namespace]:
                         help=f"rows of the one big transaction ({full.big_tx_rows})")
     parser.add_argument("--big-rows", type=int,
                         help=f"rows of the big table added under traffic ({full.big_rows})")
+    parser.add_argument("--sections", type=lambda text: tuple(text.split(",")), default=None,
+                        help="measure only these sections again (comma-separated, of "
+                             f"{', '.join(SECTIONS)}) into the results.json in --out")
     parser.add_argument("--out", type=Path, default=None,
                         help="results.json and PNGs (docs/benchmarks; --quick: "
                              "bench-output/quick)")
@@ -74,6 +81,8 @@ def parse(argv: list[str] | None) -> tuple[Params, argparse.Namespace]:
                         help="the Markdown report (docs/benchmarks.md; --quick: "
                              "<out>/benchmarks.md)")
     args = parser.parse_args(argv)
+    if args.sections is not None and not set(args.sections) <= set(SECTIONS):
+        parser.error(f"--sections takes {', '.join(SECTIONS)}")
     params = QUICK if args.quick else full
     given = {k: v for k, v in vars(args).items()
              if k in Params.__dataclass_fields__ and v is not None and k != "quick"}
@@ -95,8 +104,18 @@ def main(argv: list[str] | None = None) -> int:
     def save(doc: dict) -> None:
         partial.write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
-    doc = run_all(params, say=lambda text: print(text, flush=True), save=save)
-    doc["command"] = " ".join(["python -m bench", *(sys.argv[1:] if argv is None else argv)])
+    command = " ".join(["python -m bench", *(sys.argv[1:] if argv is None else argv)])
+    earlier = None
+    if args.sections is not None:
+        earlier = json.loads((args.out / "results.json").read_text())
+    doc = run_all(params, say=lambda text: print(text, flush=True), save=save,
+                  sections=args.sections or SECTIONS)
+    doc["command"] = command
+    if earlier is not None:
+        for name in args.sections:
+            earlier[name] = {**doc[name], "measured_at": doc["started_at"],
+                             "load_start": doc["load_start"], "command": command}
+        doc = earlier
     partial.unlink(missing_ok=True)
     doc["exact"] = report.all_exact(doc)
     (args.out / "results.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")

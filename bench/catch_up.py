@@ -83,16 +83,21 @@ class RunProcess:
                                f"{self.log.read_text(errors='replace')[-2000:]}")
 
     def stop(self) -> None:
-        """SIGTERM (a clean stop), then SIGKILL if it has not ended within a minute."""
+        """SIGTERM to lakecdc's own process (a clean stop: it stops its JVM itself, as
+        docs/operations.md, "Stopping", tells users to signal it), then SIGKILL to the
+        group if it has not ended within a minute; whatever of the group is left after it
+        ended is killed too."""
         try:
             if self.proc.poll() is None:
                 self.signal(signal.SIGCONT)
-                self.signal(signal.SIGTERM)
+                self.proc.send_signal(signal.SIGTERM)
                 try:
                     self.proc.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     self.signal(signal.SIGKILL)
                     self.proc.wait(timeout=60)
+            with contextlib.suppress(ProcessLookupError):
+                self.signal(signal.SIGKILL)
         finally:
             self._sink.close()
 

@@ -208,6 +208,7 @@ class Bench:
         self.progress = ProgressLog()
         self.spark = None
         self._runs = 0                   # freshness runs so far (their neighbours' ids)
+        self._bench: tuple[Config, Pipeline] | None = None    # the backlog's database
 
     def __enter__(self) -> "Bench":
         self.pg.start()
@@ -340,8 +341,21 @@ class Bench:
         return {"load_before": _load(), "seconds": p.freshness_s,
                 "runs": [self._freshness_at(rate) for rate in p.rates]}
 
+    def _caught_up(self) -> tuple[Config, Pipeline]:
+        """The backlog section's database, caught up in every layer; without that section
+        (``--sections``), one of its own, warmed as the writers section's are."""
+        if self._bench is None:
+            config = self.database("bench", neighbours=True)
+            setup(config)
+            pipeline = self.pipeline(config)
+            workload.write_backlog(config.source_dsn, 2_000, self.params.tx_size,
+                                   round_rows=1000, tag="w")
+            pipeline.run_once()
+            self._bench = (config, pipeline)
+        return self._bench
+
     def _freshness_at(self, rate: float) -> dict:
-        config, pipeline = self._bench
+        config, pipeline = self._caught_up()
         out, drove = self.continuous(config, pipeline, rate, self.params.freshness_s)
         out["neighbours"] = {
             "tables": len(workload.NEIGHBOURS), "rate_per_table": NEIGHBOUR_RATE,
@@ -542,19 +556,21 @@ def _percentiles(values: list[float], digits: int = 2) -> dict:
                             for q in (0.5, 0.9, 0.95)}, "max": round(s[-1], digits)}
 
 
-def run_all(params: Params, say=lambda text: None, save=lambda doc: None) -> dict:
-    """Every section in order; ``save(doc)`` after each, so a failure keeps what was
-    measured before it."""
+SECTIONS = ("backlog", "freshness", "catch_up", "writers", "gold_scaling", "big_transaction",
+            "big_table")
+
+
+def run_all(params: Params, say=lambda text: None, save=lambda doc: None,
+            sections: tuple[str, ...] = SECTIONS) -> dict:
+    """Every section of ``sections`` in order; ``save(doc)`` after each, so a failure keeps
+    what was measured before it."""
     started = datetime.now(timezone.utc)
     doc: dict = {"started_at": started.isoformat(timespec="seconds"), "params": asdict(params),
                  "machine": machine(), "load_start": _load()}
     with Bench(params) as bench:
         t = time.perf_counter()
-        for name, section in (("backlog", bench.backlog), ("freshness", bench.freshness),
-                              ("catch_up", bench.catch_up), ("writers", bench.writers),
-                              ("gold_scaling", bench.gold_scaling),
-                              ("big_transaction", bench.big_transaction),
-                              ("big_table", bench.big_table)):
+        for name in (n for n in SECTIONS if n in sections):
+            section = getattr(bench, name)
             say(f"{name} (load {_load()}) ...")
             begun = time.perf_counter()
             doc[name] = section()
