@@ -127,8 +127,8 @@ def _cpu(used: dict | None) -> str:
     """A catch-up's CPU seconds per part (``bench.cpu``), ``-`` in an older result."""
     if not used:
         return "-"
-    return (f"{_n(used['total'])}: Postgres {_n(used['postgres'])}, Python "
-            f"{_n(used['lakecdc_python'])}, JVM {_n(used['jvm'])}, bench {_n(used['bench'])}")
+    return (f"{_n(used['total'])} (Postgres {_n(used['postgres'])}, Python "
+            f"{_n(used['lakecdc_python'])}, JVM {_n(used['jvm'])}, bench {_n(used['bench'])})")
 
 
 def writer_rows(doc: dict) -> str:
@@ -847,7 +847,7 @@ catch-up the dashboard follows a thawed `lakecdc run`'s shipper batch by batch, 
 and the mirrors held meanwhile (docs/gold.md, "Ahead of the stream"): Postgres's decoder,
 the shipper and the parse and push of each batch's step share the 2 cores (alone, the
 shipper ran at ${ship_changes_per_s} changes/s in the backlog section). Until the
-dashboard was exact they used these CPU seconds: ${warm_cpu}.
+dashboard was exact they used ${warm_cpu} CPU seconds.
 Gold was exact ${warm_gold_s} s after the thaw. Cold, started again on the backlog: exact
 on the dashboard after ${cold_s} s, the stream's first batch at ${cold_start_s} s; a very
 first run: ${first_s} s. Issue 39, item 3."""),
