@@ -707,7 +707,6 @@ def fresh_progress(doc: dict) -> str:
     return "\n".join(lines)
 
 
-# Per target: (text when met, text when missed), filled with the same values as the page.
 def _change_path(run: str) -> str:
     """A change's path in `lakecdc run`, for a freshness run's text (``run``: the values'
     prefix, ``fast`` or ``slow``) whether its target is met or not."""
@@ -736,6 +735,7 @@ when at most a tenth of the time has gone to folding (`gold/fold.py`,
 `LAKECDC_GOLD_FOLD_SHARE`): the cheaper a fold, the more often. Neither the batches nor the
 dashboard, which takes each step at once (`gold.push.push_ahead`), wait for a fold."""
 
+# Per target: (text when met, text when missed), filled with the same values as the page.
 ANALYSIS = {
     "ship_recvlogical": (
         """**Shipper vs `pg_recvlogical` (met, ${recv_ratio}×).** `pg_recvlogical` took
