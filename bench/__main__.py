@@ -91,6 +91,9 @@ def parse(argv: list[str] | None) -> tuple[Params, argparse.Namespace]:
         args.out = ROOT / ("bench-output/quick" if args.quick else "docs/benchmarks")
     if args.report is None:
         args.report = args.out / "benchmarks.md" if args.quick else ROOT / "docs/benchmarks.md"
+    if args.sections is not None and not (args.out / "results.json").is_file():
+        parser.error(f"--sections measures into an earlier run's results: there is no "
+                     f"{args.out / 'results.json'} (--out)")
     return params, args
 
 

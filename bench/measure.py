@@ -341,17 +341,22 @@ class Bench:
         return {"load_before": _load(), "seconds": p.freshness_s,
                 "runs": [self._freshness_at(rate) for rate in p.rates]}
 
+    def _warmed(self, config: Config) -> Pipeline:
+        """``config``'s database set up, and its pipeline caught up in every layer on a
+        round of 2,000 changes."""
+        setup(config)
+        pipeline = self.pipeline(config)
+        workload.write_backlog(config.source_dsn, 2_000, self.params.tx_size, round_rows=1000,
+                               tag="w")
+        pipeline.run_once()
+        return pipeline
+
     def _caught_up(self) -> tuple[Config, Pipeline]:
         """The backlog section's database, caught up in every layer; without that section
         (``--sections``), one of its own, warmed as the writers section's are."""
         if self._bench is None:
             config = self.database("bench", neighbours=True)
-            setup(config)
-            pipeline = self.pipeline(config)
-            workload.write_backlog(config.source_dsn, 2_000, self.params.tx_size,
-                                   round_rows=1000, tag="w")
-            pipeline.run_once()
-            self._bench = (config, pipeline)
+            self._bench = (config, self._warmed(config))
         return self._bench
 
     def _freshness_at(self, rate: float) -> dict:
@@ -458,11 +463,7 @@ class Bench:
         for writer in ("delta-rs", "spark"):
             config = self.database(f"writer_{writer.replace('-', '_')}", neighbours=True
                                    ).with_(writer=writer)
-            setup(config)
-            pipeline = self.pipeline(config)
-            workload.write_backlog(config.source_dsn, 2_000, p.tx_size, round_rows=1000,
-                                   tag="w")
-            pipeline.run_once()
+            pipeline = self._warmed(config)
             for rate in p.rates:
                 run, _ = self.continuous(config, pipeline, rate, seconds or p.freshness_s)
                 out["runs"].append({"writer": writer, **run})

@@ -317,17 +317,6 @@ def _loads(doc: dict) -> list[float]:
             doc["big_transaction"]["load_before"][0]]
 
 
-def _stream_progress(run: dict) -> dict:
-    """Spark's summed progress of the stream query inside a section (empty if none)."""
-    return (run.get("spark_progress") or {}).get(QUERY) or {}
-
-
-def _trigger_s(run: dict) -> float | None:
-    """Spark's mean trigger time per stream batch of a run, None if none was recorded."""
-    q = _stream_progress(run)
-    return q["triggerExecution_ms"] / 1000 / q["batches"] if q.get("batches") else None
-
-
 def _rows_per_batch(run: dict) -> float | None:
     """lakecdc's own count (Spark's ``numInputRows`` misses the bronze files the stream
     reads itself: ``silver.writer.batch_rows``)."""
@@ -356,29 +345,15 @@ def _mirror_probes(run: dict) -> str:
 
 def _run_values(run: dict | None, prefix: str) -> dict:
     """A freshness run's figures for the prose, ``prefix``-named; "n/a" without the run."""
-    keys = ("p50", "p95", "pmax", "rate", "probes", "batches", "batch_s", "silver_s",
-            "plan_s", "floor", "rows_per_batch", "placed", "shown_ahead",
+    keys = ("p50", "p95", "pmax", "rate", "probes", "placed", "shown_ahead",
             *(f"{stage}_p50" for stage in STAGES))
     if run is None:
         return {f"{prefix}_{k}": "n/a" for k in keys}
     lat = run["latency_s"]
     stages = run.get("stages") or {}
-    batch = _trigger_s(run)
-    per = run.get("per_batch") or {}
-    silver = per.get("silver_s")
-    # Until the step reaches the dashboard: the parse, then the gold half up to its MERGE.
-    plan = None if per.get("parse_s") is None else round(
-        per["parse_s"] + per["gold_s"] - per["merge_s"], 2)
     return {f"{prefix}_{k}": v for k, v in {
         "p50": _n(lat.get("p50")), "p95": _n(lat.get("p95")), "pmax": _n(lat.get("max")),
         "rate": _n(run["achieved_rate"]), "probes": _n(run["probes"]["seen"]),
-        "batches": _n(_stream_progress(run).get("batches")),
-        "batch_s": _n(None if batch is None else round(batch, 2)),
-        "silver_s": _n(None if silver is None else round(silver, 2)),
-        "plan_s": _n(plan),
-        "floor": _n(None if batch is None or plan is None
-                    else round(round(batch, 2) + plan, 2)),
-        "rows_per_batch": _n(_rows_per_batch(run)),
         "placed": _n(stages.get("placed")), "shown_ahead": _n(stages.get("shipped_ahead")),
         **{f"{stage}_p50": _n(stages.get(stage, {}).get("p50")) for stage in STAGES},
         }.items()}

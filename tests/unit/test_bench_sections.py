@@ -9,14 +9,17 @@ from bench.__main__ import parse
 from bench.report import _when
 
 
-def test_sections_are_the_benchs_own_in_its_order():
-    _, args = parse(["--sections", "freshness,writers"])
+def test_sections_are_the_benchs_own_and_go_into_an_earlier_result(tmp_path):
+    (tmp_path / "results.json").write_text("{}")
+    _, args = parse(["--sections", "freshness,writers", "--out", str(tmp_path)])
     assert args.sections == ("freshness", "writers")
     _, args = parse([])
     assert args.sections is None
-    with pytest.raises(SystemExit) as refused:
-        parse(["--sections", "freshness,warp"])
-    assert refused.value.code == 2
+    for argv in (["--sections", "freshness,warp", "--out", str(tmp_path)],
+                 ["--sections", "freshness", "--out", str(tmp_path / "none")]):
+        with pytest.raises(SystemExit) as refused:
+            parse(argv)
+        assert refused.value.code == 2
 
 
 def test_a_section_measured_again_says_when():
