@@ -10,6 +10,11 @@
   witness slot through the replication protocol to ``/dev/null`` with the same options, up
   to the WAL position at the end of the backlog: decode, transfer and the client's write,
   nothing stored. The client the shipper is measured against (issue 39).
+- ``replication_drain``: the replication protocol through psycopg (3.3 runs
+  ``START_REPLICATION`` and leaves its ``COPY_BOTH`` stream to ``psycopg.pq``), read on a
+  third witness up to the same position and discarded: what a shipper on the walsender
+  would pay before it parsed or stored anything (issue 39's last lever; docs/bronze.md,
+  "Against `pg_recvlogical`").
 - ``ship_once``: ``lakecdc ship --once`` as a child process (the command an operator runs),
   timed from spawn to exit, with that child's own peak RSS (``PeakRss``: the high-water
   mark of its own memory, not ``wait4``'s figure, which counts this process's).
@@ -18,6 +23,7 @@
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -33,6 +39,7 @@ from bench.catch_up import lakecdc_env
 from bronze.slot import plugin_options
 from core.config import Config
 from core.errors import redact
+from core.lsn import Lsn
 from infra.localpg import bin_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,6 +90,62 @@ def recvlogical(dsn: str, slot: str, tables: tuple[str, ...], endpos: str) -> fl
         raise RuntimeError(f"pg_recvlogical failed ({done.returncode}): "
                            f"{redact(done.stderr)[-2000:]}")
     return seconds
+
+
+@dataclass(frozen=True)
+class Drain:
+    messages: int               # wal2json rows received up to ``endpos``
+    seconds: float
+    client_cpu_s: float         # the reading thread's own CPU
+
+
+# Replication protocol messages in ``COPY_BOTH``'s CopyData: XLogData (a 25-byte head, its
+# WAL start first) and the primary's keepalive (its WAL end first).
+_XLOG_DATA, _KEEPALIVE = ord("w"), ord("k")
+
+
+def replication_drain(dsn: str, slot: str, tables: tuple[str, ...], endpos: str,
+                      timeout_s: float = 600.0) -> Drain:
+    """Stream ``slot`` through the replication protocol with psycopg, the shipper's wal2json
+    options, discarding every row, up to a row at ``endpos`` (the last commit's end) or
+    a keepalive there, as a SQL peek then would return them. Sends no feedback: ``slot``
+    stays where it was, for the caller to drop."""
+    options = plugin_options(tables)
+    start = sql.SQL("START_REPLICATION SLOT {} LOGICAL 0/0 ({})").format(
+        sql.Identifier(slot), sql.SQL(", ").join(
+            sql.SQL("{} {}").format(sql.Identifier(name), sql.Literal(value))
+            for name, value in zip(options[::2], options[1::2])))
+    end = int(Lsn.parse(endpos))
+    messages = 0
+    started, cpu = time.perf_counter(), time.thread_time()
+    # Closed, not left through ``with``: its exit would send COMMIT into the stream.
+    conn = psycopg.connect(dsn, replication="database", autocommit=True)
+    try:
+        conn.execute(start)
+        pgconn = conn.pgconn
+        while True:
+            size, data = pgconn.get_copy_data(1)
+            if size == 0:                           # nothing buffered: wait for the socket
+                if time.perf_counter() - started > timeout_s:
+                    raise RuntimeError(f"the replication stream did not reach {endpos} "
+                                       f"within {timeout_s:.0f} s")
+                select.select([pgconn.socket], [], [], 1.0)
+                pgconn.consume_input()
+                continue
+            if size < 0:
+                raise RuntimeError("the server ended the replication stream early")
+            at = int.from_bytes(data[1:9], "big")
+            if data[0] == _XLOG_DATA:
+                if at > end:
+                    break
+                messages += 1
+                if at == end:       # a commit ending at endpos; the next transaction's
+                    break           # first rows share its position
+            elif data[0] == _KEEPALIVE and at >= end:
+                break
+    finally:
+        conn.close()
+    return Drain(messages, time.perf_counter() - started, time.thread_time() - cpu)
 
 
 @dataclass(frozen=True)

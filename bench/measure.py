@@ -3,8 +3,9 @@
 ``run_all(params)`` returns the result document (``bench.report`` renders it):
 
 - ``backlog``: a deterministic backlog (``bench.workload.write_backlog``) in database
-  ``bench``: raw decode on a witness slot (timed before and after the shipper) against
-  ``lakecdc ship --once`` on the same content; then the stream (bronze → silver and gold in
+  ``bench``: raw decode on a witness slot (timed before and after the shipper),
+  ``pg_recvlogical`` and psycopg's replication protocol on two more (``bench.decode``),
+  against ``lakecdc ship --once`` on the same content; then the stream (bronze → silver and gold in
   one pass, ``once``: everything available) and the push, each timed alone, with the
   stream's per-batch account (``bench.profile.PassLog``); lakecdc's gold and dashboard
   against the source ``GROUP BY``. The PoC (``bench.poc``) drains its own slot, which saw
@@ -265,6 +266,7 @@ class Bench:
         pipeline.run_once()
         decode.create_witness(config.source_dsn, "witness")
         decode.create_witness(config.source_dsn, "witness_recv")
+        decode.create_witness(config.source_dsn, "witness_repl")
         started = time.perf_counter()
         written = workload.write_backlog(config.source_dsn, p.changes, p.tx_size)
         out["write_s"] = round(time.perf_counter() - started, 2)
@@ -274,9 +276,11 @@ class Bench:
 
         rows1, raw1 = decode.raw_decode(config.source_dsn, "witness", config.tables)
         recv = decode.recvlogical(config.source_dsn, "witness_recv", config.tables, endpos)
+        drain = decode.replication_drain(config.source_dsn, "witness_repl", config.tables,
+                                         endpos)
         ship = decode.ship_once(config)
         rows2, raw2 = decode.raw_decode(config.source_dsn, "witness", config.tables)
-        for witness in ("witness", "witness_recv"):
+        for witness in ("witness", "witness_recv", "witness_repl"):
             decode.drop_slot(config.source_dsn, witness)
         raw = (raw1 + raw2) / 2
         # rows2 may exceed rows1 by the empty B/C pairs of transactions the shipper's own
@@ -284,6 +288,9 @@ class Bench:
         out["decode"] = {"peek_rows": rows1, "peek_rows_after": rows2,
                          "raw_decode_s": [round(raw1, 3), round(raw2, 3)],
                          "pg_recvlogical_s": round(recv, 3),
+                         "psycopg_replication": {
+                             "seconds": round(drain.seconds, 3), "messages": drain.messages,
+                             "client_cpu_s": round(drain.client_cpu_s, 3)},
                          "ship_vs_recvlogical": round(recv / ship.seconds, 3),
                          "ship_s": round(ship.seconds, 3), "ratio": round(raw / ship.seconds, 3),
                          "raw_rows_per_s": _rate(rows1, raw),

@@ -442,11 +442,12 @@ def _values(doc: dict, images: dict[str, str]) -> dict:
         "raw1": _n(d["raw_decode_s"][0]), "raw2": _n(d["raw_decode_s"][1]),
         "ship_s": _n(d["ship_s"]), "ratio": _n(d["ratio"]),
         "recv_s": _n(d.get("pg_recvlogical_s")), "recv_ratio": _n(d.get("ship_vs_recvlogical")),
-        "recv_rows_per_s": _n(d["peek_rows"] / d["pg_recvlogical_s"])
+        "recv_rows_per_s": _n(round(d["peek_rows"] / d["pg_recvlogical_s"]))
         if d.get("pg_recvlogical_s") else "n/a",
         "recv_of_raw": _n(round(sum(d["raw_decode_s"]) / len(d["raw_decode_s"])
                                 / d["pg_recvlogical_s"], 2))
         if d.get("pg_recvlogical_s") else "n/a",
+        **_drain_values(d),
         "raw_rows_per_s": _n(d["raw_rows_per_s"]), "ship_rows_per_s": _n(d["ship_rows_per_s"]),
         "ship_rss": _n(d["ship_peak_rss_mb"]),
         "stream_batches": _n(stream["batches"]), "stream_rows": _n(stream["rows"]),
@@ -494,10 +495,22 @@ def _values(doc: dict, images: dict[str, str]) -> dict:
         "catch_up": _n(layers["stream_push"]["changes_per_s"]),
         "mirror_rate": _n(layers["mirrors"]["changes_per_s"]),
         **_catch_up_values(doc),
+        "backlog_when": _when(doc["backlog"]),
+        "writers_when": _when(doc.get("writers", {})),
+        "catch_up_when": _when(doc.get("catch_up", {})),
         "stream_rate": _n(stream["changes_per_s"]),
         "push_rate": _n(layers["push"]["changes_per_s"]),
         **images,
     }
+
+
+def _drain_values(decode: dict) -> dict:
+    """The replication-protocol witness's row (``n/a`` in runs from before it)."""
+    drain = decode.get("psycopg_replication")
+    if not drain:
+        return {"repl_s": "n/a", "repl_rows_per_s": "n/a", "repl_cpu": "n/a"}
+    return {"repl_s": _n(drain["seconds"]), "repl_cpu": _n(drain["client_cpu_s"]),
+            "repl_rows_per_s": _n(round(drain["messages"] / drain["seconds"]))}
 
 
 def _when(section: dict) -> str:
@@ -722,9 +735,11 @@ SQL peek decodes its whole window before it sends the first row, so the server's
 (about three quarters of `pg_recvlogical`'s time) overlaps none of the shipper's work
 (reading the rows, the Parquet encode, the commit); the replication protocol would stream
 as the server decodes, but its walsender alone costs the server as much as
-`pg_recvlogical` takes in all. With every client cost overlapped, the peek's ceiling is
-about 1.1× on two cores; a read-ahead copy of the slot measured 0.92-0.93× and is not
-built."""),
+`pg_recvlogical` takes in all, and through psycopg merely receiving the rows took
+${repl_s} s here, ${repl_cpu} CPU seconds of the reading thread, before any of the
+shipper's work (docs/bronze.md, "The replication protocol through psycopg"). With every
+client cost overlapped, the peek's ceiling is about 1.1× on two cores; a read-ahead copy
+of the slot measured 0.92-0.93× and is not built."""),
     "ship_ratio": (
         "**Shipper vs raw decode (met, ${ratio}×).**",
         """**Shipper vs raw decode (${ratio}×, the moonshot 0.8×).** Raw decode ran at

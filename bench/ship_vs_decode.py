@@ -7,6 +7,8 @@ and measures, on that same backlog:
   shipper's wal2json options on a witness slot that saw the same WAL;
 - ``pg_recvlogical``, Postgres's own streaming client, draining a second witness to
   ``/dev/null``;
+- psycopg's replication protocol (``bench.decode.replication_drain``) draining a third,
+  discarding every row, with the CPU its reading thread used;
 - ``lakecdc ship --once`` (a subprocess) draining the lakecdc slot into bronze, with its
   peak RSS.
 Prints one JSON line per round, then one with the medians. Usage:
@@ -28,7 +30,15 @@ from pathlib import Path
 
 import psycopg
 
-from bench.decode import create_witness, current_lsn, drop_slot, raw_decode, recvlogical, ship_once
+from bench.decode import (
+    create_witness,
+    current_lsn,
+    drop_slot,
+    raw_decode,
+    recvlogical,
+    replication_drain,
+    ship_once,
+)
 from core.config import Config
 from infra.localpg import LocalPostgres
 from pipelines.setup.prepare import setup
@@ -59,7 +69,8 @@ def write_backlog(dsn: str, rows: int, tx_size: int, update_fraction: float) -> 
 
 def one_round(config: Config, rows: int, tx_size: int, update_fraction: float) -> dict:
     dsn = config.source_dsn
-    for witness in ("witness", "witness_recv"):
+    witnesses = ("witness", "witness_recv", "witness_repl")
+    for witness in witnesses:
         drop_slot(dsn, witness)
         create_witness(dsn, witness)
     load = os.getloadavg()[0]
@@ -67,9 +78,16 @@ def one_round(config: Config, rows: int, tx_size: int, update_fraction: float) -
     endpos = current_lsn(dsn)
     changes, raw = raw_decode(dsn, "witness", config.tables)
     recv = recvlogical(dsn, "witness_recv", config.tables, endpos)
+    drain = replication_drain(dsn, "witness_repl", config.tables, endpos)
     ship = ship_once(config)
+    for witness in witnesses:
+        drop_slot(dsn, witness)
     return {"peek_rows": changes, "raw_decode_s": round(raw, 3),
-            "pg_recvlogical_s": round(recv, 3), "ship_s": round(ship.seconds, 3),
+            "pg_recvlogical_s": round(recv, 3),
+            "psycopg_replication_s": round(drain.seconds, 3),
+            "psycopg_replication_rows": drain.messages,
+            "psycopg_replication_cpu_s": round(drain.client_cpu_s, 3),
+            "ship_s": round(ship.seconds, 3),
             "ship_vs_recvlogical": round(recv / ship.seconds, 3),
             "ship_vs_raw": round(raw / ship.seconds, 3),
             "ship_rows_per_s": round(changes / ship.seconds),
@@ -97,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
             rounds.append(one_round(config, args.rows, args.tx_size, args.update_fraction))
             print(json.dumps(rounds[-1]), flush=True)
         print(json.dumps({"median": {key: statistics.median(r[key] for r in rounds)
-                                     for key in ("raw_decode_s", "pg_recvlogical_s", "ship_s",
+                                     for key in ("raw_decode_s", "pg_recvlogical_s",
+                                                 "psycopg_replication_s",
+                                                 "psycopg_replication_cpu_s", "ship_s",
                                                  "ship_vs_recvlogical", "ship_vs_raw",
                                                  "ship_peak_rss_mb")}}))
     finally:

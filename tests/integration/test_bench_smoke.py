@@ -48,6 +48,7 @@ def test_quick_bench_measures_everything_and_lakecdc_is_exact(tmp_path):
     assert decode["peek_rows"] > doc["backlog"]["workload"]["changes"] > 0
     assert decode["ratio"] > 0 and decode["ship_peak_rss_mb"] > 0
     assert decode["pg_recvlogical_s"] > 0 and decode["ship_vs_recvlogical"] > 0, decode
+    assert decode["psycopg_replication"]["messages"] == decode["peek_rows"], decode
     layers = doc["backlog"]["layers"]
     for layer in ("stream", "push", "stream_push"):
         assert layers[layer]["changes_per_s"] > 0, layer
