@@ -7,10 +7,13 @@ from __future__ import annotations
 import time
 
 import psycopg
+import pytest
 
 from bench.decode import create_witness, current_lsn, raw_decode, replication_drain
 from bench.ship_vs_decode import write_backlog
 from bronze.slot import slot_state
+
+pytestmark = pytest.mark.integration
 
 TABLES = ("public.notifications", "public.notification_history")
 
