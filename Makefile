@@ -29,12 +29,6 @@ $(VENV)/node/.installed-$(AZURITE_VERSION): | $(VENV)/.installed
 		--no-audit --no-fund --loglevel=error azurite@$(AZURITE_VERSION)
 	@touch $@
 
-# wal2json 2.6 for the tests of its path (tests/integration/test_wal2json_26.py): Debian 12
-# packages only 2.5 (infra/build-wal2json-2.6.sh says where 2.6 comes from).
-WAL2JSON_26 := $(VENV)/wal2json-2.6/wal2json.so
-$(WAL2JSON_26): | $(VENV)/.installed
-	bash infra/build-wal2json-2.6.sh $(VENV)/wal2json-2.6
-
 venv: $(VENV)/.installed $(VENV)/node/.installed-$(AZURITE_VERSION)
 
 # Two workers (one per core) that steal tests from each other, so neither idles while the
@@ -53,7 +47,7 @@ venv: $(VENV)/.installed $(VENV)/node/.installed-$(AZURITE_VERSION)
 JVM_ARCHIVE := $(VENV)/spark-classes.jsa
 TEST_JVM := -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m \
 	-Dspark.sql.codegen.wholeStage=false -Dspark.sql.codegen.factoryMode=NO_CODEGEN
-test: system-deps venv lint $(WAL2JSON_26)
+test: system-deps venv lint
 	rm -f $(JVM_ARCHIVE)
 	SPARK_SUBMIT_OPTS="-XX:ArchiveClassesAtExit=$(abspath $(JVM_ARCHIVE)) -Xlog:disable" \
 		$(PY) -m tests.jvm_warmup

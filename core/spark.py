@@ -8,7 +8,7 @@ shuffle partitions, no UI, modest memory.
 On Databricks the runtime's session already exists; ``get_or_create`` returns it unchanged.
 
 An S3 or GCS lakehouse also needs a Hadoop connector in the session (s3a; Google's GCS
-connector, whose jar this module fetches once: ``gcs_connector_jar``), with the settings
+connector, its classified jar resolved once by ``core.spark_jars.classified_jar``), with the settings
 ``core.storage`` derives, and jars can only be added when the JVM starts. So the lakehouse a
 process works on is passed as ``lakehouse=`` to the call that starts its session (the CLI's
 ``Pipeline`` factory and the notebooks do). A session that is already running without the
@@ -17,13 +17,10 @@ connector is refused with one sentence rather than failing later inside a stream
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import socket
 import sys
-import tempfile
-import urllib.request
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,8 +34,8 @@ from core import spark_jars
 from core.errors import UserError
 from core.handle import CHECKPOINT_INTERVAL
 from core.storage import (
+    GCS_CONNECTOR,
     GCS_CONNECTOR_SHA256,
-    GCS_CONNECTOR_URL,
     SPARK_PACKAGES,
     Lakehouse,
     on_databricks,
@@ -213,8 +210,8 @@ def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None =
             **({"spark.sql.catalogImplementation": "hive"} if metastore else {}),
             **(extra_conf or {})}
     if gcs:
-        conf["spark.jars"] = ",".join(
-            jar for jar in (conf.get("spark.jars"), str(gcs_connector_jar())) if jar)
+        connector = spark_jars.classified_jar(GCS_CONNECTOR, GCS_CONNECTOR_SHA256, conf)
+        conf["spark.jars"] = ",".join(jar for jar in (conf.get("spark.jars"), connector) if jar)
     conf[spark_jars.PACKAGES] = configure_spark_with_delta_pip(
         SparkSession.Builder(), extra_packages=list(SPARK_PACKAGES) if s3 else None
     )._options[spark_jars.PACKAGES]
@@ -226,46 +223,11 @@ def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None =
         _launch_jvm(builder, Path(output))
     spark = builder.getOrCreate()
     if starts_jvm and spark_jars.PACKAGES in start:
-        spark_jars.remember(start, spark.conf.get(spark_jars.JARS, ""))
+        spark_jars.remember(start, spark.sparkContext.getConf().get(spark_jars.LOCAL_JARS, ""))
     spark.sparkContext.setLogLevel(log_level)
     if lakehouse is not None and lakehouse.spark_filesystem:
         _require_connector(spark, lakehouse, started_here=running is None)
     return spark
-
-
-def gcs_connector_jar() -> Path:
-    """The GCS connector's shaded jar (``core.storage.GCS_CONNECTOR_URL``), fetched from
-    Maven Central on first use into the directory where ``spark.jars.packages`` leaves the
-    jars it resolves (Spark 4's Ivy home, ``~/.ivy2.5.2/jars``), under the name Spark's own
-    resolution would give it; found there afterwards. 40 MB, so fetched once, not by Spark
-    at every start as a URL in ``spark.jars`` would be. A download whose SHA-256 differs is
-    refused; two processes fetching at once each write a file of their own and rename it
-    into place. Without Maven Central, the file can be put there by hand."""
-    jars = spark_jars.IVY_HOME / "jars"
-    target = jars / ("com.google.cloud.bigdataoss_" + GCS_CONNECTOR_URL.rsplit("/", 1)[1])
-    if target.exists():
-        return target
-    jars.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=jars, prefix=".gcs-connector-", delete=False) as out:
-        digest = hashlib.sha256()
-        try:
-            with urllib.request.urlopen(GCS_CONNECTOR_URL, timeout=60) as response:
-                while chunk := response.read(1 << 20):
-                    digest.update(chunk)
-                    out.write(chunk)
-        except OSError as exc:
-            os.unlink(out.name)
-            raise UserError(f"cannot fetch Spark's GCS connector from {GCS_CONNECTOR_URL} "
-                            f"({exc}): let this machine reach Maven Central, or put that file "
-                            f"at {target}.") from None
-    if digest.hexdigest() != GCS_CONNECTOR_SHA256:
-        os.unlink(out.name)
-        raise UserError(f"the GCS connector fetched from {GCS_CONNECTOR_URL} is not the "
-                        f"expected file (SHA-256 {digest.hexdigest()}): check any proxy or "
-                        f"mirror in between, or put the right file at {target}.")
-    os.replace(out.name, target)
-    log.info("fetched Spark's GCS connector into %s", target)
-    return target
 
 
 def _require_master(master: str, timeout_s: float = 5.0) -> None:

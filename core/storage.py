@@ -26,7 +26,7 @@ the one place that turns the root into each engine's terms:
   ``gcs_base_url``). On Databricks Spark uses the runtime's ABFS and GCS connectors and the
   cluster's credentials.
 - **Spark outside Databricks on GCS** loads Google's Hadoop connector, its shaded jar
-  (``GCS_CONNECTOR_URL``, fetched once by ``core.spark``), and ``spark_conf`` turns the same
+  (``GCS_CONNECTOR``, resolved once by ``core.spark_jars``), and ``spark_conf`` turns the same
   Google variables delta-rs reads, in delta-rs's order, into the connector's ``fs.gs.*``
   settings (``gcs_spark_conf``). Delta commits there through its GCS log store, which
   delta-spark picks for ``gs://`` itself (put-if-absent). **On ADLS Gen2** it is refused
@@ -82,11 +82,10 @@ S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
 # changed (NoSuchMethodError, seen here against fake-gcs-server). 4.0.4 is the newest with files on
 # Maven Central (4.0.5 to 4.0.9 are in its metadata, without jars).
 # Spark's ``spark.jars.packages`` takes group:artifact:version and no classifier, so
-# ``core.spark`` fetches this one file itself and checks it against the SHA-256 below (taken
-# from the file whose SHA-1 is Maven Central's published one, 7ffdc04d...).
-GCS_CONNECTOR_VERSION = "4.0.4"
-GCS_CONNECTOR_URL = ("https://repo1.maven.org/maven2/com/google/cloud/bigdataoss/gcs-connector/"
-                     f"{GCS_CONNECTOR_VERSION}/gcs-connector-{GCS_CONNECTOR_VERSION}-shaded.jar")
+# ``core.spark_jars.classified_jar`` resolves this one with Spark's Ivy and checks it against
+# the SHA-256 below (taken from the file whose SHA-1 is Maven Central's published one,
+# 7ffdc04d...).
+GCS_CONNECTOR = "com.google.cloud.bigdataoss:gcs-connector:4.0.4:shaded"
 GCS_CONNECTOR_SHA256 = "dfb5832738686436e597026a8e4bab01aa22e75ebfb15d37d096981f6599d73c"
 GCS_FILESYSTEM = "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFileSystem"
 # Hadoop's FileContext API (Spark's streaming checkpoints) goes through this one.

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Installs what lakecdc needs from Debian on a fresh machine, and nothing already present:
-# make and Python 3 with venv (the README's two commands), CA certificates (pip and the
-# Maven download of the Delta jars), PostgreSQL 15 with the wal2json output plugin (for the
-# tests and the demo), a Java 17 runtime (for Spark) and, for the tests' wal2json 2.6 build,
-# gcc. On a bare machine run it directly
+# Installs what lakecdc needs from Debian's archive on a fresh machine, and nothing already
+# present: make and Python 3 with venv (the README's two commands), CA certificates (pip's
+# downloads from PyPI, Ivy's of the Delta jars from Maven Central), PostgreSQL 15 with the
+# wal2json output plugin (for the tests and the demo) and a Java 17 runtime (for Spark).
+# Nothing is compiled. On a bare machine run it directly
 # (`bash infra/install-system-deps.sh`) or install make first: `make` runs it too. Debian's postgresql package would create and start a "main" cluster
 # on port 5432; lakecdc starts its own throw-away clusters instead, so that is switched off.
 set -euo pipefail
@@ -21,11 +21,6 @@ python3 -c "import ensurepip, venv" >/dev/null 2>&1 || need+=(python3-venv)
 [ -f /usr/lib/postgresql/15/lib/wal2json.so ] || need+=(postgresql-15-wal2json)
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 command -v runuser >/dev/null 2>&1 || need+=(util-linux)
-# The tests build wal2json 2.6 as well (infra/build-wal2json-2.6.sh): a C compiler, the C
-# library's headers and curl.
-command -v gcc >/dev/null 2>&1 || need+=(gcc)
-[ -f /usr/include/stdio.h ] || need+=(libc6-dev)
-command -v curl >/dev/null 2>&1 || need+=(curl)
 
 if [ ${#need[@]} -eq 0 ]; then
     echo "system dependencies present"

@@ -27,12 +27,8 @@ def lsn_int(text: str) -> int:
 
 
 class Witness:
-    def __init__(self, dsn: str, name: str, tables: str = CAPTURED,
-                 numbers_as_text: bool = False) -> None:
-        """``numbers_as_text``: ask wal2json 2.6+ for numbers as text, as the shipper does
-        where the server has it."""
+    def __init__(self, dsn: str, name: str, tables: str = CAPTURED) -> None:
         self.dsn, self.name, self.tables = dsn, name, tables
-        self.numbers_as_text = numbers_as_text
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'wal2json')", [name])
 
@@ -44,8 +40,7 @@ class Witness:
                 "'format-version', '2', 'include-xids', '1', 'include-timestamp', '1', "
                 "'include-lsn', '1', 'add-tables', %s, "
                 "'add-msg-prefixes', 'lakecdc.backfill,lakecdc.marker', "
-                "'filter-msg-prefixes', 'lakecdc.heartbeat'"    # as the shipper asks
-                + (", 'numeric-data-types-as-string', '1')" if self.numbers_as_text else ")"),
+                "'filter-msg-prefixes', 'lakecdc.heartbeat')",   # as the shipper asks
                 [self.name, self.tables]).fetchall()
         result: dict[int, list[str]] = {}
         current: list[str] | None = None

@@ -1,7 +1,9 @@
 """A Spark start after the first takes the Delta jars the first one resolved
 (``core.spark_jars``): Ivy does not run again, and Delta works. Each start is a process of
 its own, as each ``lakecdc`` command is; their records are kept in this test's folder, so
-the first start here resolves whatever other starts recorded."""
+the first start here resolves whatever other starts recorded. The starts have a jar of
+their own in ``spark.jars`` besides, as a ``gs://`` lakehouse's have the GCS connector:
+Spark then lists the resolved jars elsewhere than in ``spark.jars``."""
 
 from __future__ import annotations
 
@@ -21,7 +23,10 @@ from core import spark_jars
 from core.spark import get_or_create
 
 spark_jars.RECORDS = Path(sys.argv[1])
-spark = get_or_create("spark-start-test", output=sys.argv[2])
+import pyspark
+own = sorted(Path(pyspark.__file__).parent.glob("jars/ivy-*.jar"))[-1]
+spark = get_or_create("spark-start-test", output=sys.argv[2],
+                      extra_conf={"spark.jars": str(own)})
 spark.range(3).write.format("delta").mode("append").save(sys.argv[3])
 print(spark.read.format("delta").load(sys.argv[3]).count())
 """
@@ -44,5 +49,6 @@ def test_a_second_start_takes_the_jars_the_first_resolved_and_delta_works(tmp_pa
     (record,) = records.iterdir()
     jars = record.read_text().split()
     assert any("delta-spark" in jar for jar in jars) and all(j.endswith(".jar") for j in jars)
+    assert not any("/ivy-" in jar for jar in jars), jars         # its own jar is not recorded
     rows, second = start(2)
     assert rows == 6 and REPORT not in second and ":: resolving" not in second, second[-3000:]
