@@ -328,7 +328,10 @@ def push_ahead(conn: psycopg.Connection, key: str, table_id: str, step,
 class AheadPush:
     """``push_ahead`` for one stream (``pipelines.run.stream.OnePass``'s ``ahead``): one
     connection kept between batches, gold's table id read once. Never raises: a dashboard
-    it cannot reach is left to the push loop, which catches it up from gold."""
+    it cannot reach is left to the push loop, which catches it up from gold. Why a step
+    was not pushed is said once, not at every batch while it lasts (a first start's steps
+    come before gold's first commit, about forty of them), and again after a step went
+    through."""
 
     def __init__(self, gold_path: str, dashboard_dsn: str,
                  storage_options: dict | None = None,
@@ -343,6 +346,7 @@ class AheadPush:
         self.key = gold_key(gold_path)
         self._table_id: str | None = None
         self._conn: psycopg.Connection | None = None
+        self._said: str | None = None          # the reason last logged, until a step goes
 
     def __call__(self, step) -> bool:
         """``push_ahead`` of ``step`` (a step, or a function of the dashboard's watermark)."""
@@ -352,13 +356,19 @@ class AheadPush:
                                            spark=self.spark).table_id
             if self._conn is None:
                 self._conn = connect(self.dsn, what="dashboard")
-            return push_ahead(self._conn, self.key, self._table_id, step,
-                              self.marks() if self.marks is not None else None, self.fence)
+            pushed = push_ahead(self._conn, self.key, self._table_id, step,
+                                self.marks() if self.marks is not None else None, self.fence)
         except (psycopg.Error, DeltaError, OSError, Unreachable, UserError,
                 *_spark_errors(self.spark)) as exc:
-            log.warning("a step was not pushed ahead of gold (the push catches up): %s", exc)
+            said = str(exc)
+            log.log(logging.DEBUG if said == self._said else logging.WARNING,
+                    "a step was not pushed ahead of gold (the push catches up): %s", said)
+            self._said = said
             self.close()
             return False
+        if pushed:
+            self._said = None
+        return pushed
 
     def close(self) -> None:
         if self._conn is not None:

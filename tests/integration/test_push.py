@@ -8,8 +8,10 @@ model's own GROUP BY, not with gold.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import socket
 
 import psycopg
 import pytest
@@ -19,7 +21,7 @@ from bronze.slot import plugin_options
 from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables
 from core.errors import UserError
 from core.storage import gold_key
-from gold.push import ensure_dashboard_tables, open_gold, push_ahead, push_once
+from gold.push import AheadPush, ensure_dashboard_tables, open_gold, push_ahead, push_once
 from tests.tests_support import ROOT, error_line, run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -434,3 +436,39 @@ def test_a_push_past_a_dashboard_moved_ahead_refreshes_every_key_a_step_ahead_wr
     apply(spark, gold, sim, done, 1)              # both transactions, one version of gold
     assert push_once(gold.gold, source_db.dsn).pushed
     assert nonzero(counts(dash)) == sim.truth()
+
+
+def test_a_step_that_cannot_go_ahead_says_why_once_and_again_after_one_went(
+        spark, gold, dash, source_db, caplog):
+    """A first start's steps come before gold exists, about forty of them; a dashboard that
+    is down fails every batch's step. Each reason is said once while it lasts, and again
+    once a step went through in between."""
+    sim = Sim()
+    sim.create(A, B)
+    done = apply(spark, gold, sim, 0, 0)
+    push_once(gold.gold, source_db.dsn)
+    sim.create(B)
+    step = planned_step(spark, gold, sim, done, 1)
+
+    def said() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.levelno == logging.WARNING
+                and "was not pushed ahead" in r.getMessage()]
+
+    caplog.set_level(logging.DEBUG, logger="lakecdc.push")
+    no_gold = AheadPush(str(gold.gold) + "_missing", source_db.dsn)
+    assert not any(no_gold(step) for _ in range(40))
+    assert len(said()) == 1 and "no gold table" in said()[0].getMessage(), said()
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    down = f"host=127.0.0.1 port={closed.getsockname()[1]} dbname=x user=x connect_timeout=2"
+    push = AheadPush(gold.gold, down)
+    assert not any(push(step) for _ in range(10))
+    push.dsn = source_db.dsn
+    assert push(step)                          # it went: the next failure is said again
+    push.close()
+    push.dsn = down
+    assert not any(push(step) for _ in range(10))
+    closed.close()
+    push.close()
+    assert len(said()) == 3, [r.getMessage() for r in said()]
