@@ -1,21 +1,42 @@
-"""lakecdc's Delta commit metadata (``commitInfo.userMetadata``): one JSON convention for
-every table the stream writes, and the one place that reads it back.
+"""What lakecdc's Delta commits record, and the one place that reads it back.
 
-Silver's appends record the stream's batch id; gold's MERGE, ``_pending`` writes, seed and
-rebuild record the batch id and the *watermark* (``commit_lsn``, ``commit_ts``: the newest
-source commit gold includes) and, for seeds and rebuilds, the *floor* (see ``gold.asof``).
-The readers take a table's history from Spark (``read_commits``) or from delta-rs
-(``read_commits_rs``, for the push and ``status``, which run without Spark).
+- **Metadata** (``commitInfo.userMetadata``): one JSON convention for every table the
+  stream writes. Silver's appends record the stream's batch id; gold's MERGE, ``_pending``
+  writes, seed and rebuild record the batch id and the *watermark* (``commit_lsn``,
+  ``commit_ts``: the newest source commit gold includes) and, for seeds and rebuilds, the
+  *floor* (see ``gold.asof``). It lives in the commit files, which log cleanup deletes, so
+  it describes (status, ``verify``'s report, time travel) and the stream never recognises a
+  replay by it. The readers take a table's history from Spark (``read_commits``) or from
+  delta-rs (``read_commits_rs``, for the push and ``status``, which run without Spark).
+- **App transactions** (``(app id, version)``, Delta's ``txn`` action): table state, like
+  the schema, so every checkpoint carries them and a cleaned log still has them. Whether a
+  table holds a batch, a step or a baseline already - what a replay is recognised by - is
+  read from them (``recorded``), never from the history: a stream stopped longer than the
+  log retention, then maintained, finds no commit of its own left there (F30).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 META_KIND = "lakecdc"
 # The most reads of a delta-rs history while commits land meanwhile (``rs_history``).
 HISTORY_READS = 20
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A Delta table's newest version and the version it records for each app id, read
+    from one snapshot of it (``recorded``)."""
+
+    version: int
+    _lookup: Callable[[str], int | None] = field(repr=False)
+
+    def version_of(self, app_id: str) -> int | None:
+        """The version the table records for ``app_id`` (None: none)."""
+        return self._lookup(app_id)
 
 
 @dataclass(frozen=True)
@@ -122,6 +143,33 @@ def last_metadata(spark, path: str, layer: str = "gold", limit: int | None = 100
     """The newest lakecdc metadata of ``layer`` in the latest ``limit`` commits of the Delta
     table at ``path`` (all of them if None); None if there is none or no table."""
     return newest(read_commits(spark, path, layer, limit))
+
+
+def recorded(spark, path: str) -> Recorded | None:
+    """What the newest snapshot of the Delta table at ``path`` (Spark's path) records, or
+    None if there is no table. A local table is read by delta-rs (as ``read_commits``:
+    no Spark job); any other through Spark (``core.spark_writes.recorded_spark``: a
+    classic session)."""
+    from core.storage import delta_rs_uri, on_databricks
+
+    if path.startswith(("/", "file:")) and not on_databricks():
+        return recorded_rs(delta_rs_uri(path))
+    from core.spark_writes import recorded_spark
+
+    return recorded_spark(spark, path)
+
+
+def recorded_rs(uri: str, storage_options: dict | None = None,
+                table=None) -> Recorded | None:
+    """``recorded`` with delta-rs, of the table at ``uri`` or of the open ``table`` (a
+    writer's kept handle) as it stands; None if there is no table."""
+    from deltalake import DeltaTable
+
+    if table is None:
+        if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
+            return None
+        table = DeltaTable(uri, storage_options=storage_options)
+    return Recorded(table.version(), table.transaction_version)
 
 
 def rs_commit(meta: str, app_id: str | None = None, version: int | None = None):

@@ -2,20 +2,29 @@
 
 ``maintain_table`` is called by the process that writes the table, between two of its own
 commits (``pipelines.maintain`` decides which tables and when), so no writer of lakecdc's
-ever races it. Each step is idempotent and is one commit or none:
+ever races it. Each step is idempotent and is one commit or none (the repair, two):
 
+0. **protocol**: a ``variantType`` that delta-rs added when an older lakecdc set a property
+   of this table is taken out (``core.protocol_repair``: two RESTOREs that change no row),
+   or the table is refused (``core.features.readable``).
 1. **compact**: files under the target size are bin-packed into files of about
    ``target_bytes`` (delta-rs ``optimize.compact``). One commit, whose removes and adds carry
    ``dataChange=false``: a streaming reader skips it and still reads each row exactly once,
    from the files it was added in.
 2. **retention**: the table's log and tombstone retentions are set to ``log_retention``
    minutes, with the writers' own log cleanup off (``log_properties``; a metadata-only
-   commit, once).
+   commit, once). Not through delta-rs at reader version 3 (a table with a
+   ``timestamp_ntz`` column): deltalake 1.6 would add table features lakecdc cannot write
+   (``core.features.properties_settable``). Such a table gets them at creation (a mirror
+   and its tail: ``silver.mirror_table.mirror_properties``); where they differ, the report
+   says so and gives the Spark statement that sets them.
 3. **checkpoint** at the new version, so the next snapshot load starts from few files.
 4. **vacuum**: the files removed more than ``retention_hours`` ago are deleted, and so are
-   files no commit ever referenced (a writer or a compaction killed before its commit, F3)
-   once they are that old: a full vacuum, which lists the table's folder - bounded, since
-   compaction and vacuum keep the folder small. Where a streaming query reads the table
+   files no commit references (a writer or a compaction killed before its commit, F3)
+   once they are that old and at least ``UNREFERENCED_HOURS``: such a file may also be a
+   writer's that has not committed yet, which a younger deletion would break. A full
+   vacuum, which lists the table's folder - bounded, since compaction and vacuum keep the
+   folder small. Where a streaming query reads the table
    (``reader_floor``: the newest version it has read whole), nothing is vacuumed while the
    oldest commit it has not read is older than the retention: every file it has still to
    read was added by such a commit, so it is live or was removed inside the retention. A
@@ -55,14 +64,22 @@ from deltalake.exceptions import DeltaError
 
 from core.config import LOG_RETENTION_MINUTES
 from core.faults import FaultPoints
-from core.features import open_table
-from core.storage import WRITE_BUFFER, filesystem, under
+from core.features import open_table, properties_settable, readable
+from core.protocol_repair import repair_protocol
+from core.storage import WRITE_BUFFER, filesystem, on_databricks, spark_path, under
 
 # Compacted files. Every file under the target is a candidate, so a run rewrites the new
 # small files and at most one partly filled file besides: the target bounds the pause. At
 # 64 MB, silver's one growing file was rewritten every run (2,000 changes/s, every 60 s:
 # 1.9-2.6 s a run, 2026-11-27); at 16 MB a file that is full is never read again.
 TARGET_BYTES = 16 << 20
+# A file no commit references is a writer's that has not committed yet (a ``tables add``
+# chunk, a MERGE's rewrite, a compaction) or one killed before its commit: vacuum cannot
+# tell them apart, so it deletes one only once no writer of lakecdc's could still be about
+# to commit it, whatever ``LAKECDC_RETENTION_HOURS`` says (0 deletes removed files at once).
+# lakecdc's writers commit within seconds to minutes of writing a file (their batches and
+# chunks are bounded).
+UNREFERENCED_HOURS = 1
 MAINTAIN_OPERATION = "maintain"        # ``lakecdc.operation`` of a compaction's commit
 MAINTENANCE_FILE = "_lakecdc_maintenance.json"     # the newest report, beside _delta_log
 
@@ -94,6 +111,12 @@ def log_properties(log_retention_minutes: int) -> dict[str, str]:
             "delta.enableExpiredLogCleanup": "false"}
 
 
+def alter_properties_sql(path: str, properties: dict[str, str]) -> str:
+    """The Spark SQL statement that sets ``properties`` on the table at (Spark's) ``path``."""
+    settings = ", ".join(f"'{k}' = '{v}'" for k, v in properties.items())
+    return f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})"
+
+
 def maintain_table(name: str, uri: str, storage_options: dict | None = None, *,
                    retention_hours: int, log_retention_minutes: int = LOG_RETENTION_MINUTES,
                    reader_floor: int | None = None, log_floor: int | None = None,
@@ -111,7 +134,10 @@ def maintain_table(name: str, uri: str, storage_options: dict | None = None, *,
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
         report.notes.append("no table yet")
         return report
-    table = open_table(uri, storage_options)
+    table = DeltaTable(uri, storage_options=storage_options)
+    repaired = repair_protocol(table, uri, storage_options)
+    table = readable(table, uri)
+    report.notes += [repaired] if repaired else []
     report.files_before = len(table.file_uris())
     held = held_by_reader(lambda v: commit_time(uri, storage_options, v), table.version(),
                           reader_floor, retention_hours, now or time.time())
@@ -122,15 +148,15 @@ def maintain_table(name: str, uri: str, storage_options: dict | None = None, *,
     report.compacted = int(small.get("numFilesRemoved", 0))
     (faults or FaultPoints()).hit("after_compaction")      # F25: killed between the steps
     table.update_incremental()
-    _keep_retention(table, log_retention_minutes)
+    unset = _keep_retention(table, uri, log_retention_minutes)
+    report.notes += [unset] if unset else []
     if report.compacted:
         table.create_checkpoint()
     if held:
         report.notes.append(f"its stream {held}: nothing vacuumed until it is within the "
                             "retention")
     else:
-        report.vacuumed = len(table.vacuum(retention_hours=retention_hours, dry_run=False,
-                                           enforce_retention_duration=False, full=True))
+        report.vacuumed = _vacuum(table, retention_hours)
     table.update_incremental()
     report.files_after = len(table.file_uris())
     note = _clean_log(uri, storage_options, table.version(),
@@ -140,6 +166,23 @@ def maintain_table(name: str, uri: str, storage_options: dict | None = None, *,
     _MAINTAINED[uri] = _MAINTAINED.get(uri, 0) + 1
     _record(uri, storage_options, report, now or time.time())
     return report
+
+
+def unreferenced_hours(retention_hours: int) -> int:
+    """How old a file no commit references must be before vacuum deletes it: the
+    retention, and never less than ``UNREFERENCED_HOURS``."""
+    return max(retention_hours, UNREFERENCED_HOURS)
+
+
+def _vacuum(table: DeltaTable, retention_hours: int) -> int:
+    """Step 4: the files commits removed more than ``retention_hours`` ago (delta-rs's lite
+    vacuum: the log's tombstones only), then, in a full vacuum, the files no commit
+    references once they are ``unreferenced_hours`` old. Returns the files deleted."""
+    removed = table.vacuum(retention_hours=retention_hours, dry_run=False,
+                           enforce_retention_duration=False, full=False)
+    unreferenced = table.vacuum(retention_hours=unreferenced_hours(retention_hours),
+                                dry_run=False, enforce_retention_duration=False, full=True)
+    return len(removed) + len(unreferenced)
 
 
 def clean_log(uri: str, storage_options: dict | None = None, *,
@@ -152,21 +195,27 @@ def clean_log(uri: str, storage_options: dict | None = None, *,
     if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
         return None
     table = open_table(uri, storage_options)
-    if _keep_retention(table, log_retention_minutes):
+    version = table.version()
+    _keep_retention(table, uri, log_retention_minutes)     # its note: at maintenance
+    if table.version() != version:
         _MAINTAINED[uri] = _MAINTAINED.get(uri, 0) + 1      # a commit beside its writer
     return _clean_log(uri, storage_options, table.version(), log_floor)
 
 
-def _keep_retention(table: DeltaTable, log_retention_minutes: int) -> bool:
+def _keep_retention(table: DeltaTable, uri: str, log_retention_minutes: int) -> str | None:
     """Set the table's ``log_properties`` where they differ (one metadata-only commit);
-    True: it committed."""
+    returns why they differ still (``properties_settable``: no commit then), or None."""
     wanted = log_properties(log_retention_minutes)
     have = table.metadata().configuration
     if all(have.get(k) == v for k, v in wanted.items()):
-        return False
+        return None
+    if not properties_settable(table):
+        return ("log retention not set: deltalake 1.6 would add table features to this "
+                "table's protocol (reader version 3: timestamp_ntz columns); set it with "
+                f"Spark: {alter_properties_sql(spark_path(uri, on_databricks()), wanted)}")
     table.alter.set_table_properties(wanted)
     table.update_incremental()
-    return True
+    return None
 
 
 def maintenances(uri: str) -> int:

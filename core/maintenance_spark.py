@@ -15,14 +15,19 @@ the caller's ``SparkWrites`` session (its settings reach no other writer). What 
    ``delta.checkpointInterval`` commits) instead of by this module. Where a stream reads the
    table, that cleanup is switched off while the version the stream restarts from is older
    than half the log retention (it would be deleted before the next maintenance could
-   stop it) and on again once the stream caught up: a stream stopped long keeps the log it
-   needs, as on delta-rs, at the cost of a longer log meanwhile.
+   stop it), its entry cannot be read, or the stream has committed at most its first batch
+   (``stream_needs_log``: where the delta-rs path cleans nothing), and on again once the
+   stream caught up: a stream stopped long keeps the log it needs, as on delta-rs, at the
+   cost of a longer log meanwhile.
 3. **checkpoint**: no explicit one (Spark has no public call for it): Delta writes them every
    ``checkpointInterval`` commits, which the tables set low (``core.handle.CHECKPOINTS``).
-4. **vacuum**: ``VACUUM delta.`path` RETAIN n HOURS`` (a full vacuum: every unreferenced
-   file older than the retention goes, a killed writer's orphans too), held while the
-   table's stream has unread commits older than the retention, as on delta-rs. Retentions
-   under Delta's 7-day check need ``retentionDurationCheck.enabled=false`` in this session.
+4. **vacuum**: ``VACUUM delta.`path` LITE RETAIN n HOURS`` (the log's removed files), then
+   a full ``VACUUM`` at ``unreferenced_hours`` (files no commit references, a killed
+   writer's orphans too, never younger than ``UNREFERENCED_HOURS``), as on delta-rs; held
+   while the table's stream has unread commits older than the retention. A lite vacuum
+   that cannot run (Delta refuses it when log entries since the last vacuum were cleaned)
+   leaves the removed files to the full one. Retentions under Delta's 7-day check need
+   ``retentionDurationCheck.enabled=false`` in this session.
 5. **the report** beside the log (``_lakecdc_maintenance.json``) is not written: the table's
    own history records each ``OPTIMIZE`` and ``VACUUM``, and ``lakecdc status`` reads it
    there (``table_size_spark``).
@@ -33,6 +38,7 @@ A kill anywhere leaves the table as it was or compacted, as there.
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 from core.config import LOG_RETENTION_MINUTES
@@ -40,10 +46,14 @@ from core.maintenance import (
     TARGET_BYTES,
     TableReport,
     TableSize,
+    alter_properties_sql,
     held_by_reader,
     log_properties,
+    unreferenced_hours,
 )
 from core.tables import is_table
+
+log = logging.getLogger("lakecdc.maintain")
 
 _SESSION = {"spark.databricks.delta.retentionDurationCheck.enabled": "false",
             "spark.databricks.delta.vacuum.logging.enabled": "true"}
@@ -90,13 +100,17 @@ def maintain_table_spark(writes, name: str, path: str, *, retention_hours: int,
     done = spark.sql(f"OPTIMIZE delta.`{path}`").first()
     report.compacted = int(done.metrics.numFilesRemoved or 0) if done is not None else 0
     _keep_retention(spark, path, log_retention_minutes,
-                    reader_floor if log_floor is None else log_floor, now)
+                    reader_floor if log_floor is None else log_floor, version, now)
     if held:
         report.notes.append(f"its stream {held}: nothing vacuumed until it is within the "
                             "retention")
     else:
         before = writes.version(path)
-        spark.sql(f"VACUUM delta.`{path}` RETAIN {int(retention_hours)} HOURS")
+        try:
+            spark.sql(f"VACUUM delta.`{path}` LITE RETAIN {int(retention_hours)} HOURS")
+        except Exception as exc:        # a log cleaned since the last vacuum: the full one
+            log.debug("lite vacuum of %s not run: %s", path, exc)
+        spark.sql(f"VACUUM delta.`{path}` RETAIN {unreferenced_hours(retention_hours)} HOURS")
         report.vacuumed = _vacuumed(spark, path, before)
     report.files_after = _live_files(spark, path)
     report.seconds = time.monotonic() - started
@@ -110,28 +124,42 @@ def clean_log_spark(writes, path: str, *, log_retention_minutes: int = LOG_RETEN
 
     if is_table(writes.spark, path):
         _keep_retention(writes.spark, path, log_retention_minutes, log_floor,
-                        now or time.time())
+                        writes.version(path), now or time.time())
     return None
 
 
 def _keep_retention(spark, path: str, log_retention_minutes: int, log_floor: int | None,
-                    now: float) -> bool:
+                    version: int, now: float) -> bool:
     """Set the table's retentions and whether Delta cleans its log (step 2) where they
     differ: one metadata-only commit; True: it committed."""
     wanted = log_properties(log_retention_minutes)
-    wanted[_CLEANUP] = "true"
-    if log_floor is not None and log_floor >= 0:
-        since = commit_time_spark(spark, path, log_floor + 1)
-        if since is not None and now - since > log_retention_minutes * 30:   # half, in s
-            wanted[_CLEANUP] = "false"
+    needed = stream_needs_log(lambda v: commit_time_spark(spark, path, v),
+                              log_retention_minutes, log_floor, version, now)
+    wanted[_CLEANUP] = "false" if needed else "true"
     from delta.tables import DeltaTable
 
     have = DeltaTable.forPath(spark, path).detail().first().properties
     if all(have.get(k) == v for k, v in wanted.items()):
         return False
-    settings = ", ".join(f"'{k}' = '{v}'" for k, v in wanted.items())
-    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")
+    spark.sql(alter_properties_sql(path, wanted))
     return True
+
+
+def stream_needs_log(committed_at, log_retention_minutes: int, log_floor: int | None,
+                     version: int, now: float) -> bool:
+    """Whether Delta's own log cleanup, left on until the next maintenance, could delete an
+    entry the table's stream reads again when it restarts (``log_floor + 1`` on): the
+    cases where the delta-rs path cleans nothing. The stream has committed at most its
+    first batch (``log_floor < 0``: a restart reads the log from where that batch began,
+    however long ago); the floor's next entry is gone or unreadable; or it is older than
+    half the log retention. None, or a stream that has read the whole table: no.
+    ``committed_at(version)`` as in ``core.maintenance.held_by_reader``."""
+    if log_floor is None or log_floor >= version:
+        return False
+    if log_floor < 0:
+        return True
+    since = committed_at(log_floor + 1)
+    return since is None or now - since > log_retention_minutes * 30        # half, in s
 
 
 def commit_time_spark(spark, path: str, version: int) -> float | None:
@@ -191,7 +219,7 @@ def _vacuumed(spark, path: str, before: int) -> int:
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    rows = (DeltaTable.forPath(spark, path).history(4).where(
+    rows = (DeltaTable.forPath(spark, path).history(8).where(
         (F.col("version") > before) & (F.col("operation") == "VACUUM END"))
         .select("operationMetrics").collect())
     return sum(int((r.operationMetrics or {}).get("numDeletedFiles") or 0) for r in rows)

@@ -21,6 +21,12 @@ time: settings set for one writer's commit never reach another's.
 
 Spark commits a MERGE that changes no row, so ``merge`` needs no stand-in commit for the
 metadata (``core.commits.merge_recorded`` does on delta-rs).
+
+What a table records for an app id (``recorded``) is read from Delta's snapshot of it in the
+JVM: Spark's Delta has no public reader of app transactions but its own skip of a recorded
+write, and a decision taken before a write (gold's step handed to the dashboard, which
+steps of ``_deltas`` gold holds) needs the number itself. The commit history would do only
+while the log keeps the commit (F30).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from __future__ import annotations
 import threading
 
 import pyarrow as pa
+
+from core.commits import Recorded
 
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -163,10 +171,57 @@ class SparkWrites:
         """The table's newest version."""
         return self._version(path)
 
+    def recorded(self, path: str) -> Recorded | None:
+        """``recorded_spark`` in this writer's session."""
+        return recorded_spark(self._spark, path)
+
     def _version(self, path: str) -> int:
         from delta.tables import DeltaTable
 
         return int(DeltaTable.forPath(self._spark, path).history(1).first()["version"])
+
+
+def recorded_spark(spark, path: str) -> Recorded | None:
+    """What the newest snapshot of the Delta table at ``path`` records
+    (``core.commits.Recorded``), read by Spark's Delta in the JVM; None if there is no table.
+
+    One snapshot, brought up to date (``DeltaLog.update`` with its defaults, whatever their
+    number), and its app transactions (``Snapshot.transactions``, the map Spark's own skip of
+    a recorded write reads). Reached through ``io.delta.tables.DeltaTable``, which every
+    distribution of Delta has, not by the name of Delta's log class. Needs a classic
+    session: Spark Connect has no JVM handle, and lakecdc's writers refuse it
+    (``core.spark.require_classic``)."""
+    from delta.tables import DeltaTable
+
+    from core.spark import is_connect
+
+    if is_connect(spark):
+        raise RuntimeError("the version a Delta table records for an app id is read in a "
+                           "classic Spark session only")
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    log = DeltaTable.forPath(spark, path)._jdt.deltaLog()
+    snapshot = log.update(*_defaults(log, "update"))
+    transactions = snapshot.transactions()
+
+    def version_of(app_id: str) -> int | None:
+        found = transactions.get(app_id)
+        return int(found.get()) if found.isDefined() else None
+
+    return Recorded(int(snapshot.version()), version_of)
+
+
+def _defaults(target, method: str) -> list:
+    """The default arguments of the Scala ``method`` of JVM object ``target`` (Scala names
+    them ``method$default$1``, …), so a call leaves each as it is."""
+    from py4j.protocol import Py4JError
+
+    found = []
+    while True:
+        try:
+            found.append(getattr(target, f"{method}$default${len(found) + 1}")())
+        except Py4JError:
+            return found
 
 
 def start_writes(config, spark_factory=None) -> SparkWrites | None:

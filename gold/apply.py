@@ -15,21 +15,23 @@ Tables (all Delta, all written only here):
   and its watermark means "exact as of this LSN").
 
 Batch ``b`` takes the six steps of docs/gold.md, "Exactly once: order of writes and
-replay": (1) return if ``_pending``'s newest commit is ``b``'s; (2) read ``_pending`` at a
+replay": (1) return if ``_pending`` records ``b`` (its app transaction); (2) read ``_pending`` at a
 pinned version (known empty, and not read, after this writer's own empty ``b-1``); (3) the
 batch's contribution lines (Arrow, on the driver), planned (``gold.plan``) and checked for stop
 conditions before any write; (4) the step - the net key deltas of the complete prefix, with
 the watermark - through delta-rs (Spark with ``LAKECDC_WRITER=spark``: ``gold.writes``):
-appended to ``_deltas``, which a fold in the background MERGEs into gold every few
-seconds (app transaction of its newest batch; ``gold.fold``), or with a fold share of 1
-MERGEd into gold with the batch (app transaction ``b``); skipped
-when gold records ``b`` already (a writer folds what ``_deltas`` holds before its first
-batch); (5) overwrite ``_pending`` with the carried rest (Spark,
-``txnAppId``/``txnVersion = b``); (6) return. A replay after a kill anywhere skips what is
-written and completes the rest (the table there); a writer starting folds the steps an
-earlier one left in ``_deltas`` first (``recover``). With ``guard=False`` (negative
-controls only) no txn is set and (1) and the check of (4) are skipped: a replay after (4)
-counts twice.
+appended to ``_deltas`` (app transaction ``step_app_id``, version = the step's
+watermark), which a fold in the background MERGEs into gold every few seconds (app
+transaction of its newest batch; ``gold.fold``), or with a fold share of 1 MERGEd into gold
+with the batch (app transaction ``b``); skipped when gold records ``b`` already (a writer
+folds what ``_deltas`` holds before its first batch); (5) overwrite ``_pending`` with the
+carried rest (Spark, ``txnAppId``/``txnVersion = b``); (6) return. A replay after a kill
+anywhere skips what is written and completes the rest (the table there); a writer starting
+folds the steps an earlier one left in ``_deltas`` first (``recover``). Every "is it
+written already" is read from app transactions, which checkpoints carry, never from the
+commits' metadata, which log cleanup deletes (F30). With ``guard=False`` (negative
+controls only) no txn is set on gold and ``_pending`` and (1) and the check of (4) are
+skipped: a replay after (4) counts twice.
 
 Limits, stated: one gold writer per table (two concurrent jobs would interleave batch ids);
 a lost or older checkpoint is refused by ``pipelines.run.stream`` rather than replayed blindly.
@@ -54,8 +56,8 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from core.captured import DIMS
-from core.commits import META_KIND, last_metadata, newest, read_commits
 from core.commits import commit_metadata as metadata
+from core.commits import last_metadata, recorded
 from core.config import GOLD_FOLD_SHARE
 from core.errors import UserError
 from core.faults import FaultPoints
@@ -65,7 +67,14 @@ from core.lsn import fmt
 from core.spark import local_frame
 from core.tables import create_table
 from gold import deltas as D
-from gold.asof import gold_state
+from gold.asof import (
+    APP_ID,
+    REBUILD_APP_ID,
+    SEED_APP_ID,
+    gold_state,
+    step_app_id,
+    txn_app_id,
+)
 from gold.fold import (
     DELTAS_PROPERTIES,
     DELTAS_SCHEMA,
@@ -79,16 +88,6 @@ from gold.plan import plan as plan_batch
 from gold.writes import gold_writes
 
 log = logging.getLogger("lakecdc.gold")
-
-APP_ID = "lakecdc-gold"
-SEED_APP_ID = "lakecdc-gold-seed"
-
-
-def txn_app_id(epoch: int | None) -> str:
-    """The Delta app id of the stream's writes. A rebuild starts the stream's checkpoint
-    afresh (``pipelines.backfill.rebuild``), so batch ids restart at 0: each such *epoch* (the rebuild's
-    floor) gets an app id of its own, whose versions Delta has not seen yet."""
-    return APP_ID if epoch is None else f"{APP_ID}@{epoch}"
 
 
 GOLD_SCHEMA = StructType([
@@ -221,11 +220,10 @@ def seed_gold(spark: SparkSession, gold_path: str, counts: DataFrame, commit_lsn
     if not DeltaTable.isDeltaTable(spark, gold_path):
         create_table(spark, gold_path, GOLD_SCHEMA, GOLD_PROPERTIES)
         (faults or FaultPoints()).hit("after_gold_create")
-    progress = last_metadata(spark, gold_path)
-    if progress is not None and progress.get("operation") == "seed" \
-            and progress.get("floor") == commit_lsn:
+    found = recorded(spark, gold_path)
+    if found.version_of(SEED_APP_ID) == commit_lsn:
         return False
-    if progress is not None:
+    if _holds_counts(found):
         raise UserError(f"gold at {gold_path} already holds counts; seed only a new table "
                         f"({D.REBUILD}).")
     now = datetime.now(timezone.utc)
@@ -243,15 +241,22 @@ def seed_gold(spark: SparkSession, gold_path: str, counts: DataFrame, commit_lsn
 
 
 def holds_counts(spark: SparkSession, gold_path: str) -> bool:
-    """Whether gold records any counts of lakecdc's: a seed, a rebuild or an applied batch.
+    """Whether gold records any counts of lakecdc's: a seed, a rebuild or an applied batch
+    (their app transactions, which outlive the commits' log entries).
 
     This, not whether the table exists, decides seeding: a process killed after creating
     gold (or ``_pending``) and before the seed's commit leaves an empty table that still
-    needs its baseline. The latest commits answer for any gold in use; only a gold without
-    lakecdc commits among them has its whole (short) history read.
+    needs its baseline.
     """
-    return (last_metadata(spark, gold_path) or last_metadata(spark, gold_path, limit=None)) \
-        is not None
+    found = recorded(spark, gold_path)
+    return found is not None and _holds_counts(found)
+
+
+def _holds_counts(found) -> bool:
+    """Whether gold, as ``found`` (``core.commits.Recorded``), records a seed, a rebuild or
+    a batch of the stream from before any rebuild (one after it records the rebuild)."""
+    return any(found.version_of(app) is not None
+               for app in (SEED_APP_ID, REBUILD_APP_ID, APP_ID))
 
 
 def seed_floor(spark: SparkSession, gold_path: str) -> int:
@@ -407,27 +412,50 @@ class GoldBatchWriter:
     def recover(self, spark: SparkSession) -> None:
         """Fold what ``_deltas`` holds and gold does not (the steps of a process that
         stopped between two folds, or of this one after a failed write), so that this
-        writer knows what ``_deltas`` holds. Gold's newest step (its batch id) tells which
-        rows it holds; a step of another epoch (the stream's, before a rebuild) is inside
-        the rebuild's baseline."""
+        writer knows what ``_deltas`` holds.
+
+        Decided by app transactions, never by the commits' metadata, which log cleanup
+        deletes (F30): gold's (``app_id``: the newest batch whose step it holds) tells which
+        rows of ``_deltas`` it holds (each row carries its batch id); ``_deltas``' own
+        (``step_app_id``: the newest step's watermark) that it holds steps of this epoch at
+        all - those of another (the stream's, before a rebuild) are inside the rebuild's
+        baseline - and the watermark the fold records. Without the guard (negative controls)
+        gold records no batch, and every row of ``_deltas`` is folded."""
         self.wait_for_fold()
-        state = gold_state(spark, self.paths.gold)
-        folded = state.batch_id if state is not None else None
-        recorded = self._writes.recorded(self.app_id, self.epoch)
-        step, rows = self._writes.deltas(spark)
+        recorded = self._writes.recorded(self.app_id) if self.guard else None
+        waiting = self._writes.deltas(step_app_id(self.epoch))
         with self._state:
             self._unfolded, self._recorded = [], recorded
-        batch_id = step.get("batch_id") if step else None
-        if batch_id is None or not self._of_this_epoch(step) \
-                or (folded is not None and batch_id <= folded):
+        if waiting.step_lsn is None:
             return
-        meta = {k: v for k, v in step.items() if k != META_KIND}
+        rows = unfolded(waiting.rows, recorded, self.floor_lsn)
+        meta = self._waiting_meta(waiting, rows, recorded)
+        if meta is None:
+            return
         with self._state:
-            self._unfolded = [Step(unfolded(rows, folded, self.floor_lsn), meta)]
+            self._unfolded = [Step(rows, meta)]
         self.fold()
 
-    def _of_this_epoch(self, step: dict) -> bool:
-        return step.get("epoch") == self.epoch
+    def _waiting_meta(self, waiting, rows: pa.Table, recorded: int | None) -> dict | None:
+        """The step metadata of a fold of ``rows``, the rows of ``_deltas`` gold does not
+        hold (``waiting``: ``gold.writes.Waiting``), or None when there is nothing to fold.
+
+        The newest step's own metadata while its commit is still in the log (its batch,
+        which may have no rows: a step of archival moves only, its time and transactions);
+        else the newest batch among the rows, with ``_deltas``' watermark. Its batch is
+        always past the one gold records: an app version never goes back."""
+        described = waiting.meta or {}
+        if described.get("commit_lsn") == waiting.step_lsn and "batch_id" in described:
+            meta = {k: described.get(k) for k in ("batch_id", "commit_ts", "transactions")}
+        elif rows.num_rows:
+            meta = {"batch_id": pc.max(rows.column("batch_id")).as_py(), "commit_ts": None,
+                    "transactions": 0}
+        else:
+            return None
+        if recorded is not None and meta["batch_id"] <= recorded:
+            return None
+        return {**meta, "commit_lsn": waiting.step_lsn, "floor": self.floor_lsn,
+                "epoch": self.epoch, "transactions": meta["transactions"] or 0}
 
     @property
     def _in_batch(self) -> bool:
@@ -510,7 +538,8 @@ class GoldBatchWriter:
             # The first step after a fold replaces what _deltas held: all in gold. (Not
             # known: appended; ``recover`` reads past what gold holds.)
             self._writes.append_step(stamped(plan.key_deltas, batch_id), metadata(**step.meta),
-                                     overwrite=waiting == [])
+                                     overwrite=waiting == [],
+                                     app=(step_app_id(self.epoch), plan.commit_lsn))
         except BaseException:
             with self._state:
                 self._unfolded = None
@@ -579,10 +608,9 @@ class GoldBatchWriter:
         writer.save(self.paths.pending)
 
     def _pending_head(self, spark: SparkSession) -> tuple[int, int | None]:
-        """(version, batch id of the newest lakecdc write or None) of ``_pending``.
-
-        Looks past a few foreign commits (an OPTIMIZE someone ran) for the batch id.
-        """
-        commits = read_commits(spark, self.paths.pending, limit=20)
-        meta = newest(commits)
-        return commits[0].version, meta.get("batch_id") if meta else None
+        """(version, the newest batch that wrote it or None) of ``_pending``: the batch is
+        the version its app transaction records (``_write_pending``), which no other commit
+        (a compaction, a rebuild's, which starts another epoch) moves and no log cleanup
+        loses."""
+        found = recorded(spark, self.paths.pending)
+        return found.version, found.version_of(self.app_id)

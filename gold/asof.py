@@ -1,12 +1,22 @@
 """Gold's position, and gold as of an earlier source LSN: shared by ``verify`` and rebuilds.
 
-Gold's commits carry lakecdc metadata (``core.commits``): the watermark
-(``commit_lsn``: gold holds every source commit up to and including it) and the *floor* -
-the consistent point of the baseline the counts started from (a seed from ``setup``'s
-snapshot, or a rebuild). The baseline's snapshot holds exactly the commits whose commit
-record starts before the consistent point, and the slot decodes those starting at or after
-it (wal2json's commit LSN is that start), so silver rows with ``commit_lsn < floor`` are
-inside the baseline and never counted again, and rows at the floor itself are not.
+Gold's *floor* is the consistent point of the baseline the counts started from (a seed from
+``setup``'s snapshot, or a rebuild). The baseline's snapshot holds exactly the commits whose
+commit record starts before the consistent point, and the slot decodes those starting at or
+after it (wal2json's commit LSN is that start), so silver rows with ``commit_lsn < floor``
+are inside the baseline and never counted again, and rows at the floor itself are not.
+
+Where each part of the position is kept:
+
+- the floor and the *epoch* (a rebuild's floor: the stream's app id after it,
+  ``txn_app_id``) in the app transactions of the seed (``SEED_APP_ID``, version = its floor)
+  and of the newest rebuild (``REBUILD_APP_ID``, version = its floor): table state, which
+  every checkpoint carries, so a gold whose log was cleaned of all its lakecdc commits still
+  has them (``baseline_of``; F30). The writer copies them into every step;
+- the *watermark* (``commit_lsn``: gold holds every source commit up to and including it) in
+  the metadata of gold's commits (``core.commits``): the newest commit recording one. It
+  describes (``verify``, ``status``, the push ahead of gold); a gold whose log holds no such
+  commit any more has none until its next step records one.
 
 Gold as of an LSN ``L`` between its floor and its watermark ``W`` is gold minus the net
 deltas of the silver transactions in ``(L, W]``: gold applies whole transactions in commit
@@ -22,8 +32,26 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from core.captured import DIMS
-from core.commits import floor_of, read_commits
+from core.commits import Recorded, floor_of, read_commits, recorded
+from core.spark import is_connect
 from gold import deltas as D
+
+APP_ID = "lakecdc-gold"
+SEED_APP_ID = "lakecdc-gold-seed"
+REBUILD_APP_ID = "lakecdc-gold-rebuild"
+
+
+def txn_app_id(epoch: int | None) -> str:
+    """The Delta app id of the stream's writes. A rebuild starts the stream's checkpoint
+    afresh (``pipelines.backfill.rebuild``), so batch ids restart at 0: each such *epoch* (the
+    rebuild's floor) gets an app id of its own, whose versions Delta has not seen yet."""
+    return APP_ID if epoch is None else f"{APP_ID}@{epoch}"
+
+
+def step_app_id(epoch: int | None) -> str:
+    """The Delta app id of the steps the stream's ``epoch`` appends to ``_deltas``; its
+    version is the newest step's watermark (``gold.apply.GoldBatchWriter.recover``)."""
+    return f"{APP_ID}-step" if epoch is None else f"{APP_ID}-step@{epoch}"
 
 
 @dataclass(frozen=True)
@@ -32,37 +60,48 @@ class GoldState:
     watermark: int | None        # newest source commit gold includes (None: none yet)
     watermark_ts: str | None
     floor: int                   # baseline LSN (0: counted from an empty start)
-    batch_id: int | None         # newest stream batch applied since the last rebuild
     epoch: int | None = None     # the rebuild that started the stream's checkpoint afresh
+
+
+def baseline_of(found: Recorded) -> tuple[int, int | None]:
+    """(floor, epoch) of the gold table ``found`` was read from: its newest rebuild's
+    consistent point for both, else its seed's floor and no epoch; (0, None) for neither."""
+    rebuilt = found.version_of(REBUILD_APP_ID)
+    if rebuilt is not None:
+        return rebuilt, rebuilt
+    return found.version_of(SEED_APP_ID) or 0, None
 
 
 def gold_state(spark: SparkSession, gold_path: str, version: int | None = None,
                limit: int = 1000) -> GoldState | None:
-    """Position of gold at ``version`` (latest if None); None if gold does not exist."""
+    """Position of gold at ``version`` (latest if None); None if gold does not exist.
+
+    The floor and the epoch of the latest version are its app transactions'
+    (``baseline_of``). Those of an earlier version (time travel, which needs that version's
+    log anyway) and, on Spark Connect (no reader of app transactions), of the latest come
+    from the newest commits' metadata that record them; so does the watermark."""
     if not DeltaTable.isDeltaTable(spark, gold_path):
         return None
     commits = read_commits(spark, gold_path, limit=limit, up_to=version)
-    if not commits:
+    found = recorded(spark, gold_path) if version is None and not is_connect(spark) else None
+    if not commits and found is None:
         raise ValueError(f"gold at {gold_path} has no version {version}")
-    watermark = ts = batch = floor = epoch = None
-    batches_done = False         # a rebuild restarts the batch ids: look no further back
+    watermark = ts = floor = epoch = None
     for commit in commits:
         meta = commit.meta
         if not meta:
             continue
         if watermark is None and meta.get("commit_lsn") is not None:
             watermark, ts = int(meta["commit_lsn"]), meta.get("commit_ts")
-        if not batches_done and meta.get("batch_id") is not None:
-            batch, batches_done = int(meta["batch_id"]), True
-        if meta.get("operation") == "rebuild":
-            batches_done = True
         if epoch is None and meta.get("epoch") is not None:
             epoch = int(meta["epoch"])
         if floor is None:
             floor = floor_of(meta)
-        if watermark is not None and batches_done and floor is not None:
+        if watermark is not None and floor is not None:
             break
-    return GoldState(commits[0].version, watermark, ts, floor or 0, batch, epoch)
+    if found is None:
+        return GoldState(commits[0].version, watermark, ts, floor or 0, epoch)
+    return GoldState(found.version, watermark, ts, *baseline_of(found))
 
 
 def silver_range(spark: SparkSession, silver_path: str, first: int, last: int) -> DataFrame:

@@ -12,11 +12,12 @@ every batch before; a large one every several seconds. Folds run in the backgrou
 the batches (``gold.apply``).
 
 Rows of ``_deltas`` (``DELTAS``): a key, its net delta and newest commit in one batch, and
-the batch id. Each append's commit carries the batch's step (``commit_lsn``, ``commit_ts``,
-``floor``, ``epoch``, ``batch_id``: ``gold.apply``) and the app transaction of the batch;
-the fold's MERGE carries the step of the newest batch it folds. Gold's newest step
-(``batch_id``) says which rows are folded: those of that batch and before. The first append
-after a fold overwrites ``_deltas``, which then holds only what is not folded yet.
+the batch id. Each append's commit carries the batch's step in its metadata
+(``commit_lsn``, ``commit_ts``, ``floor``, ``epoch``, ``batch_id``: ``gold.apply``) and the
+step's watermark in an app transaction (``gold.asof.step_app_id``); the fold's MERGE
+carries the step of the newest batch it folds, and that batch in gold's app transaction,
+which says which rows are folded: those of that batch and before. The first append after a
+fold overwrites ``_deltas``, which then holds only what is not folded yet.
 
 Pure Arrow here; the writes are ``gold.apply``'s.
 """

@@ -5,8 +5,13 @@ and its ``foreachBatch`` writer, floored at gold's baseline.
   rows below it are already counted, so the writer skips them (``floor_lsn``). This is what
   lets a rebuilt gold go on from the stream's checkpoint: the rows of every batch the
   stream replays or plays next that are older than the rebuild's baseline are inside it.
-- each rebuild is an *epoch* with a Delta app id of its own (``gold.apply.txn_app_id``), so
+- each rebuild is an *epoch* with a Delta app id of its own (``gold.asof.txn_app_id``), so
   the batch ids the stream goes on with never collide with what Delta recorded before it.
+
+The floor and the epoch are read from the seed's and the newest rebuild's app transactions
+(``gold.asof.baseline_of``), and what gold has applied from the stream's (``applied_batch``):
+table state that checkpoints carry, so a pipeline stopped longer than the log retention and
+maintained meanwhile starts from the same floor, epoch and batches (F30).
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ from __future__ import annotations
 import logging
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
-from core.commits import last_metadata
+from core.commits import recorded
 from core.config import GOLD_FOLD_SHARE
 from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables
-from gold.asof import gold_state
+from gold.asof import baseline_of, gold_state, step_app_id, txn_app_id
 from gold.deltas import COUNTED, CountedTables
 
 log = logging.getLogger("lakecdc.gold")
@@ -36,13 +42,24 @@ def prepare_gold(spark: SparkSession, paths: GoldPaths, faults=None) -> None:
 
 
 def applied_batch(spark: SparkSession, paths: GoldPaths) -> int | None:
-    """The newest stream batch id gold, ``_pending`` or ``_deltas`` records (None: none
-    since the last seed or rebuild)."""
-    recorded = [m.get("batch_id") for m in (last_metadata(spark, paths.gold),
-                                            last_metadata(spark, paths.pending),
-                                            last_metadata(spark, paths.deltas)) if m]
-    recorded = [b for b in recorded if b is not None]
-    return max(recorded) if recorded else None
+    """The newest stream batch id gold, ``_pending`` or ``_deltas`` records for the stream
+    of gold's epoch (None: none since the last seed or rebuild): the version gold's and
+    ``_pending``'s app transaction records, and the newest batch among ``_deltas``' rows
+    while it holds steps of that epoch (its own app transaction). Never the commits'
+    metadata, which log cleanup deletes (F30)."""
+    gold = recorded(spark, paths.gold)
+    if gold is None:
+        return None
+    _, epoch = baseline_of(gold)
+    batches = [gold.version_of(txn_app_id(epoch))]
+    pending = recorded(spark, paths.pending)
+    if pending is not None:
+        batches.append(pending.version_of(txn_app_id(epoch)))
+    deltas = recorded(spark, paths.deltas)
+    if deltas is not None and deltas.version_of(step_app_id(epoch)) is not None:
+        batches.append(spark.read.format("delta").load(paths.deltas)
+                       .agg(F.max("batch_id")).first()[0])
+    return max((b for b in batches if b is not None), default=None)
 
 
 def gold_writer(spark: SparkSession, paths: GoldPaths, *, tables: CountedTables = COUNTED,

@@ -1,11 +1,13 @@
 """Gold's own commits on one engine: delta-rs (the default) or Spark's Delta
-(``LAKECDC_WRITER=spark``, where only Spark reaches storage: issue 37).
+(``LAKECDC_WRITER=spark``, where only Spark reaches storage).
 
 ``gold.apply.GoldBatchWriter`` decides what to commit and when (a batch's step appended to
 ``_deltas``, a fold MERGEd into ``service_stats``, the app transaction and metadata of
 each); this module is the one place that knows how each engine commits it and reads back
 what a writer needs when it starts (``recover``). Both engines carry the same metadata
-(``core.commits``) and the same app transaction, so either reads what the other wrote.
+(``core.commits``) and the same app transactions, so either reads what the other wrote.
+What a table holds is read from its app transactions, which checkpoints carry; the
+metadata, which log cleanup deletes with its commit, only describes (F30).
 
 - ``RsGoldWrites``: delta-rs, a kept handle per table (``core.handle``). delta-rs records
   an app transaction but skips nothing (``GoldBatchWriter`` checks first), and commits no
@@ -13,24 +15,41 @@ what a writer needs when it starts (``recover``). Both engines carry the same me
   (``core.commits.merge_recorded``).
 - ``SparkGoldWrites``: Spark (``core.spark_writes``), in a session per table, so a fold in
   the background never waits for a step's append. Spark skips a commit whose app version it
-  has recorded, and commits every MERGE. No JVM handle reads the version gold records for an
-  app id (Databricks renames Delta's classes): it is the batch id of gold's newest fold of
-  that epoch, which every fold carrying the app transaction also carries in its metadata.
+  has recorded, and commits every MERGE; the versions a table records are read from Delta's
+  snapshot in the JVM (``core.spark_writes.recorded_spark``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import pyarrow as pa
 
 from core.captured import DIMS
-from core.commits import merge_recorded, newest, read_commits, read_commits_rs, rs_commit
+from core.commits import (
+    merge_recorded,
+    newest,
+    read_commits,
+    read_commits_rs,
+    recorded_rs,
+    rs_commit,
+)
 from core.handle import WriterHandle
 from core.storage import delta_rs_uri
 
-# How far back a start looks for the newest step or fold (maintenance commits between them).
+# How far back a start looks for the metadata of ``_deltas``' newest step (its time, its
+# transactions: descriptions only; maintenance commits between them).
 HISTORY = 100
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """What ``_deltas`` holds when a writer starts (``GoldWrites.deltas``)."""
+
+    step_lsn: int | None        # the newest step's watermark (its app transaction; None: none)
+    meta: dict | None           # the newest lakecdc metadata of its history, if still there
+    rows: pa.Table              # its rows (``gold.fold.DELTAS``)
 
 # The fold's MERGE: a key's count moves by its delta; a new key starts at it.
 _UPDATE = {"count": "{t}.count + s.delta",
@@ -49,19 +68,21 @@ def _update(target: str) -> dict:
 
 
 class GoldWrites(Protocol):
-    def append_step(self, rows: pa.Table, meta: str, overwrite: bool) -> None:
-        """Append a step's rows to ``_deltas`` (``overwrite``: replace what it holds)."""
+    def append_step(self, rows: pa.Table, meta: str, overwrite: bool,
+                    app: tuple[str, int]) -> None:
+        """Append a step's rows to ``_deltas`` (``overwrite``: replace what it holds) in one
+        commit with ``meta`` and the app transaction ``app``."""
 
     def fold(self, source: pa.Table, meta: str, app: tuple[str, int] | None) -> dict:
         """MERGE key deltas (``KEY_DELTA_COLUMNS`` + ``updated_at``) into gold in one commit
         with ``meta`` and ``app``; delta-rs's MERGE metrics."""
 
-    def recorded(self, app_id: str, epoch: int | None) -> int | None:
-        """The newest version gold records for ``app_id``, the app id of the stream's
-        ``epoch`` (``gold.apply.txn_app_id``)."""
+    def recorded(self, app_id: str) -> int | None:
+        """The version gold records for ``app_id`` (its app transaction)."""
 
-    def deltas(self, spark) -> tuple[dict | None, pa.Table]:
-        """The newest lakecdc metadata of ``_deltas`` and the rows it holds."""
+    def deltas(self, step_app_id: str) -> Waiting:
+        """What ``_deltas`` holds, its newest step's watermark recorded for
+        ``step_app_id``."""
 
 
 class RsGoldWrites:
@@ -70,12 +91,13 @@ class RsGoldWrites:
         self._gold = WriterHandle(delta_rs_uri(gold), storage_options)
         self._deltas = WriterHandle(delta_rs_uri(deltas), storage_options)
 
-    def append_step(self, rows: pa.Table, meta: str, overwrite: bool) -> None:
+    def append_step(self, rows: pa.Table, meta: str, overwrite: bool,
+                    app: tuple[str, int]) -> None:
         from deltalake import write_deltalake
 
         with self._deltas.use() as table:
             write_deltalake(table, rows, mode="overwrite" if overwrite else "append",
-                            commit_properties=rs_commit(meta))
+                            commit_properties=rs_commit(meta, *app))
 
     def fold(self, source: pa.Table, meta: str, app: tuple[str, int] | None) -> dict:
         commit = rs_commit(meta, *(app or (None, None)))
@@ -86,15 +108,16 @@ class RsGoldWrites:
                      .when_not_matched_insert(updates=_INSERT))
             return merge_recorded(table, merge, commit)
 
-    def recorded(self, app_id: str, epoch: int | None) -> int | None:
+    def recorded(self, app_id: str) -> int | None:
         with self._gold.use() as table:
-            return table.transaction_version(app_id)
+            return recorded_rs(table.table_uri, table=table).version_of(app_id)
 
-    def deltas(self, spark) -> tuple[dict | None, pa.Table]:
+    def deltas(self, step_app_id: str) -> Waiting:
         with self._deltas.use() as table:
-            step = newest(read_commits_rs(table.table_uri, self.storage_options,
+            meta = newest(read_commits_rs(table.table_uri, self.storage_options,
                                           limit=HISTORY))
-            return step, table.to_pyarrow_table()
+            return Waiting(recorded_rs(table.table_uri, table=table).version_of(step_app_id),
+                           meta, table.to_pyarrow_table())
 
 
 class SparkGoldWrites:
@@ -105,26 +128,22 @@ class SparkGoldWrites:
         self._folds = spark_writes
         self._steps = SparkWrites(spark_writes.spark)
 
-    def append_step(self, rows: pa.Table, meta: str, overwrite: bool) -> None:
-        self._steps.append(self.deltas_path, rows, meta=meta, overwrite=overwrite)
+    def append_step(self, rows: pa.Table, meta: str, overwrite: bool,
+                    app: tuple[str, int]) -> None:
+        self._steps.append(self.deltas_path, rows, meta=meta, overwrite=overwrite, app=app)
 
     def fold(self, source: pa.Table, meta: str, app: tuple[str, int] | None) -> dict:
         return self._folds.merge(self.gold, source, _on("t"), update=_update("t"),
                                  insert=_INSERT, meta=meta, app=app)
 
-    def recorded(self, app_id: str, epoch: int | None) -> int | None:
-        for commit in read_commits(self._folds.spark, self.gold, limit=HISTORY):
-            meta = commit.meta or {}
-            if meta.get("operation") == "rebuild":      # a rebuild starts another epoch
-                return None
-            if meta.get("batch_id") is not None and meta.get("epoch") == epoch:
-                return int(meta["batch_id"])
-        return None
+    def recorded(self, app_id: str) -> int | None:
+        return self._folds.recorded(self.gold).version_of(app_id)
 
-    def deltas(self, spark) -> tuple[dict | None, pa.Table]:
+    def deltas(self, step_app_id: str) -> Waiting:
         session = self._steps.spark
-        step = newest(read_commits(session, self.deltas_path, limit=HISTORY))
-        return step, session.read.format("delta").load(self.deltas_path).toArrow()
+        meta = newest(read_commits(session, self.deltas_path, limit=HISTORY))
+        return Waiting(self._steps.recorded(self.deltas_path).version_of(step_app_id), meta,
+                       session.read.format("delta").load(self.deltas_path).toArrow())
 
 
 def gold_writes(gold: str, deltas: str, storage_options: dict | None = None,

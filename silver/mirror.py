@@ -22,7 +22,9 @@ docs/silver.md, "Mirrors", is the user's account; the rules, per micro-batch of 
   or Spark does, where only Spark reaches storage (``silver.mirror_store.SparkMirrors``);
   two tables at a time (``MirrorWriter._tables``). It sets
   final rows, not increments, so re-applying a batch after a kill (before the query's
-  checkpoint commit) leaves the same mirror; its Delta app transaction ``lakecdc-mirror``,
+  checkpoint commit) leaves the same mirror; its Delta app transaction
+  ``lakecdc-mirror@<query id>`` (``silver.mirror_store.txn_app_id``: batch ids count within
+  one checkpoint, so a new one, over a silver made anew, has an app id of its own),
   version = batch id (times ``PARTS``, plus the part), is checked first, so the tables
   already merged are skipped without writing.
 - A mirror whose MERGE is slow (a big table, ``LAKECDC_MIRROR_MERGE_S``) takes a plain
@@ -58,6 +60,7 @@ from pyspark.sql.types import (
 )
 
 from core.commits import commit_metadata
+from core.config import LOG_RETENTION_MINUTES
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.lsn import fmt
@@ -89,12 +92,14 @@ from silver.mirror_store import (  # noqa: F401  (merge_changes, q: this module'
     merge_changes,
     mirrored_columns,
     q,
+    txn_app_id,
 )
 from silver.mirror_table import (  # noqa: F401  (this module's names too)
     KEY_PROPERTY,
     PROPERTIES,
     SEED_APP_ID,
     TableSpec,
+    mirror_properties,
 )
 from silver.mirror_types import BAD_VALUE, spark_type, typed
 
@@ -103,6 +108,7 @@ log = logging.getLogger("lakecdc.mirror")
 TIME_ZONE = "spark.sql.session.timeZone"     # the typing session keeps the query's
 TABLE_THREADS = 2        # tables merged at a time (``MirrorWriter._tables``)
 ROW = "__lakecdc_row"    # a row's place in ``typed_rows``'s input
+QUERY_ID = "sql.streaming.queryId"      # Spark's local property: the running query's id
 _EXISTS, _HAS = EXISTS, HAS_PREFIX
 
 
@@ -112,10 +118,13 @@ def mirror_schema(columns: list[tuple[str, str]]) -> StructType:
                        StructField(COMMIT_TS, TimestampType())])
 
 
-def create_mirror(spark: SparkSession, path: str, spec: TableSpec) -> None:
-    """Create the mirror of ``spec`` at ``path`` unless it exists (idempotent)."""
+def create_mirror(spark: SparkSession, path: str, spec: TableSpec,
+                  log_retention_minutes: int = LOG_RETENTION_MINUTES) -> None:
+    """Create the mirror of ``spec`` at ``path`` unless it exists (idempotent), its log kept
+    ``log_retention_minutes`` (``mirror_properties``)."""
     create_table(spark, path, mirror_schema(list(spec.columns)),
-                 {**PROPERTIES, KEY_PROPERTY: json.dumps(list(spec.key)),
+                 {**mirror_properties(log_retention_minutes),
+                  KEY_PROPERTY: json.dumps(list(spec.key)),
                   TYPES_PROPERTY: json.dumps(dict(spec.columns))},
                  comment=f"lakecdc mirror of {spec.name}")
 
@@ -291,6 +300,7 @@ class MirrorWriter:
         self.run = self.merged                  # what ``pipelines.run.stream.await_stream`` returns
         self._typing_session: SparkSession | None = None
         self._busy = threading.Lock()           # held through each batch (``idle``)
+        self._app = APP_ID                      # the batch's app id (``batch_app_id``)
 
     def __getstate__(self) -> dict:
         """Without its lock (Spark Connect pickles a ``foreachBatch`` function)."""
@@ -330,6 +340,7 @@ class MirrorWriter:
             raise
 
     def _batch(self, batch: DataFrame, batch_id: int) -> None:
+        self._app = batch_app_id(batch)
         rows = self.store.rows(batch)
         failed = first_failure(rows, self.accept_errors_upto)
         if failed:
@@ -482,10 +493,14 @@ class MirrorWriter:
         meta = commit_metadata("mirror", batch_id=batch_id, part=part, truncated=truncate,
                                **held)
         plain = not truncate and not moved and "replayed" not in held
-        if not self.store.merge(MergeJob(path, batch_id * PARTS + part, meta, source, key,
-                                         types, truncate, plain)):
-            return                                      # merged before a kill: a replay
-        self.faults.hit("after_mirror_merge")
+        merged = self.store.merge(MergeJob(path, batch_id * PARTS + part, meta, source, key,
+                                           types, truncate, plain, self._app))
+        if merged:
+            self.faults.hit("after_mirror_merge")
+        if "replayed" in held:
+            # After the MERGE (or its replay, skipped): a kill between the two replays the
+            # batch, whose MERGE is then skipped and this recorded.
+            self.store.mark_replayed(path, held["replayed"], meta)
 
     def _typing(self, spark: SparkSession) -> SparkSession:
         """The session the MERGE sources are typed in: one of its own (``newSession``:
@@ -534,6 +549,13 @@ class MirrorWriter:
         if path not in self._shapes:
             self._shapes[path] = self.store.shape(path)
         return self._shapes[path]
+
+
+def batch_app_id(batch: DataFrame) -> str:
+    """The app id of the mirrors' writes for ``batch`` (``txn_app_id``): of the query running
+    it, a ``foreachBatch`` call in the query's thread, whose id its checkpoint keeps - the
+    same across restarts from that checkpoint, another with a new one."""
+    return txn_app_id(batch.sparkSession.sparkContext.getLocalProperty(QUERY_ID))
 
 
 def _no_rows(rows: pa.Table) -> pa.Table:

@@ -6,15 +6,27 @@ MERGE is recorded already, and who commits the MERGE:
 
 - ``RsMirrors`` (the default): the batch's Parquet files read by pyarrow where they are local
   (``silver.writer.batch_rows``), and a delta-rs MERGE on a kept table handle, whose app
-  transaction ``lakecdc-mirror`` is read first (delta-rs skips no replay by itself); or,
-  for a mirror whose MERGE is slow (a big table), an append of the MERGE's source to the
-  mirror's tail, folded into its table in the background (``silver.mirror_pending``);
+  transaction ``lakecdc-mirror@<query id>`` is read first (delta-rs skips no replay by
+  itself); or, for a mirror whose MERGE is slow (a big table), an append of the MERGE's
+  source to the mirror's tail, folded into its table in the background
+  (``silver.mirror_pending``);
 - ``SparkMirrors`` (``LAKECDC_WRITER=spark``: only Spark holds the storage credentials): the
   batch collected by Spark (``toArrow``), and the MERGE committed by ``core.spark_writes``
   with the same metadata and app transaction. Spark itself skips a MERGE whose version is
-  recorded; the writer's own check (the newest mirror commit's batch and part, read from
-  the table's history once, then kept: the mirrors' query is its tables' only writer) saves
-  typing a replayed batch.
+  recorded; the writer's own check (the app transaction of the table and its tail, read
+  through the session's Delta log once, then kept: the mirrors' query is its tables' only
+  writer) saves typing a replayed batch.
+
+The app id carries the query's *epoch*: ``lakecdc-mirror@<query id>``, the id Spark keeps
+in the mirrors' checkpoint (``txn_app_id``). Batch ids are numbered within one checkpoint,
+and a new one numbers from 0 again (silver made anew, ``pipelines.run.mirrors.start_mirrors``,
+or a checkpoint removed): under one app id its batches would be taken for the old ones that
+the mirrors record and skipped. A tail's rows of another epoch are folded before the tail
+takes one of this epoch's (their versions are not comparable).
+
+Whether a replay is due is read from app transactions too (``due_replay``), never from the
+table's history: a checkpoint carries them, while log cleanup deletes the commits whose
+metadata said the same.
 
 Both MERGEs are ``merge_clauses``: the rules are written once. Switched off (the
 ``mirror_txn`` guard, a negative control only), neither check runs and the Spark MERGE
@@ -35,6 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from core.commits import commit_metadata, merge_recorded, parse_commit_metadata, rs_commit
+from core.config import LOG_RETENTION_MINUTES
 from core.handle import WriterHandle
 from core.storage import delta_rs_uri
 from silver.mirror_fold import MIRROR_COLUMNS
@@ -53,8 +66,12 @@ from silver.mirror_table import (  # noqa: F401
     COMMIT_TS,
     EXISTS,
     HAS_PREFIX,
+    LOAD_APP_ID,
     PROPERTIES,
+    REPLAYED_APP_ID,
+    SEED_APP_ID,
     TYPES_PROPERTY,
+    mirror_properties,
     mirror_shape_of,
     mirrored_columns,
 )
@@ -63,7 +80,16 @@ log = logging.getLogger("lakecdc.mirror")
 
 APP_ID = "lakecdc-mirror"
 PARTS = 1_000_000       # txn version = batch id * PARTS + the part of the batch (chain_cuts)
-HISTORY = 100           # commits searched for the newest MERGE's batch (Spark)
+# Commits searched for the metadata of a tail's newest batch, which its fold carries into
+# the table (``_batch_meta``; ``pipelines.verify.mirrors`` reads it); no decision reads it.
+HISTORY = 100
+
+
+def txn_app_id(epoch: str | None) -> str:
+    """The app id of the mirrors' writes in ``epoch``: the id of the query (its checkpoint)
+    whose batch ids their versions count (None: an app id without one, for a caller with no
+    query)."""
+    return APP_ID if epoch is None else f"{APP_ID}@{epoch}"
 
 
 def q(name: str) -> str:
@@ -125,9 +151,10 @@ class MergeJob:
     types: dict[str, str]
     truncate: bool = False
     # Neither a TRUNCATE, nor a key moved (whose source reads the mirror's table), nor the
-    # changes held while the table loaded (``replay_due`` reads the table's own commits):
-    # such a part may go to the tail (``silver.mirror_pending``).
+    # changes held while the table loaded (recorded beside the table's own MERGE,
+    # ``mark_replayed``): such a part may go to the tail (``silver.mirror_pending``).
     plain: bool = False
+    app: str = APP_ID               # its app transaction's id: the query's (``txn_app_id``)
 
 
 @dataclass
@@ -151,11 +178,14 @@ class Folded:
 
 
 def fold_tail(path: str, storage_options: dict | None, key: tuple[str, ...],
-              types: dict[str, str]) -> Folded | None:
+              types: dict[str, str], app: str | None = None) -> Folded | None:
     """MERGE the mirror's tail, as it is now, into its table (``silver.mirror_pending``:
     its rows folded to one per key), both opened anew (a thread of its own may run it);
-    None when the tail is empty. The MERGE carries the app transaction of the tail's
-    newest version and that batch's metadata (``pipelines.verify.mirrors`` reads it)."""
+    None when the tail is empty. The MERGE carries that batch's metadata
+    (``pipelines.verify.mirrors`` reads it) and the app transaction ``app`` at the tail's
+    newest version where the tail's rows are ``app``'s (the query's epoch): rows of
+    another epoch are folded without it, since their versions count other batch ids.
+    Either way the tail keeps the transactions of its appends."""
     from deltalake import DeltaTable
 
     from core.features import open_table
@@ -168,27 +198,34 @@ def fold_tail(path: str, storage_options: dict | None, key: tuple[str, ...],
     top = int(pc.max(rows[VERSION]).as_py())
     meta = _batch_meta([c.get("userMetadata") for c in tail.history(HISTORY)], top)
     table = open_table(delta_rs_uri(path), storage_options)
+    ours = app is not None and tail.transaction_version(app) is not None
     merge_changes(table, fold_pending(rows, key, mirrored_columns(key, types)), key, types,
-                  rs_commit(meta, APP_ID, top))
+                  rs_commit(meta, app, top) if ours else rs_commit(meta))
     return Folded(path, top, rows.num_rows, time.monotonic() - start)
 
 
 class RsMirrors:
     """The mirrors' tables through delta-rs (see the module's text): one kept handle per
     mirror and per tail. A mirror whose MERGE took more than ``merge_s`` seconds takes its
-    next batches into its tail, folded by ``fold_due`` (``silver.mirror_pending``)."""
+    next batches into its tail, folded by ``fold_due`` (``silver.mirror_pending``); a tail is
+    created with its log kept ``log_retention_minutes`` (``mirror_properties``)."""
 
     writes = None                   # no Spark writer: every read and write is delta-rs's
 
     def __init__(self, storage_options: dict | None = None, guard: bool = True,
-                 merge_s: float = float("inf")) -> None:
+                 merge_s: float = float("inf"),
+                 log_retention_minutes: int = LOG_RETENTION_MINUTES) -> None:
         self.storage_options = storage_options
         self.guard = guard
         self.merge_s = merge_s
+        self.log_retention_minutes = log_retention_minutes
         self._handles: dict[str, WriterHandle] = {}
         self._tails: dict[str, Tail] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._folding: tuple[str, Future] | None = None    # a fold in the background
+        # The app id of the query's epoch, once a batch brought it (``MergeJob.app``): the
+        # folds' MERGEs record it where the tail's rows are of that epoch.
+        self.app: str | None = None
 
     def rows(self, batch) -> pa.Table:
         from silver.writer import batch_rows
@@ -196,20 +233,23 @@ class RsMirrors:
         return batch_rows(batch, MIRROR_COLUMNS)
 
     def merge(self, job: MergeJob) -> bool:
-        """Commit ``job`` unless its version is recorded (in the mirror's table or its
-        tail); False: a replay, skipped."""
+        """Commit ``job`` unless its version is recorded for its app id (in the mirror's
+        table or its tail); False: a replay, skipped."""
+        self.app = job.app
         tail = self._tail(job.path)
         if self.guard:
-            recorded = self._recorded(job.path, tail)
+            recorded = self._recorded(job.path, tail, job.app)
             if recorded is not None and recorded >= job.version:
                 return False                            # merged before a kill: a replay
         if job.plain and (tail.rows or self.merge_s == 0 or tail.cost > self.merge_s):
+            if tail.rows and self._tail_version(job.path, job.app) is None:
+                self.fold(job.path)     # rows of another epoch: their versions go first
             self._append(job, tail)
             return True
         self.fold(job.path)
         start = time.monotonic()
         with self._handle(job.path).use() as table:
-            commit = rs_commit(job.meta, APP_ID, job.version)
+            commit = rs_commit(job.meta, job.app, job.version)
             merge_changes(table, job.source(), job.key, job.types, commit, job.truncate)
         tail.cost = time.monotonic() - start
         return True
@@ -222,7 +262,7 @@ class RsMirrors:
         self._settle(wait=True, path=path)
         if self._tail(path).rows:
             key, types = self.shape(path)
-            self._folded(fold_tail(path, self.storage_options, key, types))
+            self._folded(fold_tail(path, self.storage_options, key, types, self.app))
 
     def fold_due(self, paths: Iterable[str] = ()) -> None:
         """Between two batches: collect a fold that ended; else, none running, start one
@@ -243,7 +283,8 @@ class RsMirrors:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="lakecdc-fold")
                 self._folding = (path, self._pool.submit(fold_tail, path,
-                                                         self.storage_options, key, types))
+                                                         self.storage_options, key, types,
+                                                         self.app))
                 return
 
     def fold_all(self, paths: Iterable[str] = ()) -> None:
@@ -304,12 +345,12 @@ class RsMirrors:
             base = pa.schema(table.schema().to_arrow())
         rows = as_tail(job.source(), tail_schema(base, job.key, mirrored_columns(
             job.key, job.types)), job.version)
-        commit = rs_commit(job.meta, APP_ID, job.version)
+        commit = rs_commit(job.meta, job.app, job.version)
         uri = pending_path(job.path)
         if not tail.exists:
             write_deltalake(delta_rs_uri(uri), rows, mode="append", schema_mode="merge",
                             commit_properties=commit, storage_options=self.storage_options,
-                            configuration=dict(PROPERTIES))
+                            configuration=mirror_properties(self.log_retention_minutes))
             tail.exists = True
         else:
             with self._handle(uri).use() as pending:
@@ -328,13 +369,19 @@ class RsMirrors:
             self._tails[path] = Tail(exists, rows, folded_at=time.monotonic())
         return self._tails[path]
 
-    def _recorded(self, path: str, tail: Tail) -> int | None:
+    def _recorded(self, path: str, tail: Tail, app: str) -> int | None:
         with self._handle(path).use() as table:
-            versions = [table.transaction_version(APP_ID)]
+            versions = [table.transaction_version(app)]
         if tail.exists:
-            with self._handle(pending_path(path)).use() as pending:
-                versions.append(pending.transaction_version(APP_ID))
+            versions.append(self._tail_version(path, app))
         return max((v for v in versions if v is not None), default=None)
+
+    def _tail_version(self, path: str, app: str) -> int | None:
+        """The newest version of ``app`` the mirror's tail took (None: none, or no tail)."""
+        if not self._tail(path).exists:
+            return None
+        with self._handle(pending_path(path)).use() as pending:
+            return pending.transaction_version(app)
 
     def changed_beside(self, path: str) -> None:
         """Another writer committed to the mirror beside the kept handles: Spark (a column
@@ -354,21 +401,36 @@ class RsMirrors:
                                           storage_options=self.storage_options)
                                .metadata().configuration)
 
-    def seed_state(self, path: str, app_id: str) -> tuple[int | None, dict[str, str]]:
-        """The version of ``app_id`` the mirror records (its initial rows) and its
-        column → Postgres type."""
-        from deltalake import DeltaTable
-
-        table = DeltaTable(delta_rs_uri(path), storage_options=self.storage_options)
-        return (table.transaction_version(app_id),
+    def seed_state(self, path: str) -> tuple[int | None, dict[str, str]]:
+        """The point of the mirror's initial rows (``start_point``) and its column →
+        Postgres type."""
+        table = self._fresh(path)
+        return (start_point(table.transaction_version),
                 json.loads(table.metadata().configuration[TYPES_PROPERTY]))
 
     def replay_due(self, path: str) -> int | None:
-        """``due_replay`` of the mirror's newest commits."""
+        """``due_replay`` of the mirror's app transactions (a load commits beside the kept
+        handle: read anew)."""
+        table = self._fresh(path)
+        return due_replay(table.transaction_version(LOAD_APP_ID),
+                          table.transaction_version(REPLAYED_APP_ID))
+
+    def mark_replayed(self, path: str, floor: int, meta: str) -> None:
+        """Record that the changes held while the load of floor ``floor`` ran are applied
+        (``due_replay``): an empty commit after the MERGE that applied them, with its
+        metadata ``meta`` (what the mirror holds, as ``pipelines.verify.mirrors`` reads
+        it from the newest commit)."""
+        from deltalake import write_deltalake
+
+        with self._handle(path).use() as table:
+            write_deltalake(table, pa.schema(table.schema().to_arrow()).empty_table(),
+                            mode="append",
+                            commit_properties=rs_commit(meta, REPLAYED_APP_ID, floor))
+
+    def _fresh(self, path: str):
         from deltalake import DeltaTable
 
-        return due_replay([c.get("userMetadata") for c in DeltaTable(
-            delta_rs_uri(path), storage_options=self.storage_options).history(HISTORY)])
+        return DeltaTable(delta_rs_uri(path), storage_options=self.storage_options)
 
     def _handle(self, path: str) -> WriterHandle:
         """The kept handle of a mirror's table, or of its tail (``pending_path``)."""
@@ -384,7 +446,7 @@ class SparkMirrors:
     def __init__(self, writes, guard: bool = True) -> None:
         self.writes = writes
         self.guard = guard
-        self._recorded: dict[str, int | None] = {}      # path → the newest MERGE's version
+        self._recorded: dict[tuple[str, str], int | None] = {}  # (path, app) → its newest
         self._settled: set[str] = set()         # mirrors whose tail was looked at
 
     def rows(self, batch) -> pa.Table:
@@ -393,22 +455,23 @@ class SparkMirrors:
     def merge(self, job: MergeJob) -> bool:
         """Commit ``job`` unless its version is recorded; False: a replay, skipped (by this
         check or by Spark's own). Every batch is MERGEd into the mirror's table."""
-        self.fold(job.path)
+        self.fold(job.path, job.app)
         if self.guard:
-            recorded = self.recorded(job.path)
+            recorded = self.recorded(job.path, job.app)
             if recorded is not None and recorded >= job.version:
                 return False
         c = merge_clauses(job.key, job.types)
         self.writes.merge(job.path, job.source(), c.on, delete=c.delete_when, update=c.update,
                           update_when=c.exists, insert=c.insert, insert_when=c.exists,
                           delete_unmatched=job.truncate, meta=job.meta,
-                          app=(APP_ID, job.version) if self.guard else None)
-        self._recorded[job.path] = job.version
+                          app=(job.app, job.version) if self.guard else None)
+        self._recorded[(job.path, job.app)] = job.version
         return True
 
-    def fold(self, path: str) -> None:
-        """Fold a tail the delta-rs writer left (``RsMirrors.fold``), once per query: this
-        writer keeps none."""
+    def fold(self, path: str, app: str | None = None) -> None:
+        """Fold a tail the delta-rs writer left (``RsMirrors.fold``; its MERGE records
+        ``app`` only where the tail's rows are ``app``'s, as ``fold_tail``'s), once per
+        query: this writer keeps none."""
         from delta.tables import DeltaTable
 
         if path in self._settled:
@@ -424,11 +487,12 @@ class SparkMirrors:
             top = int(pc.max(rows[VERSION]).as_py())
             meta = _batch_meta([r.userMetadata for r in DeltaTable.forPath(
                 spark, tail).history(HISTORY).collect()], top)
+            ours = app is not None and self._version_of(tail, app) is not None
             self.writes.merge(path, fold_pending(rows, key, mirrored_columns(key, types)),
                               c.on, delete=c.delete_when, update=c.update,
                               update_when=c.exists, insert=c.insert, insert_when=c.exists,
-                              meta=meta, app=(APP_ID, top))
-            self._recorded.pop(path, None)
+                              meta=meta, app=(app, top) if ours else None)
+            self._recorded = {k: v for k, v in self._recorded.items() if k[0] != path}
         self.drop_tail(path)
 
     def fold_due(self, paths: Iterable[str] = ()) -> None:
@@ -453,45 +517,54 @@ class SparkMirrors:
         """As ``RsMirrors.shape``, from Spark's ``detail()``."""
         return mirror_shape(self.writes.spark, path)
 
-    def seed_state(self, path: str, app_id: str) -> tuple[int | None, dict[str, str]]:
-        """As ``RsMirrors.seed_state``; the initial rows' point from the newest commit
-        that seeded the mirror (its metadata's ``seed``: Spark has no reader of app
-        transactions but its own skip)."""
+    def seed_state(self, path: str) -> tuple[int | None, dict[str, str]]:
+        """As ``RsMirrors.seed_state``, the app transactions read from Spark's snapshot of
+        the table (``SparkWrites.recorded``)."""
         from delta.tables import DeltaTable
 
-        table = DeltaTable.forPath(self.writes.spark, path)
-        types = json.loads(table.detail().first().properties[TYPES_PROPERTY])
-        for row in (table.history(HISTORY).select("version", "userMetadata")
-                    .orderBy("version", ascending=False).collect()):
-            meta = parse_commit_metadata(row.userMetadata, "mirror")
-            if meta is not None and "seed" in meta:
-                return int(meta["seed"]), types
-        return None, types
+        types = json.loads(DeltaTable.forPath(self.writes.spark, path).detail().first()
+                           .properties[TYPES_PROPERTY])
+        return start_point(self.writes.recorded(path).version_of), types
 
     def replay_due(self, path: str) -> int | None:
-        """``due_replay`` of the mirror's newest commits."""
-        from delta.tables import DeltaTable
+        """As ``RsMirrors.replay_due``."""
+        recorded = self.writes.recorded(path)
+        return due_replay(recorded.version_of(LOAD_APP_ID),
+                          recorded.version_of(REPLAYED_APP_ID))
 
-        return due_replay([r.userMetadata for r in DeltaTable.forPath(
-            self.writes.spark, path).history(HISTORY).select("version", "userMetadata")
-            .orderBy("version", ascending=False).collect()])
+    def mark_replayed(self, path: str, floor: int, meta: str) -> None:
+        """As ``RsMirrors.mark_replayed``: an empty append (Spark skips it where the
+        version is recorded already)."""
+        empty = self.writes.spark.read.format("delta").load(path).limit(0).toArrow()
+        self.writes.append(path, empty, meta=meta, app=(REPLAYED_APP_ID, floor))
 
-    def recorded(self, path: str) -> int | None:
-        """The version of the mirror's newest MERGE: its batch and part, from the newest
-        mirror commit's metadata that has them (None: none in ``HISTORY`` commits)."""
-        if path not in self._recorded:
-            self._recorded[path] = recorded_version(self.writes.spark, path)
-        return self._recorded[path]
+    def recorded(self, path: str, app: str) -> int | None:
+        """The newest version of ``app`` the mirror records, in its table or in a tail the
+        delta-rs writer left (None: none): read once, then kept (this query is its only
+        writer)."""
+        if (path, app) not in self._recorded:
+            versions = [self._version_of(path, app)]
+            if tail_exists_spark(self.writes.spark, path):
+                versions.append(self._version_of(pending_path(path), app))
+            self._recorded[(path, app)] = max((v for v in versions if v is not None),
+                                              default=None)
+        return self._recorded[(path, app)]
+
+    def _version_of(self, path: str, app: str) -> int | None:
+        """The version of ``app`` the table at ``path`` records (None: none, or no table)."""
+        recorded = self.writes.recorded(path)
+        return None if recorded is None else recorded.version_of(app)
 
 
-def current_mirror(spark, path: str):
+def current_mirror(spark, path: str, table=None):
     """(Spark) The current rows of the Delta table at ``path``: a mirror's table with its
     tail laid over it as ``silver.mirror_pending.current_rows`` does (any other table, or a
     mirror without a tail, as it is). The tail is read now (it is small: at most
-    ``MAX_PENDING_ROWS``), the table when the DataFrame runs."""
+    ``MAX_PENDING_ROWS``), the table when the DataFrame runs. ``table``: the table as
+    already read (e.g. through a catalog's name for it); None: read from ``path``."""
     from pyspark.sql import functions as F
 
-    table = spark.read.format("delta").load(path)
+    table = spark.read.format("delta").load(path) if table is None else table
     tail = pending_path(path)
     if not tail_exists_spark(spark, path):
         return table
@@ -558,39 +631,31 @@ def drop_tail_spark(spark, path: str) -> None:
          .save(tail))
 
 
-def due_replay(metadata: list[str | None]) -> int | None:
-    """From a mirror's newest commits' metadata (newest first): the floor of a load of
-    its table (``pipelines.setup.mirror_load``) that is complete, when no MERGE has applied
-    the changes held back meanwhile since (its metadata's ``replayed``); else None. Pure."""
-    for text in metadata:
-        meta = parse_commit_metadata(text, "mirror")
-        if meta is None:
-            continue
-        if "replayed" in meta:
-            return None
-        if meta.get("complete") and "load" in meta:
-            return int(meta["seed"])
-    return None
+def due_replay(loaded: int | None, replayed: int | None) -> int | None:
+    """From a mirror's app transactions: the floor of its newest complete load
+    (``pipelines.setup.mirror_load``, ``LOAD_APP_ID``) while the changes held back during
+    that load are not applied yet, i.e. no ``REPLAYED_APP_ID`` at that floor
+    (``mark_replayed``); else None. A later load has a later floor. Pure."""
+    if loaded is None or (replayed is not None and replayed >= loaded):
+        return None
+    return loaded
 
 
-def recorded_version(spark, path: str) -> int | None:
-    """(Spark) The app transaction version of the mirror's newest MERGE, from lakecdc's
-    metadata in its history."""
-    from delta.tables import DeltaTable
-
-    for row in (DeltaTable.forPath(spark, path).history(HISTORY)
-                .select("version", "userMetadata").orderBy("version", ascending=False)
-                .collect()):
-        meta = parse_commit_metadata(row.userMetadata, "mirror")
-        if meta is not None and "batch_id" in meta:
-            return int(meta["batch_id"]) * PARTS + int(meta.get("part") or 0)
-    return None
+def start_point(transaction_version: Callable[[str], int | None]) -> int | None:
+    """The point of a mirror's initial rows, from its app transactions
+    (``transaction_version(app id)``): the newer of a baseline's seed (``SEED_APP_ID``) and
+    a complete load (``LOAD_APP_ID``); None: it started empty. Its changes below it are in
+    those rows."""
+    points = [transaction_version(SEED_APP_ID), transaction_version(LOAD_APP_ID)]
+    return max((p for p in points if p is not None), default=None)
 
 
 def mirror_store(writes=None, storage_options: dict | None = None, guard: bool = True,
-                 merge_s: float = float("inf")):
+                 merge_s: float = float("inf"),
+                 log_retention_minutes: int = LOG_RETENTION_MINUTES):
     """The mirrors' engine: Spark's with ``writes`` (a ``SparkWrites``; the entry point
-    makes one where ``Config.spark_writes``), else delta-rs's, keeping a tail for each
-    mirror whose MERGE takes more than ``merge_s`` seconds."""
+    makes one where ``Config.spark_writes``), else delta-rs's, keeping a tail (its log kept
+    ``log_retention_minutes``) for each mirror whose MERGE takes more than ``merge_s``
+    seconds."""
     return SparkMirrors(writes, guard) if writes is not None else RsMirrors(
-        storage_options, guard, merge_s)
+        storage_options, guard, merge_s, log_retention_minutes)

@@ -11,10 +11,13 @@ and so the driver's memory (``pipelines.run.stream.BATCH_BYTES``).
 - **Exactly once per table.** Each append carries a Delta app transaction
   (``lakecdc-silver`` / ``lakecdc-quarantine``, version = the stream's batch id) and the
   batch id in its metadata: a batch that re-runs after a kill between the append and
-  Spark's checkpoint commit is recognised (``last_batch``) and skipped. The stream's
-  checkpoint is the record of which bronze rows a batch id covers, so
-  ``require_checkpoint`` refuses to stream into a table that holds streamed batches its
-  checkpoint does not know (F18).
+  Spark's checkpoint commit is recognised by the app transaction and skipped - by this
+  writer on delta-rs, which records a transaction but skips nothing, by Spark itself on
+  ``LAKECDC_WRITER=spark``. Never by the metadata: a pipeline stopped longer than the log
+  retention finds that commit cleaned away, its app transaction still in the checkpoint
+  (F30). The stream's checkpoint is the record of which bronze rows a batch id covers, so
+  ``pipelines.run.stream.check_checkpoint`` refuses to stream into a table that holds
+  streamed batches its checkpoint does not know (F18, ``last_batch``).
 - **Arrow and delta-rs, not Spark jobs.** A Spark parse and append cost a continuous
   batch 0.6-0.75 s whatever its size, and a catch-up about 45 CPU-µs a row; the Arrow parse
   and delta-rs append cost a fraction of either (docs/silver.md, "Delivery").
@@ -43,7 +46,7 @@ from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from core.commits import commit_metadata, last_metadata, rs_commit
+from core.commits import commit_metadata, recorded, rs_commit
 from core.errors import UserError
 from core.handle import CHECKPOINTS, WriterHandle
 from core.layout import QUARANTINE, SILVER, Table
@@ -159,9 +162,8 @@ class SilverWriter:
         """Append the parsed batch to ``silver/changes`` and its failed rows to
         ``silver/quarantine``; returns what was written.
 
-        A replay (the batch id is already in a table's commits) appends nothing to that
-        table; the app transaction records the batch for other writers, this check is what
-        skips it (delta-rs does not)."""
+        A replay (a table's app transaction records the batch id already) appends nothing
+        to that table."""
         try:
             rows = self._append(spark, parsed.rows, self.silver_path, APP_ID, batch_id)
             quarantined = 0
@@ -177,24 +179,28 @@ class SilverWriter:
 
     def _append(self, spark: SparkSession, rows: pa.Table, path: str, app_id: str,
                 batch_id: int) -> int:
-        """Append ``rows`` as batch ``batch_id``; returns the rows written (0: the table
-        already holds the batch)."""
-        if self.guard:
-            if path not in self._written:
-                found = last_batch(spark, path)
-                self._written[path] = -1 if found is None else found
-            if self._written[path] >= batch_id:
-                return 0
+        """Append ``rows`` as batch ``batch_id`` with the app transaction ``(app_id,
+        batch_id)``; returns the rows written (0: the table records the batch already).
+        ``guard`` off: no app transaction, nothing skipped."""
         meta = commit_metadata("silver", batch_id=batch_id, rows=rows.num_rows)
-        app = app_id if self.guard else None
+        app = (app_id, batch_id) if self.guard else None
         if self.spark_writes is not None:
-            # Spark skips a version it has recorded; ``last_batch`` above already did.
-            self.spark_writes.append(path, rows, meta=meta,
-                                     app=None if app is None else (app, batch_id))
-        else:
-            with self._handles[path].use() as table:
-                write_deltalake(table, rows, mode="append",
-                                commit_properties=rs_commit(meta, app, batch_id))
+            # Spark reads the version the table records for the app id as it commits, and
+            # skips a write it holds.
+            written = self.spark_writes.append(path, rows, meta=meta, app=app)
+            return rows.num_rows if written else 0
+        with self._handles[path].use() as table:
+            if self.guard:
+                # delta-rs records app transactions and skips nothing: the version the
+                # table records is read once per process (the kept handle is this writer's
+                # only), and after a failure, which may have committed.
+                if path not in self._written:
+                    found = table.transaction_version(app_id)
+                    self._written[path] = -1 if found is None else found
+                if self._written[path] >= batch_id:
+                    return 0
+            write_deltalake(table, rows, mode="append",
+                            commit_properties=rs_commit(meta, *(app or (None, None))))
         self._written[path] = batch_id
         return rows.num_rows
 
@@ -309,6 +315,7 @@ def ensure_table(spark: SparkSession, path: str, schema: StructType, description
 
 
 def last_batch(spark: SparkSession, path: str) -> int | None:
-    """The newest stream batch id appended to ``path`` (from its commit metadata), or None."""
-    found = last_metadata(spark, path, "silver")
-    return None if found is None else found.get("batch_id")
+    """The newest stream batch id appended to the silver table at ``path`` (its app
+    transaction ``lakecdc-silver``), or None."""
+    found = recorded(spark, path)
+    return None if found is None else found.version_of(APP_ID)

@@ -194,12 +194,15 @@ def check_i5(config, max_lag: int = MAX_LAG_BYTES, drain=None) -> tuple[str, int
 
 def check_invariants(config, witness: Witness, purged: Counter | None = None,
                      planted: dict[int, list[str]] | None = None,
-                     max_lag: int = MAX_LAG_BYTES, schema: str = "public") -> Verdict:
+                     max_lag: int = MAX_LAG_BYTES, schema: str = "public",
+                     drain=None) -> Verdict:
     """I1-I5 for the pipeline of ``config`` (local lakehouse) after it has drained.
 
     ``purged``: dims of history rows the test deleted itself (the truth still counts them,
     docs/gold.md). ``planted``: ``{commit_lsn: [json, ...]}`` rows the test wrote into bronze
-    directly (poison input). Raises ``AssertionError`` naming the first invariant broken.
+    directly (poison input). ``drain``: I5's (``check_i5``; a lakehouse set up with
+    ``LAKECDC_WRITER=spark`` is shipped to through Spark). Raises ``AssertionError`` naming
+    the first invariant broken.
     """
     verdict = Verdict()
     expected = check_i1(config.bronze_path, witness, tuple(config.tables), planted)
@@ -211,5 +214,5 @@ def check_invariants(config, witness: Witness, purged: Counter | None = None,
     gold = gold_counts(config.lakehouse)
     verdict.gold_keys, verdict.notifications = len(gold), sum(gold.values())
     verdict.wal_status, verdict.lag_before_probe, verdict.lag_after_probe = \
-        check_i5(config, max_lag)
+        check_i5(config, max_lag, drain)
     return verdict

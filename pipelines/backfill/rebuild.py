@@ -48,7 +48,7 @@ from core.lsn import fmt
 from core.spark_writes import writes_for
 from core.storage import Lakehouse
 from gold.apply import GOLD_SCHEMA, ensure_gold_tables
-from gold.asof import gold_state
+from gold.asof import REBUILD_APP_ID, gold_state
 from gold.deltas import CONTRIBUTIONS
 from gold.fold import DELTAS_SCHEMA
 from gold.push import push_once
@@ -61,8 +61,6 @@ if TYPE_CHECKING:
     from pipelines.run.pipeline import Locations
 
 log = logging.getLogger("lakecdc.rebuild")
-
-APP_ID = "lakecdc-gold-rebuild"
 
 
 @dataclass(frozen=True)
@@ -106,7 +104,7 @@ def rebuild_gold(spark: SparkSession, config: Config, where: Locations,
         rows = [(*key, count, lsn, now) for key, count in sorted(baseline.items()) if count]
         new_gold = spark.createDataFrame(rows, GOLD_SCHEMA)
         (new_gold.write.format("delta").mode("overwrite")
-         .option("txnAppId", APP_ID).option("txnVersion", lsn)
+         .option("txnAppId", REBUILD_APP_ID).option("txnVersion", lsn)
          .option("userMetadata", metadata(
              operation="rebuild", floor=lsn, commit_lsn=lsn - 1, epoch=lsn,
              commit_ts=counted_at.isoformat()))

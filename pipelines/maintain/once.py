@@ -39,8 +39,10 @@ def maintain_once(config: Config, writes=None) -> list[str]:
     options = Lakehouse.from_config(config).delta_rs_options()
     lines = []
     for group in GROUPS:
+        # The stored set's tables (a ``tables add`` one too), as the mirrors' query keeps them.
         mirrored = tuple(t for t in captured_tables(config, options, writes, loaded=True)
-                         if t in config.mirrored) if group == "mirrors" else ()
+                         if config.mirrors is None or t in config.mirrors) \
+            if group == "mirrors" else ()
         tables = tables_of(config, group, mirrored)
         dsn, lock, what = _writer_lock(config, group)
         running = f"passed over: its writer ({group}) is running and maintains it."

@@ -12,13 +12,21 @@ version when registered (``register_tables``):
 | ``silver_<schema>_<table>``| ``silver/tables/<schema>/<table>``: the mirror of each captured table |
 
 The same names work in notebooks (locally and on Databricks) and in the dashboard queries
-under ``sql/``. Views are read-only: nothing here writes a table. For an earlier version use
-Delta's time travel on the path (``docs/notebooks.md``).
+under ``sql/``. For an earlier version use Delta's time travel on the path
+(``docs/notebooks.md``).
 
 With ``LAKECDC_CATALOG`` and ``LAKECDC_SCHEMA`` set, the tables are registered by these
 names in that schema (``pipelines.setup.catalog``): ``use_tables`` then makes it the
 session's current schema instead of making views, so the same unqualified names reach the
-catalog's tables, with the catalog's grants.
+catalog's tables, with the catalog's grants. A mirror's tail is not in the catalog, so a
+mirror that has one is shadowed by a temporary view of the same name: its table, read
+through the catalog's name, with the tail laid over it. Either way the names give the
+tables' current rows.
+
+``run_query`` runs one query and nothing else: the text is taken as a subquery
+(``SELECT * FROM (<text>)``), which only a query can be. A ``DELETE``, ``INSERT``,
+``MERGE``, ``DROP``, ``OPTIMIZE`` or any other statement is a syntax error there and never
+runs, whatever the names point at and whatever the catalog's grants would allow.
 """
 
 from __future__ import annotations
@@ -57,15 +65,21 @@ def use_tables(spark: SparkSession, config) -> list[str]:
     """The tables by their names, unqualified, for a query or a notebook; returns the names
     there. With a catalog: its schema becomes the session's current one (the names
     registered there); without: a temporary view per table (``register_tables``)."""
+    paths = table_paths(config, spark)
     if not config.registers:
-        return register_tables(spark, table_paths(config, spark))
+        return register_tables(spark, paths)
     from core.catalog import Catalog, quoted
+    from silver.mirror_store import current_mirror, tail_exists_spark
 
     catalog = Catalog.from_config(spark, config)
     catalog.require_schema()
     spark.sql(f"USE {quoted(config.catalog, config.catalog_schema)}")
-    return [name for name in table_paths(config, spark)
-            if spark.catalog.tableExists(catalog.name(name))]
+    named = [name for name in paths if spark.catalog.tableExists(catalog.name(name))]
+    for name in named:
+        if name not in TABLES and tail_exists_spark(spark, paths[name]):
+            current_mirror(spark, paths[name], spark.read.table(catalog.name(name))
+                           ).createOrReplaceTempView(name)
+    return named
 
 
 def register_tables(spark: SparkSession, paths: dict[str, str]) -> list[str]:
@@ -94,12 +108,17 @@ def read_query(path: str) -> str:
 
 
 def run_query(spark: SparkSession, query: str) -> DataFrame:
-    """Run one Spark SQL statement; a query the user got wrong is a ``UserError``."""
+    """Run one query, as a subquery so that nothing else can run (the module's text); a
+    query the user got wrong, or a statement that is not a query, is a ``UserError``."""
     from pyspark.errors import AnalysisException, ParseException
 
     try:
-        return spark.sql(query)
-    except (AnalysisException, ParseException) as exc:
+        # Newlines: a comment ending the text must not swallow the closing parenthesis.
+        return spark.sql(f"SELECT * FROM (\n{query.strip().rstrip(';')}\n) AS lakecdc_query")
+    except ParseException as exc:
+        raise UserError(f"the query failed: {first_line(exc)}; lakecdc sql runs one query "
+                        "(SELECT, WITH, VALUES or TABLE) and never changes a table.") from None
+    except AnalysisException as exc:
         raise UserError(f"the query failed: {first_line(exc)} (tables: {', '.join(TABLES)}).") from None
 
 

@@ -19,6 +19,7 @@ from pyspark.sql.streaming import StreamingQuery
 from core.checkpoints import remove_checkpoint, source_table_ids
 from core.commits import commit_metadata
 from core.errors import UserError
+from core.faults import FaultPoints
 from core.layout import MIRROR_CHECKPOINT, mirror_baseline_path, mirror_path
 from core.lsn import fmt
 from core.postgres import connect
@@ -67,9 +68,10 @@ def prepare_mirrors(spark: SparkSession, config, storage_options: dict | None = 
                                 "repeat, so it is captured but not mirrored", spec.name)
                     del paths[spec.name]
                     continue
-                create_mirror(spark, paths[spec.name], spec)
+                create_mirror(spark, paths[spec.name], spec, config.log_retention_minutes)
     store = store or RsMirrors(storage_options)
-    floors = {t: seed_mirror(spark, config.lakehouse, t, p, storage_options, store)
+    faults = FaultPoints(config.faults)
+    floors = {t: seed_mirror(spark, config.lakehouse, t, p, storage_options, store, faults)
               for t, p in paths.items()}
     return paths, floors
 
@@ -94,19 +96,26 @@ def mirror_discovery(spark: SparkSession, config, storage_options: dict | None =
 
 
 def seed_mirror(spark: SparkSession, lakehouse: str, table: str, path: str,
-                storage_options: dict | None = None, store=None) -> int:
+                storage_options: dict | None = None, store=None,
+                faults: FaultPoints | None = None) -> int:
     """Replace the mirror's rows with ``table``'s initial rows (``pipelines.source.mirror_baseline``)
     unless it already holds them; returns its floor (0: no initial rows).
 
     Decided by the mirror's own record (app transaction ``lakecdc-mirror-seed``, version =
-    the rows' consistent point), so a kill anywhere here seeds once on the next start, and
-    a newer baseline (``setup --rebaseline``) replaces what an older one started."""
+    the rows' consistent point, or a load's, ``silver.mirror_store.start_point``), so a kill
+    anywhere here seeds once on the next start, and a newer baseline (``setup
+    --rebaseline``) replaces what an older one started. The mirror's tail (changes of the
+    rows replaced, ``silver.mirror_pending``) is emptied first, as the load does
+    (``pipelines.setup.mirror_load.MirrorTarget.write``): the other way round, a kill
+    between the two would leave it to be laid over the new rows and folded into them
+    (fault point ``after_mirror_seed``: right after the new rows' commit)."""
     store = store or RsMirrors(storage_options)
     point = baseline_point(lakehouse, table, storage_options,
                            None if store.writes is None else spark)
-    seeded, types = store.seed_state(path, SEED_APP_ID)
+    seeded, types = store.seed_state(path)
     if point is None or (seeded is not None and seeded >= point):
         return seeded or 0             # as seeded, or as loaded (``pipelines.setup.mirror_load``)
+    store.drop_tail(path)              # changes of the rows replaced (``silver.mirror_pending``)
     rows = spark.read.format("delta").load(spark_path(mirror_baseline_path(lakehouse, table),
                                                       on_databricks()))
     typed_rows = rows.select(*[typed(F.col(q(n)), t, n).alias(n) for n, t in types.items()
@@ -117,7 +126,7 @@ def seed_mirror(spark: SparkSession, lakehouse: str, table: str, path: str,
         (typed_rows.write.format("delta").mode("overwrite")
          .option("txnAppId", SEED_APP_ID).option("txnVersion", point)
          .option("userMetadata", commit_metadata("mirror", seed=point)).save(path))
-    store.drop_tail(path)              # changes of the rows replaced (``silver.mirror_pending``)
+    (faults or FaultPoints()).hit("after_mirror_seed")
     log.info("mirror of %s: started from its initial rows at %s", table, fmt(point))
     return point
 
@@ -168,6 +177,9 @@ def start_mirrors(spark: SparkSession, silver_path: str, checkpoint: str,
     if source_table_ids(spark, checkpoint) - {detail.id}:
         # silver/changes was made anew (a rebuild from bronze): the query reads it from its
         # start. Its changes, applied in order onto the mirrors, end where the source is.
+        # Its batch ids start at 0 again, in a checkpoint of a new query id: the mirrors'
+        # app id carries that id (``silver.mirror.batch_app_id``), so no batch is taken
+        # for one the mirrors recorded under the old checkpoint and skipped.
         log.warning("silver/changes at %s is a new table; the mirrors' query starts over "
                     "on it", silver_path)
         remove_checkpoint(spark, checkpoint)

@@ -323,7 +323,7 @@ class Pipeline:
         options = self._delta_rs_options
         writes = self.spark_writes()
         store = mirror_store(writes, options, self.config.guard_on("mirror_txn"),
-                             self.config.mirror_merge_s)
+                             self.config.mirror_merge_s, self.config.log_retention_minutes)
         config = self.config.with_(tables=captured_tables(self.config, options, writes))
         paths, floors = prepare_mirrors(self.spark, config, options, store)
         progress = MirrorProgress(self.config.dashboard, gold_key(self.where.gold))

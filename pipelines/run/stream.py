@@ -272,7 +272,10 @@ def prepare(spark: SparkSession, paths: StreamPaths, silver: SilverWriter,
 
 
 def check_checkpoint(spark: SparkSession, paths: StreamPaths) -> None:
-    """Refuse to start when silver or gold are ahead of the checkpoint (F18)."""
+    """Refuse to start when silver or gold are ahead of the checkpoint (F18): when they
+    record a batch (their app transactions: ``last_batch``, ``applied_batch``; never the
+    commits' metadata, which log cleanup deletes, F30) that the checkpoint has not
+    planned."""
     recorded = {name: batch for name, batch in (
         ("silver", last_batch(spark, paths.silver)),
         ("gold", applied_batch(spark, paths.gold))) if batch is not None}

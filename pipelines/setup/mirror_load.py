@@ -19,8 +19,16 @@ to the mirror in one commit whose metadata records the load (``load`` = the tabl
 committed chunk. The next chunk is read while one is parsed and written, so memory holds
 three chunks at most (one written, one waiting, one being read), whatever the table's
 size. The last chunk's commit completes the load: it records the floor as the mirror's
-start (``lakecdc-mirror-seed``, metadata ``seed``); the mirrors' query then
-applies the held changes and records ``replayed`` (``silver.mirror_store.due_replay``).
+start, as the app transaction ``lakecdc-mirror-load`` (and metadata ``seed``); the mirrors'
+query then applies the held changes and records that too, as ``lakecdc-mirror-replayed``
+(``silver.mirror_store.due_replay``).
+
+Whether the load is complete is read from that app transaction, which every checkpoint
+carries, so it is known after log cleanup too. Where the next chunk starts is read from
+the load's newest commit's metadata: that is only read while the table is loading, when
+nothing cleans its log (its writers' own cleanup is off from its creation, and
+maintenance passes over a table being loaded); were it gone, the load would start again
+from its first chunk, which replaces the mirror's rows: slower, as exact.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import psycopg
 import pyarrow as pa
 
 from core.commits import commit_metadata, parse_commit_metadata, rs_commit
+from core.config import LOG_RETENTION_MINUTES
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.features import PLAIN
@@ -52,10 +61,10 @@ from silver.mirror_table import (
     COMMIT_LSN,
     COMMIT_TS,
     KEY_PROPERTY,
-    PROPERTIES,
-    SEED_APP_ID,
+    LOAD_APP_ID,
     TYPES_PROPERTY,
     TableSpec,
+    mirror_properties,
 )
 from silver.mirror_type_map import arrow_type
 
@@ -100,12 +109,15 @@ def load_state(history: list[dict], run: int) -> LoadState:
 
 class MirrorTarget:
     """The mirror's table, written through delta-rs, or through Spark (``writes``:
-    ``LAKECDC_WRITER=spark``)."""
+    ``LAKECDC_WRITER=spark``); created with its log kept ``log_retention_minutes``
+    (``silver.mirror_table.mirror_properties``)."""
 
     def __init__(self, path: str, spec: TableSpec, writes=None,
-                 storage_options: dict | None = None) -> None:
+                 storage_options: dict | None = None,
+                 log_retention_minutes: int = LOG_RETENTION_MINUTES) -> None:
         self.path, self.spec, self.writes = path, spec, writes
         self.storage_options = storage_options
+        self.log_retention_minutes = log_retention_minutes
         self.uri = delta_rs_uri(path)
         self.schema = pa.schema([*[(n, arrow_type(t)) for n, t in spec.columns],
                                  (COMMIT_LSN, pa.int64()),
@@ -119,7 +131,7 @@ class MirrorTarget:
 
             from silver.mirror import create_mirror
 
-            create_mirror(self.writes.spark, self.path, self.spec)
+            create_mirror(self.writes.spark, self.path, self.spec, self.log_retention_minutes)
 
             props = DeltaTable.forPath(self.writes.spark, self.path).detail().first().properties
         else:
@@ -127,7 +139,8 @@ class MirrorTarget:
 
             table = DeltaTable.create(
                 self.uri, schema=self.schema, mode="ignore", storage_options=self.storage_options,
-                configuration={**PLAIN, **PROPERTIES, KEY_PROPERTY: json.dumps(list(self.spec.key)),
+                configuration={**PLAIN, **mirror_properties(self.log_retention_minutes),
+                               KEY_PROPERTY: json.dumps(list(self.spec.key)),
                                TYPES_PROPERTY: json.dumps(dict(self.spec.columns))},
                 description=f"lakecdc mirror of {self.spec.name}", raise_if_key_not_exists=False)
             props = table.metadata().configuration
@@ -137,6 +150,26 @@ class MirrorTarget:
                 f"the mirror of {self.spec.name} at {self.path} has other columns or another "
                 "key than the table has now, so its rows cannot be loaded into it; move it "
                 "away (or drop it) and rerun `lakecdc tables add`; nothing was changed.")
+
+    def loaded(self) -> int | None:
+        """The floor of the newest complete load the mirror records (its app transaction
+        ``LOAD_APP_ID``; None: none)."""
+        if self.writes is not None:
+            return self.writes.recorded(self.path).version_of(LOAD_APP_ID)
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.uri, storage_options=self.storage_options
+                          ).transaction_version(LOAD_APP_ID)
+
+    def rows(self) -> int:
+        """The rows the mirror holds (its files' statistics; Spark counts them)."""
+        if self.writes is not None:
+            return self.writes.spark.read.format("delta").load(self.path).count()
+        from deltalake import DeltaTable
+
+        adds = pa.table(DeltaTable(self.uri, storage_options=self.storage_options
+                                   ).get_add_actions(flatten=True))
+        return int(sum(n or 0 for n in adds["num_records"].to_pylist()))
 
     def history(self) -> list[dict]:
         if self.writes is not None:
@@ -190,8 +223,10 @@ def load_mirror(dsn: str, target: MirrorTarget, run: int, floor: int, *,
     target.ensure()
     state = load_state(target.history(), run)
     floor = state.floor if state.floor is not None else floor
-    if state.complete:
-        return LoadReport(state.rows, state.chunks, 0, time.monotonic() - started, True, floor)
+    loaded = target.loaded()
+    if state.complete or (loaded is not None and loaded >= floor):
+        return LoadReport(state.rows or target.rows(), state.chunks, 0,
+                          time.monotonic() - started, True, floor)
     columns = [load_column(n, t, numbers_as_text) for n, t in spec.columns]
     types = dict(spec.columns)
     chunks, rows, new_rows = state.chunks, state.rows, 0
@@ -228,7 +263,7 @@ def load_mirror(dsn: str, target: MirrorTarget, run: int, floor: int, *,
             done = dict(complete=True, seed=floor) if complete else {}
             target.write(data, commit_metadata("mirror", load=run, chunk=chunks, after=end,
                                                floor=floor, rows=rows, **done),
-                         overwrite=chunks == 1, app=(SEED_APP_ID, floor) if complete else None)
+                         overwrite=chunks == 1, app=(LOAD_APP_ID, floor) if complete else None)
             faults.hit("after_mirror_loaded" if complete else "after_mirror_chunk")
     finally:
         halt.set()

@@ -165,7 +165,8 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
         spec = table_specs(conn, (table,))[0]
         if table in config.with_(tables=(*config.tables, table)).mirrored:
             target = MirrorTarget(spark_path(mirror_path(config.lakehouse, table),
-                                             on_databricks()), spec, writes, storage_options)
+                                             on_databricks()), spec, writes, storage_options,
+                                  config.log_retention_minutes)
             target.ensure()          # before the set names it: the load is its first writer
         states = _states(stored, config)
         if states.get(table) != SNAPSHOTTING:

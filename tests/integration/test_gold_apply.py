@@ -23,13 +23,16 @@ import pytest
 from pyspark.sql import Row
 
 from core.commits import commit_metadata as metadata
+import gold.apply
 from gold.apply import (
     GOLD_SCHEMA,
+    REBUILD_APP_ID,
     GoldBatchWriter,
     GoldPaths,
     ensure_gold_tables,
     last_metadata,
     seed_gold,
+    step_app_id,
 )
 from gold.deltas import GoldStopped
 from gold.fold import FoldClock, summed
@@ -338,7 +341,9 @@ def test_steps_left_in_deltas_before_a_rebuild_are_not_folded_after_it(spark, pa
     """A rebuild killed after its new gold and before it emptied _deltas: the steps there are
     of the epoch before (inside the rebuild's baseline). Folded, they would move gold's
     watermark back and record their batch ids under the new epoch, whose own batches,
-    numbered from 0 again, would then be skipped as done."""
+    numbered from 0 again, would then be skipped as done. Told apart by ``_deltas``' app
+    transaction, whose app id is the epoch's (``gold.asof.step_app_id``); the negative
+    control gives every epoch the same one."""
     sim = Sim()
     a = ("svc-a", "tpl-1", "email", "created")
     for _ in range(3):
@@ -348,11 +353,12 @@ def test_steps_left_in_deltas_before_a_rebuild_are_not_folded_after_it(spark, pa
         old.apply(spark, df(spark, tx).toArrow(), batch_id + 5)
     floor = sim.lsn + 1
     (spark.createDataFrame([(*a, 3, floor, None)], GOLD_SCHEMA).write.format("delta")
-     .mode("overwrite").option("userMetadata", metadata(
-         operation="rebuild", floor=floor, commit_lsn=floor - 1, epoch=floor))
+     .mode("overwrite").option("txnAppId", REBUILD_APP_ID).option("txnVersion", floor)
+     .option("userMetadata", metadata(operation="rebuild", floor=floor,
+                                      commit_lsn=floor - 1, epoch=floor))
      .save(paths.gold))
-    if not check:
-        monkeypatch.setattr(GoldBatchWriter, "_of_this_epoch", lambda self, step: True)
+    if not check:          # the steps' app id of every epoch the same
+        monkeypatch.setattr(gold.apply, "step_app_id", lambda epoch: step_app_id(None))
     sim.create(a)
     rebuilt = gold_writer(spark, paths, fold_share=EVERY_BATCH)
     rebuilt.apply(spark, df(spark, sim.txs[-1]).toArrow(), 0)

@@ -21,13 +21,15 @@ import psycopg
 import pytest
 from deltalake import DeltaTable
 
-from core.layout import GOLD, SILVER
+from core.features import READER_FEATURES, WRITER_FEATURES, unreadable
+from core.layout import GOLD, SILVER, mirror_path
 from core.maintenance import MAINTENANCE_FILE
 from pipelines.maintain.once import maintain_once
 from pipelines.run.pipeline import Pipeline
+from silver.mirror_pending import PENDING_DIR
 from tests.integration.workload import insert, transition
 from tests.invariants import check_invariants
-from tests.tests_support import cli_env, one_sentence, run_cli
+from tests.tests_support import cli_env, one_sentence, run_cli, wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -184,3 +186,69 @@ def test_run_maintains_its_tables_under_traffic_and_kills_and_stays_exact(
         insert(conn, random.Random(36), 20)
     pipeline.run_once()
     check_invariants(config, witness)
+
+
+def delta_tables(lakehouse: str) -> list[str]:
+    """Every Delta table under ``lakehouse`` (a mirror's tail inside its mirror's folder)."""
+    return sorted(str(log.parent) for log in Path(lakehouse).rglob("_delta_log")
+                  if DeltaTable.is_deltatable(str(log.parent)))
+
+
+def outside_features(path: str) -> list[str]:
+    """The features of the table at ``path`` outside lakecdc's sets (``core.features``)."""
+    protocol = DeltaTable(path).protocol()
+    return sorted(set(protocol.reader_features or ()) - READER_FEATURES
+                  | set(protocol.writer_features or ()) - WRITER_FEATURES)
+
+
+@pytest.mark.spark
+def test_run_maintains_mirrors_of_timestamp_columns_without_adding_a_table_feature(
+        source_db, config, traffic, spark, monkeypatch):
+    """``lakecdc run`` under traffic, the mirror of ``notifications`` with ``updated_at`` a
+    ``timestamp`` (without time zone; its enum, numeric, timestamptz and uuid columns as
+    they are), every batch of it into its tail (``mirror_merge_s`` 0), maintenance every
+    3 s and the log cleaning between maintenances every second (30 s in production).
+    Ends when the mirror and its tail were maintained, or when either's protocol gained a
+    feature, or when the run stopped. Every table's protocol is then inside lakecdc's
+    features, the mirror's and the tail's carry the log retention, and the run never
+    stopped on its own."""
+    import threading
+
+    import pipelines.maintain.schedule as schedule
+    from pipelines.setup.prepare import setup
+
+    monkeypatch.setattr(schedule, "LOG_CLEAN_INTERVAL_S", 1.0)
+    with source_db.connect() as conn:
+        for table in ("notifications", "notification_history"):
+            conn.execute(f"ALTER TABLE {table} ALTER COLUMN updated_at TYPE timestamp")
+    config = config.with_(mirrors=("public.notifications",), mirror_interval_s=1.0,
+                          mirror_merge_s=0, maintain_interval_s=3)
+    setup(config)
+    mirror = mirror_path(config.lakehouse, "public.notifications")
+    kept = [mirror, f"{mirror}/{PENDING_DIR}"]
+    started, stop, failures = time.time(), threading.Event(), []
+
+    def run() -> None:
+        try:
+            Pipeline(config, spark_factory=lambda: spark).run_continuous(stop)
+        except BaseException as exc:        # the run stopped on its own: the test fails
+            failures.append(exc)
+    runner = threading.Thread(target=run)
+    runner.start()
+    try:
+        wait_for(lambda: not runner.is_alive()
+                 or any(outside_features(t) for t in kept if DeltaTable.is_deltatable(t))
+                 or all(maintained_since(t, started) for t in kept), timeout=150, interval=0.5)
+    finally:
+        stop.set()
+        runner.join(timeout=120)
+    assert traffic() > 0 and not runner.is_alive()
+    assert failures == []
+    tables = delta_tables(config.lakehouse)
+    assert set(kept) <= set(tables), tables
+    for table in tables:
+        assert outside_features(table) == [] and unreadable(DeltaTable(table)) == [], table
+    for table in kept:
+        assert maintained_since(table, started), f"{table} was not maintained"
+        assert DeltaTable(table).metadata().configuration["delta.logRetentionDuration"] == \
+            f"interval {config.log_retention_minutes} minutes", table

@@ -295,6 +295,38 @@ def test_kill_9_between_the_parts_of_a_batch_then_the_rerun_merges_only_the_rest
     assert mirror_rows(config, added=False)[(-2, k2)][-1] is not None     # the body kept
 
 
+def assert_sql_through_a_catalog_is_current_and_read_only(config, spark, count: int) -> None:
+    """``lakecdc sql``'s names with a catalog (``use_tables``), the mirror registered in a
+    schema of this session's catalog: its name gives the table with its tail laid over it
+    (``count`` rows, the source's), and a DELETE through the name is refused, the mirror
+    unchanged."""
+    from deltalake import DeltaTable
+
+    from core.catalog import Catalog
+    from core.errors import UserError
+    from pipelines.observe.query import run_query, use_tables
+
+    schema = f"t_{config.slot}"
+    named = config.with_(catalog="spark_catalog", catalog_schema=schema)
+    mirror = mirror_path(config.lakehouse, TABLE)
+    version = DeltaTable(mirror).version()
+    spark.sql(f"CREATE SCHEMA `{schema}`")
+    try:
+        Catalog.from_config(spark, named).register("silver_public_typed_rows", mirror)
+        assert "silver_public_typed_rows" in use_tables(spark, named)
+        assert run_query(spark, "SELECT count(*) AS n FROM silver_public_typed_rows"
+                         ).first().n == count
+        with pytest.raises(UserError, match="never changes a table"):
+            run_query(spark, "DELETE FROM silver_public_typed_rows")
+        with pytest.raises(UserError, match="never changes a table"):
+            run_query(spark, f"DELETE FROM spark_catalog.`{schema}`.silver_public_typed_rows")
+    finally:
+        spark.catalog.dropTempView("silver_public_typed_rows")
+        spark.sql("USE spark_catalog.default")
+        spark.sql(f"DROP SCHEMA `{schema}` CASCADE")
+    assert DeltaTable(mirror).version() == version
+
+
 def test_a_tail_holds_a_batch_over_its_table_until_folded_and_a_replay_appends_nothing(
         source_db, config, cli_here, tmp_path, spark):
     """A mirror keeping its batches in a tail (``LAKECDC_MIRROR_MERGE_S=0``, as a big
@@ -335,6 +367,7 @@ def test_a_tail_holds_a_batch_over_its_table_until_folded_and_a_replay_appends_n
     with source_db.connect() as conn:
         count = conn.execute("SELECT count(*) FROM typed_rows").fetchone()[0]
     assert count != len(mirror_rows(config, added=False))
+    assert_sql_through_a_catalog_is_current_and_read_only(config, spark, count)
     listed = cli_here(["tables"], env)                          # its rows: the current ones
     assert listed.returncode == 0, listed.stderr[-3000:]
     assert next(ln for ln in listed.stdout.splitlines()

@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
 from pipelines.observe.query import TABLES, read_query, register_tables, run_query, table_paths
 from pipelines.run.pipeline import Pipeline
@@ -83,3 +84,20 @@ def test_every_query_file_runs_and_agrees_with_the_source(source_db, config, spa
     assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
     [line] = [ln for ln in wrong.stderr.splitlines() if ln.startswith("lakecdc: error:")]
     assert "the query failed" in line and "no_such_column" in line
+
+    # It never writes: a DELETE, an INSERT, a maintenance command, even after a query, is
+    # one sentence and changes nothing (by path here; through a catalog's names:
+    # test_mirrors' tail test).
+    gold_rows = spark.read.format("delta").load(pipeline.where.gold).count()
+    gold_history = len(DeltaTable(pipeline.where.gold).history())
+    for statement in ("DELETE FROM gold_service_stats",
+                      "INSERT INTO gold_service_stats SELECT * FROM gold_service_stats",
+                      f"DELETE FROM delta.`{pipeline.where.gold}`",
+                      f"OPTIMIZE delta.`{pipeline.where.gold}`",
+                      "SELECT 1; DELETE FROM gold_service_stats"):
+        refused = cli_here(["sql", statement], env)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, statement
+        [line] = [ln for ln in refused.stderr.splitlines() if ln.startswith("lakecdc: error:")]
+        assert "never changes a table" in line, (statement, line)
+    assert spark.read.format("delta").load(pipeline.where.gold).count() == gold_rows
+    assert len(DeltaTable(pipeline.where.gold).history()) == gold_history

@@ -20,7 +20,8 @@ from core.checkpoints import stream_position
 from core.config import Config
 from core.handle import CHECKPOINTS
 from core.layout import STREAM_CHECKPOINT
-from core.maintenance import MAINTENANCE_FILE, maintain_table, table_size
+from core.maintenance import (MAINTENANCE_FILE, UNREFERENCED_HOURS, maintain_table,
+                              table_size)
 from pipelines.maintain.plan import tables_of
 from pipelines.maintain.schedule import Maintainer
 
@@ -69,6 +70,8 @@ def test_vacuum_deletes_removed_files_past_the_retention_and_orphans_of_killed_w
     small_commits(table, 10)
     orphan = table / "part-00000-killed-before-its-commit.parquet"
     pq.write_table(pa.table({"k": [1], "v": ["o"]}, schema=SCHEMA), orphan)
+    aged = time.time() - UNREFERENCED_HOURS * 3600 - 60      # no writer could still commit it
+    os.utime(orphan, (aged, aged))
     report = maintain_table("t", str(table), retention_hours=0)
     assert report.vacuumed == 11 and data_files(table) == {
         Path(u).name for u in DeltaTable(str(table)).file_uris()}
@@ -77,6 +80,28 @@ def test_vacuum_deletes_removed_files_past_the_retention_and_orphans_of_killed_w
     assert config["delta.deletedFileRetentionDuration"] == "interval 10 minutes"
     assert config["delta.logRetentionDuration"] == "interval 10 minutes"
     assert config["delta.enableExpiredLogCleanup"] == "false"
+
+
+def test_a_writers_file_not_yet_committed_outlives_a_vacuum_at_no_retention(tmp_path):
+    """A writer that writes its files, then commits them (as ``tables add`` writes a chunk
+    into a mirror, and every delta-rs writer does): a maintenance at a retention of 0 hours
+    runs in between. The file is younger than ``UNREFERENCED_HOURS``, so it stays, and the
+    commit's rows are all there. Deleted, the commit would name a file that is gone and
+    every read of the table would fail."""
+    from deltalake.transaction import AddAction
+
+    table = tmp_path / "t"
+    small_commits(table, 3)
+    name = "part-00000-written-not-yet-committed.parquet"
+    rows = pa.table({"k": list(range(1000, 1010)), "v": ["w"] * 10}, schema=SCHEMA)
+    pq.write_table(rows, table / name)
+    report = maintain_table("t", str(table), retention_hours=0)
+    assert (table / name).exists(), report.line()
+    size = (table / name).stat().st_size
+    DeltaTable(str(table)).create_write_transaction(
+        [AddAction(name, size, {}, int(time.time() * 1000), True,
+                   json.dumps({"numRecords": 10}))], mode="append", schema=SCHEMA)
+    assert keys(table) == sorted([*range(150), *range(1000, 1010)])
 
 
 @pytest.mark.parametrize("guarded", [True, False], ids=["reader_floor", "negative_control"])

@@ -108,16 +108,19 @@ def test_a_load_is_found_in_the_mirrors_history_by_its_run():
 
 
 def test_a_complete_load_is_due_its_replay_until_a_merge_records_it():
-    from silver.mirror_store import due_replay
+    """Read from app transactions alone (a checkpoint carries them; log cleanup deletes the
+    commits' metadata): the floor of the newest complete load, until the replay of that
+    floor is recorded; a later load is due again."""
+    from silver.mirror_store import due_replay, start_point
+    from silver.mirror_table import LOAD_APP_ID, SEED_APP_ID
 
-    def meta(**values):
-        return commit_metadata("mirror", **values)
-
-    complete = meta(load=7, chunk=3, rows=30, floor=99, complete=True, seed=99)
-    assert due_replay([None, complete, meta(load=7, chunk=3, rows=30, floor=99)]) == 99
-    assert due_replay([meta(batch_id=5, newest=120, replayed=99), None, complete]) is None
-    assert due_replay([meta(load=7, chunk=2, rows=20, floor=99)]) is None   # still loading
-    assert due_replay([meta(batch_id=4, newest=80), commit_metadata("gold")]) is None
+    assert due_replay(None, None) is None                   # never loaded (or still loading)
+    assert due_replay(99, None) == 99
+    assert due_replay(99, 99) is None                       # applied
+    assert due_replay(140, 99) == 140                       # loaded again (removed, added)
+    assert start_point({SEED_APP_ID: 50, LOAD_APP_ID: 99}.get) == 99
+    assert start_point({SEED_APP_ID: 120, LOAD_APP_ID: 99}.get) == 120   # a newer baseline
+    assert start_point({}.get) is None
 
 
 @pytest.mark.parametrize("pg_type", [
@@ -153,3 +156,28 @@ def test_which_columns_lose_nan_and_infinity_and_the_shipper_asks_for_text():
     assert plugin_options(("public.t",), numbers_as_text=True)[-2:] == [
         "numeric-data-types-as-string", "1"]
     assert "numeric-data-types-as-string" not in plugin_options(("public.t",))
+
+
+def test_a_load_is_complete_by_its_app_transaction_when_its_commits_are_gone(tmp_path):
+    """The load's last chunk records its floor as the app transaction ``lakecdc-mirror-load``,
+    which a checkpoint carries: with no commit of the load left in the history (log
+    cleanup), a rerun of the same load reads nothing and writes nothing. A later load
+    (a higher floor) is not complete: it reads the source (here none: it fails)."""
+    from deltalake import DeltaTable
+
+    from pipelines.setup.mirror_load import MirrorTarget, load_mirror
+    from silver.mirror_table import COMMIT_LSN, COMMIT_TS, LOAD_APP_ID, TableSpec
+
+    spec = TableSpec("public", "t", (("id", "integer"), ("name", "text")), ("id",))
+    target = MirrorTarget(str(tmp_path / "mirror"), spec)
+    target.ensure()
+    rows = pa.table({"id": pa.array([1, 2], pa.int32()), "name": ["a", "b"],
+                     COMMIT_LSN: pa.nulls(2, pa.int64()),
+                     COMMIT_TS: pa.nulls(2, pa.timestamp("us", tz="UTC"))})
+    target.write(rows, commit_metadata("mirror"), overwrite=True, app=(LOAD_APP_ID, 99))
+    version = DeltaTable(target.uri).version()
+    report = load_mirror("postgresql://127.0.0.1:1/none", target, 7, 99)
+    assert (report.complete, report.rows, report.new_rows) == (True, 2, 0)
+    assert DeltaTable(target.uri).version() == version
+    with pytest.raises(Exception):
+        load_mirror("postgresql://127.0.0.1:1/none", target, 8, 100)

@@ -146,13 +146,13 @@ def real_mirror(tmp_path, base: dict) -> str:
     return path
 
 
-def job(path: str, batch: int, rows: list[dict], plain: bool = True):
+def job(path: str, batch: int, rows: list[dict], plain: bool = True, epoch: str | None = None):
     from core.commits import commit_metadata
-    from silver.mirror_store import PARTS, MergeJob
+    from silver.mirror_store import PARTS, MergeJob, txn_app_id
 
     meta = commit_metadata("mirror", batch_id=batch, part=0, newest=batch * 10)
     return MergeJob(path, batch * PARTS, meta, lambda: as_table(rows, source_schema()), KEY,
-                    TYPES, plain=plain)
+                    TYPES, plain=plain, app=txn_app_id(epoch))
 
 
 def by_key(table: pa.Table) -> dict:
@@ -316,3 +316,31 @@ def test_a_tail_an_earlier_run_left_is_folded_at_the_end_of_a_run_its_table_saw_
     writer.finish()
     assert by_key(DeltaTable(path).to_pyarrow_table()) == merged(base, batch)
     assert DeltaTable(pending_path(path)).to_pyarrow_table().num_rows == 0
+
+
+def test_a_new_epochs_batches_are_taken_and_a_tail_of_the_old_one_is_folded_first(tmp_path):
+    """A new checkpoint (silver made anew) numbers its batches from 0 again, under an app id
+    of its own: its batch 1 is merged though the old epoch recorded batch 3, and a tail the
+    old epoch left (versions of its batch ids) is folded into the table before the new
+    epoch's first batch is appended, whose fold then comes after it; the table records no
+    version of the old epoch's rows under the new app id."""
+    from deltalake import DeltaTable
+
+    from silver.mirror_pending import pending_path, read_mirror
+    from silver.mirror_store import PARTS, RsMirrors, txn_app_id
+
+    rng = random.Random(13)
+    base = {(i, "e"): {"id": i, "region": "e", "body": f"old{i}", "status": i, "tags": None,
+                       COMMIT_LSN: i, COMMIT_TS: None} for i in range(5)}
+    path = real_mirror(tmp_path, base)
+    old, new = random_batches(rng, base, 1)[0], random_batches(rng, base, 1)[0]
+    assert RsMirrors(merge_s=0).merge(job(path, 3, old, epoch="q1"))       # then killed
+    store = RsMirrors(merge_s=0)                              # the next start, a new query
+    assert not store.merge(job(path, 3, old, epoch="q1"))     # its own epoch: a replay
+    assert store.merge(job(path, 1, new, epoch="q2"))
+    expected = merged(merged(base, old), new)
+    assert by_key(read_mirror(path)) == expected
+    store.fold_all([path])
+    assert by_key(DeltaTable(path).to_pyarrow_table()) == expected
+    assert DeltaTable(pending_path(path)).to_pyarrow_table().num_rows == 0
+    assert DeltaTable(path).transaction_version(txn_app_id("q2")) == 1 * PARTS
