@@ -2,13 +2,13 @@
 
 JVM-free: gold is read with delta-rs, Postgres written with psycopg 3 (where only Spark
 reaches storage, ``LAKECDC_WRITER=spark``, gold is read through a Spark session the caller
-passes in: ``gold.view``). One push takes steps
-1-4 of docs/gold.md, "The push": one Postgres transaction at one gold version ``V``, fenced
-on this gold table's row of ``lakecdc_push_progress``, so a replayed or stale push changes
-nothing (step 2b: a version the dashboard is exactly at is only recorded, one it is past
-is left unrecorded); then the *absolute* counts at ``V`` of the keys gold's change data
-feed names (every row for a full push), and COMMIT. All or nothing: the dashboard always
-shows gold at one watermark, so never part of a source transaction.
+passes in: ``gold.view``). One push takes steps 1-4 of docs/gold.md, "The push": one
+Postgres transaction at one gold version ``V``, fenced on this gold table's row of
+``lakecdc_push_progress``, so a replayed or stale push changes nothing (step 2b: a version
+the dashboard is exactly at is only recorded, one it is past is left unrecorded); then the
+*absolute* counts at ``V`` of the keys gold's change data feed names (every row for a full
+push), and COMMIT. All or nothing: the dashboard shows gold at one watermark, never part of
+a source transaction.
 
 ``push_ahead`` adds a step of gold to the dashboard before gold's MERGE commits it - a
 stream batch's planned step, or a shipper batch's before the stream reads it
@@ -68,10 +68,8 @@ def dashboard_ddl() -> str:
 
 def ensure_dashboard_tables(conn: psycopg.Connection) -> None:
     """Create ``service_stats``, ``lakecdc_push_progress`` and ``lakecdc_layer_progress`` if
-    absent. Idempotent.
-
-    When all exist nothing is run, so a least-privilege writer role (no CREATE on the
-    schema; ``infra/postgres/roles.sql``) passes."""
+    absent. Idempotent. When all exist nothing is run, so a least-privilege writer role (no
+    CREATE on the schema; ``infra/postgres/roles.sql``) passes."""
     present = conn.execute("SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT "
                            "NULL AND to_regclass(%s) IS NOT NULL",
                            [STATS_TABLE, PROGRESS_TABLE, LAYER_TABLE]).fetchone()[0]
@@ -329,9 +327,8 @@ class AheadPush:
     """``push_ahead`` for one stream (``pipelines.run.stream.OnePass``'s ``ahead``): one
     connection kept between batches, gold's table id read once. Never raises: a dashboard
     it cannot reach is left to the push loop, which catches it up from gold. Why a step
-    was not pushed is said once, not at every batch while it lasts (a first start's steps
-    come before gold's first commit, about forty of them), and again after a step went
-    through."""
+    was not pushed is said once while it lasts (a first start's forty steps before gold
+    exists), and again after a step went through."""
 
     def __init__(self, gold_path: str, dashboard_dsn: str,
                  storage_options: dict | None = None,
@@ -360,14 +357,12 @@ class AheadPush:
                                 self.marks() if self.marks is not None else None, self.fence)
         except (psycopg.Error, DeltaError, OSError, Unreachable, UserError,
                 *_spark_errors(self.spark)) as exc:
-            said = str(exc)
+            said, self._said = self._said, str(exc)
             log.log(logging.DEBUG if said == self._said else logging.WARNING,
-                    "a step was not pushed ahead of gold (the push catches up): %s", said)
-            self._said = said
+                    "a step was not pushed ahead of gold (the push catches up): %s", exc)
             self.close()
             return False
-        if pushed:
-            self._said = None
+        self._said = None if pushed else self._said
         return pushed
 
     def close(self) -> None:

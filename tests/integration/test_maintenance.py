@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 
 from core.features import READER_FEATURES, WRITER_FEATURES, unreadable
 from core.layout import GOLD, SILVER, mirror_path
-from core.maintenance import MAINTENANCE_FILE
+from core.maintenance import MAINTENANCE_FILE, UNREFERENCED_HOURS
 from pipelines.maintain.once import maintain_once
 from pipelines.run.pipeline import Pipeline
 from silver.mirror_pending import PENDING_DIR
@@ -92,8 +92,13 @@ def test_maintain_once_never_deletes_what_the_stopped_stream_has_still_to_read(
     pipeline.run_once()
     check_invariants(config, witness)
     # Caught up now (the checker's last shipper commit read too): the next maintenance
-    # deletes bronze's compacted-away files, and every table keeps its live files only.
+    # deletes bronze's compacted-away files, and every table keeps its live files only,
+    # once files no commit names are past UNREFERENCED_HOURS (aged here).
     pipeline.run_once()
+    aged = time.time() - UNREFERENCED_HOURS * 3600 - 60
+    for table in (config.bronze_path, config.table_path(SILVER), config.table_path(GOLD)):
+        for data in Path(table).glob("*.parquet"):
+            os.utime(data, (aged, aged))
     lines = maintain_once(config.with_(retention_hours=0))
     assert "nothing vacuumed" not in line_of(lines, "bronze"), lines
     for table in (config.bronze_path, config.table_path(SILVER), config.table_path(GOLD)):

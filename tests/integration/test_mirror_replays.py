@@ -152,7 +152,10 @@ def outlive_the_log(cli_here, env: dict, config, path: str, writes=None) -> None
     assert not left, left
 
 
-@pytest.mark.parametrize("writer", ["delta-rs", pytest.param("spark", marks=pytest.mark.long)])
+# Through Spark a soak (95 s): the delta-rs run proves the same replay, and the Spark
+# writer's app transactions are read after a log cleanup by test_replay_after_log_cleanup's
+# ``[spark]`` tests.
+@pytest.mark.parametrize("writer", ["delta-rs", pytest.param("spark", marks=pytest.mark.soak)])
 def test_a_finished_add_is_replayed_after_an_outage_longer_than_the_log_retention(
         source_db, config, spark, cli_here, monkeypatch, writer):
     """``tables add`` crashes right after the first chunk of ``docs`` is in its mirror; the
