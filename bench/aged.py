@@ -1,5 +1,5 @@
 """``python -m bench.aged`` (part of ``make bench``): ``lakecdc run`` on an aged lakehouse
-beside a fresh one, in one run (issue 36: aged ≤ 1.2× fresh).
+beside a fresh one, in one run (the target: aged ≤ 1.2× fresh).
 
 1. **Age.** One source database (the benchmark's schema, ``populate``d), one lakehouse,
    ``setup``; then ``lakecdc run`` itself ages it, under the benchmark's steady traffic, with
@@ -75,13 +75,15 @@ class AgedParams:
 def aging_config(config: Config, commits_per_s: dict[str, float] | None) -> Config:
     """The aging pipeline: nothing waits between batches, gold folds every batch, and
     maintenance runs after as many commits as in production (``PRODUCTION_COMMITS_PER_S``,
-    for the table whose commits come fastest against it), with the log keeping as many
-    commits as production's 10 minutes."""
+    for the table whose commits come fastest against it), with each log keeping as many
+    commits as production's retention of it (10 minutes; the tables others read a day)."""
     scale = min([1.0, *(PRODUCTION_COMMITS_PER_S[n] / max(r, 1e-9)
                         for n, r in (commits_per_s or {}).items())])
     return config.with_(gold_fold_share=1.0,
                         maintain_interval_s=max(10.0, MAINTAIN_INTERVAL_S * scale),
-                        log_retention_minutes=max(1, round(LOG_RETENTION_MINUTES * scale)))
+                        log_retention_minutes=max(1, round(LOG_RETENTION_MINUTES * scale)),
+                        reader_retention=tuple((g, max(1, round(m * scale)))
+                                               for g, m in config.reader_retention))
 
 
 def _traffic(dsn: str, rate: float, tag: str, stop) -> None:

@@ -14,7 +14,7 @@ waiting between batches, ``commits`` times each:
   so it is left out: the rows are built in Arrow.
 
 Each writer is maintained as the running pipeline maintains it (``maintain_table``, the
-pipeline's default retentions: bronze's log 2 minutes, the others' 10) every
+pipeline's default retentions: bronze's log 2 minutes, the others' a day) every
 ``maintain_every`` commits: 300 s at the stream's ``commit_rate``; and between two
 maintenances its expired log is cleaned every ``clean_every`` commits (``clean_log``: 30 s
 of them). The clock is simulated for the log: before each cleaning every log entry is
@@ -57,6 +57,7 @@ from core.config import (
     LOG_CLEAN_INTERVAL_S,
     LOG_RETENTION_MINUTES,
     MIRROR_INTERVAL_S,
+    READER_RETENTION_MINUTES,
     RETENTION_HOURS,
 )
 from core.handle import WriterHandle
@@ -70,10 +71,11 @@ TABLE = "public.notifications"
 COLUMNS = ("id", *DIMS)
 SLOT = "aging"
 DAY_S = 86_400
-# Each table's log retention, as ``pipelines.maintain.plan`` gives the pipeline's tables.
+# Each table's log retention, as ``pipelines.maintain.plan`` gives the pipeline's tables:
+# silver, gold and a mirror are read by others (a day by default).
 LOG_MINUTES = {"bronze": min(LOG_RETENTION_MINUTES, BRONZE_LOG_RETENTION_MINUTES),
-               "silver": LOG_RETENTION_MINUTES, "gold": LOG_RETENTION_MINUTES,
-               "mirror": LOG_RETENTION_MINUTES}
+               "silver": READER_RETENTION_MINUTES, "gold": READER_RETENTION_MINUTES,
+               "mirror": READER_RETENTION_MINUTES}
 
 
 @dataclass(frozen=True)
@@ -260,7 +262,8 @@ def age(root: Path, params: AgingParams, spark, say=print) -> dict:
         if (i + 1) % params.maintain_every == 0:
             for name, path in tables.items():
                 _date_log(path, DeltaTable(path).version(), params.commit_rate)
-                report = maintain_table(name, path, retention_hours=RETENTION_HOURS,
+                report = maintain_table(name, path, retention_hours=max(
+                                            RETENTION_HOURS, LOG_MINUTES[name] // 60),
                                         log_retention_minutes=LOG_MINUTES[name])
                 series[name].maintain_s.append(round(report.seconds, 3))
         elif (i + 1) % params.clean_every == 0:
@@ -330,7 +333,7 @@ def run(params: AgingParams, out: Path, say=print) -> dict:
                "params": asdict(params), "load_at_start": load,
                "load_at_end": [round(x, 2) for x in os.getloadavg()],
                "seconds": round(aged["seconds"]),
-               "log_retention_minutes": LOG_RETENTION_MINUTES,
+               "log_retention_minutes": READER_RETENTION_MINUTES,
                "bronze_log_retention_minutes": LOG_MINUTES["bronze"],
                "retention_hours": RETENTION_HOURS,
                "tables": {n: {**asdict(s), "settled": settled[n]}

@@ -1,4 +1,4 @@
-"""A big table captured and kept (issue 38, item 2): ``lakecdc tables add public.big`` on a
+"""A big table captured and kept: ``lakecdc tables add public.big`` on a
 table of ``rows`` rows while ``lakecdc run`` (the real CLI, ``bench.catch_up.RunProcess``)
 runs under traffic on it and on the counted tables.
 

@@ -9,11 +9,11 @@
 - ``recvlogical``: Postgres's own streaming client, ``pg_recvlogical``, draining a second
   witness slot through the replication protocol to ``/dev/null`` with the same options, up
   to the WAL position at the end of the backlog: decode, transfer and the client's write,
-  nothing stored. The client the shipper is measured against (issue 39).
+  nothing stored. The client the shipper is measured against.
 - ``replication_drain``: the replication protocol through psycopg (3.3 runs
   ``START_REPLICATION`` and leaves its ``COPY_BOTH`` stream to ``psycopg.pq``), read on a
   third witness up to the same position and discarded: what a shipper on the walsender
-  would pay before it parsed or stored anything (issue 39's last lever; docs/bronze.md,
+  would pay before it parsed or stored anything (the last lever; docs/bronze.md,
   "Against `pg_recvlogical`").
 - ``ship_once``: ``lakecdc ship --once`` as a child process (the command an operator runs),
   timed from spawn to exit, with that child's own peak RSS (``PeakRss``: the high-water

@@ -17,7 +17,7 @@ from core.layout import STREAM_QUERY
 
 QUERY = STREAM_QUERY                  # the one streaming query (pipelines/run/stream.py)
 FAST_RATE, SLOW_RATE = 2000.0, 200.0    # the freshness targets' rates (changes/s)
-FAST_P95_S, SLOW_P95_S = 1.0, 0.5       # and their p95s (issue 39, item 2)
+FAST_P95_S, SLOW_P95_S = 1.0, 0.5       # and their p95s (the targets)
 
 
 def run_at(doc: dict, rate: float) -> dict | None:
@@ -55,7 +55,7 @@ TARGETS = (
     ("ship_recvlogical", "shipper ≥ 1.2× `pg_recvlogical`",
      lambda d: d["backlog"]["decode"].get("ship_vs_recvlogical"), 1.2,
      lambda v, lim: v >= lim, "×"),
-    ("ship_ratio", "shipper ≥ 0.8× raw decode (issue 39's moonshot)",
+    ("ship_ratio", "shipper ≥ 0.8× raw decode (the moonshot)",
      lambda d: d["backlog"]["decode"]["ratio"], 0.8, lambda v, lim: v >= lim, "×"),
     ("catch_up", "stream + push catch-up ≥ 30k changes/s",
      lambda d: d["backlog"]["layers"]["stream_push"]["changes_per_s"], 30_000,
@@ -840,7 +840,7 @@ shipper ran at ${ship_changes_per_s} changes/s in the backlog section). Until th
 dashboard was exact they used ${warm_cpu} CPU seconds.
 Gold was exact ${warm_gold_s} s after the thaw. Cold, started again on the backlog: exact
 on the dashboard after ${cold_s} s, the stream's first batch at ${cold_start_s} s; a very
-first run: ${first_s} s. Issue 39, item 3."""),
+first run: ${first_s} s."""),
     "mirror_catch_up": (
         """**Mirrors' catch-up (met, ${mirror_rate} changes/s).** The fold is Arrow and numpy
 on the driver, only the columns whose mirror type is not text are typed in Spark, and
@@ -856,21 +856,21 @@ straight into the mirror by key-range COPY chunks, parsed by Arrow (docs/source-
 rows are loaded straight into the mirror (docs/source-tables.md): one COPY per
 100,000-row chunk, parsed by Arrow and appended, the next chunk read while one is written,
 on the two cores that also run Postgres, the traffic and `lakecdc run`. COPY hands the same
-rows to one client in ${big_copy_s} s. Issue 38, item 2."""),
+rows to one client in ${big_copy_s} s."""),
     "big_mirror_fresh": (
         """**The big table's mirror as fresh as gold (met, p95 ${big_kept_p95} s).** Its
 batches go to its tail, folded into the table in the background (docs/silver.md, "Big
 mirrors"); the probe reads the table with its tail laid over it.""",
         """**The big table's mirror (p95 ${big_kept_p95} s, target 10 s).** Its batches go
 to its tail (docs/silver.md, "Big mirrors"); its folds (${big_kept_folds}) rewrite the
-table in the background, on the two cores every batch shares. Issue 38, item 2."""),
+table in the background, on the two cores every batch shares."""),
     "big_mirror_growth": (
         """**A mirrors' batch beside the big table (met, ${big_kept_growth}× from
 ${big_small_rows} to ${big_rows} rows).** A batch appends to the tail, whatever the
 table's size; the folds' share of the time is bounded (`FOLD_SHARE`).""",
         """**A mirrors' batch beside the big table (${big_kept_growth}× from
 ${big_small_rows} to ${big_rows} rows, target 1.5×).** A batch appends to the tail, but
-its folds, in the background, take the same two cores. Issue 38, item 2."""),
+its folds, in the background, take the same two cores."""),
 }
 
 

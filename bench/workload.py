@@ -266,7 +266,7 @@ class SteadyTraffic:
 
 
 # Three captured tables beside the counted two, none of them counted: the neighbours whose
-# mirrors ``lakecdc run`` keeps while the dashboard's freshness is measured (issue 17: the
+# mirrors ``lakecdc run`` keeps while the dashboard's freshness is measured (the
 # gold path keeps its freshness while they change at 100 rows/s each). One has a composite
 # key and one a TOASTed column.
 NEIGHBOURS_SQL = """

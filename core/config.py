@@ -31,6 +31,17 @@ LOG_RETENTION_MINUTES = 10
 # minutes at 3-4 commits a second) a trigger's reading of it took 100-114 ms, against 50-65
 # ms with up to 1,000 (bench/aged.py, 2026-11-28).
 BRONZE_LOG_RETENTION_MINUTES = 2
+# The tables people and tools other than lakecdc read (docs/operations.md, "What each table
+# keeps"), by group: ``silver`` (silver/changes, silver/quarantine), ``gold``
+# (gold/service_stats) and ``mirrors`` (each mirror). Each keeps its log and the files it
+# removed this many minutes, so a user's stream stopped overnight resumes, time travel reaches
+# back a working day, and a plain VACUUM (Databricks') deletes nothing a day's query reads.
+# Not Delta's 30 days of log: at 2-3 commits a second that is 5-8 million log entries, and
+# every listing of the log reads them all on stores that list no offset. LAKECDC_READER_RETENTION.
+READER_GROUPS = ("silver", "gold", "mirrors")
+READER_RETENTION_MINUTES = 24 * 60
+_DURATION = re.compile(r"(\d+)\s*([mhd]?)")
+_MINUTES = {"m": 1, "h": 60, "": 60, "d": 24 * 60}
 # Between two maintenances each writer cleans its tables' expired log this often, so a log
 # holds its retention and at most this much more (not up to MAINTAIN_INTERVAL_S more).
 LOG_CLEAN_INTERVAL_S = 30.0
@@ -121,10 +132,16 @@ class Config:
     # hours later: readers inside that window (a notebook's time travel, a replay, verify's
     # as-of reads) find them; a stream further behind keeps them longer (core.maintenance).
     retention_hours: int = RETENTION_HOURS
-    # Each table's log keeps this many minutes of commits, and time travel reaches as far;
-    # a stream behind keeps what it needs longer. Short, because each commit lists the log
+    # lakecdc's own tables (gold's _pending and _deltas, the mirrors' tails and markers)
+    # keep this many minutes of log, bronze at most BRONZE_LOG_RETENTION_MINUTES; a stream
+    # behind keeps what it needs longer. Short, because each commit lists the log
     # (core.maintenance): at 2-4 commits a second, 10 minutes is 1,200-2,400 entries.
     log_retention_minutes: int = LOG_RETENTION_MINUTES
+    # What the tables others read keep (READER_GROUPS above), in minutes, by group; the
+    # internal ones keep ``log_retention_minutes``. A group's files removed are also kept
+    # this long, whatever ``retention_hours`` says.
+    reader_retention: tuple[tuple[str, int], ...] = tuple(
+        (g, READER_RETENTION_MINUTES) for g in READER_GROUPS)
     # service_stats trails the dashboard by a few of its folds (GOLD_FOLD_SHARE above); 1
     # folds every batch's step with the batch (a small gold, or SQL users who want it
     # current), 0 only when a stream stops.
@@ -199,6 +216,8 @@ class Config:
             values["log_retention_minutes"] = _whole(
                 "LAKECDC_LOG_RETENTION_MINUTES", env["LAKECDC_LOG_RETENTION_MINUTES"],
                 "minutes", 10)
+        if env.get("LAKECDC_READER_RETENTION", "").strip():
+            values["reader_retention"] = reader_retention(env["LAKECDC_READER_RETENTION"])
         if env.get("LAKECDC_GOLD_FOLD_SHARE"):
             values["gold_fold_share"] = _number("LAKECDC_GOLD_FOLD_SHARE",
                                                 env["LAKECDC_GOLD_FOLD_SHARE"],
@@ -338,6 +357,10 @@ class Config:
     def baseline_path(self) -> str:
         return self.table_path(GOLD_BASELINE)
 
+    def kept_minutes(self, group: str) -> int:
+        """How many minutes a reader group's tables keep their log and removed files."""
+        return dict(self.reader_retention)[group]
+
     def guard_on(self, guard: str) -> bool:
         return guard not in self.disabled_guards
 
@@ -351,6 +374,25 @@ def default_spark_log() -> str:
     import tempfile
 
     return os.path.join(tempfile.gettempdir(), f"lakecdc-spark-{os.getuid()}.log")
+
+
+def reader_retention(text: str) -> tuple[tuple[str, int], ...]:
+    """``LAKECDC_READER_RETENTION``: a duration for every reader group, then any group's
+    own: ``24h``, ``7d,mirrors=2h``, ``silver=90m`` (``m``, ``h`` or ``d``; a bare number is
+    hours). In minutes, by group, in ``READER_GROUPS``' order."""
+    kept = dict.fromkeys(READER_GROUPS, READER_RETENTION_MINUTES)
+    for part in (p.strip() for p in text.split(",")):
+        group, _, duration = part.rpartition("=")
+        group = group.strip()
+        match = _DURATION.fullmatch(duration.strip())
+        if (group and group not in kept) or not match or int(match[1]) < 1:
+            raise UserError(
+                f"LAKECDC_READER_RETENTION={text!r} is not a retention lakecdc takes: write a "
+                "duration of 1 or more for every group, then any group's own, e.g. "
+                f"'24h' or '7d,mirrors=2h' (units m, h, d; groups {', '.join(READER_GROUPS)}).")
+        minutes = int(match[1]) * _MINUTES[match[2]]
+        kept.update({group: minutes} if group else dict.fromkeys(kept, minutes))
+    return tuple(kept.items())
 
 
 def _whole(name: str, text: str, unit: str, example: int) -> int:

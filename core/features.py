@@ -9,7 +9,7 @@ can add a feature later. delta-rs 1.6 handles some of them wrongly rather than n
 
 - column mapping (``delta.columnMapping.mode`` name or id) without deletion vectors: its
   Arrow reads (``to_pyarrow_table``) return NULL in every column, with no error; so did
-  the push's read of gold (issue 37);
+  the push's read of gold, where only Spark wrote it;
 - deletion vectors: its Arrow reads refuse the table;
 - row tracking, domain metadata: its writers refuse to commit.
 

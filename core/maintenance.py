@@ -35,18 +35,24 @@ ever races it. Each step is idempotent and is one commit or none (the repair, tw
    newest checkpoint at or before the version it would read again on a restart
    (``log_floor + 1``: where its newest committed batch started). Last, since a snapshot
    loaded before it may read a checkpoint it deletes.
+6. **checkpoints thinned** inside the retention (``thin_checkpoints``): about
+   ``CHECKPOINTS_KEPT`` are kept over it, so a log kept a day does not hold a day of
+   checkpoints, each carrying a day of tombstones.
 
 Steps 2 and 5 also run alone, more often (``clean_log``: the writers do it every
 ``LOG_CLEAN_INTERVAL_S``), so a log holds its retention and little more.
 
-Why the log is short (``log_properties``): every commit of delta-rs, and every snapshot load,
-lists the log; on a local disk that listing reads the whole folder, so a commit's cost grows
-with the log's length: about 11 ms per 1,000 entries (docs/operations.md, "Running for
-months"; stores that list from an offset, such as S3, pay less). At 2,000 changes/s a table gets 2-4
-commits a second, so Delta's default 30 days would be 5-10 million entries; 10 minutes is
-1,200-2,400. Bronze, whose history only lakecdc's stream reads, keeps 2 minutes
-(``core.config.BRONZE_LOG_RETENTION_MINUTES``: Spark's stream lists it at every trigger).
-The checkpoints carry each tombstone as long, so they stay small too.
+Why lakecdc's own logs are short and the others' a day (``log_properties``): every commit
+of delta-rs, and every snapshot load, lists the log; on a local disk that listing reads the
+whole folder, so a commit's cost grows with the log's length (docs/operations.md, "What each
+table keeps", measured by ``bench.kept_log``: delta-rs about 3 ms per 1,000 entries a commit,
+Spark 25-40 ms per 1,000 a snapshot update; stores that list from an offset, such as S3, pay
+for the new entries only). At
+2,000 changes/s a table gets 2-4 commits a second. The tables only lakecdc reads keep 10
+minutes (1,200-2,400 entries), bronze 2 (``core.config.BRONZE_LOG_RETENTION_MINUTES``:
+Spark's stream lists it at every trigger); the tables others read keep what their readers
+need (``core.config.READER_GROUPS``: a day by default), which a local disk pays for.
+The checkpoints carry each tombstone as long as the log (a time travel reads the files).
 
 A kill anywhere (F25) leaves the table as it was or compacted: compaction's new files are
 invisible until its one log entry, so a kill before it leaves orphans that a later vacuum
@@ -56,6 +62,7 @@ deletes; the checkpoint and vacuum change no row.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -94,8 +101,11 @@ class TableReport:
     vacuumed: int = 0               # files deleted
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    passed_over: str | None = None  # why it was not maintained (``maintain --once``)
 
     def line(self) -> str:
+        if self.passed_over:
+            return f"{self.table}: {self.passed_over}"
         done = (f"{self.files_before} → {self.files_after} live files, {self.compacted} "
                 f"compacted, {self.vacuumed} deleted, {self.seconds:.1f}s")
         return f"{self.table}: {done}" + "".join(f"; {n}" for n in self.notes)
@@ -159,9 +169,14 @@ def maintain_table(name: str, uri: str, storage_options: dict | None = None, *,
         report.vacuumed = _vacuum(table, retention_hours)
     table.update_incremental()
     report.files_after = len(table.file_uris())
-    note = _clean_log(uri, storage_options, table.version(),
-                      reader_floor if log_floor is None else log_floor)    # the last use
+    keep_from = reader_floor if log_floor is None else log_floor
+    note = _clean_log(uri, storage_options, table.version(), keep_from)    # the last use
     report.notes += [note] if note else []
+    if note is None:
+        fs, root = filesystem(uri, storage_options)
+        thin_checkpoints(fs, under(root, "_delta_log"),
+                         table.version() if keep_from is None else keep_from + 1,
+                         log_retention_minutes * 60 / CHECKPOINTS_KEPT)
     report.seconds = time.monotonic() - started
     _MAINTAINED[uri] = _MAINTAINED.get(uri, 0) + 1
     _record(uri, storage_options, report, now or time.time())
@@ -240,6 +255,53 @@ def _clean_log(uri: str, storage_options: dict | None, version: int,
     except DeltaError as exc:       # its entry was cleaned before lakecdc kept the log
         return f"log not cleaned: version {keep_from} is unreadable ({exc})"
     return None
+
+
+# A checkpoint file: ``<version>.checkpoint.parquet``, or one part of a multi-part one.
+_CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(\.\d{10}\.\d{10})?\.parquet")
+# How many checkpoints a log keeps over its retention, about: one per this share of it,
+# besides every one of the last CHECKPOINT_GRACE_S.
+CHECKPOINTS_KEPT = 24
+CHECKPOINT_GRACE_S = 3600
+
+
+def thin_checkpoints(fs, log: str, keep_from: int, every_s: float,
+                     now: float | None = None) -> list[int]:
+    """Step 6: delete the checkpoints a log keeps no use for; returns their versions. At
+    maintenance only, since it lists the whole log. A writer
+    checkpoints every ``checkpointInterval`` commits, and each checkpoint carries every live
+    file and every tombstone of the retention, so a log kept a day would hold thousands of
+    ever larger ones (a day of silver under traffic: about 2,400, of up to 2 MB each). Kept: the
+    newest (every reader of the current version starts there), the newest at or before
+    ``keep_from`` (a stream restarting there), the newest written in each ``every_s``
+    window, so time travel to any version reads at most that much of the log after its
+    checkpoint and the expired entries' cleanup still finds one near its cut, and every
+    one younger than ``CHECKPOINT_GRACE_S``: a reader may have listed the log before a
+    newer one was written, and reads it later (Spark's stream reads its snapshot's
+    checkpoint lazily). So a log kept minutes is never thinned."""
+    from pyarrow.fs import FileSelector
+
+    parts: dict[int, list] = {}
+    for info in fs.get_file_info(FileSelector(log)):
+        match = _CHECKPOINT.fullmatch(info.base_name)
+        if match:
+            parts.setdefault(int(match[1]), []).append(info)
+    if len(parts) < 2:
+        return []
+    versions = sorted(parts)
+    written = {v: max(i.mtime.timestamp() for i in parts[v]) for v in versions}
+    young = (now or time.time()) - CHECKPOINT_GRACE_S
+    kept = {versions[-1], max([v for v in versions if v <= keep_from], default=versions[0]),
+            *(v for v in versions if written[v] > young)}
+    windows: dict[int, int] = {}
+    for v in versions:                            # the newest of each window
+        windows[int(written[v] // max(every_s, 1))] = v
+    kept |= set(windows.values())
+    gone = [v for v in versions if v not in kept]
+    for v in gone:
+        for info in parts[v]:
+            fs.delete_file(info.path)
+    return gone
 
 
 def _record(uri: str, storage_options: dict | None, report: TableReport, at: float) -> None:

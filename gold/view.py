@@ -1,5 +1,5 @@
 """Gold at one version, as the push reads it: with delta-rs (the default, no JVM) or with
-Spark (``LAKECDC_WRITER=spark``: where only Spark reaches storage, issue 37).
+Spark (``LAKECDC_WRITER=spark``: where only Spark reaches storage).
 
 The push (``gold.push.push_table``) needs, of gold at one pinned version ``V``: ``V``, the
 table's id (a new table means a full push), its watermark (``position``), the keys its

@@ -5,8 +5,9 @@
 # MAGIC The dashboard's Postgres `service_stats` is pushed from `gold/service_stats`, one gold
 # MAGIC version at a time, seconds after gold commits it. So *what the dashboard showed at T*
 # MAGIC is gold as of the newest version committed at or before T (give or take one push
-# MAGIC interval). Delta keeps every version for gold's `delta.logRetentionDuration` (30 days)
-# MAGIC as long as VACUUM has not removed its files.
+# MAGIC interval). Gold keeps every version, and the files they read, for a day by default
+# MAGIC (`delta.logRetentionDuration` and `delta.deletedFileRetentionDuration`; longer with
+# MAGIC `LAKECDC_READER_RETENTION`, e.g. `gold=7d`: docs/operations.md, "What each table keeps").
 # MAGIC
 # MAGIC Parameters: `lakehouse`; `as_of`, a UTC time such as `2026-11-21 09:00:00` (empty: the
 # MAGIC middle of gold's history), or `version`, a gold version (wins over `as_of`).

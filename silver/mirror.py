@@ -60,7 +60,7 @@ from pyspark.sql.types import (
 )
 
 from core.commits import commit_metadata
-from core.config import LOG_RETENTION_MINUTES
+from core.config import READER_RETENTION_MINUTES
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.lsn import fmt
@@ -119,7 +119,7 @@ def mirror_schema(columns: list[tuple[str, str]]) -> StructType:
 
 
 def create_mirror(spark: SparkSession, path: str, spec: TableSpec,
-                  log_retention_minutes: int = LOG_RETENTION_MINUTES) -> None:
+                  log_retention_minutes: int = READER_RETENTION_MINUTES) -> None:
     """Create the mirror of ``spec`` at ``path`` unless it exists (idempotent), its log kept
     ``log_retention_minutes`` (``mirror_properties``)."""
     create_table(spark, path, mirror_schema(list(spec.columns)),

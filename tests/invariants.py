@@ -1,4 +1,4 @@
-"""RELIABILITY.md's invariants I1-I5 in one call, checked from independent sources only.
+"""The invariants I1-I5 (docs/reliability.md) in one call, checked from independent sources only.
 
 ``check_invariants(config, witness, ...)`` runs after a scenario has drained the pipeline
 and the source is quiet. Nothing it compares comes from the pipeline's own counters,

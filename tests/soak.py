@@ -17,7 +17,7 @@ What one run does:
    ``--streaming-layer gold``) committed in that cycle (so kills also land inside the
    streams, gold and the push, not only in the JVM's start-up); waits until no process of the group is left and Postgres has let go of
    the dead sessions (their advisory locks and the slot), then restarts it;
-4. stops the traffic, drains with ``lakecdc run --once`` and checks RELIABILITY.md's
+4. stops the traffic, drains with ``lakecdc run --once`` and checks docs/reliability.md's
    I1-I5 exactly (``tests/invariants.py``); prints a summary and exits 0 only if exact.
 
 Not collected by pytest (the file name does not match ``test_*.py``); CI runs a short,

@@ -4,7 +4,7 @@
   advanced. Its plain-SQL peek, parsed row by row with ``json.loads``, says which
   transactions committed and exactly which change rows wal2json emitted for each.
 - ``check_bronze``: bronze must hold every witnessed transaction exactly once, in order,
-  with nothing else (invariant I1 of RELIABILITY.md). Raises ``AssertionError``.
+  with nothing else (invariant I1, docs/reliability.md). Raises ``AssertionError``.
 - ``source_truth`` / ``check_gold``: service_stats by a ``GROUP BY`` over the source tables
   at a quiet point, plus the history rows the test purged itself (I3, I4).
 """

@@ -4,7 +4,10 @@ and ``pipelines.cli.main`` import it without a circle."""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import functools
+import json
 import threading
 from contextlib import contextmanager
 
@@ -17,6 +20,25 @@ from core.errors import UserError
 def load_config(ctx, **flags) -> Config:
     """The configuration: the root group's flags and the command's, over the environment."""
     return Config.load(**ctx.obj["flags"], **flags)
+
+
+def json_option(command):
+    """``--json`` of the commands that report something a script reads."""
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Machine-readable output: one JSON document.")(command)
+
+
+def echo_json(value) -> None:
+    """``value`` (dataclasses, lists, dicts, datetimes) as one JSON document on stdout."""
+    click.echo(json.dumps(value, indent=2, default=_plain))
+
+
+def _plain(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat()
+    return str(value)
 
 
 def metrics_option(command):

@@ -2,7 +2,8 @@
 gathered from one module per command group, and the process's entry points.
 
 Exit codes: 0 success, 1 verification found drift, 2 usage or configuration error (one
-sentence on stderr, no traceback), 3 an unexpected failure (traceback, passwords redacted).
+sentence on stderr, no traceback), 3 an unexpected failure (traceback, passwords redacted);
+``status`` also 4 (the slot is missing or lost) and 5 (a layer holds nothing yet).
 ``main(argv)`` never raises ``SystemExit`` on success, so it can be a Databricks wheel-task
 entry point.
 """
@@ -23,6 +24,8 @@ from pipelines.observe.logs import configure_logging
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="lakecdc", prog_name="lakecdc",
+                      message="%(prog)s %(version)s")
 @click.option("--source-dsn", help="Source Postgres DSN [env LAKECDC_SOURCE_DSN].")
 @click.option("--dashboard-dsn", help="Dashboard Postgres DSN [env LAKECDC_DASHBOARD_DSN].")
 @click.option("--lakehouse", help="Root path or URI of the Delta tables [env LAKECDC_LAKEHOUSE].")
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting."""
     drop_empty_cloud_variables(os.environ)
     try:
-        cli.main(args=argv, prog_name="lakecdc", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="lakecdc", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("lakecdc: aborted", err=True)
         return 2
@@ -69,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         # free for drift.
         click.echo(redact(traceback.format_exc()), err=True)
         return 3
-    return 0
+    return code if type(code) is int else 0      # a command's ``ctx.exit(code)``
 
 
 def entry() -> None:

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import click
 
-from pipelines.cli.context import load_config, make_pipeline, once_option
+from pipelines.cli.context import echo_json, json_option, load_config, make_pipeline, once_option
 from pipelines.run.signals import stop_on_signals
 
 
 @click.command()
 @once_option("Maintain every table once, then exit.")
+@json_option
 @click.pass_context
-def maintain(ctx, once):
+def maintain(ctx, once, as_json):
     """Compact small files, checkpoint and vacuum every table lakecdc writes, passing over
     the tables of a writer that is running (it maintains them itself); without --once,
     again every LAKECDC_MAINTAIN_INTERVAL seconds until stopped. No Spark needed, unless
@@ -20,9 +21,14 @@ def maintain(ctx, once):
     from pipelines.maintain.once import maintain_forever, maintain_once
 
     config = load_config(ctx)
+    if as_json and not once:
+        raise click.UsageError("--json goes with --once (one report of every table).")
     writes = make_pipeline(ctx).spark_writes() if config.spark_writes else None
     if once:
-        for line in maintain_once(config, writes):
-            click.echo(line)
+        reports = maintain_once(config, writes)
+        if as_json:
+            echo_json(reports)
+        for report in () if as_json else reports:
+            click.echo(report.line())
     else:
         maintain_forever(config, stop_on_signals(), click.echo, writes)

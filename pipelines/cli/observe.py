@@ -5,22 +5,25 @@ from __future__ import annotations
 
 import click
 
-from pipelines.cli.context import load_config, make_pipeline, needs_spark
+from pipelines.cli.context import json_option, load_config, make_pipeline, needs_spark
 from pipelines.run.signals import stop_on_signals
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 @click.pass_context
 def status(ctx, as_json):
-    """Slot lag and wal_status; per layer the last commit LSN, version and freshness."""
-    from pipelines.observe.status import collect, render, to_json
+    """Slot lag and wal_status; per layer the last commit LSN, version and freshness.
+    Exits 0 when all is well, 4 when the slot is missing or lost, 5 when a layer is not
+    created yet or holds nothing yet."""
+    from pipelines.observe.status import collect, exit_code, render, to_json
 
     config = load_config(ctx)
     # Where only Spark reaches storage, the lakehouse is read through a session.
     spark = make_pipeline(ctx).reader if config.spark_writes else None
     report = collect(config, spark=spark)
     click.echo(to_json(report) if as_json else render(report))
+    ctx.exit(exit_code(report))
 
 
 @click.command("sql")

@@ -9,6 +9,8 @@ from core.errors import UserError
 from core.layout import GOLD
 from pipelines.cli.context import (
     await_input,
+    echo_json,
+    json_option,
     load_config,
     make_pipeline,
     metrics_option,
@@ -149,15 +151,21 @@ def push(ctx, once, take_over, wait_s, metrics_port):
 
 @click.command()
 @once_option("Drain everything committed before it started through every layer, then exit.")
+@json_option
 @shipper_safety_options
 @metrics_option
 @click.pass_context
 @needs_spark
-def run(ctx, once, metrics_port, **flags):
-    """All stages: ship, silver, gold, push."""
+def run(ctx, once, as_json, metrics_port, **flags):
+    """All stages: ship, silver, gold, the mirrors, push."""
+    if as_json and not once:
+        raise click.UsageError("--json goes with --once (one report of the run).")
     with stage_metrics(make_pipeline(ctx, **flags), metrics_port, "run") as pipeline:
         if once:
             report = pipeline.run_once()
+            if as_json:
+                echo_json(report)
+                return
             timing = ", ".join(f"{k} {v:.1f}s" for k, v in report.seconds.items())
             click.echo(f"run: shipped {report.shipped}, silver {report.silver_rows} "
                        f"({report.quarantined} quarantined), gold {report.gold_transactions} "

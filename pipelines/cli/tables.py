@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pipelines.cli.context import load_config, spark_factory
+from pipelines.cli.context import echo_json, json_option, load_config, spark_factory
 from pipelines.run.signals import stop_on_signals
 
 
@@ -17,23 +17,29 @@ def _context(ctx):
 
 
 @click.group(invoke_without_command=True)
+@json_option
 @click.pass_context
-def tables(ctx):
+def tables(ctx, as_json):
     """The captured tables: list them (the default), add one while the pipeline runs, or
     remove one. The set is stored in the lakehouse (bronze/_captured) with the pipeline's
     progress; LAKECDC_TABLES only gives setup its first version."""
     if ctx.invoked_subcommand is None:
-        ctx.invoke(list_command)
+        ctx.invoke(list_command, as_json=as_json)
 
 
 @tables.command("list")
+@json_option
 @click.pass_context
-def list_command(ctx):
+def list_command(ctx, as_json):
     """Each captured (or once captured) table, its state and its mirror's freshness."""
-    from pipelines.setup.tables import list_tables, render_tables
+    from pipelines.setup.tables import list_tables, render_tables, tables_json
 
     config, options = _context(ctx)
-    click.echo(render_tables(list_tables(config, options, spark_factory(ctx, config))))
+    lines = list_tables(config, options, spark_factory(ctx, config))
+    if as_json:
+        echo_json(tables_json(lines))
+    else:
+        click.echo(render_tables(lines))
 
 
 @tables.command("add")

@@ -18,6 +18,7 @@ from core.config import Config
 from core.errors import UserError
 from core.layout import GOLD
 from core.locks import exclusive, gold_lock_name, mirrors_lock_name, ship_lock_name
+from core.maintenance import TableReport
 from core.storage import Lakehouse
 from pipelines.maintain.plan import GROUPS, tables_of
 from pipelines.maintain.schedule import maintain
@@ -33,11 +34,12 @@ def _writer_lock(config: Config, group: str) -> tuple[str, str, str]:
     return config.dashboard, mirrors_lock_name(config.lakehouse), "dashboard"
 
 
-def maintain_once(config: Config, writes=None) -> list[str]:
-    """Maintain every group's tables whose writer is not running; one line per table.
-    ``writes``: a ``SparkWrites`` where every write goes through Spark, else None."""
+def maintain_once(config: Config, writes=None) -> list[TableReport]:
+    """Maintain every group's tables whose writer is not running; one report per table
+    (``TableReport.line``: what ``maintain --once`` prints). ``writes``: a ``SparkWrites``
+    where every write goes through Spark, else None."""
     options = Lakehouse.from_config(config).delta_rs_options()
-    lines = []
+    reports: list[TableReport] = []
     for group in GROUPS:
         # The stored set's tables (a ``tables add`` one too), as the mirrors' query keeps them.
         mirrored = tuple(t for t in captured_tables(config, options, writes, loaded=True)
@@ -48,17 +50,17 @@ def maintain_once(config: Config, writes=None) -> list[str]:
         running = f"passed over: its writer ({group}) is running and maintains it."
         try:
             with exclusive(dsn, lock, running, what=what):
-                lines += [r.line() for r in maintain(tables, config, options, writes)]
+                reports += maintain(tables, config, options, writes)
         except UserError as exc:
             if not str(exc).startswith(running):
                 raise
-            lines += [f"{t.name}: {running}" for t in tables]
-    return lines
+            reports += [TableReport(t.name, passed_over=running) for t in tables]
+    return reports
 
 
 def maintain_forever(config: Config, stop: threading.Event, echo, writes=None) -> None:
     """``maintain_once`` every ``maintain_interval_s`` until ``stop`` is set."""
     while not stop.is_set():
-        for line in maintain_once(config, writes):
+        for line in (r.line() for r in maintain_once(config, writes)):
             echo(line)
         stop.wait(config.maintain_interval_s)

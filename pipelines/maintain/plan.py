@@ -12,6 +12,10 @@ commits, so maintenance never races a writer (F26):
   ``silver/changes``;
 - ``mirrors``: each mirror and the markers verify reads, by the mirrors' batch.
 
+What each keeps: the tables others read (silver, quarantine, gold, each mirror) their reader
+group's retention (``Config.kept_minutes``: a day by default); lakecdc's own
+(``_pending``, ``_deltas``, the mirrors' tails and markers) ``log_retention_minutes``.
+
 The backfill's staging table is kept by the backfill run that writes it (``bronze.backfill``).
 Tables written once or rarely (the captured set, setup's baselines) stay as they are.
 """
@@ -57,13 +61,15 @@ def tables_of(config: Config, group: str, mirrored: tuple[str, ...] = ()
     if group == "stream":
         # The mirrors' query reads silver wherever its checkpoint is, whatever this
         # process's configuration says of mirrors (``stream_position``: none, no reader).
-        return [Maintained("silver", path(SILVER), log, reader=path(MIRROR_CHECKPOINT)),
-                Maintained("quarantine", path(QUARANTINE), log),
-                Maintained("gold", path(GOLD), log),
+        silver = config.kept_minutes("silver")
+        return [Maintained("silver", path(SILVER), silver, reader=path(MIRROR_CHECKPOINT)),
+                Maintained("quarantine", path(QUARANTINE), silver),
+                Maintained("gold", path(GOLD), config.kept_minutes("gold")),
                 Maintained("gold_pending", path(GOLD_PENDING), log),
                 Maintained("gold_deltas", path(GOLD_DELTAS), log)]
     if group == "mirrors":
-        return [*[Maintained(f"mirror {t}", mirror_path(config.lakehouse, t), log)
+        kept = config.kept_minutes("mirrors")
+        return [*[Maintained(f"mirror {t}", mirror_path(config.lakehouse, t), kept)
                   for t in mirrored],
                 *[Maintained(f"mirror tail {t}", pending_path(mirror_path(config.lakehouse, t)),
                              log) for t in mirrored],

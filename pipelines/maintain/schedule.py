@@ -41,16 +41,19 @@ def maintain(tables: list[Maintained], config: Config, storage_options: dict | N
     through Spark with ``writes`` (a ``SparkWrites``)."""
     reports = []
     for table in tables:
+        # Files removed from a table are kept as long as its log, in whole hours (time
+        # travel inside the log reads them): a day for the tables others read.
+        retention_hours = max(config.retention_hours, table.log_retention_minutes // 60)
         floors = {"reader_floor": _position(table, config, storage_options, writes),
                   "log_floor": _position(table, config, storage_options, writes, True)}
         if writes is not None:
             reports.append(maintain_table_spark(
                 writes, table.name, spark_path(table.uri, on_databricks()),
-                retention_hours=config.retention_hours,
+                retention_hours=retention_hours,
                 log_retention_minutes=table.log_retention_minutes, **floors))
             continue
         reports.append(maintain_table(
-            table.name, table.uri, storage_options, retention_hours=config.retention_hours,
+            table.name, table.uri, storage_options, retention_hours=retention_hours,
             log_retention_minutes=table.log_retention_minutes, **floors,
             faults=FaultPoints(config.faults)))
     return reports

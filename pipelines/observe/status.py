@@ -273,6 +273,19 @@ def collect(config: Config, storage_options: dict | None = None, spark=None) -> 
     }
 
 
+# ``lakecdc status``'s exit codes beyond 0 (all well), for scripts and probes.
+SLOT_MISSING = 4          # the slot does not exist, or Postgres invalidated it (lost)
+LAYER_EMPTY = 5           # a layer is not created yet, or holds nothing yet
+
+
+def exit_code(report: dict) -> int:
+    """What ``status`` exits with: ``SLOT_MISSING``, else ``LAYER_EMPTY``, else 0; pure."""
+    slot = report["slot"]
+    if slot is None or slot["wal_status"] == "lost":
+        return SLOT_MISSING
+    return LAYER_EMPTY if any(layer["note"] for layer in report["layers"]) else 0
+
+
 def render(report: dict) -> str:
     slot = report["slot"]
     lines = []

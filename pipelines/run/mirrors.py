@@ -68,7 +68,7 @@ def prepare_mirrors(spark: SparkSession, config, storage_options: dict | None = 
                                 "repeat, so it is captured but not mirrored", spec.name)
                     del paths[spec.name]
                     continue
-                create_mirror(spark, paths[spec.name], spec, config.log_retention_minutes)
+                create_mirror(spark, paths[spec.name], spec, config.kept_minutes("mirrors"))
     store = store or RsMirrors(storage_options)
     faults = FaultPoints(config.faults)
     floors = {t: seed_mirror(spark, config.lakehouse, t, p, storage_options, store, faults)

@@ -130,7 +130,7 @@ def _create_mirrors(spark, config: Config, tables) -> dict[str, str]:
     for spec in specs:
         path = _spark_path(mirror_path(config.lakehouse, spec.name))
         if not DeltaTable.isDeltaTable(spark, path):
-            create_mirror(spark, path, spec, config.log_retention_minutes)
+            create_mirror(spark, path, spec, config.kept_minutes("mirrors"))
         paths[mirror_view_name(spec.name)] = path
     return paths
 

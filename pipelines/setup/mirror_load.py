@@ -44,7 +44,7 @@ import psycopg
 import pyarrow as pa
 
 from core.commits import commit_metadata, parse_commit_metadata, rs_commit
-from core.config import LOG_RETENTION_MINUTES
+from core.config import READER_RETENTION_MINUTES
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.features import PLAIN
@@ -114,7 +114,7 @@ class MirrorTarget:
 
     def __init__(self, path: str, spec: TableSpec, writes=None,
                  storage_options: dict | None = None,
-                 log_retention_minutes: int = LOG_RETENTION_MINUTES) -> None:
+                 log_retention_minutes: int = READER_RETENTION_MINUTES) -> None:
         self.path, self.spec, self.writes = path, spec, writes
         self.storage_options = storage_options
         self.log_retention_minutes = log_retention_minutes

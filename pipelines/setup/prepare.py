@@ -243,7 +243,7 @@ def _load_mirrors(config: Config, keyed: tuple[str, ...], floor: int,
     for spec in specs:
         target = MirrorTarget(spark_path(mirror_path(config.lakehouse, spec.name),
                                          on_databricks()), spec, writes, storage_options,
-                              config.log_retention_minutes)
+                              config.kept_minutes("mirrors"))
         done = load_mirror(config.require_source(), target,
                            int(stored.since(spec.name).timestamp() * 1e6), floor,
                            faults=FaultPoints(config.faults),

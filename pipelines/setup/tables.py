@@ -166,7 +166,7 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
         if table in config.with_(tables=(*config.tables, table)).mirrored:
             target = MirrorTarget(spark_path(mirror_path(config.lakehouse, table),
                                              on_databricks()), spec, writes, storage_options,
-                                  config.log_retention_minutes)
+                                  config.kept_minutes("mirrors"))
             target.ensure()          # before the set names it: the load is its first writer
         states = _states(stored, config)
         if states.get(table) != SNAPSHOTTING:
@@ -357,6 +357,17 @@ def _mirror_freshness_spark(writes, lakehouse: str, table: str):
 def _utc(at: datetime | None) -> datetime | None:
     """A time pyspark gave (naive, in the process's local zone), as UTC."""
     return None if at is None else at.astimezone(timezone.utc)
+
+
+def tables_json(lines: list[TableLine]) -> list[dict]:
+    """``lakecdc tables --json``: each line as a mapping, LSNs as Postgres writes them; pure."""
+    out = []
+    for ln in lines:
+        mark = ln.complete_as_of
+        out.append({**{k: v for k, v in vars(ln).items() if k != "complete_as_of"},
+                    "complete_as_of": None if mark is None else
+                    {"commit_lsn": fmt(mark[0]), "commit_ts": mark[1]}})
+    return out
 
 
 def render_tables(lines: list[TableLine], now: datetime | None = None) -> str:

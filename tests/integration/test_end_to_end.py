@@ -55,14 +55,33 @@ def test_mixed_workloads_over_several_run_once_rounds_are_exact(source_db, confi
 
 
 def test_the_cli_run_once_leaves_the_dashboard_exact(source_db, config):
+    """Also the shell's conventions: ``status`` exits 4 with no slot, 5 while a layer holds
+    nothing, 0 once every layer does; ``run --once``, ``tables`` and ``maintain --once``
+    report in JSON."""
+    import json
+
+    from deltalake import DeltaTable
+
+    missing = run_cli(["status"], cli_env(config))
+    assert missing.returncode == 4 and "slot: MISSING" in missing.stdout, missing.stderr
     assert run_cli(["setup"], cli_env(config)).returncode == 0
+    empty = run_cli(["status"], cli_env(config))
+    assert empty.returncode == 5 and ("not created yet" in empty.stdout
+                                      or "nothing pushed yet" in empty.stdout), empty.stdout
     purged = mixed(source_db.dsn, seed=11)
     # Gold folds each batch's step with the batch (LAKECDC_GOLD_FOLD_SHARE=1): nothing
     # goes through gold/_deltas.
-    result = run_cli(["run", "--once"], {**cli_env(config), "LAKECDC_GOLD_FOLD_SHARE": "1"})
+    result = run_cli(["run", "--once", "--json"],
+                     {**cli_env(config), "LAKECDC_GOLD_FOLD_SHARE": "1"})
     assert result.returncode == 0, result.stderr
     check_gold(config.lakehouse, source_db.dsn, source_db.dsn, purged)
-    from deltalake import DeltaTable
+    report = json.loads(result.stdout)
+    assert report["shipped"] > 0 and report["silver_rows"] > 0, report
+    assert report["pushed_version"] == DeltaTable(config.table_path(("gold", "service_stats"))
+                                                  ).version(), report
+    listed = json.loads(run_cli(["tables", "--json"], cli_env(config)).stdout)
+    assert [(t["table"], t["state"]) for t in listed] == \
+        [(t, "captured") for t in config.tables], listed
 
     from core.layout import GOLD_DELTAS
 
@@ -77,8 +96,6 @@ def test_the_cli_run_once_leaves_the_dashboard_exact(source_db, config):
                                   "lakecdc_layer_progress").fetchall())
     assert marks == {layer: newest for layer in ("bronze", "silver", "gold", "dashboard")}
     # Each table's size as its snapshot has it (maintenance shows in it: docs/operations.md).
-    import json
-
     tables = {t["table"]: t for t in json.loads(status.stdout)["tables"]}
     for name, path in (("bronze", config.bronze_path),
                        ("gold", config.table_path(("gold", "service_stats")))):
@@ -90,6 +107,12 @@ def test_the_cli_run_once_leaves_the_dashboard_exact(source_db, config):
     assert {"silver", "quarantine", "gold_pending"} <= set(tables)
     text = run_cli(["status"], cli_env(config)).stdout
     assert "live files" in text and "never" in text      # not maintained yet: a short run
+    maintained = run_cli(["maintain", "--once", "--json"], cli_env(config))
+    assert maintained.returncode == 0, maintained.stderr[-3000:]
+    reports = {r["table"]: r for r in json.loads(maintained.stdout)}
+    assert {"bronze", "silver", "gold"} <= set(reports), reports
+    assert reports["gold"]["files_after"] == len(DeltaTable(
+        config.table_path(("gold", "service_stats"))).file_uris())
 
 
 @pytest.mark.long

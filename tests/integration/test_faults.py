@@ -1,4 +1,4 @@
-"""The fault matrix of RELIABILITY.md where the other suites leave a gap (map:
+"""The fault matrix of docs/reliability.md where the other suites leave a gap (map:
 docs/reliability.md). Every scenario ends with ``tests/invariants.py`` checking I1-I5 from
 independent sources (a witness slot, a GROUP BY on the source, ``pg_replication_slots``),
 and every guard it relies on has a negative control: switched off, the checker fails.

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
+from core.config import reader_retention
 from core.layout import mirror_path
 from tests.integration.test_mirrors import (
     INSERT,
@@ -182,9 +183,11 @@ def test_a_finished_add_is_replayed_after_an_outage_longer_than_the_log_retentio
         create_docs(conn, rng)
     spark_writes = writer == "spark"
     config = config.with_(mirrors=None, log_retention_minutes=1,
+                          reader_retention=reader_retention("1m"),
                           writer="spark" if spark_writes else config.writer)
     setup(config, spark_factory=lambda: spark)
     env = {**cli_env(config), "LAKECDC_LOG_RETENTION_MINUTES": "1",
+           "LAKECDC_READER_RETENTION": "1m",
            **({"LAKECDC_WRITER": "spark"} if spark_writes else {})}
     writes = SparkWrites(spark) if spark_writes else None
     with running_shipper(config, writes=writes):

@@ -1,4 +1,4 @@
-"""Typed mirrors of captured tables (issue 17): random traffic on a table with a composite
+"""Typed mirrors of captured tables: random traffic on a table with a composite
 primary key and a column of every mapped type - TOASTed text updated and left alone, key
 changes, deletes, a TRUNCATE, a column added mid-stream - over several ``run --once``
 passes; each ends in mirror = source, the mirror read with delta-rs and the source with

@@ -1,4 +1,4 @@
-"""Captured tables beside the two counted ones (issue 17, first part): any table whose
+"""Captured tables beside the two counted ones: any table whose
 replica identity names the changed row - a primary key (composite too), ``USING INDEX`` or
 ``FULL`` - is captured without being changed by ``setup``, lands in silver without a
 quarantined row, and leaves gold exact; a table that cannot name its rows is refused with

@@ -30,6 +30,7 @@ import pytest
 from deltalake import DeltaTable
 
 from core.commits import commit_metadata, read_commits_rs
+from core.config import reader_retention
 from core.errors import UserError
 from core.layout import GOLD, GOLD_DELTAS, GOLD_PENDING, QUARANTINE, SILVER, STREAM_CHECKPOINT
 from core.maintenance import clean_log
@@ -257,7 +258,8 @@ STREAM_TABLES = (SILVER, QUARANTINE, GOLD, GOLD_PENDING, GOLD_DELTAS)
 def config(request, config):
     """The test's configuration on each engine (``LAKECDC_WRITER``): ``setup`` (the
     ``witness`` fixture) makes the lakehouse with it."""
-    return config.with_(writer=request.param, log_retention_minutes=1)
+    return config.with_(writer=request.param, log_retention_minutes=1,
+                        reader_retention=reader_retention("1m"))
 
 
 @pytest.mark.integration
@@ -272,7 +274,8 @@ def test_killed_after_a_silver_append_then_down_longer_than_the_log_retention_en
     writers make, after more commits). Then ``run --once``: I1-I5 hold, and ``verify``
     finds no drift."""
     env = {"LAKECDC_WRITER": config.writer, "LAKECDC_MIRRORS": "none",
-           "LAKECDC_LOG_RETENTION_MINUTES": str(config.log_retention_minutes)}
+           "LAKECDC_LOG_RETENTION_MINUTES": str(config.log_retention_minutes),
+           "LAKECDC_READER_RETENTION": "1m"}
     purged = mixed(source_db.dsn, seed=30)
     code, _, err = lakecdc(config, "run", "--once", env=env)           # batch 0
     assert code == 0, err[-3000:]

@@ -1,5 +1,5 @@
-"""Mirrors and maintenance where every write goes through Spark (``LAKECDC_WRITER=spark``,
-issue 37): every command runs with the Spark writer (``setup``, ``ship``, ``stream``, then
+"""Mirrors and maintenance where every write goes through Spark (``LAKECDC_WRITER=spark``):
+every command runs with the Spark writer (``setup``, ``ship``, ``stream``, then
 the mirrors, ``maintain`` and ``verify``). The source is read with psycopg and each mirror
 with delta-rs (never through lakecdc):
 

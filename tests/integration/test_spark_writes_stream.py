@@ -1,4 +1,4 @@
-"""The one pass through Spark (issue 37, ``LAKECDC_WRITER=spark``): silver's appends, gold's
+"""The one pass through Spark (``LAKECDC_WRITER=spark``): silver's appends, gold's
 steps and folds, and the push's reads of gold all go through Spark's Delta, and stay
 exactly once.
 

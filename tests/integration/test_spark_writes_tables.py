@@ -1,5 +1,5 @@
 """``tables add``, ``backfill snapshot``, ``tables`` and ``tables remove`` where every write
-goes through Spark (``LAKECDC_WRITER=spark``, issue 37): the captured set, the mirror the
+goes through Spark (``LAKECDC_WRITER=spark``): the captured set, the mirror the
 load writes, the backfill's staging table and bronze are all written by Spark, and the
 window rule reads bronze through it.
 

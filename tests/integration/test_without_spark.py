@@ -72,6 +72,10 @@ def test_jvm_free_commands_work_and_spark_commands_name_the_extra(
         pushed.stderr[-3000:]
     status = lakecdc(no_spark_python, ["status"], env)
     assert status.returncode == 0 and "dashboard" in status.stdout, status.stderr[-3000:]
+    for command, said in ((["tables"], "public.notifications"),
+                          (["maintain", "--once"], "gold: ")):
+        result = lakecdc(no_spark_python, command, env)
+        assert result.returncode == 0 and said in result.stdout, result.stderr[-3000:]
     importable = subprocess.run(
         [str(no_spark_python), "-c", "import bronze.backfill, pipelines.observe.metrics"],
         env=env, cwd=ROOT, capture_output=True, text=True)

@@ -91,7 +91,24 @@ def test_gold_fold_share_is_a_share_and_defaults_to_a_tenth():
     assert Config.load(env={"LAKECDC_GOLD_FOLD_SHARE": "0"}).gold_fold_share == 0.0
 
 
+@pytest.mark.parametrize("text,kept", [
+    ("", {"silver": 1440, "gold": 1440, "mirrors": 1440}),
+    ("7d", {"silver": 10080, "gold": 10080, "mirrors": 10080}),
+    ("48", {"silver": 2880, "gold": 2880, "mirrors": 2880}),
+    ("24h,mirrors=90m", {"silver": 1440, "gold": 1440, "mirrors": 90}),
+    ("silver=1m, gold = 2h", {"silver": 1, "gold": 120, "mirrors": 1440}),
+])
+def test_the_tables_others_read_keep_a_day_unless_a_group_says_otherwise(text, kept):
+    config = Config.load(env={"LAKECDC_READER_RETENTION": text})
+    assert {g: config.kept_minutes(g) for g in kept} == kept
+    assert config.log_retention_minutes == 10           # lakecdc's own tables
+
+
 @pytest.mark.parametrize("env,fragment", [
+    ({"LAKECDC_READER_RETENTION": "0h"}, "LAKECDC_READER_RETENTION='0h'.*1 or more"),
+    ({"LAKECDC_READER_RETENTION": "1w"}, "LAKECDC_READER_RETENTION.*units m, h, d"),
+    ({"LAKECDC_READER_RETENTION": "bronze=1h"}, "groups silver, gold, mirrors"),
+    ({"LAKECDC_READER_RETENTION": "24h,"}, "LAKECDC_READER_RETENTION"),
     ({"LAKECDC_SLOT": "Bad-Name"}, "slot name"),
     ({"LAKECDC_GOLD_FOLD_SHARE": "1.5"}, "LAKECDC_GOLD_FOLD_SHARE.*from 0 to 1"),
     ({"LAKECDC_GOLD_FOLD_SHARE": "often"}, "LAKECDC_GOLD_FOLD_SHARE.*from 0 to 1"),

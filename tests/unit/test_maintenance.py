@@ -22,8 +22,8 @@ from core.handle import CHECKPOINTS
 from core.layout import STREAM_CHECKPOINT
 from core.maintenance import (MAINTENANCE_FILE, UNREFERENCED_HOURS, maintain_table,
                               table_size)
-from pipelines.maintain.plan import tables_of
-from pipelines.maintain.schedule import Maintainer
+from pipelines.maintain.plan import Maintained, tables_of
+from pipelines.maintain.schedule import Maintainer, maintain
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])
 
@@ -80,6 +80,23 @@ def test_vacuum_deletes_removed_files_past_the_retention_and_orphans_of_killed_w
     assert config["delta.deletedFileRetentionDuration"] == "interval 10 minutes"
     assert config["delta.logRetentionDuration"] == "interval 10 minutes"
     assert config["delta.enableExpiredLogCleanup"] == "false"
+
+
+def test_a_table_others_read_keeps_its_removed_files_as_long_as_its_log(tmp_path):
+    """``LAKECDC_RETENTION_HOURS=0``: a table of lakecdc's own loses the files its
+    compaction removed at once; a table others read (kept a day) keeps them, so time travel
+    inside its log still reads them, and says so in its properties (a plain VACUUM's
+    horizon)."""
+    config = Config(lakehouse=str(tmp_path / "lake"), retention_hours=0)
+    own, read = tmp_path / "own", tmp_path / "read"
+    for table in (own, read):
+        small_commits(table, 10)
+    maintain([Maintained("own", str(own), config.log_retention_minutes),
+              Maintained("read", str(read), config.kept_minutes("gold"))], config, None)
+    assert len(data_files(own)) == 1 and len(data_files(read)) == 11
+    assert keys(read, version=5) == list(range(300))
+    assert DeltaTable(str(read)).metadata().configuration[
+        "delta.deletedFileRetentionDuration"] == "interval 1440 minutes"
 
 
 def test_a_writers_file_not_yet_committed_outlives_a_vacuum_at_no_retention(tmp_path):
@@ -278,12 +295,14 @@ def test_the_schedule_runs_each_interval_and_a_failure_never_reaches_the_writer(
 def test_between_maintenances_the_writer_cleans_the_log_and_bronze_keeps_two_minutes(
         tmp_path, guarded):
     """Every 30 s between two maintenances the shipper's hook cleans bronze's expired log:
-    bronze keeps 2 minutes (only lakecdc's stream reads its history), the other tables the
-    configured 10. The stream's restart point holds the cleanup back as in a maintenance;
+    bronze keeps 2 minutes (only lakecdc's stream reads its history), gold's internal tables
+    the configured 10, the tables others read a day. The stream's restart point holds the cleanup back as in a maintenance;
     without its floor the entries it resumes from go."""
     config = Config(lakehouse=str(tmp_path / "lake"), maintain_interval_s=300,
                     disabled_guards=frozenset() if guarded else frozenset({"reader_floor"}))
-    assert {t.log_retention_minutes for t in tables_of(config, "stream")} == {10}
+    assert {t.name: t.log_retention_minutes for t in tables_of(config, "stream")} == {
+        "silver": 1440, "quarantine": 1440, "gold": 1440, "gold_pending": 10,
+        "gold_deltas": 10}
     bronze = Path(config.bronze_path)
     small_commits(bronze, 2)
     clock = Clock()
@@ -316,7 +335,7 @@ def test_a_kill_9_anywhere_in_maintenance_leaves_every_row_once_and_the_next_run
     """F25: maintenance (compaction, checkpoint, vacuum) SIGKILLed at random moments, six
     times over, with new small commits before each; after each kill the table holds every
     row exactly once, and an undisturbed run afterwards compacts it and deletes what the
-    killed ones left behind."""
+    killed ones left behind (once it is past ``UNREFERENCED_HOURS``: aged here)."""
     import random
     import signal
     import subprocess
@@ -344,6 +363,39 @@ def test_a_kill_9_anywhere_in_maintenance_leaves_every_row_once_and_the_next_run
             killed += 1
         assert keys(table) == list(range(rows))
     assert killed, "no run was killed: each ended before its kill"
+    aged = time.time() - UNREFERENCED_HOURS * 3600 - 60     # a killed compaction's files:
+    for data in table.glob("*.parquet"):                    # no writer could still commit them
+        os.utime(data, (aged, aged))
     report = maintain_table("t", str(table), retention_hours=0, target_bytes=1 << 20)
     assert keys(table) == list(range(rows)) and report.files_after < 40
     assert data_files(table) == {Path(u).name for u in DeltaTable(str(table)).file_uris()}
+
+
+def test_a_log_kept_a_day_keeps_about_one_checkpoint_an_hour(tmp_path):
+    """``thin_checkpoints`` on checkpoints written over a day, one every 10 minutes: it
+    keeps the newest of each hour, the newest, and the newest at or before a stream's
+    restart; a table read at a thinned version still loads, from an older checkpoint. The
+    same checkpoints all younger than an hour: none is deleted."""
+    from pyarrow.fs import LocalFileSystem
+
+    from core.maintenance import CHECKPOINTS_KEPT, thin_checkpoints
+
+    table = tmp_path / "t"
+    small_commits(table, 150, rows=1)
+    log = table / "_delta_log"
+    for version in range(1, 145):
+        DeltaTable(str(table), version=version).create_checkpoint()
+    assert thin_checkpoints(LocalFileSystem(), str(log), keep_from=100, every_s=3600) == [], \
+        "a checkpoint younger than an hour was deleted (a reader may still read it)"
+    start = (time.time() - 2 * 86400) // 3600 * 3600    # on the hour: six checkpoints each
+    for i, version in enumerate(range(1, 145)):
+        at = start + i * 600
+        os.utime(log / f"{version:020d}.checkpoint.parquet", (at, at))
+    gone = thin_checkpoints(LocalFileSystem(), str(log), keep_from=100,
+                            every_s=86400 / CHECKPOINTS_KEPT)
+    left = sorted(int(p.name[:20]) for p in log.glob("*.checkpoint.parquet"))
+    assert len(left) + len(gone) == 144 and len(left) == 25, left
+    assert 144 in left and 100 in left            # 100: not the newest of its hour (102)
+    assert all(b - a <= 6 for a, b in zip(left, left[1:])), left
+    thinned = next(v for v in gone if v > 100)
+    assert keys(table, version=thinned) == list(range(thinned + 1))
