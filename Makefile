@@ -1,9 +1,9 @@
 # The two commands a fresh machine needs (each installs what it needs first):
 #   make demo   - lakecdc demo: own local Postgres + wal2json, traffic, the whole pipeline
 #   make test   - the test suite on real Postgres + wal2json, Spark + Delta
-#   make bench  - the benchmarks (python -m bench, then bench.aging, bench.aged and
-#                 bench.kept_log): docs/benchmarks.md, docs/benchmarks/aging.md, aged.md
-#                 and kept_log.md, their JSON
+#   make bench  - the benchmarks (python -m bench, then bench.aging, bench.aged,
+#                 bench.kept_log and bench.deployed): docs/benchmarks.md,
+#                 docs/benchmarks/aging.md, aged.md, kept_log.md and deployed.md, their JSON
 #                 and plots; then the soaks (pytest -m soak)
 PYTHON ?= python3
 VENV ?= .venv
@@ -74,6 +74,7 @@ bench: system-deps venv
 	$(PY) -m bench.aging $(AGING_ARGS)
 	$(PY) -m bench.aged $(AGED_ARGS)
 	$(PY) -m bench.kept_log
+	$(PY) -m bench.deployed
 	$(PY) -m pytest -m soak
 
 clean:

@@ -63,14 +63,16 @@ def lakecdc_env(config: Config) -> dict[str, str]:
 
 
 class RunProcess:
-    """``python -m pipelines run`` for ``config``, in a process group of its own."""
+    """``python -m pipelines run`` (or another command line, ``args``) for ``config``, in a
+    process group of its own."""
 
-    def __init__(self, config: Config, log: Path, extra: dict[str, str] | None = None) -> None:
+    def __init__(self, config: Config, log: Path, extra: dict[str, str] | None = None,
+                 args: tuple[str, ...] = ("run",)) -> None:
         env = {**lakecdc_env(config), **(extra or {})}
         self.log = log
         self._sink = open(log, "ab")
         self.started = time.perf_counter()
-        self.proc = subprocess.Popen([sys.executable, "-m", "pipelines", "run"], env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipelines", *args], env=env,
                                      cwd=ROOT, stdout=self._sink, stderr=subprocess.STDOUT,
                                      start_new_session=True)
 
@@ -79,7 +81,7 @@ class RunProcess:
 
     def check(self) -> None:
         if self.proc.poll() is not None:
-            raise RuntimeError(f"lakecdc run exited ({self.proc.returncode}): "
+            raise RuntimeError(f"lakecdc {self.proc.args[3]} exited ({self.proc.returncode}): "
                                f"{self.log.read_text(errors='replace')[-2000:]}")
 
     def stop(self) -> None:

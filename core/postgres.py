@@ -54,3 +54,13 @@ def emit_message(conn: psycopg.Connection, prefix: str, content: str) -> int:
     row = conn.execute("SELECT (pg_logical_emit_message(true, %s, %s) - '0/0'::pg_lsn)::bigint",
                        [prefix, content]).fetchone()
     return int(row[0])
+
+
+def table_rows(conn: psycopg.Connection, table: str) -> int | None:
+    """The planner's estimate of ``table``'s rows (``reltuples``: what the last ANALYZE or
+    VACUUM saw), None before the first one: a progress total, never a count."""
+    schema, name = table.split(".", 1)
+    row = conn.execute("SELECT c.reltuples::int8 FROM pg_class c JOIN pg_namespace n ON "
+                       "n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+                       [schema, name]).fetchone()
+    return int(row[0]) if row and row[0] >= 0 else None

@@ -55,6 +55,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from core.errors import UserError
+from core.extras import require
 
 # The Hadoop inside pyspark 4.1.1 (pyspark/jars/hadoop-client-api-3.4.2.jar) and the AWS SDK
 # v2 version hadoop-project 3.4.2 builds against. tests/bundle checks the first against the
@@ -214,6 +215,7 @@ class Lakehouse:
         if not self.bucket:
             raise UserError(f"the lakehouse URI {self.root} has no bucket: write it as "
                             "s3://bucket/prefix (LAKECDC_LAKEHOUSE or --lakehouse).")
+        require("s3")
         import boto3
         from botocore.config import Config as BotoConfig
         from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError

@@ -2,13 +2,11 @@
 
 JVM-free: gold is read with delta-rs, Postgres written with psycopg 3 (where only Spark
 reaches storage, ``LAKECDC_WRITER=spark``, gold is read through a Spark session the caller
-passes in: ``gold.view``). One push takes steps 1-4 of docs/gold.md, "The push": one
-Postgres transaction at one gold version ``V``, fenced on this gold table's row of
-``lakecdc_push_progress``, so a replayed or stale push changes nothing (step 2b: a version
-the dashboard is exactly at is only recorded, one it is past is left unrecorded); then the
+passes in: ``gold.view``). One push is steps 1-4 of docs/gold.md, "The push": one Postgres
+transaction at one gold version ``V``, fenced on this gold table's row of
+``lakecdc_push_progress`` so a replayed or stale push changes nothing, writes the
 *absolute* counts at ``V`` of the keys gold's change data feed names (every row for a full
-push), and COMMIT. All or nothing: the dashboard shows gold at one watermark, never part of
-a source transaction.
+push). All or nothing: the dashboard shows gold at one watermark.
 
 ``push_ahead`` adds a step of gold to the dashboard before gold's MERGE commits it - a
 stream batch's planned step, or a shipper batch's before the stream reads it
@@ -70,13 +68,15 @@ def ensure_dashboard_tables(conn: psycopg.Connection) -> None:
     """Create ``service_stats``, ``lakecdc_push_progress`` and ``lakecdc_layer_progress`` if
     absent. Idempotent. When all exist nothing is run, so a least-privilege writer role (no
     CREATE on the schema; ``infra/postgres/roles.sql``) passes."""
-    present = conn.execute("SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT "
-                           "NULL AND to_regclass(%s) IS NOT NULL",
-                           [STATS_TABLE, PROGRESS_TABLE, LAYER_TABLE]).fetchone()[0]
-    if present:
-        return
-    with conn.transaction():
-        conn.execute(dashboard_ddl())
+    if not dashboard_tables_exist(conn):
+        with conn.transaction():
+            conn.execute(dashboard_ddl())
+
+
+def dashboard_tables_exist(conn: psycopg.Connection) -> bool:
+    """Whether ``service_stats`` and both progress tables exist (setup's last step)."""
+    return conn.execute("SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest(%s::text[]) t",
+                        [[STATS_TABLE, PROGRESS_TABLE, LAYER_TABLE]]).fetchone()[0]
 
 
 def push_once(gold_path: str, dashboard_dsn: str, storage_options: dict | None = None, *,

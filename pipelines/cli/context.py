@@ -8,13 +8,14 @@ import dataclasses
 import datetime as dt
 import functools
 import json
+import math
 import threading
 from contextlib import contextmanager
 
 import click
 
 from core.config import Config
-from core.errors import UserError
+from core.extras import require
 
 
 def load_config(ctx, **flags) -> Config:
@@ -78,22 +79,15 @@ def stage_metrics(pipeline, listen: str | None, stage: str):
         yield pipeline
 
 
-SPARK_MISSING = ("this command runs Spark, which is not installed here: install it with "
-                 "pip install 'lakecdc[spark]' (a Databricks runtime brings its own).")
-
-
 def _require_spark() -> None:
     """The one check for the ``spark`` extra, before anything imports it: commands that
     need no JVM (setup, ship, push, status, metrics, backfill snapshot) never call it."""
-    from importlib.util import find_spec
-
-    if find_spec("pyspark") is None or find_spec("delta") is None:
-        raise UserError(SPARK_MISSING)
+    require("spark")
 
 
 def needs_spark(command):
-    """Marks a command that runs Spark: without the extra it ends in ``SPARK_MISSING``
-    (exit 2) before any of its imports."""
+    """Marks a command that runs Spark: without the extra it ends in one sentence naming it
+    (``core.extras``, exit 2) before any of its imports."""
     @functools.wraps(command)
     def checked(*args, **kwargs):
         _require_spark()
@@ -147,14 +141,34 @@ def once_option(help_text: str):
     return click.option("--once", is_flag=True, help=help_text)
 
 
+class _Seconds(click.ParamType):
+    """Seconds (at least 0), or ``forever``."""
+
+    name = "seconds"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, float):
+            return value
+        if str(value).strip().lower() == "forever":
+            return math.inf
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if not seconds >= 0:
+            self.fail(f"{value!r} is not a number of seconds (at least 0) or 'forever'.",
+                      param, ctx)
+        return seconds
+
+
 def wait_option(command):
-    """``--wait-for-input SECONDS`` of the stages a job may start before their input
-    exists (``pipelines.run.inputs``)."""
+    """``--wait-for-input SECONDS|forever`` of the stages a job may start before their
+    input exists (``pipelines.run.inputs``)."""
     return click.option(
-        "--wait-for-input", "wait_s", type=click.FloatRange(min=0), default=0.0,
-        metavar="SECONDS",
-        help="If the input table does not exist yet (a first start), wait up to this long "
-             "for it to be created [0: refuse at once].")(command)
+        "--wait-for-input", "wait_s", type=_Seconds(), default=0.0,
+        metavar="SECONDS|forever",
+        help="If the input does not exist yet (a first start: for `run`, a setup not run "
+             "yet), say so once and wait up to this long for it [0: refuse at once].")(command)
 
 
 def await_input(ctx, stage: str, wait_s: float, stop: threading.Event) -> None:

@@ -18,7 +18,9 @@ from pipelines.run.signals import stop_on_signals
 def demo(ctx, seconds, out):
     """Own local Postgres + wal2json, Notify-like traffic, the whole pipeline, a summary
     and a picture."""
+    from core.extras import require
     from pipelines.demo.run_demo import run_demo
 
+    require("demo")                 # before minutes of traffic, not at the picture
     run_demo(seconds=seconds, out_dir=out, stop=stop_on_signals(),
              log_level="WARN" if ctx.obj["verbose"] else "FATAL")

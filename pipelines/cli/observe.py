@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from core.errors import UserError
 from pipelines.cli.context import json_option, load_config, make_pipeline, needs_spark
 from pipelines.run.signals import stop_on_signals
 
@@ -33,17 +34,35 @@ def status(ctx, as_json):
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]),
               default="table", show_default=True)
 @click.option("--limit", type=int, default=1000, show_default=True, help="Rows shown at most.")
+@click.option("--engine", type=click.Choice(["auto", "delta-rs", "spark"]), default="auto",
+              show_default=True,
+              help="delta-rs: DataFusion, no JVM; spark: Spark SQL; auto: delta-rs, and Spark "
+                   "(saying why) for what only Spark answers.")
 @click.pass_context
-@needs_spark
-def sql_command(ctx, query, query_file, fmt, limit):
-    """Spark SQL on the lakehouse tables, by name: bronze_wal2json_changes, silver_changes,
+def sql_command(ctx, query, query_file, fmt, limit, engine):
+    """SQL on the lakehouse tables, by name: bronze_wal2json_changes, silver_changes,
     silver_quarantine, gold_service_stats, silver_<schema>_<table> (the catalog's tables
-    with LAKECDC_CATALOG and LAKECDC_SCHEMA set)."""
-    from pipelines.observe.query import read_query, render, run_query, use_tables
+    with LAKECDC_CATALOG and LAKECDC_SCHEMA set). One query; it never changes a table."""
+    from pipelines.observe.query import NeedsSpark, read_query, render, run_query_rs
 
     if bool(query) == bool(query_file):
         raise click.UsageError("give a query or --file, not both and not neither.")
     text = read_query(query_file) if query_file else query
+    if engine != "spark":
+        try:
+            click.echo(render(run_query_rs(load_config(ctx), text, limit), fmt, limit))
+            return
+        except NeedsSpark as why:
+            if engine == "delta-rs":
+                raise UserError(f"{why}; run it with --engine spark.") from None
+            click.echo(f"lakecdc sql: {why}: running it on Spark (a JVM starts).", err=True)
+    _spark_sql(ctx, text, fmt, limit)
+
+
+@needs_spark
+def _spark_sql(ctx, text: str, fmt: str, limit: int) -> None:
+    from pipelines.observe.query import render, run_query, use_tables
+
     pipeline = make_pipeline(ctx, names=True)
     use_tables(pipeline.spark, pipeline.config)
     click.echo(render(run_query(pipeline.spark, text), fmt, limit))

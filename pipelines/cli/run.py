@@ -152,14 +152,19 @@ def push(ctx, once, take_over, wait_s, metrics_port):
 @click.command()
 @once_option("Drain everything committed before it started through every layer, then exit.")
 @json_option
+@wait_option
 @shipper_safety_options
 @metrics_option
 @click.pass_context
 @needs_spark
-def run(ctx, once, as_json, metrics_port, **flags):
+def run(ctx, once, as_json, wait_s, metrics_port, **flags):
     """All stages: ship, silver, gold, the mirrors, push."""
     if as_json and not once:
         raise click.UsageError("--json goes with --once (one report of the run).")
+    stop = stop_on_signals()
+    await_input(ctx, "run", wait_s, stop)
+    if stop.is_set():
+        return
     with stage_metrics(make_pipeline(ctx, **flags), metrics_port, "run") as pipeline:
         if once:
             report = pipeline.run_once()
@@ -172,4 +177,4 @@ def run(ctx, once, as_json, metrics_port, **flags):
                        f"transactions, dashboard at gold version {report.pushed_version} "
                        f"({timing})")
         else:
-            pipeline.run_continuous(stop_on_signals())
+            pipeline.run_continuous(stop)

@@ -57,10 +57,13 @@ def quality(ctx, suites, all_silver, full, as_json):
     last pass (gold/_quality).
 
     Exit 0 when every suite passes, 1 when one fails (the job task fails: stop policy)."""
+    from core.extras import require
     from core.layout import QUALITY_STATE
     from core.storage import Lakehouse, on_databricks, spark_path
     from pipelines.maintain.plan import Maintained
     from pipelines.maintain.schedule import maintain
+
+    require("quality")
     from pipelines.verify.quality import SUITES, render, run_gates, summary, to_json
 
     pipeline = make_pipeline(ctx)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from core.extras import require
+
 STATUS_ORDER = ("created", "sending", "delivered", "temporary-failure", "permanent-failure",
                 "technical-failure")
 COLOURS = ("#9e9e9e", "#42a5f5", "#2e7d32", "#ffb300", "#c62828", "#6a1b9a")
@@ -15,6 +17,7 @@ def plot(counts: dict[tuple[str, str], int], freshness: list[tuple[float, float]
          path: Path, title: str) -> Path:
     """``counts``: (service label, status) → count; ``freshness``: (seconds into the run,
     seconds from source commit to dashboard). Writes a PNG and returns its path."""
+    require("demo")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -1,7 +1,16 @@
-"""``lakecdc sql``: Spark SQL on the lakehouse tables, by name.
+"""``lakecdc sql``: SQL on the lakehouse tables, by name, without a JVM wherever delta-rs
+can answer.
 
-Each layer's Delta table is registered as a temporary view named after it, at its latest
-version when registered (``register_tables``):
+Two engines answer it. **delta-rs's DataFusion** (``run_query_rs``, the default: a query on
+gold in milliseconds, no JVM) registers each table the query names at its latest version.
+**Spark** (``run_query``) answers what DataFusion cannot, and the command says why when it
+turns to it (``NeedsSpark``): tables read by their catalog names (``LAKECDC_CATALOG``),
+storage only Spark reaches (``LAKECDC_WRITER=spark``), a mirror with changes waiting in its
+tail (only Spark lays a tail over a table in SQL here), or a query in Spark's dialect that
+DataFusion cannot plan (``unix_micros``, say). A table the query names that does not exist
+is one sentence on either engine, without a JVM. Spark registers each layer's Delta table
+as a temporary view named after it, at its latest version when registered
+(``register_tables``):
 
 | name                       | table                            |
 |----------------------------|----------------------------------|
@@ -23,10 +32,11 @@ mirror that has one is shadowed by a temporary view of the same name: its table,
 through the catalog's name, with the tail laid over it. Either way the names give the
 tables' current rows.
 
-``run_query`` runs one query and nothing else: the text is taken as a subquery
-(``SELECT * FROM (<text>)``), which only a query can be. A ``DELETE``, ``INSERT``,
-``MERGE``, ``DROP``, ``OPTIMIZE`` or any other statement is a syntax error there and never
-runs, whatever the names point at and whatever the catalog's grants would allow.
+Both engines run one query and nothing else: the text is taken as a subquery (``SELECT *
+FROM (<text>)``), which only a query can be (DataFusion plans it so, then runs the text as
+written, whose ``ORDER BY`` it would drop in a subquery). A ``DELETE``, ``INSERT``, ``MERGE``, ``DROP``,
+``OPTIMIZE`` or any other statement is a syntax error there and never runs, whatever the
+names point at and whatever the catalog's grants would allow.
 """
 
 from __future__ import annotations
@@ -34,17 +44,86 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+import pyarrow as pa
 
 from core.errors import UserError, first_line
 from core.layout import QUERYABLE, mirror_path, mirror_view_name, view_name
 
 TABLES = {view_name(table): table for table in QUERYABLE}
+_MISSING_TABLE = re.compile(r"table '(?:[\w]+\.)*(\w+)' not found")
 
 
-def table_paths(config, spark: SparkSession | None = None) -> dict[str, str]:
+class NeedsSpark(Exception):
+    """Why delta-rs's SQL engine does not answer this query (a sentence)."""
+
+
+def _subquery(query: str) -> str:
+    # Newlines: a comment ending the text must not swallow the closing parenthesis.
+    return f"SELECT * FROM (\n{query.strip().rstrip(';')}\n) AS lakecdc_query"
+
+
+def run_query_rs(config, query: str, limit: int) -> pa.Table:
+    """(delta-rs: DataFusion, no JVM) At most ``limit`` rows of ``query`` over the tables it
+    names; ``NeedsSpark`` where only Spark can answer it (the module's text), ``UserError``
+    for a table that does not exist."""
+    from deltalake import DeltaTable, QueryBuilder
+    from deltalake.exceptions import DeltaError
+
+    from core.storage import Lakehouse
+    from silver.mirror_pending import pending_path
+
+    if config.registers:
+        raise NeedsSpark("the tables are read by their catalog names (LAKECDC_CATALOG)")
+    if config.spark_writes:
+        raise NeedsSpark("only Spark reaches the lakehouse (LAKECDC_WRITER=spark)")
+    options = Lakehouse.from_config(config).delta_rs_options()
+    builder = QueryBuilder()
+    paths = _paths(config, options)
+    words = set(re.findall(r"\w+", query.lower()))           # the tables the query names
+    for name, path in ((n, p) for n, p in paths.items() if n in words):
+        if not DeltaTable.is_deltatable(path, storage_options=options):
+            continue
+        tail = pending_path(path)
+        if name not in TABLES and DeltaTable.is_deltatable(tail, storage_options=options) \
+                and DeltaTable(tail, storage_options=options).file_uris():
+            raise NeedsSpark(f"{name} has changes waiting in its tail, which only Spark lays "
+                             "over its table in SQL here")
+        builder.register(name, DeltaTable(path, storage_options=options))
+    try:
+        # Planned as a subquery first, which only a query can be (DataFusion runs COPY ...
+        # TO and CREATE TABLE too); then run as written: DataFusion drops a subquery's
+        # ORDER BY.
+        builder.execute(_subquery(query))
+        reader = pa.RecordBatchReader.from_stream(builder.execute(query.strip().rstrip(";")))
+        batches, rows = [], 0
+        for batch in reader:                    # the first ``limit`` rows only
+            if rows >= limit:
+                break
+            batches.append(batch.slice(0, limit - rows))
+            rows += batches[-1].num_rows
+        return pa.Table.from_batches(batches, reader.schema)
+    except DeltaError as exc:
+        missing = _MISSING_TABLE.search(str(exc))
+        if missing:
+            raise UserError(f"the query failed: no table {missing.group(1)} "
+                            f"(tables: {', '.join(paths)}).") from None
+        raise NeedsSpark(f"delta-rs's SQL engine cannot run it ({first_line(exc)})") from None
+
+
+def _paths(config, options: dict | None) -> dict[str, str]:
+    """Every name a query may use, with its table's path for delta-rs: the layers', and
+    each known table's mirror's."""
+    from pipelines.setup.tables import known_tables
+
+    return {**{name: config.table_path(where) for name, where in TABLES.items()},
+            **{mirror_view_name(t): mirror_path(config.lakehouse, t)
+               for t in known_tables(config, options)()}}
+
+
+def table_paths(config, spark=None) -> dict[str, str]:
     """View name → the table's path as Spark sees it (``s3a://`` for S3 off Databricks).
     Mirrors: of every table ever captured (the stored set: added ones, and removed ones,
     whose mirrors stay); ``register_tables`` passes over those that do not exist."""
@@ -61,7 +140,7 @@ def table_paths(config, spark: SparkSession | None = None) -> dict[str, str]:
                         for t in tables}}
 
 
-def use_tables(spark: SparkSession, config) -> list[str]:
+def use_tables(spark, config) -> list[str]:
     """The tables by their names, unqualified, for a query or a notebook; returns the names
     there. With a catalog: its schema becomes the session's current one (the names
     registered there); without: a temporary view per table (``register_tables``)."""
@@ -82,7 +161,7 @@ def use_tables(spark: SparkSession, config) -> list[str]:
     return named
 
 
-def register_tables(spark: SparkSession, paths: dict[str, str]) -> list[str]:
+def register_tables(spark, paths: dict[str, str]) -> list[str]:
     """Create or replace a temporary view per existing table; returns the names made. A
     mirror with a tail is its current rows, the tail as it is now laid over its table
     (``silver.mirror_store.current_mirror``)."""
@@ -107,14 +186,14 @@ def read_query(path: str) -> str:
     return text.strip().rstrip(";")
 
 
-def run_query(spark: SparkSession, query: str) -> DataFrame:
-    """Run one query, as a subquery so that nothing else can run (the module's text); a
-    query the user got wrong, or a statement that is not a query, is a ``UserError``."""
+def run_query(spark, query: str):
+    """(Spark) Run one query, as a subquery so that nothing else can run (the module's
+    text); a query the user got wrong, or a statement that is not a query, is a
+    ``UserError``. Returns its DataFrame."""
     from pyspark.errors import AnalysisException, ParseException
 
     try:
-        # Newlines: a comment ending the text must not swallow the closing parenthesis.
-        return spark.sql(f"SELECT * FROM (\n{query.strip().rstrip(';')}\n) AS lakecdc_query")
+        return spark.sql(_subquery(query))
     except ParseException as exc:
         raise UserError(f"the query failed: {first_line(exc)}; lakecdc sql runs one query "
                         "(SELECT, WITH, VALUES or TABLE) and never changes a table.") from None
@@ -122,12 +201,16 @@ def run_query(spark: SparkSession, query: str) -> DataFrame:
         raise UserError(f"the query failed: {first_line(exc)} (tables: {', '.join(TABLES)}).") from None
 
 
-def render(frame: DataFrame, fmt: str = "table", limit: int = 1000) -> str:
-    """At most ``limit`` rows as an aligned text table, CSV or JSON lines."""
-    rows = frame.limit(limit).collect()
-    columns = frame.columns
+def render(result, fmt: str = "table", limit: int = 1000) -> str:
+    """At most ``limit`` rows of ``result`` (an Arrow table, or a Spark DataFrame) as an
+    aligned text table, CSV or JSON lines."""
+    if isinstance(result, pa.Table):
+        columns = result.column_names
+        rows = list(zip(*(c.to_pylist() for c in result.slice(0, limit).columns)))
+    else:
+        columns, rows = result.columns, result.limit(limit).collect()
     if fmt == "json":
-        return "\n".join(json.dumps(r.asDict(), default=str) for r in rows)
+        return "\n".join(json.dumps(dict(zip(columns, r)), default=str) for r in rows)
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")

@@ -48,7 +48,8 @@ from core.config import READER_RETENTION_MINUTES
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.features import PLAIN
-from core.postgres import connect
+from core.postgres import connect, table_rows
+from core.progress import ProgressBar
 from core.storage import delta_rs_uri
 from silver.mirror_load import (
     READ_SETTINGS,
@@ -237,42 +238,50 @@ def load_mirror(dsn: str, target: MirrorTarget, run: int, floor: int, *,
                                     lambda: stop.is_set() or halt.is_set(), chunks_q))
     reader.start()
     complete = False
-    try:
-        while not complete:
-            item = chunks_q.get()
-            if isinstance(item, BaseException):
-                raise item
-            if item is None:                            # stopped between chunks
-                break
-            data, end = item
-            try:
-                data = parse_chunk(data, columns)
-            except pa.ArrowInvalid as exc:
-                raise _bad_value(spec.name, exc) from None
-            spark_typed = {c.name: data[c.name] for c in columns if c.typed}
-            if spark_typed:
-                from silver.mirror import bad_values_stop, typed_texts
+    with ProgressBar(f"loading {spec.name}", _estimated_rows(dsn, spec.name)) as shown:
+        shown(rows)                                     # a resumed load's chunks so far
+        try:
+            while not complete:
+                item = chunks_q.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item is None:                            # stopped between chunks
+                    break
+                data, end = item
+                try:
+                    data = parse_chunk(data, columns)
+                except pa.ArrowInvalid as exc:
+                    raise _bad_value(spec.name, exc) from None
+                spark_typed = {c.name: data[c.name] for c in columns if c.typed}
+                if spark_typed:
+                    from silver.mirror import bad_values_stop, typed_texts
 
-                with bad_values_stop(spec.name):
-                    data = _replace(data, typed_texts(session(), spark_typed, types,
-                                                      data.num_rows))
-            complete = end is None                      # the rest of the table
-            chunks, rows = chunks + 1, rows + data.num_rows
-            new_rows += data.num_rows
-            # The last chunk's commit completes the load: the mirror's start is the floor.
-            done = dict(complete=True, seed=floor) if complete else {}
-            target.write(data, commit_metadata("mirror", load=run, chunk=chunks, after=end,
-                                               floor=floor, rows=rows, **done),
-                         overwrite=chunks == 1, app=(LOAD_APP_ID, floor) if complete else None)
-            faults.hit("after_mirror_loaded" if complete else "after_mirror_chunk")
-    finally:
-        halt.set()
-        while reader.is_alive():                        # it may wait to hand over a chunk
-            try:
-                chunks_q.get(timeout=0.1)
-            except queue.Empty:
-                pass
+                    with bad_values_stop(spec.name):
+                        data = _replace(data, typed_texts(session(), spark_typed, types,
+                                                          data.num_rows))
+                complete = end is None                      # the rest of the table
+                chunks, rows = chunks + 1, rows + data.num_rows
+                new_rows += data.num_rows
+                # The last chunk's commit completes the load: the mirror's start is the floor.
+                done = dict(complete=True, seed=floor) if complete else {}
+                target.write(data, commit_metadata("mirror", load=run, chunk=chunks, after=end,
+                                                   floor=floor, rows=rows, **done),
+                             overwrite=chunks == 1, app=(LOAD_APP_ID, floor) if complete else None)
+                faults.hit("after_mirror_loaded" if complete else "after_mirror_chunk")
+                shown(data.num_rows)
+        finally:
+            halt.set()
+            while reader.is_alive():                        # it may wait to hand over a chunk
+                try:
+                    chunks_q.get(timeout=0.1)
+                except queue.Empty:
+                    pass
     return LoadReport(rows, chunks, new_rows, time.monotonic() - started, complete, floor)
+
+
+def _estimated_rows(dsn: str, table: str) -> int | None:
+    with connect(dsn, what="source") as conn:
+        return table_rows(conn, table)
 
 
 def typing_session(config, writes=None, spark=None):

@@ -34,6 +34,8 @@ from bronze.backfill_source import BYTEA, NOT_A_NUMBER, NUMBER_TYPES
 from bronze.source import mirror_key
 from core.commits import commit_metadata, newest, read_commits
 from core.layout import mirror_baseline_path
+from core.postgres import table_rows
+from core.progress import ProgressBar
 from silver.mirror_type_map import loses_specials
 
 APP_ID = "lakecdc-mirror-baseline"
@@ -132,9 +134,11 @@ def write_baselines(dsn: str, snapshot_name: str, tables: tuple[str, ...], lakeh
         conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
         for table in tables:
             columns, lost = column_texts(conn, table, numbers_as_text)
-            if sampling is None or _estimate(conn, table) <= sampling.above:
+            estimate = _estimate(conn, table)
+            if sampling is None or estimate <= sampling.above:
                 rows, lossy = _write(mirror_baseline_path(lakehouse, table), _texts(columns),
-                                     _chunks(conn, table, columns, lost, _texts(columns)),
+                                     _shown(_chunks(conn, table, columns, lost, _texts(columns)),
+                                            f"verify: reading {table}", estimate),
                                      commit_lsn, storage_options, writes)
                 written[table] = Baseline(rows, lossy)
                 continue
@@ -142,7 +146,8 @@ def write_baselines(dsn: str, snapshot_name: str, tables: tuple[str, ...], lakeh
             texts = dict(columns)
             keyed = [(k, texts[k]) for k in key]
             keys, lossy = _write(keys_path(lakehouse, table), _texts(keyed),
-                                 _chunks(conn, table, keyed, lost, _texts(keyed)),
+                                 _shown(_chunks(conn, table, keyed, lost, _texts(keyed)),
+                                        f"verify: reading {table}'s keys", estimate),
                                  commit_lsn, storage_options, writes)
             share = min(100.0, 100.0 * sampling.rows / max(keys, 1))
             rows, _ = _write(mirror_baseline_path(lakehouse, table), _texts(columns),
@@ -157,12 +162,20 @@ def write_baselines(dsn: str, snapshot_name: str, tables: tuple[str, ...], lakeh
 
 def _estimate(conn: psycopg.Connection, table: str) -> int:
     """The catalog's estimate of ``table``'s rows (its count where it has none yet)."""
-    name = sql.Identifier(*table.split(".", 1))
-    estimate = conn.execute("SELECT reltuples::int8 FROM pg_class WHERE oid = %s::regclass",
-                            [name.as_string(conn)]).fetchone()[0]
-    if estimate >= 0:
+    estimate = table_rows(conn, table)
+    if estimate is not None:
         return estimate
+    name = sql.Identifier(*table.split(".", 1))
     return conn.execute(sql.SQL("SELECT count(*) FROM {}").format(name)).fetchone()[0]
+
+
+def _shown(chunks: Iterator[tuple[pa.RecordBatch, int]], what: str, total: int | None
+           ) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """``chunks``, their rows counted on a ``core.progress.ProgressBar``."""
+    with ProgressBar(what, total) as shown:
+        for chunk in chunks:
+            yield chunk
+            shown(chunk[0].num_rows)
 
 
 def _texts(columns: list[tuple[str, sql.Composable]]) -> pa.Schema:

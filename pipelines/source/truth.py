@@ -20,6 +20,7 @@ import psycopg
 from psycopg import sql
 
 from core.captured import DIMS, CountedTables
+from core.postgres import table_rows
 
 Key = tuple[str, str, str, str]
 
@@ -47,10 +48,7 @@ def source_counts(conn: psycopg.Connection, tables: CountedTables) -> dict[Key, 
 
 def estimated_rows(conn: psycopg.Connection, tables: CountedTables) -> int:
     """The planner's row estimate of both tables (for a progress total; never for counts)."""
-    row = conn.execute("SELECT coalesce(sum(greatest(reltuples, 0)), 0)::bigint FROM pg_class "
-                       "WHERE oid = ANY(%s::regclass[])",
-                       [[sql.Identifier(*t).as_string(conn) for t in tables.both]]).fetchone()
-    return int(row[0])
+    return sum(table_rows(conn, ".".join(t)) or 0 for t in tables.both)
 
 
 def count_truth(conn: psycopg.Connection, tables: CountedTables,

@@ -1,7 +1,11 @@
 """The Databricks asset bundle, validated offline: no workspace, no network, no CLI.
 
-- every ``resources/*.job.yml`` job loads with ``databricks-bundles`` (``Job.from_dict``:
-  unknown or missing fields fail);
+- the cloud is chosen once, by the one ``resources/clouds/<cloud>.yml`` databricks.yml
+  includes; each cloud's file defines the two kinds of cluster (``job_cluster``,
+  ``run_cluster``) and no job defines one of its own;
+- with each cloud's file (AWS, Azure, GCP), every ``resources/*.job.yml`` job, its clusters
+  resolved, loads with ``databricks-bundles`` (``Job.from_dict``: unknown or missing fields
+  fail) and its clusters carry that cloud's attributes and no other's;
 - every task is a ``python_wheel_task`` of this wheel whose entry point is in
   ``[project.scripts]`` and whose parameters parse as a real ``lakecdc`` command line;
 - targets: ``dev`` is the default and ``mode: development``; ``prod`` is ``mode:
@@ -9,8 +13,9 @@
 - every ``${var.…}`` is defined, every variable is used, DSNs come only from secrets;
 - every task runs on a job cluster in dedicated access mode (``SINGLE_USER``), never
   serverless: ``stream`` and ``mirrors`` refuse Spark Connect;
-- continuous jobs have no task dependencies (Databricks refuses them); schedules have a
-  Quartz expression and a real time zone;
+- the one continuous job runs ``lakecdc run``, the command the benchmark measures, and
+  waits for setup instead of failing before it; schedules have a Quartz expression and a
+  real time zone;
 - the entry point ends a successful run without ``SystemExit`` (a wheel task would be
   marked failed) and a failing one with its exit code.
 """
@@ -37,11 +42,19 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 REFERENCE = re.compile(r"\$\{([^}]+)\}")
 
 
+CLOUDS = ("aws", "azure", "gcp")
+CLOUD_FILES = {c: ROOT / "resources" / "clouds" / f"{c}.yml" for c in CLOUDS}
+CLOUD_VARIABLES = {c: yaml.safe_load(f.read_text())["variables"] for c, f in CLOUD_FILES.items()}
+# The cloud attributes each cloud's clusters carry, and the storage variables of its own
+# (core.storage.BUNDLE_CLOUD_VARIABLES) that reach delta-rs.
+ATTRIBUTES = {"aws": "aws_attributes", "azure": "azure_attributes", "gcp": "gcp_attributes"}
+STORAGE_VARIABLES = {"aws": {"AWS_REGION"},
+                     "azure": {"AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY"},
+                     "gcp": {"GOOGLE_SERVICE_ACCOUNT_KEY"}}
+
+
 def _resource_files() -> list[Path]:
-    files = []
-    for pattern in BUNDLE["include"]:
-        files += sorted(ROOT.glob(pattern))
-    return files
+    return sorted(ROOT.glob(BUNDLE["include"][0]))
 
 
 def _jobs() -> dict[str, dict]:
@@ -54,6 +67,25 @@ def _jobs() -> dict[str, dict]:
 
 
 JOBS = _jobs()
+
+
+def _variables(cloud: str) -> dict:
+    return {**BUNDLE["variables"], **CLOUD_VARIABLES[cloud]}
+
+
+def _resolved(value, cloud: str):
+    """``value`` with each ``${var.X}`` that names a complex variable of ``cloud``'s file
+    replaced by that variable's value (what the CLI does before it deploys)."""
+    complex_ = {n: v["default"] for n, v in CLOUD_VARIABLES[cloud].items()
+                if v.get("type") == "complex"}
+    if isinstance(value, dict):
+        return {k: _resolved(v, cloud) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolved(v, cloud) for v in value]
+    match = REFERENCE.fullmatch(value) if isinstance(value, str) else None
+    if match and match.group(1).startswith("var.") and match.group(1)[4:] in complex_:
+        return complex_[match.group(1)[4:]]
+    return value
 
 
 def _strings(value):
@@ -69,7 +101,7 @@ def _strings(value):
 
 def test_the_bundle_has_a_name_an_include_and_the_wheel_artifact():
     assert BUNDLE["bundle"]["name"] == "lakecdc"
-    assert BUNDLE["include"] == ["resources/*.job.yml"]
+    assert BUNDLE["include"] == ["resources/*.job.yml", "resources/clouds/aws.yml"]
     assert [p.name for p in _resource_files()] == sorted(
         f"{name}.job.yml" for name in JOBS), "one <job>.job.yml per job, named after it"
     artifact = BUNDLE["artifacts"]["lakecdc"]
@@ -78,15 +110,41 @@ def test_the_bundle_has_a_name_an_include_and_the_wheel_artifact():
 
 
 def test_the_jobs_users_need_are_all_there():
-    assert set(JOBS) == {"lakecdc_setup", "lakecdc_shipper", "lakecdc_stream",
-                         "lakecdc_verify", "lakecdc_rebuild", "lakecdc_backfill"}
+    assert set(JOBS) == {"lakecdc_setup", "lakecdc_run", "lakecdc_verify", "lakecdc_rebuild",
+                         "lakecdc_backfill"}
 
 
+@pytest.mark.parametrize("cloud", CLOUDS)
 @pytest.mark.parametrize("name", sorted(JOBS))
-def test_every_job_loads_with_databricks_bundles(name):
-    job = Job.from_dict(JOBS[name])
+def test_every_job_loads_with_databricks_bundles_on_every_cloud(name, cloud):
+    resolved = _resolved(JOBS[name], cloud)
+    job = Job.from_dict(resolved)
     assert job.name and job.tasks
     assert job.as_dict()["tasks"] == JOBS[name]["tasks"]
+    for cluster in job.as_dict()["job_clusters"]:
+        spec = cluster["new_cluster"]
+        assert ATTRIBUTES[cloud] in spec, (name, cloud)
+        assert not set(ATTRIBUTES.values()) - {ATTRIBUTES[cloud]} & set(spec), (name, cloud)
+
+
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_each_kind_of_cluster_is_defined_once_per_cloud(cloud):
+    """Every job names one of the two kinds; only the cloud's file defines them, and the
+    run cluster is the job cluster on a node of its own."""
+    kinds = {c["new_cluster"] for j in JOBS.values() for c in j["job_clusters"]}
+    assert kinds == {"${var.job_cluster}", "${var.run_cluster}"}
+    variables = CLOUD_VARIABLES[cloud]
+    job, run = variables["job_cluster"]["default"], variables["run_cluster"]["default"]
+    assert variables["job_cluster"]["type"] == variables["run_cluster"]["type"] == "complex"
+    assert {**job, "node_type_id": "${var.run_node_type_id}"} == run
+    assert job["node_type_id"] == "${var.job_node_type_id}"
+    clusters = JOBS["lakecdc_run"]["job_clusters"]
+    assert [c["new_cluster"] for c in clusters] == ["${var.run_cluster}"]
+    for spec in (job, run):
+        assert spec["num_workers"] == 0
+        assert spec["spark_conf"]["spark.databricks.cluster.profile"] == "singleNode"
+    text = "\n".join(p.read_text() for p in _resource_files())
+    assert not re.search(r"node_type_id|_attributes|spark_env_vars", text)
 
 
 def _task_commands():
@@ -104,9 +162,17 @@ def test_every_task_is_a_wheel_task_with_a_real_entry_point_and_command():
         wheel = task["python_wheel_task"]
         assert wheel["package_name"] == PYPROJECT["project"]["name"], where
         assert wheel["entry_point"] in scripts, where
-        assert task["libraries"] == [{"whl": "../dist/*.whl"}], where
+        libraries = [{"whl": "../dist/*.whl"}]
+        if wheel["parameters"][0] == "quality":     # the gates' extra: a wheel takes none
+            libraries += [{"pypi": {"package": spec}} for spec in _extra("quality")
+                          if spec.startswith("great-expectations")]
+        assert task["libraries"] == libraries, where
         assert scripts[wheel["entry_point"]] == "pipelines.cli:entry"
         _parse(cli, list(wheel["parameters"]), where)
+
+
+def _extra(name: str) -> list[str]:
+    return PYPROJECT["project"]["optional-dependencies"][name]
 
 
 def _parse(group: click.Group, args: list[str], where: str) -> None:
@@ -137,11 +203,12 @@ def test_targets_and_modes():
     assert scopes["dev"] != scopes["prod"], scopes
 
 
-def test_every_variable_reference_is_defined_and_every_variable_used():
-    defined = set(BUNDLE["variables"])
-    texts = [(ROOT / "databricks.yml").read_text()] + [p.read_text() for p in _resource_files()]
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_every_variable_reference_is_defined_and_every_variable_used(cloud):
+    defined = set(_variables(cloud))
+    files = [ROOT / "databricks.yml", *_resource_files(), CLOUD_FILES[cloud]]
     used = set()
-    for text in texts:
+    for text in (f.read_text() for f in files):
         for ref in REFERENCE.findall(text):
             root = ref.split(".")[0]
             assert root in {"var", "bundle", "workspace", "resources"}, f"unknown ${{{ref}}}"
@@ -149,42 +216,31 @@ def test_every_variable_reference_is_defined_and_every_variable_used():
                 used.add(ref.split(".", 1)[1])
     assert used <= defined, f"undefined variables: {sorted(used - defined)}"
     assert defined <= used, f"variables nobody uses: {sorted(defined - used)}"
-    for name, spec in BUNDLE["variables"].items():
+    for name, spec in _variables(cloud).items():
         assert spec.get("description"), f"variable {name} needs a description"
+    assert not set(BUNDLE["variables"]) & set(CLOUD_VARIABLES[cloud])
 
 
 SECRET = {"LAKECDC_SOURCE_DSN": "{{secrets/${var.secret_scope}/${var.source_dsn_key}}}",
           "LAKECDC_DASHBOARD_DSN": "{{secrets/${var.secret_scope}/${var.dashboard_dsn_key}}}"}
-# Each job gets only the DSNs its commands use.
-NEEDS = {"lakecdc_shipper": ("LAKECDC_SOURCE_DSN",),
-         "lakecdc_backfill": ("LAKECDC_SOURCE_DSN",),
-         "lakecdc_stream": ("LAKECDC_DASHBOARD_DSN", "LAKECDC_SOURCE_DSN"),
-         "lakecdc_setup": tuple(SECRET), "lakecdc_verify": tuple(SECRET),
-         "lakecdc_rebuild": tuple(SECRET)}
 
 
-def test_configuration_reaches_every_cluster_and_dsns_only_from_secrets():
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_configuration_reaches_every_cluster_and_dsns_only_from_secrets(cloud):
+    for kind in ("job_cluster", "run_cluster"):
+        env = CLOUD_VARIABLES[cloud][kind]["default"]["spark_env_vars"]
+        assert env["LAKECDC_LAKEHOUSE"] == "${var.lakehouse_root}", kind
+        assert env["LAKECDC_SLOT"] == "${var.slot}", kind
+        assert env["LAKECDC_CATALOG"] == "${var.catalog}", kind
+        assert env["LAKECDC_SCHEMA"] == "${var.schema}", kind
+        assert env["LAKECDC_WRITER"] == "${var.writer}", kind
+        # The cloud's own storage variables (docs/storage.md), and no other cloud's.
+        assert set(env) & set(BUNDLE_CLOUD_VARIABLES) == STORAGE_VARIABLES[cloud], kind
+        assert {k: v for k, v in env.items() if k.endswith("_DSN")} == SECRET, kind
     for name, job in JOBS.items():
-        for cluster in job["job_clusters"]:
-            env = cluster["new_cluster"]["spark_env_vars"]
-            assert env["LAKECDC_LAKEHOUSE"] == "${var.lakehouse_root}", name
-            assert env["LAKECDC_SLOT"] == "${var.slot}", name
-            assert env["LAKECDC_CATALOG"] == "${var.catalog}", name
-            assert env["LAKECDC_SCHEMA"] == "${var.schema}", name
-            assert env["LAKECDC_WRITER"] == "${var.writer}", name
-            assert env["AWS_REGION"] == "${var.aws_region}", name      # docs/s3.md: required
-            # One variable per cloud's credentials (docs/storage.md), empty by default.
-            assert {k: env[k] for k in ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY",
-                                        "GOOGLE_SERVICE_ACCOUNT_KEY")} == {
-                "AZURE_STORAGE_ACCOUNT_NAME": "${var.azure_storage_account}",
-                "AZURE_STORAGE_ACCOUNT_KEY": "${var.azure_storage_key}",
-                "GOOGLE_SERVICE_ACCOUNT_KEY": "${var.gcp_service_account_key}"}, name
-            assert set(BUNDLE_CLOUD_VARIABLES) <= set(env), name
-            dsns = {k: v for k, v in env.items() if k.endswith("_DSN")}
-            assert dsns == {k: SECRET[k] for k in NEEDS[name]}, name
         keys = {c["job_cluster_key"] for c in job["job_clusters"]}
         assert {t["job_cluster_key"] for t in job["tasks"]} <= keys, name
-    everything = list(_strings(BUNDLE)) + [s for j in JOBS.values() for s in _strings(j)]
+    everything = [s for f in (BUNDLE, CLOUD_VARIABLES[cloud], *JOBS.values()) for s in _strings(f)]
     assert not [s for s in everything if "postgres" in s.lower() and "://" in s]
 
 
@@ -198,20 +254,24 @@ def test_every_task_runs_on_a_dedicated_job_cluster_not_serverless():
         for task in job["tasks"]:
             assert task.get("job_cluster_key") in keys and "environment_key" not in task, \
                 (name, task["task_key"])
-        for cluster in job["job_clusters"]:
-            assert cluster["new_cluster"]["data_security_mode"] == "SINGLE_USER", name
+    for cloud in CLOUDS:
+        for kind in ("job_cluster", "run_cluster"):
+            spec = CLOUD_VARIABLES[cloud][kind]["default"]
+            assert spec["data_security_mode"] == "SINGLE_USER", (cloud, kind)
 
 
-def test_continuous_jobs_have_no_dependencies_and_run_once_at_a_time():
+def test_the_continuous_job_is_run_as_measured_and_waits_for_setup():
+    """The bundle deploys the topology the benchmark measures: one ``lakecdc run``, which
+    on a fresh deployment waits for the setup job (one line) instead of failing and
+    restarting until someone runs it."""
     continuous = {n for n, j in JOBS.items() if "continuous" in j}
-    assert continuous == {"lakecdc_shipper", "lakecdc_stream"}
-    for name in continuous:
-        job = JOBS[name]
-        assert job["max_concurrent_runs"] == 1
-        assert not any(t.get("depends_on") for t in job["tasks"]), name
-    shipper = JOBS["lakecdc_shipper"]["job_clusters"][0]["new_cluster"]
-    assert shipper["num_workers"] == 0
-    assert shipper["spark_conf"]["spark.databricks.cluster.profile"] == "singleNode"
+    assert continuous == {"lakecdc_run"}
+    job = JOBS["lakecdc_run"]
+    assert job["max_concurrent_runs"] == 1
+    assert job["continuous"] == {"pause_status": "UNPAUSED", "task_retry_mode": "ON_FAILURE"}
+    [task] = job["tasks"]
+    assert task["python_wheel_task"]["parameters"] == ["run", "--wait-for-input", "forever"]
+    assert not task.get("depends_on")
 
 
 def test_schedules_are_quartz_with_a_time_zone_and_gates_come_first():
@@ -261,18 +321,7 @@ def test_the_console_script_ends_its_process_without_the_interpreter_teardown(ar
     assert "torn down" not in done.stdout and "returned" not in done.stdout, done.stdout[-2000:]
 
 
-def test_a_first_start_waits_for_inputs_and_transient_failures_are_retried():
-    """On a fresh deployment the jobs start side by side: each streaming stage waits for the
-    table it reads, and every task whose failure may be transient is retried."""
-    stream = {t["task_key"]: t["python_wheel_task"]["parameters"]
-              for t in JOBS["lakecdc_stream"]["tasks"]}
-    assert set(stream) == {"stream", "push", "mirrors"}     # the mirrors are deployed too
-    for stage, parameters in stream.items():
-        assert parameters[0] == stage, parameters
-        at = parameters.index("--wait-for-input")
-        assert float(parameters[at + 1]) >= 600, parameters
-    for name in ("lakecdc_shipper", "lakecdc_stream"):
-        assert JOBS[name]["continuous"]["task_retry_mode"] == "ON_FAILURE", name
+def test_transient_failures_are_retried_and_gates_are_not():
     retried = {t["task_key"] for j in JOBS.values() for t in j["tasks"]
                if t.get("max_retries", 0) >= 1 and t.get("min_retry_interval_millis", 0) > 0}
     assert {"setup", "verify", "rebuild_gold", "backfill_snapshot"} <= retried
@@ -283,8 +332,9 @@ def test_a_first_start_waits_for_inputs_and_transient_failures_are_retried():
 
 
 def test_an_empty_cloud_variable_from_the_bundle_counts_as_unset():
-    """The bundle sets every cloud's variables on every cluster, empty where the lakehouse
-    is elsewhere: the CLI drops the empty ones before delta-rs can take an empty key."""
+    """A cloud's optional key left empty in the bundle (Azure's account key, GCP's service
+    account key: the cluster's identity then) is dropped by the CLI before delta-rs can
+    take an empty key."""
     from core.storage import drop_empty_cloud_variables
 
     environ = {"AZURE_STORAGE_ACCOUNT_KEY": "", "AZURE_STORAGE_ACCOUNT_NAME": "acct",

@@ -52,3 +52,23 @@ def test_json_documents_carry_dataclasses_times_and_lsns(capsys):
                                                     {"at": "2026-12-07T09:00:00+00:00"}]
     line = TableLine("public.notifications", "captured", at, 3, at, at, ((1 << 32) + 16, at))
     assert tables_json([line])[0]["complete_as_of"] == {"commit_lsn": "1/10", "commit_ts": at}
+
+
+def test_each_extra_is_named_in_one_sentence():
+    """A command whose extra is not installed names it (``core.extras``); the sentence for
+    Spark is the one the commands gave before the other extras existed."""
+    from core.errors import UserError
+    from core.extras import EXTRAS, missing, require
+
+    assert missing("spark") == ("this command runs Spark, which is not installed here: "
+                                "install it with pip install 'lakecdc[spark]' (a Databricks "
+                                "runtime brings its own).")
+    for extra in EXTRAS:
+        assert f"pip install 'lakecdc[{extra}]'" in missing(extra)
+    require("spark")                             # installed in the test environment
+    EXTRAS["absent"] = (("no_such_module_here",), "this needs nothing real")
+    try:
+        with pytest.raises(UserError, match=r"lakecdc\[absent\]"):
+            require("absent")
+    finally:
+        del EXTRAS["absent"]
