@@ -34,9 +34,10 @@ tables' current rows.
 
 Both engines run one query and nothing else: the text is taken as a subquery (``SELECT *
 FROM (<text>)``), which only a query can be (DataFusion plans it so, then runs the text as
-written, whose ``ORDER BY`` it would drop in a subquery). A ``DELETE``, ``INSERT``, ``MERGE``, ``DROP``,
-``OPTIMIZE`` or any other statement is a syntax error there and never runs, whatever the
-names point at and whatever the catalog's grants would allow.
+written, whose ``ORDER BY`` it would drop in a subquery). A ``DELETE``, ``INSERT``,
+``MERGE``, ``DROP``, ``OPTIMIZE``, DataFusion's ``COPY … TO`` or any other statement is a
+syntax error there and never runs, whatever the names point at and whatever the catalog's
+grants would allow.
 """
 
 from __future__ import annotations

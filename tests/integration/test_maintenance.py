@@ -60,8 +60,9 @@ def maintained_since(table: str, at: float) -> bool:
         return False
 
 
-def line_of(lines: list[str], table: str) -> str:
-    return next(line for line in lines if line.startswith(f"{table}:"))
+def line_of(reports: list, table: str) -> str:
+    """The line ``maintain --once`` prints for ``table``, of ``maintain_once``'s reports."""
+    return next(r.line() for r in reports if r.line().startswith(f"{table}:"))
 
 
 @pytest.mark.spark
@@ -78,18 +79,18 @@ def test_maintain_once_never_deletes_what_the_stopped_stream_has_still_to_read(
     pipeline.run_once()
     traffic_then_ship(source_db, config, rng, 6)
     bronze_files = len(DeltaTable(config.bronze_path).file_uris())
-    lines = maintain_once(config.with_(
+    reports = maintain_once(config.with_(
         retention_hours=0,
         disabled_guards=frozenset() if guarded else frozenset({"reader_floor"})))
     assert len(DeltaTable(config.bronze_path).file_uris()) < bronze_files
-    assert "compacted" in line_of(lines, "bronze")
+    assert "compacted" in line_of(reports, "bronze")
     if not guarded:
         with pytest.raises(Exception) as failed:
             pipeline.stream(once=True)
         assert "FileNotFound" in str(failed.value) or "does not exist" in str(failed.value), \
             str(failed.value)[:2000]
         return
-    assert "nothing vacuumed" in line_of(lines, "bronze"), lines
+    assert "nothing vacuumed" in line_of(reports, "bronze"), reports
     pipeline.run_once()
     check_invariants(config, witness)
     # Caught up now (the checker's last shipper commit read too): the next maintenance
@@ -101,9 +102,9 @@ def test_maintain_once_never_deletes_what_the_stopped_stream_has_still_to_read(
         for data in Path(table).glob("*.parquet"):
             os.utime(data, (aged, aged))
     # (The tables others read keep their removed files as long as their log: a minute here.)
-    lines = maintain_once(config.with_(retention_hours=0,
+    reports = maintain_once(config.with_(retention_hours=0,
                                        reader_retention=reader_retention("1m")))
-    assert "nothing vacuumed" not in line_of(lines, "bronze"), lines
+    assert "nothing vacuumed" not in line_of(reports, "bronze"), reports
     for table in (config.bronze_path, config.table_path(SILVER), config.table_path(GOLD)):
         live = {Path(u).name for u in DeltaTable(table).file_uris()}
         assert {p.name for p in Path(table).glob("*.parquet")} == live, table
@@ -126,10 +127,10 @@ def test_maintain_once_passes_over_the_tables_of_a_running_writer(
     traffic_then_ship(source_db, config, rng, 3)
     pipeline.run_once()
     with pipeline.gold_lock():
-        lines = maintain_once(config)
+        reports = maintain_once(config)
     for table in ("silver", "quarantine", "gold", "gold_pending"):
-        assert "passed over: its writer (stream) is running" in line_of(lines, table), lines
-    assert "passed over" not in line_of(lines, "bronze")
+        assert "passed over: its writer (stream) is running" in line_of(reports, table), reports
+    assert "passed over" not in line_of(reports, "bronze")
     bad = run_cli(["maintain", "--once"], {**cli_env(config), "LAKECDC_RETENTION_HOURS": "a day"})
     one_sentence(bad.returncode, bad.stderr, "LAKECDC_RETENTION_HOURS", "whole number")
     for value, words in (("ten", "whole number"), ("0", "1 or more")):

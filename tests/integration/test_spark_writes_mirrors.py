@@ -161,7 +161,10 @@ def test_spark_mirrors_follow_the_source_replay_exactly_once_and_maintain_and_ve
 
     # status reads the tables' sizes through Spark, and the maintenance from their history.
     status = cli_here(["status", "--json"], {**env, **SPARK})
-    assert status.returncode == 0, status.stderr[-3000:]
+    # Exit 5: a layer holds nothing yet - the dashboard, which nothing here pushed to.
+    assert status.returncode == 5, status.stderr[-3000:]
+    notes = {la["layer"]: la["note"] for la in json.loads(status.stdout)["layers"] if la["note"]}
+    assert notes == {"dashboard": "nothing pushed yet"}, notes
     sizes = {t["table"]: t for t in json.loads(status.stdout)["tables"]}
     assert sizes["silver"]["live_files"] == 1 and sizes["silver"]["log_entries"] > 3, sizes
     assert all(t["last_maintained"] is not None for t in sizes.values()), sizes
