@@ -345,7 +345,7 @@ def measure(config: Config, work: Path, rows: int, rate: float,
             kept_s: float = KEPT_S) -> dict:
     """The section on ``config``'s database (set up, ``big`` created and filled, not
     captured). ``rate``: changes per second in all, half of them updates of ``big``."""
-    from bench.catch_up import _until_exact
+    from bench.catch_up import until_exact
     from bench.measure import _load, _rate, exactness, truth
 
     out: dict = {"rows": rows, "rate": rate, "load_before": _load()}
@@ -393,7 +393,7 @@ def measure(config: Config, work: Path, rows: int, rate: float,
         traffic.join(timeout=120)
         out["traffic"] = results.get(timeout=60)
         # Caught up: the dashboard equals the source, then the mirror converges on the table.
-        _until_exact(run, config, truth(config.source_dsn), timeout=600)
+        until_exact(run, config, truth(config.source_dsn), timeout=600)
         deadline = time.monotonic() + 600
         while True:
             compared, differing = sample_matches(config, rows)

@@ -104,7 +104,7 @@ class RunProcess:
             self._sink.close()
 
 
-def _until_exact(run: RunProcess, config: Config, expected: dict, timeout: float,
+def until_exact(run: RunProcess, config: Config, expected: dict, timeout: float,
                  layer: str = "dashboard", each_poll=lambda: None) -> float:
     """Wait until ``layer`` (the dashboard, or gold) equals ``expected``; returns when
     (``perf_counter``). ``each_poll`` is called before each read."""
@@ -171,8 +171,8 @@ def warm(config: Config, work: Path, changes: int, tx_size: int) -> dict:
         workload.write_backlog(config.source_dsn, WARM_CHANGES, tx_size, round_rows=1000,
                                tag="w")
         warmed = truth(config.source_dsn)
-        _until_exact(run, config, warmed, timeout=600)
-        _until_exact(run, config, warmed, timeout=600, layer="gold")    # every layer
+        until_exact(run, config, warmed, timeout=600)
+        until_exact(run, config, warmed, timeout=600, layer="gold")    # every layer
         if config.mirrored:
             _until_mirrored(run, config, timeout=600)
         run.signal(signal.SIGSTOP)
@@ -183,9 +183,9 @@ def warm(config: Config, work: Path, changes: int, tx_size: int) -> dict:
         account.start()
         thawed = time.perf_counter()
         run.signal(signal.SIGCONT)
-        exact = _until_exact(run, config, expected, timeout=1800)
+        exact = until_exact(run, config, expected, timeout=1800)
         cpu = account.stop()
-        gold = _until_exact(run, config, expected, timeout=600, layer="gold")
+        gold = until_exact(run, config, expected, timeout=600, layer="gold")
     finally:
         run.stop()
     seconds = exact - thawed
@@ -219,9 +219,9 @@ def cold(config: Config, work: Path, changes: int, tx_size: int, restart: bool =
     try:
         account = CpuAccount(run.proc.pid, _postmaster_pid(config))
         account.start()
-        exact = _until_exact(run, config, expected, timeout=1800, each_poll=stream_started)
+        exact = until_exact(run, config, expected, timeout=1800, each_poll=stream_started)
         cpu = account.stop()
-        gold = _until_exact(run, config, expected, timeout=600, layer="gold",
+        gold = until_exact(run, config, expected, timeout=600, layer="gold",
                             each_poll=stream_started)
         stream_started()
     finally:

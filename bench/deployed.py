@@ -30,7 +30,7 @@ import psycopg
 import yaml
 
 from bench import workload
-from bench.catch_up import RunProcess, _until_exact
+from bench.catch_up import RunProcess, until_exact
 from bench.drive import DriveProcess
 from bench.measure import SCHEMA, _load, _percentiles, exactness, machine, truth
 from core.config import Config
@@ -88,7 +88,7 @@ def _one(pg: LocalPostgres, work: Path, topology: str, rate: float, params: Para
         workload.write_backlog(config.source_dsn, params.warm_changes, 1000, round_rows=1000,
                                tag="w")
         expected = truth(config.source_dsn)
-        _until_exact(procs[0], config, expected, timeout=600,
+        until_exact(procs[0], config, expected, timeout=600,
                      each_poll=lambda: [p.check() for p in procs])
         out["setup_to_exact_s"] = round(time.perf_counter() - started, 1)
         drove = DriveProcess(source_dsn=config.source_dsn, dashboard_dsn=config.dashboard,
@@ -101,7 +101,7 @@ def _one(pg: LocalPostgres, work: Path, topology: str, rate: float, params: Para
             p.check()
         expected = truth(config.source_dsn)
         for layer in ("dashboard", "gold"):    # the dashboard can be exact before gold
-            _until_exact(procs[0], config, expected, timeout=600, layer=layer,
+            until_exact(procs[0], config, expected, timeout=600, layer=layer,
                          each_poll=lambda: [p.check() for p in procs])
         out["lakecdc"] = exactness(config)
         out["achieved_rate"] = round(drove.written["changes"]

@@ -485,10 +485,8 @@ def explain_store_error(uri: str, message: str) -> str:
            "and the credentials."
 
 
-# The clouds' variables the bundle sets on every cluster, from variables that are empty
-# where a deployment uses another cloud (databricks.yml). An empty one means unset: delta-rs
-# would take an empty AZURE_STORAGE_ACCOUNT_KEY for a key and never try the service
-# principal or managed identity beside it.
+# The storage variables the bundle's cluster files set; an optional one left empty means
+# unset: delta-rs would take an empty key for a key and never try the identity beside it.
 BUNDLE_CLOUD_VARIABLES = ("AWS_REGION", "AZURE_STORAGE_ACCOUNT_NAME",
                           "AZURE_STORAGE_ACCOUNT_KEY", "GOOGLE_SERVICE_ACCOUNT_KEY")
 
