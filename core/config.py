@@ -52,6 +52,9 @@ LOG_CLEAN_INTERVAL_S = 30.0
 # second batch, a 1,000,000-key gold every several seconds; the dashboard never waits for
 # a fold (gold.push.push_ahead).
 GOLD_FOLD_SHARE = 0.1
+# How often the continuous stream starts a micro-batch (pipelines/run/stream.py says why 2 s):
+# silver, gold and the mirrors trail the dashboard by about this much more.
+STREAM_TRIGGER_S = 2.0
 _SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
 # The masters lakecdc is tested on: one machine, or a standalone cluster (with standby
 # masters: spark://a:7077,b:7077).
@@ -146,6 +149,10 @@ class Config:
     # folds every batch's step with the batch (a small gold, or SQL users who want it
     # current), 0 only when a stream stops.
     gold_fold_share: float = GOLD_FOLD_SHARE
+    # Seconds between the continuous stream's micro-batches (STREAM_TRIGGER_S above):
+    # silver, gold (read by path or name) and the mirrors wait for the next one, the
+    # dashboard does not; a shorter one costs more of the JVM's CPU.
+    stream_trigger_s: float = STREAM_TRIGGER_S
     # Continuous shipping survives the source going away: reconnect with exponential
     # backoff from 0.5 s up to this many seconds between attempts.
     reconnect_max_backoff_s: float = 30.0
@@ -206,7 +213,8 @@ class Config:
                           ("LAKECDC_RECONNECT_MAX_BACKOFF", "reconnect_max_backoff_s"),
                           ("LAKECDC_MIRROR_INTERVAL", "mirror_interval_s"),
                           ("LAKECDC_MIRROR_MERGE_S", "mirror_merge_s"),
-                          ("LAKECDC_MAINTAIN_INTERVAL", "maintain_interval_s")):
+                          ("LAKECDC_MAINTAIN_INTERVAL", "maintain_interval_s"),
+                          ("LAKECDC_TRIGGER_INTERVAL", "stream_trigger_s")):
             if env.get(name):
                 values[key] = _number(name, env[name])
         if env.get("LAKECDC_RETENTION_HOURS"):
@@ -311,6 +319,9 @@ class Config:
         if not 0 <= self.gold_fold_share <= 1:
             raise UserError("gold's fold share (LAKECDC_GOLD_FOLD_SHARE) must be a number from "
                             "0 to 1, e.g. 0.1 (1: every batch; 0: only when a stream stops).")
+        if self.stream_trigger_s <= 0:
+            raise UserError("the stream's trigger interval (LAKECDC_TRIGGER_INTERVAL) must be a "
+                            "positive number of seconds, e.g. 2.")
         if self.reconnect_max_backoff_s <= 0:
             raise UserError("the reconnect backoff (LAKECDC_RECONNECT_MAX_BACKOFF) must be a "
                             "positive number of seconds.")

@@ -30,7 +30,6 @@ from gold.push import AheadPush, push_once, run_push
 from pipelines.maintain.schedule import Maintainer
 from pipelines.run.behind import ShipperBehind
 from pipelines.run.stream import (
-    TRIGGER_INTERVAL,
     Marks,
     OnePass,
     StreamPaths,
@@ -94,7 +93,7 @@ class OnceReport:
 
 class Pipeline:
     def __init__(self, config: Config, spark_factory: Callable | None = None,
-                 trigger_interval: str = TRIGGER_INTERVAL, push_interval_s: float = 5.0,
+                 trigger_interval: str | None = None, push_interval_s: float = 5.0,
                  metrics: "PipelineMetrics | None" = None) -> None:
         self.config = config
         # Event metrics (pipelines.observe.metrics), recorded by every stage run through this object.
@@ -103,7 +102,7 @@ class Pipeline:
         self.where = Locations.from_config(config)
         self._spark_factory = spark_factory
         self._spark = None
-        self.trigger_interval = trigger_interval
+        self.trigger_interval = trigger_interval or f"{config.stream_trigger_s:g} seconds"
         # The push runs after every stream batch; this is only how often it also looks by
         # itself (a gold written by another process, a dashboard back after an outage).
         self.push_interval_s = push_interval_s

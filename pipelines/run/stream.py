@@ -45,6 +45,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from core.checkpoints import has_metadata, latest_planned_batch, remove_incomplete_writes
+from core.config import STREAM_TRIGGER_S
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.layout import STREAM_QUERY
@@ -70,7 +71,7 @@ BATCH_BYTES = "16m"
 # alternated; docs/gold.md, "The stream's trigger"), 250 ms -> 2 s: 81-102 -> 31-32 batches a
 # run, the JVM's CPU 38-73 -> 20-28 s, the dashboard's p95 0.26-0.57 -> 0.18-0.28 s at 200
 # changes/s and 0.61-1.18 -> 0.25-0.48 s at 2,000.
-TRIGGER_INTERVAL = "2 seconds"
+TRIGGER_INTERVAL = f"{STREAM_TRIGGER_S:g} seconds"     # LAKECDC_TRIGGER_INTERVAL
 
 
 @dataclass(frozen=True)

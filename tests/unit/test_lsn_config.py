@@ -91,6 +91,11 @@ def test_gold_fold_share_is_a_share_and_defaults_to_a_tenth():
     assert Config.load(env={"LAKECDC_GOLD_FOLD_SHARE": "0"}).gold_fold_share == 0.0
 
 
+def test_the_stream_s_trigger_defaults_to_2_seconds():
+    assert Config.load(env={}).stream_trigger_s == 2.0
+    assert Config.load(env={"LAKECDC_TRIGGER_INTERVAL": "0.5"}).stream_trigger_s == 0.5
+
+
 @pytest.mark.parametrize("text,kept", [
     ("", {"silver": 1440, "gold": 1440, "mirrors": 1440}),
     ("7d", {"silver": 10080, "gold": 10080, "mirrors": 10080}),
@@ -112,6 +117,7 @@ def test_the_tables_others_read_keep_a_day_unless_a_group_says_otherwise(text, k
     ({"LAKECDC_SLOT": "Bad-Name"}, "slot name"),
     ({"LAKECDC_GOLD_FOLD_SHARE": "1.5"}, "LAKECDC_GOLD_FOLD_SHARE.*from 0 to 1"),
     ({"LAKECDC_GOLD_FOLD_SHARE": "often"}, "LAKECDC_GOLD_FOLD_SHARE.*from 0 to 1"),
+    ({"LAKECDC_TRIGGER_INTERVAL": "0"}, "LAKECDC_TRIGGER_INTERVAL.*positive"),
     ({"LAKECDC_TABLES": "notifications"}, "schema.table"),
     ({"LAKECDC_UNSAFE_DISABLE_GUARDS": "nonsense"}, "unknown guard"),
     ({"LAKECDC_MIRROR_INTERVAL": "0"}, "LAKECDC_MIRROR_INTERVAL"),
