@@ -6,7 +6,8 @@ baseline and exactness; freshness at a steady rate; the gold half of continuous 
 gold's keys grow; the shipper's peak RSS through one big transaction; ``tables add`` of a
 big table under traffic beside its COPY, ``bench.big_table``), writes the result
 document ``results.json`` and PNG plots into ``--out`` and regenerates ``--report`` from
-``bench/report.py``'s template. Everything it started is stopped and removed again.
+``bench.report``'s template (``bench/report.md.tmpl``). Everything it started is stopped
+and removed again.
 
 ``--sections freshness,writers`` measures those sections again on their own and puts them
 into the ``results.json`` already in ``--out``, each stamped with when it was measured (the

@@ -42,9 +42,9 @@ from pathlib import Path
 import psycopg
 from deltalake import DeltaTable
 
-from bench import workload
+from bench import numbers, workload
 from bench.aging import table_sizes
-from bench.measure import Bench, Params, _load, _percentiles
+from bench.measure import Bench, Params
 from core.config import (
     BRONZE_LOG_RETENTION_MINUTES,
     LOG_RETENTION_MINUTES,
@@ -194,7 +194,7 @@ def _round(bench: Bench, config: Config, params: AgedParams) -> dict:
             "achieved_rate": out["achieved_rate"], "batches": len(passes),
             "pass_s": {"median": round(statistics.median(seconds), 4),
                        "mean": round(statistics.fmean(seconds), 4),
-                       **_percentiles(seconds, 3)},
+                       **numbers.percentiles(seconds, 3)},
             "trigger_ms_mean": round(spark.get("triggerExecution_ms", 0) / triggers, 1)
             if triggers else None,
             "latest_offset_ms_mean": round(spark.get("latestOffset_ms", 0) / triggers, 1)
@@ -204,7 +204,7 @@ def _round(bench: Bench, config: Config, params: AgedParams) -> dict:
 
 def measure(params: AgedParams, say=print) -> dict:
     doc: dict = {"generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                 "params": asdict(params), "load_at_start": _load()}
+                 "params": asdict(params), "load_at_start": numbers.load()}
     with Bench(Params()) as bench:
         aged = bench.database("aged").with_(mirrors=())
         workload.populate(aged.source_dsn, params.rows)
@@ -225,7 +225,7 @@ def measure(params: AgedParams, say=print) -> dict:
                 rounds[name].append(_round(bench, config, params))
         doc["rounds"] = rounds
         doc["state_after"] = {"aged": tables_state(aged), "fresh": tables_state(fresh)}
-    doc["load_at_end"] = _load()
+    doc["load_at_end"] = numbers.load()
     doc["ratios"] = ratios(rounds)
     return doc
 

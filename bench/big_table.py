@@ -48,7 +48,7 @@ import psycopg
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from bench import workload
+from bench import numbers, workload
 from bench.catch_up import ROOT, RunProcess, lakecdc_env
 from bench.decode import PeakRss
 from bench.drive import CurrentMirror
@@ -189,7 +189,6 @@ def folds(log: Path) -> list[tuple[int, float]]:
 def kept(config: Config, run: RunProcess, port: int, seconds: float, rows: int) -> dict:
     """The big mirror kept under the traffic for ``seconds``: its freshness by ``BigProbe``
     and its mirrors' batches (see the module's text)."""
-    from bench.measure import _percentiles
 
     before, folded = mirrors_batches(port), len(folds(run.log))
     probe = BigProbe(config.source_dsn, mirror_path(config.lakehouse, TABLE), rows)
@@ -207,7 +206,7 @@ def kept(config: Config, run: RunProcess, port: int, seconds: float, rows: int) 
     batches, spent = after[0] - before[0], after[1] - before[1]
     latencies = [s for _, s in probe.latencies()]
     return {"seconds": seconds, "probes": len(probe.committed), "seen": len(latencies),
-            "mirror_latency_s": _percentiles(latencies),
+            "mirror_latency_s": numbers.percentiles(latencies),
             "mirrors_batches": batches,
             "mirrors_batch_mean_s": round(spent / batches, 3) if batches else None,
             "mirrors_busy_share": round(spent / seconds, 3),
@@ -320,7 +319,7 @@ def replayed(config: Config) -> bool:
 def sample_matches(config: Config, rows: int) -> tuple[int, int]:
     """(rows compared, rows differing) over ``SAMPLE_RANGES`` random key ranges of
     ``SAMPLE_ROWS`` rows: every column, the mirror (delta-rs) against the source."""
-    from bench.measure import _utc
+    from bench.counts import utc
 
     rng = random.Random(3838)
     mirror = CurrentMirror(mirror_path(config.lakehouse, TABLE))
@@ -331,10 +330,10 @@ def sample_matches(config: Config, rows: int) -> tuple[int, int]:
             hi = lo + SAMPLE_ROWS - 1
             cur = conn.execute("SELECT * FROM big WHERE id BETWEEN %s AND %s", [lo, hi])
             names = [d.name for d in cur.description]
-            source = {r[0]: tuple(_utc(v) for v in r) for r in cur}
+            source = {r[0]: tuple(utc(v) for v in r) for r in cur}
             got = mirror.rows(names, (pc.field("id") >= lo)
                               & (pc.field("id") <= hi)).to_pylist()
-            theirs = {r["id"]: tuple(_utc(r[n]) for n in names) for r in got}
+            theirs = {r["id"]: tuple(utc(r[n]) for n in names) for r in got}
             compared += len(source)
             differing += sum(1 for k in source.keys() | theirs.keys()
                              if source.get(k) != theirs.get(k))
@@ -346,9 +345,9 @@ def measure(config: Config, work: Path, rows: int, rate: float,
     """The section on ``config``'s database (set up, ``big`` created and filled, not
     captured). ``rate``: changes per second in all, half of them updates of ``big``."""
     from bench.catch_up import until_exact
-    from bench.measure import _load, _rate, exactness, truth
+    from bench.counts import exactness, truth
 
-    out: dict = {"rows": rows, "rate": rate, "load_before": _load()}
+    out: dict = {"rows": rows, "rate": rate, "load_before": numbers.load()}
     port = free_port()
     db = Path(config.lakehouse).name           # the database's: the logs' names
     run = RunProcess(config, work / f"{db}-run.log", {"LAKECDC_METRICS_PORT": str(port)})
@@ -364,7 +363,7 @@ def measure(config: Config, work: Path, rows: int, rate: float,
         traffic.start()
         copy_s, copy_bytes = copy_seconds(config.source_dsn)
         out["copy"] = {"seconds": round(copy_s, 2), "mb": round(copy_bytes / 2**20),
-                       "rows_per_s": _rate(rows, copy_s)}
+                       "rows_per_s": numbers.rate(rows, copy_s)}
         with OldestTransaction(config.source_dsn) as oldest:
             started = time.perf_counter()
             add_s, peak_mb, code = tables_add(config, work / f"{db}-tables-add.log")
@@ -379,7 +378,7 @@ def measure(config: Config, work: Path, rows: int, rate: float,
                 run.check()
                 time.sleep(POLL_S)
             replayed_s = time.perf_counter() - started
-        out["load"] = {"seconds": round(load_s, 2), "rows_per_s": _rate(rows, load_s),
+        out["load"] = {"seconds": round(load_s, 2), "rows_per_s": numbers.rate(rows, load_s),
                        "replayed_s": round(replayed_s, 2),
                        "of_copy_replayed": round(copy_s / replayed_s, 3),
                        "tables_add_s": round(add_s, 2),
@@ -418,5 +417,5 @@ def measure(config: Config, work: Path, rows: int, rate: float,
         if traffic.is_alive():
             traffic.join(timeout=60)
         run.stop()
-    out["load_after"] = _load()
+    out["load_after"] = numbers.load()
     return out

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench import workload
+from bench import numbers, workload
 from bench.cpu import CpuAccount, parent_pid
 from core.config import Config
 from core.layout import GOLD, STREAM_CHECKPOINT
@@ -108,7 +108,7 @@ def until_exact(run: RunProcess, config: Config, expected: dict, timeout: float,
                  layer: str = "dashboard", each_poll=lambda: None) -> float:
     """Wait until ``layer`` (the dashboard, or gold) equals ``expected``; returns when
     (``perf_counter``). ``each_poll`` is called before each read."""
-    from bench.measure import dashboard_rows, gold_counts
+    from bench.counts import dashboard_rows, gold_counts
 
     want = {k: v for k, v in expected.items() if v}
     deadline = time.perf_counter() + timeout
@@ -164,7 +164,7 @@ def _newest_batch(config: Config) -> int:
 
 def warm(config: Config, work: Path, changes: int, tx_size: int) -> dict:
     """The warm figure on ``config``'s database (set up, empty)."""
-    from bench.measure import _load, _rate, truth
+    from bench.counts import truth
 
     run = RunProcess(config, work / "catch-up-warm.log")
     try:
@@ -176,7 +176,7 @@ def warm(config: Config, work: Path, changes: int, tx_size: int) -> dict:
         if config.mirrored:
             _until_mirrored(run, config, timeout=600)
         run.signal(signal.SIGSTOP)
-        load = _load()
+        load = numbers.load()
         written = workload.write_backlog(config.source_dsn, changes, tx_size)
         expected = truth(config.source_dsn)
         account = CpuAccount(run.proc.pid, _postmaster_pid(config))
@@ -190,7 +190,7 @@ def warm(config: Config, work: Path, changes: int, tx_size: int) -> dict:
         run.stop()
     seconds = exact - thawed
     return {"load_before": load, "workload": written.as_dict(), "seconds": round(seconds, 2),
-            "changes_per_s": _rate(written.changes, seconds),
+            "changes_per_s": numbers.rate(written.changes, seconds),
             "gold_seconds": round(gold - thawed, 2), "cpu_s": cpu}
 
 
@@ -198,7 +198,7 @@ def cold(config: Config, work: Path, changes: int, tx_size: int, restart: bool =
     """The cold figure on ``config``'s database (set up, empty). ``restart``: a pipeline
     that has run before (``lakecdc run --once`` over a small round: gold and the dashboard
     hold its counts), as after any stop; else its very first run."""
-    from bench.measure import _load, _rate, truth
+    from bench.counts import truth
 
     if restart:
         workload.write_backlog(config.source_dsn, WARM_CHANGES, tx_size, round_rows=1000,
@@ -209,7 +209,7 @@ def cold(config: Config, work: Path, changes: int, tx_size: int, restart: bool =
             raise RuntimeError(f"lakecdc run --once failed: {done.stderr[-2000:]!r}")
     written = workload.write_backlog(config.source_dsn, changes, tx_size)
     expected = truth(config.source_dsn)
-    load = _load()
+    load = numbers.load()
     run = RunProcess(config, work / f"catch-up-{'cold' if restart else 'first'}.log")
     before, up = _newest_batch(config), []
 
@@ -228,6 +228,6 @@ def cold(config: Config, work: Path, changes: int, tx_size: int, restart: bool =
         run.stop()
     total = exact - run.started
     return {"load_before": load, "workload": written.as_dict(), "restart": restart,
-            "seconds": round(total, 2), "changes_per_s": _rate(written.changes, total),
+            "seconds": round(total, 2), "changes_per_s": numbers.rate(written.changes, total),
             "gold_seconds": round(gold - run.started, 2),
             "start_up_s": round(up[0] - run.started, 2) if up else None, "cpu_s": cpu}

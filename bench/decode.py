@@ -35,6 +35,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from bench import numbers
 from bench.catch_up import lakecdc_env
 from bronze.slot import plugin_options
 from core.config import Config
@@ -205,3 +206,31 @@ class PeakRss:
         """The peak, once the child has exited."""
         self._thread.join()
         return self.peak
+
+
+def against_postgres(config: Config, changes: int, endpos) -> dict:
+    """The backlog decoded by Postgres alone (a peek, twice), by ``pg_recvlogical``, by
+    psycopg's replication protocol, and shipped by lakecdc, from the witness slots made
+    before it was written."""
+    rows1, raw1 = raw_decode(config.source_dsn, "witness", config.tables)
+    recv = recvlogical(config.source_dsn, "witness_recv", config.tables, endpos)
+    drain = replication_drain(config.source_dsn, "witness_repl", config.tables, endpos)
+    ship = ship_once(config)
+    rows2, raw2 = raw_decode(config.source_dsn, "witness", config.tables)
+    for witness in ("witness", "witness_recv", "witness_repl"):
+        drop_slot(config.source_dsn, witness)
+    raw = (raw1 + raw2) / 2
+    # rows2 may exceed rows1 by the empty B/C pairs of transactions the shipper's own
+    # session committed on uncaptured tables in between.
+    return {"peek_rows": rows1, "peek_rows_after": rows2,
+            "raw_decode_s": [round(raw1, 3), round(raw2, 3)],
+            "pg_recvlogical_s": round(recv, 3),
+            "psycopg_replication": {
+                "seconds": round(drain.seconds, 3), "messages": drain.messages,
+                "client_cpu_s": round(drain.client_cpu_s, 3)},
+            "ship_vs_recvlogical": round(recv / ship.seconds, 3),
+            "ship_s": round(ship.seconds, 3), "ratio": round(raw / ship.seconds, 3),
+            "raw_rows_per_s": numbers.rate(rows1, raw),
+            "ship_rows_per_s": numbers.rate(rows1, ship.seconds),
+            "ship_changes_per_s": numbers.rate(changes, ship.seconds),
+            "ship_peak_rss_mb": round(ship.peak_rss_mb)}

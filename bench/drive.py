@@ -19,6 +19,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from bench import workload
@@ -40,6 +41,9 @@ class Drive:
     # (commit time, seconds until seen) per ``services`` row the mirror probe saw, if probed
     mirror_latencies: list = field(default_factory=list)
     mirror_probes_committed: int = 0
+    # (commit time, seconds until seen) per dashboard probe seen in gold read by path, if
+    # watched there too
+    gold_latencies: list = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -63,6 +67,32 @@ class MirrorProbe(Probe):
 
         def look(pending: list) -> list:
             return mirror.rows(["id"], pc.field("id").isin(pending)).column("id").to_pylist()
+        yield look
+
+
+@dataclass(kw_only=True)
+class GoldWatch(FreshnessProbe):
+    """The dashboard's probes (``committed``: that probe's own, which commits them) looked
+    for in ``service_stats`` itself, read by path with delta-rs as a SQL reader of gold
+    would, every ``poll_s``: what a reader of gold sees, folds included."""
+
+    gold_uri: str
+
+    @contextmanager
+    def looking(self):
+        from deltalake import DeltaTable
+
+        handle: list = []
+
+        def look(pending: list) -> list:
+            if not handle:
+                handle.append(DeltaTable(self.gold_uri))
+            else:
+                handle[0].update_incremental()
+            # Gold is small here (tens of keys a service): its one column read whole.
+            services = handle[0].to_pyarrow_dataset().to_table(columns=["service_id"])
+            held = set(services.column("service_id").cast(pa.string()).to_pylist())
+            return [service for service in pending if service in held]
         yield look
 
 
@@ -112,11 +142,12 @@ class CurrentMirror:
 
 def drive(source_dsn: str, dashboard_dsn: str, rate: float, neighbour_rate: float,
           neighbour_first_id: int, seconds: float, tag: str, services: int = 8,
-          mirror_uri: str | None = None) -> Drive:
+          mirror_uri: str | None = None, gold_uri: str | None = None) -> Drive:
     """Traffic at ``rate`` changes/s (inserts over ``services`` services), the neighbour
     tables at ``neighbour_rate`` rows/s each (none at 0) and a probe every 0.5 s for
     ``seconds``; then waits for the watcher (every probe seen, or 120 s). ``mirror_uri``:
-    the ``services`` mirror, probed too (``MirrorProbe``)."""
+    the ``services`` mirror, probed too (``MirrorProbe``); ``gold_uri``: gold, where the
+    dashboard's probes are looked for too (``GoldWatch``)."""
     stop = threading.Event()
     traffic = workload.SteadyTraffic(source_dsn, rate, tag=f"{tag}-", services=services)
     neighbours = workload.NeighbourTraffic(source_dsn, neighbour_rate,
@@ -125,6 +156,9 @@ def drive(source_dsn: str, dashboard_dsn: str, rate: float, neighbour_rate: floa
     mirror_probe = MirrorProbe(dsn=source_dsn, mirror_uri=mirror_uri,
                                first_id=-neighbour_first_id, poll_s=0.1) \
         if mirror_uri else None
+    gold_watch = GoldWatch(dsn=source_dsn, dashboard_dsn=dashboard_dsn, tag=tag,
+                           gold_uri=gold_uri, committed=probe.committed, poll_s=0.2) \
+        if gold_uri else None
     errors: list[str] = []
 
     def guarded(name: str, target) -> threading.Thread:
@@ -143,6 +177,8 @@ def drive(source_dsn: str, dashboard_dsn: str, rate: float, neighbour_rate: floa
     if mirror_probe is not None:
         writers.append(guarded("mirror-probe", lambda: mirror_probe.run(stop)))
         watchers.append(guarded("mirror-watch", lambda: mirror_probe.watch(stop)))
+    if gold_watch is not None:
+        watchers.append(guarded("gold-watch", lambda: gold_watch.watch(stop)))
     started_at = time.time()
     for thread in (*writers, *watchers):
         thread.start()
@@ -153,7 +189,8 @@ def drive(source_dsn: str, dashboard_dsn: str, rate: float, neighbour_rate: floa
     return Drive(traffic.written.as_dict(), traffic.elapsed_s, len(probe.committed),
                  probe.latencies(), started_at, neighbours.changes, neighbours.elapsed_s,
                  errors, mirror_probe.latencies() if mirror_probe else [],
-                 len(mirror_probe.committed) if mirror_probe else 0)
+                 len(mirror_probe.committed) if mirror_probe else 0,
+                 gold_watch.latencies() if gold_watch else [])
 
 
 def _child(conn, kwargs: dict) -> None:

@@ -40,11 +40,8 @@ Load averages are recorded at the start of every section: the machine is shared.
 
 from __future__ import annotations
 
-import os
-import platform
 import shutil
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
@@ -52,24 +49,25 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
-from uuid import UUID
 
 import psycopg
 from deltalake import DeltaTable
-from psycopg import sql
 
-from bench import big_table, catch_up, decode, poc, workload
+from bench import big_table, catch_up, decode, numbers, poc, workload
+from bench.counts import (
+    exactness,
+    gold_counts,
+    mirror_is_source,
+    truth,
+)
 from bench.drive import Drive, DriveProcess
 from bench.profile import PassLog, ProgressLog
-from bench.stages import StageClock, percentile
-from core.captured import COUNTED
+from bench.stages import StageClock
 from core.config import Config
 from core.layout import GOLD, mirror_path
-from infra.localpg import LocalPostgres, bin_dir
+from infra.localpg import LocalPostgres
 from pipelines.run.pipeline import Pipeline
 from pipelines.setup.prepare import setup
-from pipelines.source.truth import source_counts
-from silver.mirror_pending import read_mirror
 
 SCHEMA = (Path(__file__).resolve().parents[1] / "infra" / "postgres" /
           "source_schema.sql").read_text()
@@ -100,103 +98,24 @@ def _merges_since(path: str, version: int) -> int:
                if commit.get("version", -1) > version and commit.get("operation") == "MERGE")
 
 
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def machine() -> dict:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        mem_kb = int(next(ln.split()[1] for ln in Path("/proc/meminfo").read_text()
-                          .splitlines() if ln.startswith("MemTotal")))
-    except (OSError, StopIteration, ValueError):
-        mem_kb = 0
-    import deltalake
-    import pyspark
-    pg = subprocess.run([str(bin_dir() / "postgres"), "--version"],
-                        capture_output=True, text=True).stdout.strip()
-    return {"cpus": os.cpu_count(), "cpu": cpu, "memory_gb": round(mem_kb / 1024 ** 2, 1),
-            "kernel": platform.release(), "python": platform.python_version(),
-            "postgres": pg, "pyspark": pyspark.__version__,
-            "deltalake": deltalake.__version__}
-
-
-def _nonzero(counts: dict) -> dict:
-    return {k: v for k, v in counts.items() if v}
-
-
-def compare(got: dict, truth: dict) -> dict:
-    """How far ``got`` is from ``truth``: keys differing, totals, absolute error."""
-    got, truth = _nonzero(got), _nonzero(truth)
-    keys = set(got) | set(truth)
-    expected = sum(truth.values())
-    total = sum(got.values())
-    abs_error = sum(abs(got.get(k, 0) - truth.get(k, 0)) for k in keys)
-    return {"exact": got == truth, "keys": len(truth),
-            "keys_differing": sum(1 for k in keys if got.get(k, 0) != truth.get(k, 0)),
-            "expected_total": expected, "total": total,
-            "total_error_pct": round(100.0 * (total - expected) / max(expected, 1), 2),
-            "abs_error_pct": round(100.0 * abs_error / max(expected, 1), 2)}
-
-
-def gold_counts(config: Config) -> dict:
-    rows = DeltaTable(config.table_path(GOLD)).to_pyarrow_table(
-        columns=["service_id", "template_id", "notification_type", "notification_status",
-                 "count"]).to_pylist()
-    return {(r["service_id"], r["template_id"], r["notification_type"],
-             r["notification_status"]): r["count"] for r in rows}
-
-
-def dashboard_counts(dsn: str) -> dict:
-    with psycopg.connect(dsn) as conn:
-        return dashboard_rows(conn)
-
-
-def dashboard_rows(conn: psycopg.Connection) -> dict:
-    """The dashboard's counts, read on an open connection (a poll's: no session start
-    each time, whose cost lands on the machine the run shares)."""
-    return {tuple(r[:4]): r[4] for r in conn.execute(
-        "SELECT service_id, template_id, notification_type, notification_status, count "
-        "FROM service_stats")}
-
-
-def truth(dsn: str) -> dict:
-    with psycopg.connect(dsn) as conn:
-        return source_counts(conn, COUNTED)
-
-
-def exactness(config: Config) -> dict:
-    expected = truth(config.source_dsn)
-    return {"gold": compare(gold_counts(config), expected),
-            "dashboard": compare(dashboard_counts(config.dashboard), expected)}
-
-
-def mirror_is_source(config: Config, table: str) -> bool:
-    """Every row and column of ``table``'s mirror (read with delta-rs, its tail laid over
-    its table) equals the source's (psycopg), compared as sets of rows; timestamps in UTC."""
-    with psycopg.connect(config.source_dsn) as conn:
-        cur = conn.execute(sql.SQL("SELECT * FROM {}").format(
-            sql.Identifier(*table.split(".", 1))))
-        columns = [d.name for d in cur.description]
-        source = {tuple(_utc(v) for v in row) for row in cur}
-    mirror = read_mirror(mirror_path(config.lakehouse, table), columns=columns).to_pylist()
-    return source == {tuple(_utc(r[c]) for c in columns) for r in mirror}
-
-
-def _utc(value):
-    """A value as a mirror holds it: timestamps with a zone in UTC, UUIDs as their text."""
-    if isinstance(value, UUID):
-        return str(value)
-    return value.astimezone(timezone.utc) if isinstance(value, datetime) \
-        and value.tzinfo is not None else value
-
-
-def _rate(n: int, seconds: float) -> float:
-    return round(n / seconds) if seconds > 0 else 0.0
+def _seen(drove: Drive, clock: StageClock, neighbours: bool) -> dict:
+    """What the probes saw in a continuous run: the dashboard's latencies (and their stages
+    and series), gold's read by path, the mirror's; the traffic written."""
+    latencies = drove.latencies
+    out = {"probes": {"committed": drove.probes_committed, "seen": len(latencies)},
+           "written": drove.written,
+           "achieved_rate": round(drove.written["changes"] / max(drove.traffic_elapsed_s, 1e-9)),
+           "latency_s": numbers.percentiles([lat for _, lat in latencies]),
+           "stages": clock.breakdown(latencies),
+           # The same probes seen in service_stats read by path, as a SQL reader sees gold.
+           "gold_latency_s": numbers.percentiles([lat for _, lat in drove.gold_latencies]),
+           # Freshness over time: each probe's latency against when it was committed.
+           "series": [(round(t - drove.started_at, 2), round(lat, 2)) for t, lat in latencies]}
+    if neighbours:
+        out["mirror_probes"] = {"committed": drove.mirror_probes_committed,
+                                "seen": len(drove.mirror_latencies)}
+        out["mirror_latency_s"] = numbers.percentiles([lat for _, lat in drove.mirror_latencies])
+    return out
 
 
 class Bench:
@@ -252,7 +171,7 @@ class Bench:
 
     def backlog(self) -> dict:
         p = self.params
-        out: dict = {"load_before": _load()}
+        out: dict = {"load_before": numbers.load()}
         config = self.database("bench", neighbours=True)
         twin = self.database("bench_twin")
         poc.create(config.source_dsn, "poc_bench")
@@ -274,30 +193,19 @@ class Bench:
         workload.write_backlog(twin.source_dsn, p.changes, p.tx_size)
         out["workload"] = written.as_dict()
 
-        rows1, raw1 = decode.raw_decode(config.source_dsn, "witness", config.tables)
-        recv = decode.recvlogical(config.source_dsn, "witness_recv", config.tables, endpos)
-        drain = decode.replication_drain(config.source_dsn, "witness_repl", config.tables,
-                                         endpos)
-        ship = decode.ship_once(config)
-        rows2, raw2 = decode.raw_decode(config.source_dsn, "witness", config.tables)
-        for witness in ("witness", "witness_recv", "witness_repl"):
-            decode.drop_slot(config.source_dsn, witness)
-        raw = (raw1 + raw2) / 2
-        # rows2 may exceed rows1 by the empty B/C pairs of transactions the shipper's own
-        # session committed on uncaptured tables in between.
-        out["decode"] = {"peek_rows": rows1, "peek_rows_after": rows2,
-                         "raw_decode_s": [round(raw1, 3), round(raw2, 3)],
-                         "pg_recvlogical_s": round(recv, 3),
-                         "psycopg_replication": {
-                             "seconds": round(drain.seconds, 3), "messages": drain.messages,
-                             "client_cpu_s": round(drain.client_cpu_s, 3)},
-                         "ship_vs_recvlogical": round(recv / ship.seconds, 3),
-                         "ship_s": round(ship.seconds, 3), "ratio": round(raw / ship.seconds, 3),
-                         "raw_rows_per_s": _rate(rows1, raw),
-                         "ship_rows_per_s": _rate(rows1, ship.seconds),
-                         "ship_changes_per_s": _rate(written.changes, ship.seconds),
-                         "ship_peak_rss_mb": round(ship.peak_rss_mb)}
+        out["decode"] = decode.against_postgres(config, written.changes, endpos)
+        out["layers"], out["spark_progress"] = self._layers(pipeline, written.changes)
+        out["lakecdc"] = exactness(config)
+        for name, cfg, slot in (("poc_same_wal", config, "poc_bench"),
+                                ("poc_pk_identity", twin, "poc_twin")):
+            out[name] = poc.measured(cfg, slot)
+        out["twin_identical"] = truth(config.source_dsn) == truth(twin.source_dsn)
+        self._bench = (config, pipeline)
+        return out
 
+    def _layers(self, pipeline: Pipeline, changes: int) -> tuple[dict, dict]:
+        """The backlog through each layer of ``pipeline`` in turn, timed: (layers, the
+        stream's Spark progress)."""
         layers: dict = {}
         profile: dict = {}
         with self.progress.window(profile):
@@ -313,11 +221,11 @@ class Bench:
         push = pipeline.push(once=True)
         layers["push"] = {"seconds": round(time.perf_counter() - t, 2),
                           "keys": push.upserted + push.deleted}
-        for name, layer in layers.items():
-            layer["changes_per_s"] = _rate(written.changes, layer["seconds"])
+        for layer in layers.values():
+            layer["changes_per_s"] = numbers.rate(changes, layer["seconds"])
         catch_up = sum(layer["seconds"] for layer in layers.values())
         layers["stream_push"] = {"seconds": round(catch_up, 2),
-                                      "changes_per_s": _rate(written.changes, catch_up)}
+                                 "changes_per_s": numbers.rate(changes, catch_up)}
         # The mirrors of the captured tables, after the gold path: timed on their own, and
         # caught up before the freshness runs (a `run` that starts behind on them spends its
         # first minutes catching them up beside the stream).
@@ -325,27 +233,13 @@ class Bench:
         pipeline.mirrors(once=True)
         seconds = time.perf_counter() - t
         layers["mirrors"] = {"seconds": round(seconds, 2),
-                             "changes_per_s": _rate(written.changes, seconds)}
-        out["layers"] = layers
-        out["spark_progress"] = profile
-        out["lakecdc"] = exactness(config)
-
-        for name, cfg, slot in (("poc_same_wal", config, "poc_bench"),
-                                ("poc_pk_identity", twin, "poc_twin")):
-            run = poc.run(cfg.source_dsn, slot, cfg.tables)
-            out[name] = {"seconds": round(run.seconds, 2), "ticks": run.ticks,
-                         "changes": run.changes, "changes_per_s": _rate(run.changes,
-                                                                        run.seconds),
-                         **compare(poc.counts(cfg.source_dsn), truth(cfg.source_dsn))}
-            decode.drop_slot(cfg.source_dsn, slot)
-        out["twin_identical"] = truth(config.source_dsn) == truth(twin.source_dsn)
-        self._bench = (config, pipeline)
-        return out
+                             "changes_per_s": numbers.rate(changes, seconds)}
+        return layers, profile
 
     def freshness(self) -> dict:
         """One continuous run per rate in ``rates``, each on the caught-up ``bench``."""
         p = self.params
-        return {"load_before": _load(), "seconds": p.freshness_s,
+        return {"load_before": numbers.load(), "seconds": p.freshness_s,
                 "runs": [self._freshness_at(rate) for rate in p.rates]}
 
     def _warmed(self, config: Config) -> Pipeline:
@@ -384,7 +278,7 @@ class Bench:
         ``services`` services; the neighbour tables too with ``neighbours``), the probe's
         latencies, per-batch seconds; then drained and checked against the source. Returns
         the measurement and what the traffic did."""
-        out: dict = {"load_before": _load(), "rate": rate, "seconds": seconds}
+        out: dict = {"load_before": numbers.load(), "rate": rate, "seconds": seconds}
         stop_pipeline = threading.Event()
         self._runs += 1
         errors: list[BaseException] = []
@@ -419,7 +313,7 @@ class Bench:
                     neighbour_first_id=self._runs * 1_000_000_000,
                     seconds=seconds, tag=f"r{rate:g}-{self._runs}", services=services,
                     mirror_uri=mirror_path(config.lakehouse, "public.services")
-                    if neighbours else None)
+                    if neighbours else None, gold_uri=gold_path)
                 drove = client.result(timeout=seconds + 300)
         stop_pipeline.set()
         runner.join(timeout=300)
@@ -430,35 +324,29 @@ class Bench:
         if drove.errors:
             raise RuntimeError(f"the benchmark's traffic failed: {'; '.join(drove.errors)}")
         out["per_batch"] = self.passes.summary(mark)
-        gold = [b["gold_s"] for b in self.passes.passes[mark:]]
-        out["gold_half_s"] = {"median": round(statistics.median(gold), 4) if gold else None,
-                              "mean": round(statistics.fmean(gold), 4) if gold else None,
-                              "p90": _percentiles(gold, 3).get("p90") if gold else None,
-                              "folds": _merges_since(gold_path, gold_before),
-                              "ahead_median": round(statistics.median(
-                                  b.get("ahead_s", 0.0) for b in self.passes.passes[mark:]), 4)
-                              if gold else None,
-                              "step_keys_median": statistics.median(
-                                  b.get("step_keys", 0) for b in self.passes.passes[mark:])
-                              if gold else None}
-        latencies = drove.latencies
-        out["probes"] = {"committed": drove.probes_committed, "seen": len(latencies)}
-        out["written"] = drove.written
-        out["achieved_rate"] = round(drove.written["changes"]
-                                     / max(drove.traffic_elapsed_s, 1e-9))
-        out["load_after"] = _load()
-        out["latency_s"] = _percentiles([lat for _, lat in latencies])
-        out["stages"] = clock.breakdown(latencies)
-        if neighbours:
-            out["mirror_probes"] = {"committed": drove.mirror_probes_committed,
-                                    "seen": len(drove.mirror_latencies)}
-            out["mirror_latency_s"] = _percentiles([lat for _, lat in drove.mirror_latencies])
-        # Freshness over time: each probe's latency against when it was committed.
-        out["series"] = [(round(t - drove.started_at, 2), round(lat, 2))
-                         for t, lat in latencies]
+        out["gold_half_s"] = self._gold_half(mark, gold_path, gold_before)
+        out.update(_seen(drove, clock, neighbours))
+        out["load_after"] = numbers.load()
         pipeline.run_once()
         out["lakecdc"] = exactness(config)
         return out, drove
+
+    def _gold_half(self, mark: int, gold_path: str, gold_before: int) -> dict:
+        """The gold half of the passes since ``mark``, and gold's folds since its version
+        ``gold_before``."""
+        passes = self.passes.passes[mark:]
+        gold = [b["gold_s"] for b in passes]
+        if not gold:
+            return {"median": None, "mean": None, "p90": None,
+                    "folds": _merges_since(gold_path, gold_before), "ahead_median": None,
+                    "step_keys_median": None}
+        return {"median": round(statistics.median(gold), 4),
+                "mean": round(statistics.fmean(gold), 4),
+                "p90": numbers.percentiles(gold, 3).get("p90"),
+                "folds": _merges_since(gold_path, gold_before),
+                "ahead_median": round(statistics.median(b.get("ahead_s", 0.0) for b in passes),
+                                      4),
+                "step_keys_median": statistics.median(b.get("step_keys", 0) for b in passes)}
 
     def writers(self, seconds: float | None = None) -> dict:
         """Freshness with every write through Spark (``LAKECDC_WRITER=spark``, the path of
@@ -466,7 +354,7 @@ class Bench:
         ``rates``, each writer on a database and lakehouse of its own, set up and warmed the
         same way (``continuous``)."""
         p = self.params
-        out: dict = {"load_before": _load(), "runs": []}
+        out: dict = {"load_before": numbers.load(), "runs": []}
         for writer in ("delta-rs", "spark"):
             config = self.database(f"writer_{writer.replace('-', '_')}", neighbours=True
                                    ).with_(writer=writer)
@@ -482,7 +370,7 @@ class Bench:
         (its very first run, on the backlog), each on a database of its own
         (``bench.catch_up``)."""
         p = self.params
-        out: dict = {"load_before": _load()}
+        out: dict = {"load_before": numbers.load()}
         for name, measure in (("warm", catch_up.warm), ("cold", catch_up.cold),
                               ("first", partial(catch_up.cold, restart=False))):
             config = self.database(f"catchup_{name}")
@@ -497,7 +385,7 @@ class Bench:
         under traffic at 2,000 changes/s spread over all its services, probed; at the
         largest also at 200/s. The gold half of each continuous batch, and freshness."""
         p = self.params
-        out: dict = {"load_before": _load(), "points": []}
+        out: dict = {"load_before": numbers.load(), "points": []}
         for i, keys in enumerate(p.scale_keys):
             config = self.database(f"scale{i}").with_(mirrors=())     # gold's path only
             services = workload.populate_keys(config.source_dsn, keys)
@@ -543,25 +431,17 @@ class Bench:
 
     def big_transaction(self) -> dict:
         p = self.params
-        out: dict = {"load_before": _load(), "rows": p.big_tx_rows}
+        out: dict = {"load_before": numbers.load(), "rows": p.big_tx_rows}
         config = self.database("bigtx")
         setup(config)
         with psycopg.connect(config.source_dsn, autocommit=True) as conn:
             workload.insert_rows(conn, "big", p.big_tx_rows)
         ship = decode.ship_once(config)
         out.update(ship_s=round(ship.seconds, 2), peak_rss_mb=round(ship.peak_rss_mb),
-                   changes_per_s=_rate(p.big_tx_rows, ship.seconds))
+                   changes_per_s=numbers.rate(p.big_tx_rows, ship.seconds))
         out["bronze_rows"] = DeltaTable(config.bronze_path).to_pyarrow_table(
             columns=["seq"]).num_rows
         return out
-
-
-def _percentiles(values: list[float], digits: int = 2) -> dict:
-    if not values:
-        return {"n": 0}
-    s = sorted(values)
-    return {"n": len(s), **{f"p{round(q * 100)}": round(percentile(s, q), digits)
-                            for q in (0.5, 0.9, 0.95)}, "max": round(s[-1], digits)}
 
 
 SECTIONS = ("backlog", "freshness", "catch_up", "writers", "gold_scaling", "big_transaction",
@@ -574,17 +454,17 @@ def run_all(params: Params, say=lambda text: None, save=lambda doc: None,
     what was measured before it."""
     started = datetime.now(timezone.utc)
     doc: dict = {"started_at": started.isoformat(timespec="seconds"), "params": asdict(params),
-                 "machine": machine(), "load_start": _load()}
+                 "machine": numbers.machine(), "load_start": numbers.load()}
     with Bench(params) as bench:
         t = time.perf_counter()
         for name in (n for n in SECTIONS if n in sections):
             section = getattr(bench, name)
-            say(f"{name} (load {_load()}) ...")
+            say(f"{name} (load {numbers.load()}) ...")
             begun = time.perf_counter()
             doc[name] = section()
             doc[name]["section_s"] = round(time.perf_counter() - begun, 1)
             say(f"{name}: {doc[name]['section_s']} s")
             save(doc)
         doc["seconds"] = round(time.perf_counter() - t)
-    doc["load_end"] = _load()
+    doc["load_end"] = numbers.load()
     return doc

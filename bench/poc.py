@@ -29,7 +29,11 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
+from bench import numbers
+from bench.counts import compare, truth
+from bench.decode import drop_slot
 from core.captured import DIMS
+from core.config import Config
 
 TICK_CHANGES = 10_000
 COUNTER_TABLE = "poc_service_stats"
@@ -125,3 +129,13 @@ def counts(dsn: str, table: str = COUNTER_TABLE) -> dict[tuple, int]:
         return {tuple(r[:4]): r[4] for r in conn.execute(sql.SQL(
             "SELECT {}, count FROM {}").format(sql.SQL(", ").join(map(sql.Identifier, DIMS)),
                                                sql.Identifier(table)))}
+
+
+def measured(config: Config, slot: str) -> dict:
+    """The proof of concept over the backlog from its slot ``slot``, and its counts against
+    the source's."""
+    done = run(config.source_dsn, slot, config.tables)
+    drop_slot(config.source_dsn, slot)
+    return {"seconds": round(done.seconds, 2), "ticks": done.ticks, "changes": done.changes,
+            "changes_per_s": numbers.rate(done.changes, done.seconds),
+            **compare(counts(config.source_dsn), truth(config.source_dsn))}

@@ -114,6 +114,7 @@ class TransactionAssembler:
         self._kept_groups: set[int] = set()
 
     def add(self, cols: PeekColumns) -> pa.RecordBatch:
+        """One chunk of the peek: its kept changes, keyed, with their transaction numbers."""
         n = len(cols)
         if n == 0:
             return pa.RecordBatch.from_pylist([], schema=ASSEMBLED_SCHEMA)
@@ -123,43 +124,21 @@ class TransactionAssembler:
         ends = is_c | is_solo
         starts = is_b | is_solo
         idx = np.arange(self._rows, self._rows + n, dtype=np.int64)
-
-        # Framing: a start only after an end (or at a clean boundary), and every other row
-        # inside an open transaction.
-        prev_end = np.empty(n, dtype=bool)
-        prev_end[0] = self._open is None
-        prev_end[1:] = ends[:-1]
-        if np.any(starts & ~prev_end) or np.any(~starts & prev_end):
-            bad = int(np.flatnonzero((starts & ~prev_end) | (~starts & prev_end))[0])
-            raise MalformedPeek(f"row {self._rows + bad} breaks transaction framing: "
-                                f"{cols.data[bad].as_py()[:120]}")
+        self._check_framing(cols, starts, ends)
 
         # Per-transaction headers: slot 0 is the transaction carried in from the last chunk.
         local = np.cumsum(starts) - 1 + 1          # 0 = carried-in, 1.. = started here
         sidx = np.flatnonzero(starts)
-        carried = self._open or _Open(-1, -1, 0, 0, 0)
-        g_gid = np.concatenate(([carried.gid], self._groups + np.arange(len(sidx))))
-        g_start = np.concatenate(([carried.start], idx[sidx]))
-        g_commit = np.concatenate(([carried.commit_lsn],
-                                   np.where(is_solo[sidx], cols.lsn[sidx], cols.commit_lsn[sidx])))
-        g_ts = np.concatenate(([carried.commit_ts_us], cols.commit_ts_us[sidx]))
-        g_xid = np.concatenate(([carried.xid], cols.xid[sidx]))
-        g_solo = np.concatenate(([False], is_solo[sidx]))
+        g_gid, g_start, g_commit, g_ts, g_xid, g_solo = self._headers(cols, sidx, is_solo, idx)
 
         row_commit = g_commit[local]
         row_start = g_start[local]
         seq = idx - row_start - np.where(g_solo[local], 0, 1)
-        if np.any((~is_solo) & (cols.xid != g_xid[local])):
-            bad = int(np.flatnonzero((~is_solo) & (cols.xid != g_xid[local]))[0])
-            raise MalformedPeek(f"row {self._rows + bad} has xid {cols.xid[bad]} inside "
-                                f"transaction {g_xid[local][bad]}")
+        self._check_xids(cols, is_solo, g_xid[local])
 
         # Change counts, known at each end row: C (rows since B) or a solo message (1).
         eidx = np.flatnonzero(ends)
-        if self._groups + len(sidx) > len(self._counts):
-            grown = np.zeros(2 * (self._groups + len(sidx)), dtype=np.int32)
-            grown[:self._groups] = self._counts[:self._groups]
-            self._counts = grown
+        self._grow_counts(self._groups + len(sidx))
         if len(eidx):
             gl = local[eidx]
             self._counts[g_gid[gl]] = np.where(is_solo[eidx], 1, idx[eidx] - g_start[gl] - 1)
@@ -167,12 +146,7 @@ class TransactionAssembler:
         keep = ~is_b & ~is_c & (row_commit > self.after)
         kidx = np.flatnonzero(keep)
         if len(kidx):
-            self._kept += len(kidx)
-            newest = kidx[int(np.argmax(row_commit[kidx]))]
-            if self._max_commit is None or int(row_commit[newest]) > self._max_commit:
-                self._max_commit = int(row_commit[newest])
-                self._max_commit_ts_us = int(g_ts[local[newest]])
-            self._kept_groups.update(np.unique(g_gid[local[kidx]]).tolist())
+            self._note_kept(kidx, row_commit, local, g_ts, g_gid)
 
         # Carry the last transaction over if it is still open.
         last = n - 1
@@ -198,6 +172,56 @@ class TransactionAssembler:
             pa.array(action[kidx].view("S1")).cast(pa.string()),
             _kept_text(cols.data, kidx, n_changes=int(np.count_nonzero(~is_b & ~is_c))),
         ], schema=ASSEMBLED_SCHEMA)
+
+    def _check_framing(self, cols: PeekColumns, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Raises unless a start comes only after an end (or at a clean boundary), and every
+        other row inside an open transaction."""
+        prev_end = np.empty(len(cols), dtype=bool)
+        prev_end[0] = self._open is None
+        prev_end[1:] = ends[:-1]
+        if np.any(starts & ~prev_end) or np.any(~starts & prev_end):
+            bad = int(np.flatnonzero((starts & ~prev_end) | (~starts & prev_end))[0])
+            raise MalformedPeek(f"row {self._rows + bad} breaks transaction framing: "
+                                f"{cols.data[bad].as_py()[:120]}")
+
+    def _headers(self, cols: PeekColumns, sidx: np.ndarray, is_solo: np.ndarray,
+                 idx: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The chunk's transactions' gid, start row, commit LSN, commit time, xid and whether
+        it is a solo message: the one carried in from the last chunk, then each started at
+        ``sidx``."""
+        carried = self._open or _Open(-1, -1, 0, 0, 0)
+        return (np.concatenate(([carried.gid], self._groups + np.arange(len(sidx)))),
+                np.concatenate(([carried.start], idx[sidx])),
+                np.concatenate(([carried.commit_lsn], np.where(is_solo[sidx], cols.lsn[sidx],
+                                                               cols.commit_lsn[sidx]))),
+                np.concatenate(([carried.commit_ts_us], cols.commit_ts_us[sidx])),
+                np.concatenate(([carried.xid], cols.xid[sidx])),
+                np.concatenate(([False], is_solo[sidx])))
+
+    def _check_xids(self, cols: PeekColumns, is_solo: np.ndarray, tx_xid: np.ndarray) -> None:
+        """Raises unless every row but a solo message carries its transaction's xid
+        (``tx_xid``, by row)."""
+        if np.any((~is_solo) & (cols.xid != tx_xid)):
+            bad = int(np.flatnonzero((~is_solo) & (cols.xid != tx_xid))[0])
+            raise MalformedPeek(f"row {self._rows + bad} has xid {cols.xid[bad]} inside "
+                                f"transaction {tx_xid[bad]}")
+
+    def _grow_counts(self, groups: int) -> None:
+        """Room in the change counts for ``groups`` transactions."""
+        if groups > len(self._counts):
+            grown = np.zeros(2 * groups, dtype=np.int32)
+            grown[:self._groups] = self._counts[:self._groups]
+            self._counts = grown
+
+    def _note_kept(self, kidx: np.ndarray, row_commit: np.ndarray, local: np.ndarray,
+                   g_ts: np.ndarray, g_gid: np.ndarray) -> None:
+        """Count the kept rows ``kidx`` and their transactions; keep the newest commit."""
+        self._kept += len(kidx)
+        newest = kidx[int(np.argmax(row_commit[kidx]))]
+        if self._max_commit is None or int(row_commit[newest]) > self._max_commit:
+            self._max_commit = int(row_commit[newest])
+            self._max_commit_ts_us = int(g_ts[local[newest]])
+        self._kept_groups.update(np.unique(g_gid[local[kidx]]).tolist())
 
     @property
     def open_gid(self) -> int | None:

@@ -43,10 +43,11 @@ import pyarrow as pa
 from bronze import heartbeat as heartbeats
 from bronze import slot as slots
 from bronze.backfill_emitter import BackfillEmitter
+from bronze.backfill_join import join_backfill
 from bronze.batch_rows import BatchRows
 from bronze.capture_list import ShipperSet
 from bronze.failover import check_same_history, slot_ahead, slot_lost, slot_missing
-from bronze.records import BRONZE_SCHEMA, UTC_US, TransactionAssembler
+from bronze.records import BRONZE_SCHEMA, UTC_US, PeekSummary, TransactionAssembler
 from bronze.session_loss import diagnose, reconnect_reason, transient
 from bronze.source import check_replication_role, require_identity
 from bronze.spark_table import bronze_table
@@ -353,59 +354,17 @@ class Shipper:
                 # Negative control only: acknowledging before storing loses data on a crash.
                 slots.advance(conn, cfg.slot, new.end_lsn)
                 self.faults.hit("after_advance")
-            committed = False
-            read_rows = skipped = 0
             stored: dict = {}
             if summary.kept:
-                metadata = {"lakecdc.changes": summary.kept,
-                            "lakecdc.transactions": summary.transactions}
-                # Backfill chunks announced in this batch: their rows join the HIGH
-                # watermark's transaction (its tx_changes grows before its rows are written).
-                marks, skipped = self.backfill.staged_marks(rows.marks)
-                emission = (self.backfill.plan(marks, progress.commit_lsn, rows.written,
-                                               summary.tx_changes, cfg.slot, shipped_at)
-                            if marks else None)
-                rows.finish(summary.tx_changes)
-                if rows.rejected_marks:
-                    log.warning("skipped %d logical messages under lakecdc's prefix that are "
-                                "not well-formed backfill marks (forged or damaged; see "
-                                "docs/security.md)", rows.rejected_marks)
-                skipped += rows.rejected_marks
-                if emission is not None:
-                    for batch in emission.batches:
-                        files.write(to_bronze(batch))
-                    read_rows = emission.rows
-                    metadata.update({"lakecdc.backfill_chunks": ",".join(emission.chunks),
-                                     "lakecdc.backfill_rows": emission.rows,
-                                     "lakecdc.backfill_dropped": emission.dropped,
-                                     "lakecdc.backfill_partial": emission.partial})
-                if kept is not None and kept.batches is not None:
-                    self.on_rows(self._stored_lsn, kept.table(), self.captured.known)
-                self.table.commit(files, cfg.slot, new, metadata,
-                                  {**ack, **self.recorded,
-                                   **(emission.app_versions if emission else {})})
-                committed = True
-                stored = {"after_lsn": self._stored_lsn}
-                self._stored_lsn = summary.max_commit_lsn
-            elif new.end_lsn > progress.end_lsn and (
-                    force_progress or full or self._progress_due() or ack
-                    or self.heartbeat.passed(summary.last_lsn)):
-                # Only transactions without captured changes (uncaptured tables, our own
-                # heartbeats): record that they were passed over so the slot can move and
-                # release WAL.
-                self.table.record_progress(cfg.slot, new, {"lakecdc.changes": 0},
-                                           {**ack, **self.recorded})
+                stored = self._commit_changes(rows, summary, progress, new, ack, kept)
                 committed = True
             else:
-                new = Progress(progress.commit_lsn, progress.end_lsn)
-            if committed:
-                self.captured.committed(ack)
-                self._last_progress_commit = time.monotonic()
-                if self.heartbeat.passed(summary.last_lsn):
-                    self.heartbeat.recorded()
+                committed = self._record_passed(progress, new, summary, ack,
+                                                force_progress or full)
+                if not committed:
+                    new = Progress(progress.commit_lsn, progress.end_lsn)
             result = ShipBatch(summary.rows, summary.kept, summary.transactions, full,
-                               committed, time.monotonic() - started, read_rows,
-                               skipped_messages=skipped, started_at=started_at,
+                               committed, time.monotonic() - started, started_at=started_at,
                                **_newest(summary, committed), **stored)
             if committed:
                 if self.on_stored is not None and result.commit_lsn is not None:
@@ -416,6 +375,45 @@ class Shipper:
             slots.advance(conn, cfg.slot, new.end_lsn)
             self.faults.hit("after_advance")
         return self._done(result, new)
+
+    def _commit_changes(self, rows: BatchRows, summary: PeekSummary, progress: Progress,
+                        new: Progress, ack: dict[str, int], kept: _Kept | None) -> dict:
+        """Commit the batch's changes with ``new``, and the read rows of the backfill chunks
+        announced in it; returns what ``ShipBatch`` reports of them."""
+        metadata = {"lakecdc.changes": summary.kept,
+                    "lakecdc.transactions": summary.transactions}
+        emission, skipped = join_backfill(self.backfill, rows, summary, progress.commit_lsn,
+                                          metadata)
+        if kept is not None and kept.batches is not None:
+            self.on_rows(self._stored_lsn, kept.table(), self.captured.known)
+        self.table.commit(rows.files, self.config.slot, new, metadata,
+                          {**ack, **self.recorded, **(emission.app_versions if emission else {})})
+        stored = {"read_rows": emission.rows if emission is not None else 0,
+                  "skipped_messages": skipped, "after_lsn": self._stored_lsn}
+        self._stored_lsn = summary.max_commit_lsn
+        self._committed(ack, summary)
+        return stored
+
+    def _record_passed(self, progress: Progress, new: Progress, summary: PeekSummary,
+                       ack: dict[str, int], due: bool) -> bool:
+        """Only transactions without captured changes (uncaptured tables, our own
+        heartbeats): record that they were passed over, when it is ``due`` or worth it, so
+        the slot can move and release WAL. Returns whether it committed."""
+        if not (new.end_lsn > progress.end_lsn and (
+                due or self._progress_due() or ack or self.heartbeat.passed(summary.last_lsn))):
+            return False
+        self.table.record_progress(self.config.slot, new, {"lakecdc.changes": 0},
+                                   {**ack, **self.recorded})
+        self._committed(ack, summary)
+        return True
+
+    def _committed(self, ack: dict[str, int], summary: PeekSummary) -> None:
+        """After a bronze commit: the captured set it acknowledged is taken as the shipper's,
+        the slot moved, a heartbeat it passed recorded."""
+        self.captured.committed(ack)
+        self._last_progress_commit = time.monotonic()
+        if self.heartbeat.passed(summary.last_lsn):
+            self.heartbeat.recorded()
 
     def _done(self, result: ShipBatch, progress: Progress) -> tuple[ShipBatch, Progress]:
         """The batch ``run`` reports next (``on_batch``, totals)."""

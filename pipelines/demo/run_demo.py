@@ -82,49 +82,19 @@ def run_demo(seconds: float, out_dir: str, stop: threading.Event,
     pipeline = None
     threads: list[threading.Thread] = []
     try:
-        _say(f"starting a throw-away Postgres 15 with wal2json in {pg.base_dir} ...")
-        pg.start()
-        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
-            conn.execute("CREATE DATABASE notify")
-        dsn = pg.dsn("notify")
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(SCHEMA.read_text())
-            conn.execute(REFERENCE.read_text())
-            _reference_rows(conn)       # before setup: the mirrors start from these rows
-        base = Config.load(env={}, source_dsn=dsn, lakehouse=str(out / "lakehouse"),
-                           slot="lakecdc_demo")
-        config = base.with_(tables=(*base.tables, *REFERENCE_TABLES))
-        for line in setup(config).actions:
-            _say(f"setup: {line}")
+        dsn = _start_source(pg)
+        config = _set_up(dsn, out)
         _say("starting Spark (the first start downloads the Delta jars; Spark's own output "
              f"goes to {spark_log}) and creating the lakehouse tables ...")
         pipeline = Pipeline(config, spark_factory=lambda: get_or_create(
             log_level=log_level, output=spark_log))
-        pipeline.run_once()   # warm up: tables, JVM, first plans - before the clock runs
-        traffic = Traffic(dsn, seed=42)
-        # Then a round of real traffic through every layer, untimed too: the freshness
-        # below is the running pipeline's, not the first batches of a cold JVM's.
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for _ in range(WARM_STEPS):
-                traffic.step(conn, STEP_INSERTS)
-        pipeline.run_once()
+        traffic = _warm_up(pipeline, dsn)
 
         # Freshness as a dashboard user sees it: a notification of a never-seen service
         # committed every 0.5 s, timed until its row shows on the dashboard.
         probe = FreshnessProbe(dsn=dsn, dashboard_dsn=dsn, tag=uuid.uuid4().hex)
-        pipe = threading.Thread(target=pipeline.run_continuous, args=(pipeline_stop,),
-                                daemon=True)
-        sources = [threading.Thread(target=traffic.run, args=(traffic_stop, 0.1, STEP_INSERTS),
-                                    daemon=True),
-                   threading.Thread(target=probe.run, args=(traffic_stop,), daemon=True)]
-        watcher = threading.Thread(target=probe.watch, args=(traffic_stop,), daemon=True)
-        pipe.start()
-        threads.append(pipe)
-        while pipe.is_alive() and not pipeline.started.wait(0.5):
-            pass                         # the stream is up: the clock starts with traffic
-        for thread in (*sources, watcher):
-            thread.start()
-            threads.append(thread)
+        pipe, sources, watcher = _start_threads(pipeline, traffic, probe, pipeline_stop,
+                                                traffic_stop, threads)
         _say(f"traffic and the continuous pipeline run for {seconds:.0f}s "
              "(slot → bronze → silver → gold → dashboard) ...")
         started = time.monotonic()
@@ -155,6 +125,68 @@ def run_demo(seconds: float, out_dir: str, stop: threading.Event,
         if pipeline is not None and pipeline._spark is not None:
             pipeline._spark.stop()
         pg.destroy()
+
+
+def _start_source(pg: LocalPostgres) -> str:
+    """Start ``pg`` with the demo's database, its schema and reference rows; returns its
+    DSN."""
+    _say(f"starting a throw-away Postgres 15 with wal2json in {pg.base_dir} ...")
+    pg.start()
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        conn.execute("CREATE DATABASE notify")
+    dsn = pg.dsn("notify")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SCHEMA.read_text())
+        conn.execute(REFERENCE.read_text())
+        _reference_rows(conn)       # before setup: the mirrors start from these rows
+    return dsn
+
+
+def _set_up(dsn: str, out: Path) -> Config:
+    """The demo's configuration, its lakehouse in ``out``, after ``lakecdc setup`` with it."""
+    base = Config.load(env={}, source_dsn=dsn, lakehouse=str(out / "lakehouse"),
+                       slot="lakecdc_demo")
+    config = base.with_(tables=(*base.tables, *REFERENCE_TABLES))
+    for line in setup(config).actions:
+        _say(f"setup: {line}")
+    return config
+
+
+def _warm_up(pipeline: Pipeline, dsn: str) -> Traffic:
+    """Run the pipeline once, then once more after a round of real traffic; returns the
+    traffic generator."""
+    pipeline.run_once()   # warm up: tables, JVM, first plans - before the clock runs
+    traffic = Traffic(dsn, seed=42)
+    # Then a round of real traffic through every layer, untimed too: the freshness
+    # below is the running pipeline's, not the first batches of a cold JVM's.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(WARM_STEPS):
+            traffic.step(conn, STEP_INSERTS)
+    pipeline.run_once()
+    return traffic
+
+
+def _start_threads(pipeline: Pipeline, traffic: Traffic, probe: FreshnessProbe,
+                   pipeline_stop: threading.Event, traffic_stop: threading.Event,
+                   threads: list[threading.Thread]
+                   ) -> tuple[threading.Thread, list[threading.Thread], threading.Thread]:
+    """Start the continuous pipeline, then, once its stream is up, the traffic, the probe
+    and its watcher; each is added to ``threads`` as it starts. Returns (the pipeline's
+    thread, the traffic's and the probe's, the watcher's)."""
+    pipe = threading.Thread(target=pipeline.run_continuous, args=(pipeline_stop,),
+                            daemon=True)
+    sources = [threading.Thread(target=traffic.run, args=(traffic_stop, 0.1, STEP_INSERTS),
+                                daemon=True),
+               threading.Thread(target=probe.run, args=(traffic_stop,), daemon=True)]
+    watcher = threading.Thread(target=probe.watch, args=(traffic_stop,), daemon=True)
+    pipe.start()
+    threads.append(pipe)
+    while pipe.is_alive() and not pipeline.started.wait(0.5):
+        pass                         # the stream is up: the clock starts with traffic
+    for thread in (*sources, watcher):
+        thread.start()
+        threads.append(thread)
+    return pipe, sources, watcher
 
 
 def _reference_rows(conn: psycopg.Connection) -> None:

@@ -135,11 +135,28 @@ class StateCollector:
 
 
 def state_families(snap: StateSnapshot, now: dt.datetime) -> Iterator[GaugeMetricFamily]:
-    def family(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, doc, labels=labels)
+    """The metric families of ``snap``; freshness is measured at ``now``."""
+    yield from _read_families(snap)
+    if snap.up.get("source"):
+        yield from _slot_families(snap)
+    yield from _layer_families(snap, now)
+    if snap.up.get("tables"):
+        yield from _table_families(snap)
+    if snap.up.get("quarantine") and snap.quarantine_rows is not None:
+        yield GaugeMetricFamily("lakecdc_quarantine_rows",
+                                "Rows in silver/quarantine (bronze rows silver could not "
+                                "parse), from the Delta log's per-file row counts.",
+                                value=float(snap.quarantine_rows))
 
-    up = family("lakecdc_state_up", "1 when the part could be read at the last state read.",
-                ["part"])
+
+def _family(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+def _read_families(snap: StateSnapshot) -> Iterator[GaugeMetricFamily]:
+    """The state read itself: which parts could be read, when, and how long it took."""
+    up = _family("lakecdc_state_up", "1 when the part could be read at the last state read.",
+                 ["part"])
     for part in STATE_PARTS:
         if part in snap.up:               # the parts this exporter reads
             up.add_metric([part], 1.0 if snap.up[part] else 0.0)
@@ -149,54 +166,59 @@ def state_families(snap: StateSnapshot, now: dt.datetime) -> Iterator[GaugeMetri
     yield GaugeMetricFamily("lakecdc_state_read_duration_seconds",
                             "How long the last state read took.", value=snap.seconds)
 
-    if snap.up.get("source"):
-        slot = snap.slot
-        exists = family("lakecdc_slot_exists", "1 if the replication slot exists.", ["slot"])
-        if slot is None:
-            exists.add_metric([snap.slot_name], 0.0)
-            yield exists
-        else:
-            exists.add_metric([slot.name], 1.0)
-            yield exists
-            status = family("lakecdc_slot_wal_status",
-                            "1 for the slot's current wal_status (reserved, extended, "
-                            "unreserved, lost), 0 for the others.", ["slot", "wal_status"])
-            for value in sorted({*WAL_STATUSES, slot.wal_status or "unknown"}):
-                status.add_metric([slot.name, value], 1.0 if value == slot.wal_status else 0.0)
-            yield status
-            for name, doc, value in (
-                    ("lakecdc_slot_lag_bytes",
-                     "WAL bytes between the source's current position and the slot's "
-                     "confirmed_flush_lsn (what the shipper has not acknowledged).",
-                     slot.lag_bytes),
-                    ("lakecdc_slot_safe_wal_size_bytes",
-                     "WAL bytes that can still be written before the slot is invalidated "
-                     "(absent when max_slot_wal_keep_size is unlimited).", slot.safe_wal_size),
-                    ("lakecdc_source_max_slot_wal_keep_size_bytes",
-                     "The source's max_slot_wal_keep_size (absent when unlimited).",
-                     slot.max_slot_wal_keep_size),
-                    ("lakecdc_slot_confirmed_flush_lsn_bytes",
-                     "The slot's confirmed_flush_lsn as a byte position.",
-                     slot.confirmed_flush_lsn),
-                    ("lakecdc_source_wal_lsn_bytes",
-                     "The source's current WAL position (pg_current_wal_lsn) as a byte "
-                     "position; its rate is the WAL generation rate.", slot.current_wal_lsn)):
-                if value is not None:
-                    g = family(name, doc, ["slot"])
-                    g.add_metric([slot.name], float(value))
-                    yield g
 
-    version = family("lakecdc_layer_version",
-                     "Delta table version of the layer (dashboard: the gold version pushed).",
-                     ["layer"])
-    lsn = family("lakecdc_layer_commit_lsn_bytes",
-                 "Newest source commit LSN the layer holds (gold, dashboard: exact up to it), "
-                 "as a byte position.", ["layer"])
-    ts = family("lakecdc_layer_source_commit_timestamp_seconds",
-                "Source commit time (Unix) of the newest change the layer holds.", ["layer"])
-    fresh = family("lakecdc_layer_freshness_seconds",
-                   "Now minus the source commit time of the newest change the layer holds "
-                   "(as in lakecdc status; grows while the source is idle).", ["layer"])
+def _slot_families(snap: StateSnapshot) -> Iterator[GaugeMetricFamily]:
+    """The replication slot: whether it exists, its wal_status, its lag and the WAL."""
+    slot = snap.slot
+    exists = _family("lakecdc_slot_exists", "1 if the replication slot exists.", ["slot"])
+    if slot is None:
+        exists.add_metric([snap.slot_name], 0.0)
+        yield exists
+        return
+    exists.add_metric([slot.name], 1.0)
+    yield exists
+    status = _family("lakecdc_slot_wal_status",
+                     "1 for the slot's current wal_status (reserved, extended, "
+                     "unreserved, lost), 0 for the others.", ["slot", "wal_status"])
+    for value in sorted({*WAL_STATUSES, slot.wal_status or "unknown"}):
+        status.add_metric([slot.name, value], 1.0 if value == slot.wal_status else 0.0)
+    yield status
+    for name, doc, value in (
+            ("lakecdc_slot_lag_bytes",
+             "WAL bytes between the source's current position and the slot's "
+             "confirmed_flush_lsn (what the shipper has not acknowledged).",
+             slot.lag_bytes),
+            ("lakecdc_slot_safe_wal_size_bytes",
+             "WAL bytes that can still be written before the slot is invalidated "
+             "(absent when max_slot_wal_keep_size is unlimited).", slot.safe_wal_size),
+            ("lakecdc_source_max_slot_wal_keep_size_bytes",
+             "The source's max_slot_wal_keep_size (absent when unlimited).",
+             slot.max_slot_wal_keep_size),
+            ("lakecdc_slot_confirmed_flush_lsn_bytes",
+             "The slot's confirmed_flush_lsn as a byte position.",
+             slot.confirmed_flush_lsn),
+            ("lakecdc_source_wal_lsn_bytes",
+             "The source's current WAL position (pg_current_wal_lsn) as a byte "
+             "position; its rate is the WAL generation rate.", slot.current_wal_lsn)):
+        if value is not None:
+            g = _family(name, doc, ["slot"])
+            g.add_metric([slot.name], float(value))
+            yield g
+
+
+def _layer_families(snap: StateSnapshot, now: dt.datetime) -> Iterator[GaugeMetricFamily]:
+    """Each layer's version, newest source commit and freshness."""
+    version = _family("lakecdc_layer_version",
+                      "Delta table version of the layer (dashboard: the gold version pushed).",
+                      ["layer"])
+    lsn = _family("lakecdc_layer_commit_lsn_bytes",
+                  "Newest source commit LSN the layer holds (gold, dashboard: exact up to it), "
+                  "as a byte position.", ["layer"])
+    ts = _family("lakecdc_layer_source_commit_timestamp_seconds",
+                 "Source commit time (Unix) of the newest change the layer holds.", ["layer"])
+    fresh = _family("lakecdc_layer_freshness_seconds",
+                    "Now minus the source commit time of the newest change the layer holds "
+                    "(as in lakecdc status; grows while the source is idle).", ["layer"])
     for layer in LAYERS:
         status = snap.layers.get(layer)
         if status is None:
@@ -213,24 +235,20 @@ def state_families(snap: StateSnapshot, now: dt.datetime) -> Iterator[GaugeMetri
             fresh.add_metric([layer], max((now - commit_ts).total_seconds(), 0.0))
     yield from (version, lsn, ts, fresh)
 
-    if snap.up.get("tables"):
-        for key, name, doc in (
-                ("live_files", "lakecdc_table_live_files",
-                 "Data files in the table's current version (compaction keeps it small)."),
-                ("live_bytes", "lakecdc_table_live_bytes",
-                 "Bytes of the data files in the table's current version."),
-                ("log_entries", "lakecdc_table_log_entries",
-                 "Files in the table's _delta_log (commits, checkpoints)."),
-                ("last_maintained", "lakecdc_table_last_maintenance_timestamp_seconds",
-                 "Unix time of the table's newest maintenance (absent: never).")):
-            g = family(name, doc, ["table"])
-            for row in snap.tables:
-                if row.get(key) is not None:
-                    g.add_metric([row["table"]], float(row[key]))
-            yield g
 
-    if snap.up.get("quarantine") and snap.quarantine_rows is not None:
-        yield GaugeMetricFamily("lakecdc_quarantine_rows",
-                                "Rows in silver/quarantine (bronze rows silver could not "
-                                "parse), from the Delta log's per-file row counts.",
-                                value=float(snap.quarantine_rows))
+def _table_families(snap: StateSnapshot) -> Iterator[GaugeMetricFamily]:
+    """Each lakehouse table's size, log and last maintenance."""
+    for key, name, doc in (
+            ("live_files", "lakecdc_table_live_files",
+             "Data files in the table's current version (compaction keeps it small)."),
+            ("live_bytes", "lakecdc_table_live_bytes",
+             "Bytes of the data files in the table's current version."),
+            ("log_entries", "lakecdc_table_log_entries",
+             "Files in the table's _delta_log (commits, checkpoints)."),
+            ("last_maintained", "lakecdc_table_last_maintenance_timestamp_seconds",
+             "Unix time of the table's newest maintenance (absent: never).")):
+        g = _family(name, doc, ["table"])
+        for row in snap.tables:
+            if row.get(key) is not None:
+                g.add_metric([row["table"]], float(row[key]))
+        yield g

@@ -126,66 +126,21 @@ def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
     else:
         check_writable(config.lakehouse, Lakehouse.from_config(config))
     bronze = bronze_table(config, storage_options, writes)
-    with connect(dsn) as conn:
-        check_source(conn, config.tables)
-        check_plugin(conn)
-        counted = config.counted.names      # the others are only checked, never changed
-        if online_not_null:
-            for table in counted:
-                columns = nullable_identity_columns(conn, table)
-                if columns:
-                    make_not_null(conn, table, columns, echo=echo)
-                    report.did(f"made {', '.join(columns)} of {table} NOT NULL online")
-        # Every table is checked before any is changed: one refusal leaves all as they were.
-        for table in config.tables:
-            blocker = identity_blocker(conn, table, table in counted)
-            if blocker:
-                raise UserError(blocker)
-        for table in counted:
-            if ensure_replica_identity(conn, table):
-                report.did(f"set REPLICA IDENTITY USING INDEX on {table}")
-        # The tables a mirror can be kept of (docs/silver.md, "Mirrors").
-        keyed = tuple(t for t in config.mirrored if mirror_key(conn, t)[1])
-        specs = table_specs(conn, config.tables)
+    keyed, specs = _prepare_source(config, dsn, online_not_null, echo, report)
     _dashboard_tables(config.dashboard)
     with connect(dsn) as conn:
         db = conn.execute("SELECT current_database()").fetchone()[0]
         state = slots.slot_state(conn, config.slot)
         has_bronze = bronze.exists()
         if state is not None and has_bronze and not rebaseline:
-            if _store_captured_set(config, storage_options, writes):     # set up before it was kept
-                report.did(f"stored the captured set ({', '.join(config.tables)})")
-            else:
-                report.did(f"slot {config.slot} and bronze already set up (nothing changed)")
-            stored = CaptureList(config.lakehouse, storage_options, writes).read()
-            unloaded = [t for t, (s, _) in stored.states.items() if s == SNAPSHOTTING]
-            text = _numbers_as_text(dsn, config.slot, bronze)
-            return report.noting([specials_note(spec, text) for spec in specs] + [
-                f"{t} is still being loaded into its mirror: run `lakecdc tables add {t}` "
-                "while `lakecdc run` runs, and it goes on where it stopped" for t in unloaded])
+            return _already_set_up(config, dsn, bronze, specs, storage_options, writes, report)
         if not rebaseline:
-            if state is not None:
-                raise UserError(f"replication slot {config.slot} exists but there is no bronze "
-                                f"table at {config.bronze_path}; if the lakehouse was lost, "
-                                "start again with `lakecdc setup --rebaseline`.")
-            if has_bronze:
-                raise UserError(f"bronze at {config.bronze_path} exists but slot "
-                                f"{config.slot} does not; changes since bronze's last commit "
-                                "may be lost: re-baseline with `lakecdc setup --rebaseline`.")
+            _refuse_half_set_up(config, state is not None, has_bronze)
         if state is not None:
             slots.drop_slot(conn, config.slot)
             report.did(f"dropped slot {config.slot}")
     system_id, timeline = slots.identify_system(dsn)
-    with slots.replication_connection(dsn) as rconn:
-        created = slots.create_slot(rconn, config.slot)
-        report.did(f"created slot {config.slot} at {fmt(created.consistent_point)}")
-        try:
-            # The exported snapshot is importable while rconn stays open and idle.
-            counts = count_in_snapshot(dsn, created.snapshot_name, config.counted)
-        except BaseException:
-            with connect(dsn) as conn:
-                slots.drop_slot(conn, config.slot)
-            raise
+    created, counts = _create_slot(config, dsn, report)
     ident = SourceIdentity(config.slot, db, system_id, timeline)
     try:
         text = _numbers_as_text(dsn, config.slot, bronze)
@@ -210,6 +165,79 @@ def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
     _load_mirrors(config, keyed, created.consistent_point, storage_options, writes, report,
                   text)
     return report.noting([specials_note(spec, text) for spec in specs])
+
+
+def _prepare_source(config: Config, dsn: str, online_not_null: bool, echo,
+                    report: SetupReport) -> tuple[tuple[str, ...], list]:
+    """Steps 1 and 2 of the module docstring; returns the tables a mirror can be kept of and
+    the captured tables' specs (``pipelines.source.mirror_specs``)."""
+    with connect(dsn) as conn:
+        check_source(conn, config.tables)
+        check_plugin(conn)
+        counted = config.counted.names      # the others are only checked, never changed
+        if online_not_null:
+            for table in counted:
+                columns = nullable_identity_columns(conn, table)
+                if columns:
+                    make_not_null(conn, table, columns, echo=echo)
+                    report.did(f"made {', '.join(columns)} of {table} NOT NULL online")
+        # Every table is checked before any is changed: one refusal leaves all as they were.
+        for table in config.tables:
+            blocker = identity_blocker(conn, table, table in counted)
+            if blocker:
+                raise UserError(blocker)
+        for table in counted:
+            if ensure_replica_identity(conn, table):
+                report.did(f"set REPLICA IDENTITY USING INDEX on {table}")
+        # The tables a mirror can be kept of (docs/silver.md, "Mirrors").
+        keyed = tuple(t for t in config.mirrored if mirror_key(conn, t)[1])
+        specs = table_specs(conn, config.tables)
+    return keyed, specs
+
+
+def _already_set_up(config: Config, dsn: str, bronze, specs: list,
+                    storage_options: dict | None, writes, report: SetupReport) -> SetupReport:
+    """The report of a setup run again on a slot and bronze already set up (the captured
+    set stored if it was not), with what setup found."""
+    if _store_captured_set(config, storage_options, writes):     # set up before it was kept
+        report.did(f"stored the captured set ({', '.join(config.tables)})")
+    else:
+        report.did(f"slot {config.slot} and bronze already set up (nothing changed)")
+    stored = CaptureList(config.lakehouse, storage_options, writes).read()
+    unloaded = [t for t, (s, _) in stored.states.items() if s == SNAPSHOTTING]
+    text = _numbers_as_text(dsn, config.slot, bronze)
+    return report.noting([specials_note(spec, text) for spec in specs] + [
+        f"{t} is still being loaded into its mirror: run `lakecdc tables add {t}` "
+        "while `lakecdc run` runs, and it goes on where it stopped" for t in unloaded])
+
+
+def _refuse_half_set_up(config: Config, has_slot: bool, has_bronze: bool) -> None:
+    """Refuse a slot without bronze, or bronze without its slot: changes may have been
+    missed, and only ``--rebaseline`` starts again."""
+    if has_slot:
+        raise UserError(f"replication slot {config.slot} exists but there is no bronze "
+                        f"table at {config.bronze_path}; if the lakehouse was lost, "
+                        "start again with `lakecdc setup --rebaseline`.")
+    if has_bronze:
+        raise UserError(f"bronze at {config.bronze_path} exists but slot "
+                        f"{config.slot} does not; changes since bronze's last commit "
+                        "may be lost: re-baseline with `lakecdc setup --rebaseline`.")
+
+
+def _create_slot(config: Config, dsn: str, report: SetupReport):
+    """The slot, created with an exported snapshot, and the counted tables' rows counted in
+    that snapshot (the baseline); the slot is dropped again if counting fails."""
+    with slots.replication_connection(dsn) as rconn:
+        created = slots.create_slot(rconn, config.slot)
+        report.did(f"created slot {config.slot} at {fmt(created.consistent_point)}")
+        try:
+            # The exported snapshot is importable while rconn stays open and idle.
+            counts = count_in_snapshot(dsn, created.snapshot_name, config.counted)
+        except BaseException:
+            with connect(dsn) as conn:
+                slots.drop_slot(conn, config.slot)
+            raise
+    return created, counts
 
 
 def _numbers_as_text(dsn: str, slot: str, bronze) -> bool:

@@ -141,33 +141,10 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
         if stored is not None and stored.state(table) == CAPTURED:
             registered = _register(spark, config, table)
             return f"{table} is already captured" + (f"; {registered}." if registered else ".")
-        if not shipper_running(conn, config.slot):
-            raise UserError(f"no lakecdc shipper is running on slot {config.slot}: `tables "
-                            "add` reads the table's rows through the change stream, so start "
-                            "`lakecdc run` (or `lakecdc ship`) and rerun it; nothing was "
-                            "changed.")
-        schema_name, table_name = table.split(".", 1)
-        if conn.execute("SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = "
-                        "c.relnamespace WHERE n.nspname = %s AND c.relname = %s AND "
-                        "c.relkind IN ('r', 'p')", [schema_name, table_name]).fetchone() is None:
-            raise UserError(f"table {table} does not exist in the source database; nothing "
-                            "was changed.")
-        blocker = identity_blocker(conn, table, counted=False)
-        if blocker:
-            raise UserError(blocker)
-        if not mirror_key(conn, table)[1]:
-            raise UserError(
-                f"{table} has no primary key (its replica identity is FULL): `tables add` "
-                "reads a table's current rows in the order of a unique key, and keeps its "
-                "mirror by it; add a primary key and rerun; nothing was changed.")
+        _check_addable(conn, config, table)
         registered = _register(spark, config, table)
-        target = None
         spec = table_specs(conn, (table,))[0]
-        if table in config.with_(tables=(*config.tables, table)).mirrored:
-            target = MirrorTarget(spark_path(mirror_path(config.lakehouse, table),
-                                             on_databricks()), spec, writes, storage_options,
-                                  config.kept_minutes("mirrors"))
-            target.ensure()          # before the set names it: the load is its first writer
+        target = _new_mirror(config, table, spec, writes, storage_options)
         states = _states(stored, config)
         if states.get(table) != SNAPSHOTTING:
             states[table] = SNAPSHOTTING
@@ -198,6 +175,49 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
         # Something for the mirrors' query to start a batch with, which applies the changes
         # it held back while the table loaded, even when no table changes.
         heartbeat.emit(conn, config.slot)
+    return _added(config, table, at, report, started, registered, lossy)
+
+
+def _check_addable(conn, config: Config, table: str) -> None:
+    """Refuse, changing nothing, a table ``tables add`` cannot take: no shipper running, no
+    such table, no replica identity to capture it by, or no key to load and mirror it by."""
+    if not shipper_running(conn, config.slot):
+        raise UserError(f"no lakecdc shipper is running on slot {config.slot}: `tables "
+                        "add` reads the table's rows through the change stream, so start "
+                        "`lakecdc run` (or `lakecdc ship`) and rerun it; nothing was "
+                        "changed.")
+    schema_name, table_name = table.split(".", 1)
+    if conn.execute("SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = "
+                    "c.relnamespace WHERE n.nspname = %s AND c.relname = %s AND "
+                    "c.relkind IN ('r', 'p')", [schema_name, table_name]).fetchone() is None:
+        raise UserError(f"table {table} does not exist in the source database; nothing "
+                        "was changed.")
+    blocker = identity_blocker(conn, table, counted=False)
+    if blocker:
+        raise UserError(blocker)
+    if not mirror_key(conn, table)[1]:
+        raise UserError(
+            f"{table} has no primary key (its replica identity is FULL): `tables add` "
+            "reads a table's current rows in the order of a unique key, and keeps its "
+            "mirror by it; add a primary key and rerun; nothing was changed.")
+
+
+def _new_mirror(config: Config, table: str, spec, writes,
+                storage_options: dict | None) -> MirrorTarget | None:
+    """The mirror ``table``'s rows load into, created empty unless there is one (None: the
+    table is not mirrored)."""
+    if table not in config.with_(tables=(*config.tables, table)).mirrored:
+        return None
+    target = MirrorTarget(spark_path(mirror_path(config.lakehouse, table), on_databricks()),
+                          spec, writes, storage_options, config.kept_minutes("mirrors"))
+    target.ensure()          # before the set names it: the load is its first writer
+    return target
+
+
+def _added(config: Config, table: str, at: int, report, started: float,
+           registered: str | None, lossy: str) -> str:
+    """The line ``tables add`` prints once the table is captured (``report``: its mirror's
+    load, None if it is not mirrored)."""
     if report is None:
         return (f"{table}: captured from {fmt(at)}; it is not mirrored (LAKECDC_MIRRORS), so "
                 "its current rows were not read" + (f"; {registered}." if registered else ".")

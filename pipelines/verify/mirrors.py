@@ -155,8 +155,6 @@ def check_mirror(spark, config, table: str, point: int, silver_path: str, lost: 
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
-    from core.layout import mirror_baseline_path
-    from gold.asof import silver_range
     from pipelines.source.mirror_baseline import keys_path
     from silver.mirror import bad_values_stop, q
     from silver.mirror_store import mirror_shape
@@ -167,22 +165,14 @@ def check_mirror(spark, config, table: str, point: int, silver_path: str, lost: 
     version, newest = mirror_holds(spark, mirror)
     mirror_df = spark.read.format("delta").option("versionAsOf", version).load(mirror)
     key, types = mirror_shape(spark, mirror)
-    schema_name, table_name = table.split(".", 1)
-    changes = [r.asDict() for r in silver_range(spark, silver_path, point, max(newest, point - 1))
-               .where((F.col("schema_name") == schema_name) & (F.col("table_name") == table_name)
-                      & F.col("op").isin("I", "U", "D", "R", "T"))
-               .select("op", "commit_lsn", "seq", "columns", "identity").collect()]
+    changes = _changes_of(spark, silver_path, table, point, max(newest, point - 1))
     scratch = scratch_root(config.lakehouse)
-    source = spark.read.format("delta").load(spark_path(mirror_baseline_path(scratch, table),
-                                                        on_dbx))
+    source = _source_rows(spark, scratch, table, types, on_dbx)
     text = StructType([StructField(c, StringType()) for c in types])
-    source = source.select(*[F.col(q(c)) if c in source.columns
-                             else F.lit(None).cast("string").alias(c) for c in types])
     touched_keys = {tuple(dict(c[side] or {}).get(k) for k in key)
                     for c in changes if c["op"] != "T" for side in ("columns", "identity")}
     touched_keys.discard(tuple(None for _ in key))
-    key_schema = StructType([StructField(f"__k{i}", StringType()) for i in range(len(key))])
-    keys_df = spark.createDataFrame(list(touched_keys), key_schema)
+    keys_df = _keys_frame(spark, touched_keys, key)
     on = [F.col(q(k)) == F.col(f"__k{i}") for i, k in enumerate(key)]
     before = {} if not touched_keys else {
         tuple(r[k] for k in key): r.asDict()
@@ -199,36 +189,109 @@ def check_mirror(spark, config, table: str, point: int, silver_path: str, lost: 
     with bad_values_stop(table):
         truth = truth.select(*[typed(F.col(q(c)), t, c).alias(c) for c, t in types.items()])
         if not sampled:
-            missing, extra = truth.exceptAll(theirs), theirs.exceptAll(truth)
-            differing = missing.count() + extra.count()
-            sample = [] if not differing else missing.unionByName(extra).select(
-                *[F.col(q(k)) for k in key]).distinct().limit(SAMPLE_KEYS).collect()
+            differing, sample = _differing_rows(truth, theirs, key)
             return MirrorCheck(table, truth.count(), version, max(newest, point - 1),
-                               differing, tuple(tuple(r) for r in sample), lost)
+                               differing, sample, lost)
         # Every key: those of the source at the point, with the changes' keys applied
         # (their existence is all that is folded here), against the mirror's.
         every = spark.read.format("delta").load(spark_path(keys_path(scratch, table), on_dbx))
-        existed = {tuple(r) for r in every.join(keys_df, on, "left_semi").collect()}
-        now = fold({k: dict(zip(key, k)) for k in existed}, changes, key)
-        kept_keys = every.limit(0) if truncated(changes) else every.join(keys_df, on, "left_anti")
-        key_text = StructType([StructField(k, StringType()) for k in key])
-        truth_keys = kept_keys.select(*[F.col(q(k)) for k in key]).unionByName(
-            spark.createDataFrame([k for k, row in now.items() if row is not None], key_text))
-        truth_keys = truth_keys.select(*[typed(F.col(q(k)), types[k], k).alias(k) for k in key])
-        their_keys = theirs.select(*[F.col(q(k)) for k in key])
+        truth_keys = _keys_at(spark, every, keys_df, on, changes, key, types)
         # Every column of the sample's rows, against the mirror's rows of the same keys.
         sample_keys = source.select(*[F.col(q(k)) for k in key])
         if moved_in:
-            sample_keys = sample_keys.join(spark.createDataFrame(list(moved_in), key_schema),
-                                           on, "left_anti")
+            sample_keys = sample_keys.join(_keys_frame(spark, moved_in, key), on, "left_anti")
         sample_keys = sample_keys.select(*[typed(F.col(q(k)), types[k], k).alias(k)
                                            for k in key])
         their_rows = theirs.join(sample_keys, list(key), "left_semi")
-        wrong = truth_keys.exceptAll(their_keys).unionByName(their_keys.exceptAll(truth_keys)) \
-            .unionByName(truth.exceptAll(their_rows).select(*[F.col(q(k)) for k in key])) \
-            .unionByName(their_rows.exceptAll(truth).select(*[F.col(q(k)) for k in key])) \
-            .distinct()
-        differing = wrong.count()
-        sample = [] if not differing else wrong.limit(SAMPLE_KEYS).collect()
+        differing, sample = _differing_keys(truth_keys, truth, theirs, their_rows, key)
         return MirrorCheck(table, truth_keys.count(), version, max(newest, point - 1),
-                           differing, tuple(tuple(r) for r in sample), lost, truth.count())
+                           differing, sample, lost, truth.count())
+
+
+def _changes_of(spark, silver_path: str, table: str, start: int, end: int) -> list[dict]:
+    """Silver's changes of ``table`` from ``start`` to ``end`` (LSNs), as ``fold`` takes
+    them."""
+    from pyspark.sql import functions as F
+
+    from gold.asof import silver_range
+
+    schema_name, table_name = table.split(".", 1)
+    return [r.asDict() for r in silver_range(spark, silver_path, start, end)
+            .where((F.col("schema_name") == schema_name) & (F.col("table_name") == table_name)
+                   & F.col("op").isin("I", "U", "D", "R", "T"))
+            .select("op", "commit_lsn", "seq", "columns", "identity").collect()]
+
+
+def _source_rows(spark, scratch: str, table: str, types: dict, on_dbx: bool):
+    """The source's rows at the point, as text, in the mirror's columns (one the scratch
+    does not have: NULL)."""
+    from pyspark.sql import functions as F
+
+    from core.layout import mirror_baseline_path
+    from silver.mirror import q
+
+    source = spark.read.format("delta").load(spark_path(mirror_baseline_path(scratch, table),
+                                                        on_dbx))
+    return source.select(*[F.col(q(c)) if c in source.columns
+                           else F.lit(None).cast("string").alias(c) for c in types])
+
+
+def _keys_frame(spark, keys, key: tuple[str, ...]):
+    """``keys`` as a DataFrame of text columns ``__k0``, ``__k1``... (one per column of
+    ``key``), to join on."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    schema = StructType([StructField(f"__k{i}", StringType()) for i in range(len(key))])
+    return spark.createDataFrame(list(keys), schema)
+
+
+def _differing_rows(truth, theirs, key: tuple[str, ...]) -> tuple[int, tuple[Key, ...]]:
+    """(how many rows are in one of the DataFrames and not the other, a few of their
+    keys)."""
+    from pyspark.sql import functions as F
+
+    from silver.mirror import q
+
+    missing, extra = truth.exceptAll(theirs), theirs.exceptAll(truth)
+    differing = missing.count() + extra.count()
+    sample = [] if not differing else missing.unionByName(extra).select(
+        *[F.col(q(k)) for k in key]).distinct().limit(SAMPLE_KEYS).collect()
+    return differing, tuple(tuple(r) for r in sample)
+
+
+def _keys_at(spark, every, keys_df, on: list, changes: list[dict], key: tuple[str, ...],
+             types: dict):
+    """The truth's keys, typed: ``every`` key of the source at the point, with those the
+    changes touched (``keys_df``, joined ``on``) folded."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from silver.mirror import q
+    from silver.mirror_types import typed
+
+    existed = {tuple(r) for r in every.join(keys_df, on, "left_semi").collect()}
+    now = fold({k: dict(zip(key, k)) for k in existed}, changes, key)
+    kept_keys = every.limit(0) if truncated(changes) else every.join(keys_df, on, "left_anti")
+    key_text = StructType([StructField(k, StringType()) for k in key])
+    truth_keys = kept_keys.select(*[F.col(q(k)) for k in key]).unionByName(
+        spark.createDataFrame([k for k, row in now.items() if row is not None], key_text))
+    return truth_keys.select(*[typed(F.col(q(k)), types[k], k).alias(k) for k in key])
+
+
+def _differing_keys(truth_keys, truth, theirs, their_rows, key: tuple[str, ...]
+                    ) -> tuple[int, tuple[Key, ...]]:
+    """(how many keys differ, a few of them): keys only in the truth's (``truth_keys``) or
+    only in the mirror's (``theirs``), and keys of rows only in ``truth`` or only in
+    ``their_rows`` (the mirror's rows of the sample's keys)."""
+    from pyspark.sql import functions as F
+
+    from silver.mirror import q
+
+    their_keys = theirs.select(*[F.col(q(k)) for k in key])
+    wrong = truth_keys.exceptAll(their_keys).unionByName(their_keys.exceptAll(truth_keys)) \
+        .unionByName(truth.exceptAll(their_rows).select(*[F.col(q(k)) for k in key])) \
+        .unionByName(their_rows.exceptAll(truth).select(*[F.col(q(k)) for k in key])) \
+        .distinct()
+    differing = wrong.count()
+    sample = [] if not differing else wrong.limit(SAMPLE_KEYS).collect()
+    return differing, tuple(tuple(r) for r in sample)

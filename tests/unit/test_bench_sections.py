@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.__main__ import parse
-from bench.report import _when
+from bench.report.template_values import _when
 
 
 def test_sections_are_the_benchs_own_and_go_into_an_earlier_result(tmp_path):
