@@ -10,8 +10,9 @@ on the dashboard; the same probes are looked for in ``service_stats`` read by pa
 reader of gold sees it), then the dashboard is compared with the source's ``GROUP BY``.
 
 Beside it, the same job with the stream's trigger at 1 s (``LAKECDC_TRIGGER_INTERVAL=1``):
-what a shorter wait for the stream's micro-batch does for gold read by path. And for comparison, the stages as separate processes (``ship``; ``stream``, ``push``
-and ``mirrors`` with ``--wait-for-input``), the topology the bundle deployed before it ran
+what a shorter wait for the stream's micro-batch does for gold read by path. And for
+comparison, the stages as separate processes (``ship``; ``stream``, ``push`` and
+``mirrors`` with ``--wait-for-input``), the topology the bundle deployed before it ran
 ``lakecdc run``: the same database size, traffic and probe, started after setup.
 
 Targets (the ones ``run`` meets): the probe's p95 at most 1 s at 2,000 changes/s and 0.5 s
@@ -150,7 +151,8 @@ def _said_waiting(procs: list[RunProcess], timeout: float = 120.0) -> bool:
 
 def measure(params: Params, say=print) -> dict:
     doc: dict = {"started_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                 "params": asdict(params), "machine": numbers.machine(), "load_start": numbers.load(),
+                 "params": asdict(params), "machine": numbers.machine(),
+                 "load_start": numbers.load(),
                  "deployed": [" ".join(c) for c in deployed_commands()], "runs": []}
     work = Path(tempfile.mkdtemp(prefix="lakecdc-deployed-"))
     pg = LocalPostgres(Path(tempfile.mkdtemp(prefix="lakecdc-deployed-pg-"))).start()

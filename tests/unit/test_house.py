@@ -26,7 +26,7 @@ ENGINES = ({"deltalake"}, {"pyspark", "delta"})
 
 # Today's exceptions: name -> lines now.
 LONG_MODULES = {
-    "silver.mirror_store": 661, "gold.apply": 616, "bronze.ship": 612,
+    "silver.mirror_store": 661, "gold.apply": 615, "bronze.ship": 612,
     "silver.mirror": 579, "pipelines.run.pipeline": 564,
     "core.storage": 513,
 }
