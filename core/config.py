@@ -27,9 +27,9 @@ LOG_RETENTION_MINUTES = 10
 # Bronze's log is kept shorter. Only lakecdc's own stream reads bronze's history (everything
 # else reads its newest snapshot), and maintenance keeps bronze's log from where that stream
 # would restart, however far behind it is. Spark's stream lists bronze's log at every
-# trigger, and on a local disk a listing reads the whole folder: with 2,324 entries (10
-# minutes at 3-4 commits a second) a trigger's reading of it took 100-114 ms, against 50-65
-# ms with up to 1,000 (bench/aged.py, 2026-11-28).
+# trigger, and on a local disk a listing reads the whole folder: ten minutes of entries at
+# 3-4 commits a second took a trigger about twice as long to read as a thousand
+# (bench/aged.py).
 BRONZE_LOG_RETENTION_MINUTES = 2
 # The tables people and tools other than lakecdc read (docs/operations.md, "What each table
 # keeps"), by group: ``silver`` (silver/changes, silver/quarantine), ``gold``
@@ -127,9 +127,9 @@ class Config:
     # then (``silver.mirror_pending``; docs/silver.md, "Big mirrors"); 0: every mirror.
     mirror_merge_s: float = MIRROR_MERGE_S
     # Maintenance (pipelines.maintain, docs/operations.md "Running for months"): each writer
-    # compacts and vacuums its tables between its batches at most this often. At 2,000
-    # changes/s bronze and silver get 700-800 small files in 5 minutes: compacting them
-    # paused their writers 3.0-3.3 s once per interval (2 cores, 2026-11-27).
+    # compacts and vacuums its tables between its batches at most this often. Under traffic
+    # bronze and silver gather hundreds of small files in 5 minutes, and compacting them
+    # pauses their writers for seconds once per interval.
     maintain_interval_s: float = MAINTAIN_INTERVAL_S
     # Files removed from a table (by compaction, a MERGE's rewrite) are deleted this many
     # hours later: readers inside that window (a notebook's time travel, a replay, verify's

@@ -8,9 +8,9 @@ opened, so the handle is opened again once a checkpoint has been written since
 the table in this process (``core.maintenance``), and when told (``reset``: the writer
 committed beside it with Spark).
 
-Measured with silver's append (900 rows, 2026-11-27, 2 cores, a log kept at about 1,000
-entries): 17 ms a commit with the handle kept, 22 ms opening the table each time. Kept and
-never opened again, the handle's commits grew from 29 ms to 255 ms over 3,000 commits.
+A kept handle makes a commit cheaper than opening the table each time; kept and never
+opened again, its commits grow slower with every commit it replays, which opening it again
+bounds (a commit's cost as a table ages: docs/benchmarks/aging.md).
 """
 
 from __future__ import annotations

@@ -77,8 +77,8 @@ from core.storage import WRITE_BUFFER, filesystem, on_databricks, spark_path, un
 
 # Compacted files. Every file under the target is a candidate, so a run rewrites the new
 # small files and at most one partly filled file besides: the target bounds the pause. At
-# 64 MB, silver's one growing file was rewritten every run (2,000 changes/s, every 60 s:
-# 1.9-2.6 s a run, 2026-11-27); at 16 MB a file that is full is never read again.
+# 64 MB, silver's one growing file was rewritten whole by every run under traffic, a pause
+# of seconds each time; at 16 MB a file that is full is never read again.
 TARGET_BYTES = 16 << 20
 # A file no commit references is a writer's that has not committed yet (a ``tables add``
 # chunk, a MERGE's rewrite, a compaction) or one killed before its commit: vacuum cannot

@@ -61,9 +61,9 @@ _MIN_FILE = "spark.databricks.delta.optimize.minFileSize"
 _MAX_FILE = "spark.databricks.delta.optimize.maxFileSize"
 _CLEANUP = "delta.enableExpiredLogCleanup"
 # VACUUM lists a table's folders in a Spark job of this many tasks, by default 10,000,
-# nearly all of them empty for lakecdc's unpartitioned tables: 20-25 s per VACUUM of a
-# ten-row table on 2 cores (local or S3), 1.0 s with the cluster's own parallelism
-# (2026-11-28, delta-spark 4.4).
+# nearly all of them empty for lakecdc's unpartitioned tables: tens of seconds per VACUUM
+# of a ten-row table on 2 cores (local or S3), about a second with the cluster's own
+# parallelism.
 _LISTING = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 
 

@@ -2,9 +2,8 @@
 
 A copy-on-write MERGE rewrites every file holding a key it changes. A batch's few hundred
 keys are spread over all of a large gold, so each MERGE rewrites nearly the whole table:
-at 1,000,000 keys, 0.29 s for 1,000 key deltas against 0.03 s at 10,000 keys (delta-rs,
-one process, 2026-11-27). It costs about the same for 50,000 key deltas (0.38 s), so gold
-takes a batch's step by appending its key deltas to ``_deltas`` (a few milliseconds,
+its cost follows gold's size, and hardly the keys it changes (docs/gold.md, "Folds"), so
+gold takes a batch's step by appending its key deltas to ``_deltas`` (a few milliseconds,
 whatever gold's size) and *folds* what accumulated there into ``service_stats`` in one
 MERGE when ``FoldClock`` says so: at most ``Config.gold_fold_share`` of the time goes to
 folding (``LAKECDC_GOLD_FOLD_SHARE``). A small gold folds every batch or two, as it MERGEd

@@ -4,8 +4,8 @@ mirrors' stores (``silver.mirror_store``) write and fold the tail, and every rea
 mirror's current rows overlays it.
 
 A copy-on-write MERGE rewrites every file a batch's keys land in: with updates spread over
-the whole table, nearly the whole table, every batch (10M rows: 7.5-8.6 s a MERGE of 1,000
-keys, against 0.8-1.0 s at 1M; docs/silver.md, "Big mirrors"). A mirror whose MERGE takes
+the whole table, nearly the whole table, every batch, so its cost grows with the table
+(docs/silver.md, "Big mirrors"). A mirror whose MERGE takes
 longer than ``LAKECDC_MIRROR_MERGE_S`` is therefore kept merge-on-read:
 
 - each batch appends its MERGE source (``silver.mirror.typed_rows``: one row per key, with

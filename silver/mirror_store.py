@@ -393,8 +393,8 @@ class RsMirrors:
 
     def shape(self, path: str) -> tuple[tuple[str, ...], dict[str, str]]:
         """The mirror's key and (column → Postgres type), from its table properties: a
-        read of its log. Through Spark's ``detail()`` it took 2.9 s for five mirrors at
-        the query's first batch (docs/silver.md, the catch-up)."""
+        read of its log, not Spark's ``detail()``, which took seconds for a few mirrors at
+        the query's first batch."""
         from deltalake import DeltaTable
 
         return mirror_shape_of(DeltaTable(delta_rs_uri(path),

@@ -66,11 +66,10 @@ BATCH_BYTES = "16m"
 # shipper batch's step goes ahead of the stream (``gold.ahead``), and silver and gold trail
 # the dashboard by about this much more. Every batch costs the JVM about the same whatever
 # it holds (reading bronze's log, committing offsets, the batch's Spark jobs), on the cores
-# the shipper's path needs: at 250 ms the batches ran back to back under traffic. Measured on
-# 2 cores with Postgres, traffic and the mirrors beside it (2026-11-30, 60 s runs, two rounds
-# alternated; docs/gold.md, "The stream's trigger"), 250 ms -> 2 s: 81-102 -> 31-32 batches a
-# run, the JVM's CPU 38-73 -> 20-28 s, the dashboard's p95 0.26-0.57 -> 0.18-0.28 s at 200
-# changes/s and 0.61-1.18 -> 0.25-0.48 s at 2,000.
+# the shipper's path needs: at 250 ms the batches ran back to back under traffic. Against
+# 250 ms, 2 s ran about a third of the batches for about half the JVM's CPU, and the
+# dashboard's p95 fell at both of the benchmark's rates (docs/gold.md, "The stream's
+# trigger").
 TRIGGER_INTERVAL = f"{STREAM_TRIGGER_S:g} seconds"     # LAKECDC_TRIGGER_INTERVAL
 
 
