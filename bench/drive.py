@@ -89,7 +89,7 @@ class GoldWatch(FreshnessProbe):
                 handle.append(DeltaTable(self.gold_uri))
             else:
                 handle[0].update_incremental()
-            # Gold is small here (tens of keys a service): its one column read whole.
+            # Its one column read whole: only a small gold is watched (``Bench.continuous``).
             services = handle[0].to_pyarrow_dataset().to_table(columns=["service_id"])
             held = set(services.column("service_id").cast(pa.string()).to_pylist())
             return [service for service in pending if service in held]
