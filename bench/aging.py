@@ -51,7 +51,7 @@ from deltalake import DeltaTable
 from bronze.records import BRONZE_SCHEMA
 from bronze.table import BronzeTable, Progress, SourceIdentity
 from core.captured import COUNTED, DIMS
-from core.commits import commit_metadata, rs_commit
+from core.commits import commit_metadata
 from core.config import (
     BRONZE_LOG_RETENTION_MINUTES,
     LOG_CLEAN_INTERVAL_S,
@@ -60,6 +60,7 @@ from core.config import (
     READER_RETENTION_MINUTES,
     RETENTION_HOURS,
 )
+from core.engine.delta_rs import rs_commit
 from core.handle import WriterHandle
 from core.maintenance import clean_log, maintain_table
 from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables

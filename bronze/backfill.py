@@ -48,6 +48,7 @@ from bronze.backfill_staging import (
 from bronze.spark_table import bronze_table
 from bronze.table import numbers_as_text
 from core.config import Config
+from core.engine.api import Engine
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.locks import acquire, shipper_running
@@ -129,31 +130,38 @@ def run_snapshot_backfill(config: Config, tables: Iterable[str] | None = None,
                           stop: threading.Event | None = None, new_run: bool = False,
                           max_ahead: int = MAX_AHEAD, timeout_s: float = WAIT_TIMEOUT_S,
                           storage_options: dict | None = None,
-                          since_us: int | None = None, writes=None) -> BackfillReport:
+                          since_us: int | None = None,
+                          engine: Engine | None = None) -> BackfillReport:
     """``lakecdc backfill snapshot``: run or continue the backfill of ``tables``.
     ``since_us``: runs of these tables started before this time (µs since the epoch) are
     passed over (``lakecdc tables add``: a table captured again is read again).
-    ``writes``: the ``core.spark_writes.SparkWrites`` staging is written and bronze read
-    through when ``config.spark_writes``."""
+    ``engine``: the one staging is written and bronze read through (None: ``config``'s,
+    ``core.engine.choose.engine_for``)."""
     chosen = resolve_tables(config, tables)
     if chunk_rows < 1 or max_ahead < 0 or timeout_s <= 0:
         raise UserError("--chunk-rows and --timeout must be positive.")
     return SnapshotBackfill(config, chosen, chunk_rows, stop or threading.Event(), new_run,
-                            max_ahead, timeout_s, storage_options, since_us, writes).run()
+                            max_ahead, timeout_s, storage_options, since_us,
+                            engine=engine).run()
 
 
 class SnapshotBackfill:
     def __init__(self, config: Config, tables: tuple[str, ...], chunk_rows: int,
                  stop: threading.Event, new_run: bool, max_ahead: int, timeout_s: float,
                  storage_options: dict | None, since_us: int | None = None,
-                 writes=None) -> None:
+                 engine: Engine | None = None) -> None:
+        """``storage_options``: bronze's on delta-rs (None: the engine's)."""
+        if engine is None:
+            from core.engine.choose import engine_for
+
+            engine = engine_for(config)
         self.config, self.tables, self.chunk_rows = config, tables, chunk_rows
         self.since_us = since_us
         self.stop, self.new_run = stop, new_run
         self.max_ahead, self.timeout_s = max_ahead, timeout_s
         self.key = ",".join(tables)
-        self.bronze = bronze_table(config, storage_options, writes)
-        self.staging = staging_table(config, storage_options, writes)
+        self.bronze = bronze_table(config, storage_options, engine=engine)
+        self.staging = staging_table(config, engine=engine)
         self.faults = FaultPoints(config.faults)
 
     # -- state --

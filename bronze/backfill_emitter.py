@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from functools import reduce
 from typing import Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pds
 
 from bronze.backfill_marks import (
     HighMark,
@@ -27,6 +25,7 @@ from bronze.backfill_marks import (
 from bronze.backfill_staging import ChunkInfo, app_id, staging_table
 from bronze.table import BronzeTable
 from core.config import Config
+from core.engine.api import Engine
 from core.lsn import fmt
 
 log = logging.getLogger("lakecdc.backfill")
@@ -50,11 +49,9 @@ class Emission:
 class BackfillEmitter:
     """Turns the HIGH watermarks of one shipper batch into read rows (see module doc)."""
 
-    def __init__(self, config: Config, bronze: BronzeTable,
-                 storage_options: dict | None = None, writes=None) -> None:
-        """``writes``: the shipper's ``core.spark_writes.SparkWrites`` when
-        ``config.spark_writes`` (staging is read through it)."""
-        self.staging = staging_table(config, storage_options, writes)
+    def __init__(self, config: Config, bronze: BronzeTable, *, engine: Engine) -> None:
+        """``engine``: the shipper's (staging is read through it)."""
+        self.staging = staging_table(config, engine=engine)
         self.bronze = bronze
         self.window_rule = config.guard_on(GUARD)
         # A counted table's read rows stay whole or dropped: gold and the silver suite
@@ -182,23 +179,18 @@ class BackfillEmitter:
 
         # Earlier parts of the windows, already in bronze: a few rows, found through the
         # files' commit_lsn / xid statistics.
-        text, exprs = [], []
+        text = []
         for w in windows:
             if w.low_lsn < bronze_commit_lsn:
                 text.append(f"(commit_lsn > {int(w.low_lsn)} AND "
                             f"commit_lsn <= {int(bronze_commit_lsn)})")
-                exprs.append((pds.field("commit_lsn") > w.low_lsn)
-                             & (pds.field("commit_lsn") <= bronze_commit_lsn))
             if w.in_progress:
                 xids = sorted(int(x) for x in w.in_progress)
                 text.append(f"(commit_lsn <= {int(w.low_lsn)} AND "
                             f"xid IN ({', '.join(map(str, xids))}))")
-                exprs.append((pds.field("commit_lsn") <= w.low_lsn)
-                             & pds.field("xid").isin(xids))
         if text:
             found = self.bronze.rows_where(
                 f"({' OR '.join(text)}) AND action IN ('I', 'U', 'D')",
-                reduce(lambda a, b: a | b, exprs) & pds.field("action").isin(["I", "U", "D"]),
                 ["commit_lsn", "xid", "action", "data"])
             merge(changed_keys(*(found.column(c).combine_chunks()
                                  for c in ("commit_lsn", "xid", "action", "data")), windows))

@@ -10,23 +10,21 @@ import time
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.dataset as pds
-from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from bronze.backfill_marks import key_columns_of, key_columns_text
 from bronze.records import UTC_US
 from core.commits import commit_metadata
-from core.config import Config
-from core.features import open_table
+from core.config import LOG_RETENTION_MINUTES, Config
+from core.engine.api import Engine
 from core.handle import CHECKPOINTS
 from core.layout import BACKFILL_STAGING
-from core.maintenance import TableReport, maintain_table
+from core.maintenance import TableReport
 
 log = logging.getLogger("lakecdc.backfill")
 
 
 APP_PREFIX = "lakecdc-backfill:"
-LAYER = "backfill"             # the Spark path's commit metadata (``core.commits``)
+LAYER = "backfill"             # its commits' metadata (``core.commits``)
 
 # Staging rows by kind (the table is partitioned by it, so markers are read without data).
 ROW, CHUNK, TABLE_DONE, RUN_DONE = "row", "chunk", "table_done", "run_done"
@@ -58,14 +56,9 @@ def staging_path(config: Config) -> str:
     return config.table_path(BACKFILL_STAGING)
 
 
-def staging_table(config: Config, storage_options: dict | None = None,
-                  writes=None) -> "StagingTable":
-    """The staging table for ``config``'s writer: through ``writes`` (needed then) when
-    ``config.spark_writes``, else delta-rs."""
-    if config.spark_writes and writes is None:
-        raise ValueError("LAKECDC_WRITER=spark: backfill staging needs a Spark writer")
-    return StagingTable(staging_path(config), storage_options,
-                        writes if config.spark_writes else None)
+def staging_table(config: Config, *, engine: Engine) -> "StagingTable":
+    """The staging table of ``config``'s lakehouse, through ``engine``."""
+    return StagingTable(staging_path(config), engine=engine)
 
 
 def app_id(run: str) -> str:
@@ -104,50 +97,31 @@ class StagingTable:
     """``bronze/_backfill_chunks``: staged chunk rows and the markers that make a run
     resumable. Written by the backfill only, read by the shipper for HIGH watermarks.
 
-    ``writes`` (a ``core.spark_writes.SparkWrites``): every read and write goes through
-    Spark (``LAKECDC_WRITER=spark``); None: delta-rs, with ``storage_options``. The two
-    paths hold the same rows; only the commit metadata's form differs (delta-rs's custom
-    metadata, Spark's ``userMetadata`` of layer ``backfill``)."""
+    Every read and write goes through ``engine`` (``core.engine``). Each commit carries
+    lakecdc's metadata of layer ``backfill`` (``_meta``)."""
 
-    def __init__(self, uri: str, storage_options: dict | None = None, writes=None) -> None:
+    def __init__(self, uri: str, *, engine: Engine) -> None:
         self.uri = uri
-        self.storage_options = storage_options
-        self.writes = writes
-        if writes is not None:
-            from core.storage import on_databricks, spark_path
-
-            self.path = spark_path(uri, on_databricks())
+        self.engine = engine
 
     def exists(self) -> bool:
-        if self.writes is not None:
-            from delta.tables import DeltaTable as SparkTable
-
-            return SparkTable.isDeltaTable(self.writes.spark, self.path)
-        return DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options)
+        return self.engine.exists(self.uri)
 
     def ensure(self) -> None:
         if self.exists():
             return
-        description = ("lakecdc snapshot backfill: staged chunks, emitted into bronze by the "
-                       "shipper at their HIGH watermark")
-        if self.writes is not None:
-            self.writes.create(self.path, STAGING_SCHEMA, _STAGING_CONFIG, comment=description,
-                               partitioned_by=("kind",))
-            return
-        DeltaTable.create(self.uri, STAGING_SCHEMA, mode="ignore", partition_by=["kind"],
-                          name="backfill_chunks", configuration=_STAGING_CONFIG,
-                          description=description, storage_options=self.storage_options)
+        self.engine.create(self.uri, STAGING_SCHEMA, _STAGING_CONFIG,
+                           comment="lakecdc snapshot backfill: staged chunks, emitted into "
+                                   "bronze by the shipper at their HIGH watermark",
+                           partitioned_by=("kind",))
 
-    def _select(self, where: str, row_filter: pds.Expression, columns: list[str]) -> pa.Table:
-        """``columns`` of the rows meeting ``where`` (SQL; on delta-rs it prunes files by
-        partition and statistics) and ``row_filter`` (the same condition for pyarrow)."""
-        if self.writes is not None:
-            return self.writes.read(self.path, columns, where)
-        return open_table(self.uri, self.storage_options).to_pyarrow_dataset(
-            file_pruning_predicate=where).to_table(columns=columns, filter=row_filter)
+    def _select(self, where: str, columns: list[str]) -> pa.Table:
+        """``columns`` of the rows meeting the SQL condition ``where`` (in both engines'
+        SQL: Spark's and DataFusion's; delta-rs prunes files by partition and statistics)."""
+        return self.engine.read(self.uri, columns, where)
 
     def runs(self) -> dict[str, RunState]:
-        markers = self._select(f"kind <> '{ROW}'", pds.field("kind") != ROW,
+        markers = self._select(f"kind <> '{ROW}'",
                                [f.name for f in STAGING_SCHEMA
                                 if f.name not in ("data", "key", "seq")])
         runs: dict[str, RunState] = {}
@@ -175,8 +149,6 @@ class StagingTable:
         _check_run_id(run)
         rows = self._select(
             f"kind = '{CHUNK}' AND run = '{run}' AND chunk = {int(chunk)}",
-            (pds.field("kind") == CHUNK) & (pds.field("run") == run)
-            & (pds.field("chunk") == chunk),
             [f.name for f in STAGING_SCHEMA]).to_pylist()
         return _chunk_info(rows[0]) if rows else None
 
@@ -185,8 +157,7 @@ class StagingTable:
         _check_run_id(run)
         return self._select(
             f"kind = '{ROW}' AND run = '{run}' AND chunk = {int(chunk)}",
-            (pds.field("kind") == ROW) & (pds.field("run") == run)
-            & (pds.field("chunk") == chunk), ["seq", "key", "data"]).sort_by("seq")
+            ["seq", "key", "data"]).sort_by("seq")
 
     def stage_chunk(self, info: ChunkInfo, tables: str, keys: list[str],
                     data: list[str]) -> None:
@@ -217,23 +188,15 @@ class StagingTable:
         """Delete a completed run's staged rows (bronze holds them now); markers stay. The
         files go with VACUUM."""
         _check_run_id(run)
-        where = f"kind = '{ROW}' AND run = '{run}'"
-        if self.writes is not None:
-            self.writes.delete(self.path, where, meta=_meta(
-                {"lakecdc.operation": "backfill-drop-rows", "lakecdc.run": run}))
-        else:
-            open_table(self.uri, self.storage_options).delete(where)
+        self.engine.delete(self.uri, f"kind = '{ROW}' AND run = '{run}'", meta=_meta(
+            {"lakecdc.operation": "backfill-drop-rows", "lakecdc.run": run}))
 
     def maintain(self, retention_hours: int) -> TableReport:
         """Keep the table small (``core.maintenance``): its only writer is a run, which
         calls this after its last write."""
-        if self.writes is not None:
-            from core.maintenance_spark import maintain_table_spark
-
-            return maintain_table_spark(self.writes, "backfill staging", self.path,
-                                        retention_hours=retention_hours)
-        return maintain_table("backfill staging", self.uri, self.storage_options,
-                              retention_hours=retention_hours)
+        return self.engine.maintain("backfill staging", self.uri,
+                                    retention_hours=retention_hours,
+                                    log_retention_minutes=LOG_RETENTION_MINUTES)
 
     def _append(self, parts: list[dict], metadata: dict) -> None:
         tables = []
@@ -242,18 +205,11 @@ class StagingTable:
             cols = {f.name: part.get(f.name, [None] * n) for f in STAGING_SCHEMA}
             cols["staged_at"] = pa.array(cols["staged_at"], pa.int64()).cast(UTC_US)
             tables.append(pa.table(cols, schema=STAGING_SCHEMA))
-        rows = pa.concat_tables(tables)
-        if self.writes is not None:
-            self.writes.append(self.path, rows, meta=_meta(metadata))
-            return
-        write_deltalake(self.uri, rows, mode="append",
-                        partition_by=["kind"], storage_options=self.storage_options,
-                        commit_properties=CommitProperties(
-                            custom_metadata={k: str(v) for k, v in metadata.items()}))
+        self.engine.append(self.uri, pa.concat_tables(tables), meta=_meta(metadata))
 
 
 def _meta(metadata: dict) -> str:
-    """A Spark commit's ``userMetadata`` for the delta-rs path's custom metadata."""
+    """A commit's lakecdc metadata (``userMetadata``) of layer ``backfill``."""
     return commit_metadata(LAYER, info={k: str(v) for k, v in metadata.items()})
 
 

@@ -1,8 +1,8 @@
 """The captured set: which source tables the shipper asks wal2json for, kept in the lakehouse
 beside bronze (``bronze/_captured``) so that no restart can lose it.
 
-A Delta table written by delta-rs; each version is the whole set, one row per table ever
-captured, and its Delta version is the set's version. A table's state:
+A Delta table; each version is the whole set, one row per table ever captured, and its
+Delta version is the set's version (the first, made empty, holds none). A table's state:
 
 - ``snapshotting``: captured; ``lakecdc tables add`` is reading its current rows;
 - ``captured``;
@@ -15,8 +15,8 @@ with it, so the set is committed with the progress it governs. Once bronze holds
 ``v``, every change committed after that bronze commit reaches bronze under set ``v`` or a
 newer one (docs/source-tables.md, "Adding and removing tables while running").
 
-With ``LAKECDC_WRITER=spark`` (``writes`` given) the same table is read and written through
-Spark's Delta (``core.spark_writes``): where only Spark reaches storage.
+It is read and written through the process's storage engine (``core.engine``): delta-rs,
+or Spark's Delta with ``LAKECDC_WRITER=spark``, where only Spark reaches storage.
 
 ``setup`` writes the first version from ``LAKECDC_TABLES``. A lakehouse set up before this
 table existed has none; it is then created by the first ``tables add`` or ``remove``.
@@ -29,10 +29,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
 
+from core.engine.api import Engine
 from core.errors import UserError
-from core.features import open_table
 from core.layout import CAPTURE_LIST, path
 
 SNAPSHOTTING, CAPTURED, REMOVED = "snapshotting", "captured", "removed"
@@ -67,57 +66,38 @@ class CaptureSet:
 
 
 class CaptureList:
-    """The ``bronze/_captured`` table of one lakehouse."""
+    """The ``bronze/_captured`` table of one lakehouse, through ``engine`` (None: delta-rs
+    with ``storage_options``, for callers that name no engine)."""
 
     def __init__(self, lakehouse: str, storage_options: dict | None = None,
-                 writes=None) -> None:
+                 engine: Engine | None = None) -> None:
         self.uri = path(lakehouse, CAPTURE_LIST)
         self.storage_options = storage_options
-        self.writes = writes          # a ``core.spark_writes.SparkWrites``: through Spark
-        self._table: DeltaTable | None = None
+        if engine is None:
+            from core.engine.delta_rs import DeltaRs
+
+            engine = DeltaRs(storage_options)
+        self.engine = engine
         self._read: CaptureSet | None = None          # the newest version read
         self._checked = 0.0
 
     def exists(self) -> bool:
-        if self.writes is not None:
-            from delta.tables import DeltaTable as SparkTable
-
-            return SparkTable.isDeltaTable(self.writes.spark, self._spark_path)
-        return DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options)
-
-    @property
-    def _spark_path(self) -> str:
-        from core.storage import on_databricks, spark_path
-
-        return spark_path(self.uri, on_databricks())
+        return self.engine.exists(self.uri)
 
     def read(self) -> CaptureSet | None:
-        """The newest version (None: no set was stored)."""
-        if self.writes is not None:
-            return self._read_spark()
-        if self._table is None:
-            if not self.exists():
-                return None
-            self._table = open_table(self.uri, self.storage_options)
-            self._read = None
-        else:
-            self._table.update_incremental()
-        self._checked = time.monotonic()
-        if self._read is None or self._read.version != self._table.version():
-            self._read = _decode(self._table.version(), self._table.to_pyarrow_table())
-        return self._read
-
-    def _read_spark(self) -> CaptureSet | None:
-        """``read`` through Spark: a Spark job per look, so the table, once seen, is not
-        looked for again (it is never dropped)."""
+        """The newest version (None: no set was stored). The table, once seen, is not looked
+        for again (it is never dropped), and a version is read only once: the shipper looks
+        once a second. A version without rows is no set: the table's first version, made
+        by ``write`` right before the set's own."""
         self._checked = time.monotonic()
         if self._read is None and not self.exists():
             return None
-        version = self.writes.version(self._spark_path)
+        version = self.engine.version(self.uri)
+        if version is None:
+            return None
         if self._read is None or self._read.version != version:
-            data = self.writes.spark.read.format("delta").option("versionAsOf", version) \
-                .load(self._spark_path).toArrow()
-            self._read = _decode(version, data)
+            data = self.engine.read(self.uri, version=version)
+            self._read = _decode(version, data) if data.num_rows else None
         return self._read
 
     def read_at_most_every(self, seconds: float, last: CaptureSet | None) -> CaptureSet | None:
@@ -137,18 +117,10 @@ class CaptureList:
                 for t, s in states.items()}
         data = pa.table({"table_name": list(rows), "state": [s for s, _ in rows.values()],
                          "changed_at": [at for _, at in rows.values()]}, schema=SCHEMA)
-        if self.writes is not None:
-            self.writes.create(self._spark_path, SCHEMA, comment="lakecdc: the captured "
-                               "source tables (docs/source-tables.md)")
-            self.writes.append(self._spark_path, data, overwrite=previous is not None)
-            self._read = None
-        else:
-            write_deltalake(self.uri, data,
-                            mode="overwrite" if previous is not None else "error",
-                            storage_options=self.storage_options,
-                            description="lakecdc: the captured source tables "
-                                        "(docs/source-tables.md)")
-        self._table = None
+        self.engine.create(self.uri, SCHEMA, comment="lakecdc: the captured source tables "
+                           "(docs/source-tables.md)")
+        self.engine.append(self.uri, data, overwrite=previous is not None)
+        self._read = None
         stored = self.read()
         assert stored is not None
         return stored
@@ -172,8 +144,8 @@ class ShipperSet:
     CHECK_S = 1.0
 
     def __init__(self, lakehouse: str, slot: str, default: tuple[str, ...],
-                 storage_options: dict | None = None, writes=None) -> None:
-        self.store = CaptureList(lakehouse, storage_options, writes)
+                 storage_options: dict | None = None, engine: Engine | None = None) -> None:
+        self.store = CaptureList(lakehouse, storage_options, engine=engine)
         self.app_id = slot + ACK_SUFFIX
         self.default = default             # ``LAKECDC_TABLES``, for a lakehouse without a set
         self.current: CaptureSet | None = None

@@ -53,6 +53,8 @@ from bronze.source import check_replication_role, require_identity
 from bronze.spark_table import bronze_table
 from bronze.table import NUMBERS_SUFFIX, Progress
 from core.config import Config
+from core.engine.api import Engine
+from core.engine.choose import engine_for
 from core.errors import UserError, first_line, redact
 from core.faults import FaultPoints
 from core.locks import acquire, release, ship_application, ship_lock_name
@@ -127,12 +129,11 @@ class Shipper:
     def __init__(self, config: Config, faults: FaultPoints | None = None,
                  storage_options: dict | None = None,
                  on_batch: Callable[[ShipBatch, Progress], None] | None = None,
-                 writes=None,
-                 on_rows: Callable[[int | None, pa.Table, tuple[str, ...]], None]
-                 | None = None,
+                 engine: Engine | None = None,
+                 on_rows: Callable[[int | None, pa.Table, tuple[str, ...]], None] | None = None,
                  on_stored: Callable[[ShipBatch], ShipBatch] | None = None) -> None:
-        """``writes``: the ``core.spark_writes.SparkWrites`` every lakehouse read and write
-        goes through when ``config.spark_writes`` (``bronze.spark_table``); else unused.
+        """``engine``: the one every lakehouse read and write goes through (None:
+        ``config``'s, ``core.engine.choose.engine_for``); ``storage_options``: bronze's.
         ``lakecdc run`` pushes each batch to the dashboard ahead of the stream
         (``gold.ahead``) through two calls, which must not raise: ``on_rows``, right
         before a batch's bronze commit, with the newest source commit bronze held before
@@ -148,13 +149,12 @@ class Shipper:
         # at every (re)connect and kept by each commit: bronze has one writer, the shipper
         # holding the slot's lock.
         self._stored_lsn: int | None = None
-        # Called after every batch (metrics); must not raise.
-        self.on_batch = on_batch
+        self.on_batch = on_batch         # called after every batch (metrics); must not raise
         self.faults = faults or FaultPoints(config.faults)
-        self.table = bronze_table(config, storage_options, writes)
-        self.backfill = BackfillEmitter(config, self.table, storage_options, writes)
-        self.captured = ShipperSet(config.lakehouse, config.slot, config.tables, storage_options,
-                                   writes if config.spark_writes else None)
+        engine = engine if engine is not None else engine_for(config)
+        self.table = bronze_table(config, storage_options, engine=engine)
+        self.backfill = BackfillEmitter(config, self.table, engine=engine)
+        self.captured = ShipperSet(config.lakehouse, config.slot, config.tables, engine=engine)
         # When bronze last committed, so the slot last moved (heartbeats are due after
         # ``heartbeat_interval_s`` without a move).
         self._last_progress_commit = time.monotonic()

@@ -1,6 +1,7 @@
 """Bronze's table through Spark's Delta (``LAKECDC_WRITER=spark``): the same interface as
 ``bronze.table.BronzeTable``, for workspaces where only Spark holds the storage credentials
 (Unity Catalog external locations), so ``bronze.ship``'s delivery rule is unchanged.
+``bronze_table`` chooses between the two, by the process's engine (``core.engine``).
 
 **Progress.** delta-rs records several Delta app transactions per commit (``<slot>``,
 ``<slot>:end_lsn``, ``<slot>:rebaseline``, ``<slot>:captured``, ``lakecdc-backfill:<run>``);
@@ -59,10 +60,12 @@ from bronze.table import (
     _describe,
     _parse_description,
 )
-from core.commits import commit_metadata, newest, read_commits
+from core.commits import commit_metadata, newest
+from core.engine.api import Engine
+from core.engine.delta_rs import DeltaRs
+from core.engine.spark import SparkDelta
 from core.errors import UserError
 from core.lsn import fmt
-from core.spark_writes import SparkWrites
 from core.storage import on_databricks, spark_path
 
 log = logging.getLogger("lakecdc.ship")
@@ -76,28 +79,31 @@ _RECENT = 50
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
-def bronze_table(config, storage_options: dict | None = None,
-                 writes: SparkWrites | None = None):
-    """Bronze's table for ``config``'s writer: through Spark (``writes``, needed then) when
-    ``config.spark_writes``, else delta-rs. The one place that chooses."""
-    if not config.spark_writes:
-        return BronzeTable(config.bronze_path, storage_options)
-    if writes is None:
-        raise ValueError("LAKECDC_WRITER=spark: bronze needs a Spark writer (SparkWrites)")
-    return SparkBronzeTable(config.bronze_path, writes,
+def bronze_table(config, storage_options: dict | None = None, *, engine: Engine):
+    """Bronze's table through ``engine``. The one place that chooses by the engine's kind:
+    on delta-rs, bronze is written by ``BronzeTable``, whose commits add Parquet files it
+    wrote as the peek streamed (memory stays bounded by a chunk, not a transaction) and
+    record its progress as several app transactions, which no engine's ``append`` does
+    (``storage_options``: None, the engine's)."""
+    if isinstance(engine, DeltaRs):
+        return BronzeTable(config.bronze_path, storage_options if storage_options is not None
+                           else engine.storage_options)
+    return SparkBronzeTable(config.bronze_path, engine,
                             skip_replays=config.guard_on("version_check"),
                             budget_bytes=config.memory_budget_mb << 20,
                             spill_dir=config.spill_dir)
 
 
 class SparkBronzeTable:
-    """``BronzeTable`` through Spark (see the module's text)."""
+    """``BronzeTable`` through Spark (see the module's text): reads and commits through
+    ``engine``; what only Spark does (a commit's metadata set in the session, the table's
+    description) through its session."""
 
-    def __init__(self, uri: str, writes: SparkWrites, skip_replays: bool = True,
+    def __init__(self, uri: str, engine: SparkDelta, skip_replays: bool = True,
                  budget_bytes: int = 64 << 20, spill_dir: str | None = None) -> None:
         self.uri = uri
-        self.path = spark_path(uri, on_databricks())
-        self.writes = writes
+        self.path = spark_path(uri, on_databricks())      # as Spark SQL names the table
+        self.engine = engine
         self.skip_replays = skip_replays
         self.budget_bytes = budget_bytes
         self.spill_dir = spill_dir
@@ -105,24 +111,22 @@ class SparkBronzeTable:
 
     @property
     def _spark(self):
-        return self.writes.spark
+        return self.engine.spark
 
     def exists(self) -> bool:
-        from delta.tables import DeltaTable
-
-        return DeltaTable.isDeltaTable(self._spark, self.path)
+        return self.engine.exists(self.uri)
 
     def create(self, ident: SourceIdentity, end_lsn: int,
                app_versions: dict[str, int] | None = None) -> None:
         """Create the empty table (``TABLE_CONFIG``, the identity as its description) in one
         commit whose metadata records the slot's starting point, as delta-rs's create does:
         no table ever exists without its progress. (The metadata goes in as the session's
-        setting, the way ``SparkWrites.merge`` passes it: a create takes no write options.)"""
+        setting, the way ``SparkDelta.merge`` passes it: a create takes no write options.)"""
         state = progress_map(ident.slot, Progress(0, end_lsn), {}, app_versions)
         meta = commit_metadata(LAYER, **state, info={"lakecdc.operation": "setup"})
         self._spark.conf.set(USER_METADATA, meta)
         try:
-            self.writes.create(self.path, BRONZE_SCHEMA, TABLE_CONFIG, comment=_describe(ident))
+            self.engine.create(self.uri, BRONZE_SCHEMA, TABLE_CONFIG, comment=_describe(ident))
         finally:
             self._spark.conf.unset(USER_METADATA)
         self._state = {"lakecdc": LAYER, **state}
@@ -146,8 +150,7 @@ class SparkBronzeTable:
         """The newest progress map (None: no table). A table without one was set up by the
         delta-rs path, whose progress Spark cannot read: refused with one sentence."""
         for limit in (_RECENT, None):
-            commits = read_commits(self._spark, self.path, LAYER, limit=limit,
-                                   mentioning=_MENTION)
+            commits = self.engine.commits(self.uri, LAYER, limit=limit, mentioning=_MENTION)
             state = newest(commits)
             if state is not None or limit is None or len(commits) < _RECENT:
                 break
@@ -172,12 +175,11 @@ class SparkBronzeTable:
         return self.app_version(slot + REBASELINE_SUFFIX)
 
     def version(self) -> int:
-        return self.writes.version(self.path)
+        return self.engine.version(self.uri)
 
-    def rows_where(self, where: str, row_filter, columns: list[str]) -> pa.Table:
-        """``columns`` of the rows meeting the SQL condition ``where`` (``row_filter``, the
-        same for pyarrow, is the delta-rs path's)."""
-        return self.writes.read(self.path, columns, where)
+    def rows_where(self, where: str, columns: list[str]) -> pa.Table:
+        """``columns`` of the rows meeting the SQL condition ``where``."""
+        return self.engine.read(self.uri, columns, where)
 
     @contextmanager
     def data_files(self) -> Iterator["SparkRows"]:
@@ -215,7 +217,7 @@ class SparkBronzeTable:
                                info={k: str(v) for k, v in (metadata or {}).items()})
         rows = files.table() if files is not None else BRONZE_SCHEMA.empty_table()
         app = (slot + END_SUFFIX, progress.end_lsn) if self.skip_replays else None
-        written = self.writes.append(self.path, rows, meta=meta, app=app)
+        written = self.engine.append(self.uri, rows, meta=meta, app=app)
         if not written:
             log.warning("bronze already records end_lsn %s for slot %s: Spark skipped this "
                         "replay of a commit it holds", fmt(progress.end_lsn), slot)

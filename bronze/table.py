@@ -44,7 +44,7 @@ from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction
 
 from bronze.records import BRONZE_SCHEMA
-from core.commits import read_commits_rs
+from core.engine.delta_rs import DeltaRs, read_commits_rs
 from core.errors import UserError
 from core.features import open_table
 from core.handle import CHECKPOINTS, WriterHandle
@@ -155,11 +155,10 @@ class BronzeTable:
             self._reader.update_incremental()
         return self._reader.transaction_version(app_id)
 
-    def rows_where(self, where: str, row_filter, columns: list[str]) -> pa.Table:
-        """``columns`` of the rows meeting ``where`` (SQL; here it prunes files by their
-        statistics) and ``row_filter`` (the same condition as a pyarrow expression)."""
-        return self._table().to_pyarrow_dataset(file_pruning_predicate=where).to_table(
-            columns=columns, filter=row_filter)
+    def rows_where(self, where: str, columns: list[str]) -> pa.Table:
+        """``columns`` of the rows meeting the SQL condition ``where`` (the engine's
+        ``read``: files pruned by their statistics)."""
+        return DeltaRs(self.storage_options).read(self.uri, columns, where)
 
     @contextmanager
     def data_files(self) -> Iterator["DataFiles"]:

@@ -19,7 +19,7 @@ replay": (1) return if ``_pending`` records ``b`` (its app transaction); (2) rea
 pinned version (known empty, and not read, after this writer's own empty ``b-1``); (3) the
 batch's contribution lines (Arrow, on the driver), planned (``gold.plan``) and checked for stop
 conditions before any write; (4) the step - the net key deltas of the complete prefix, with
-the watermark - through delta-rs (Spark with ``LAKECDC_WRITER=spark``: ``gold.writes``):
+the watermark - through the pipeline's engine (``gold.writes``; ``core.engine``):
 appended to ``_deltas`` (app transaction ``step_app_id``, version = the step's
 watermark), which a fold in the background MERGEs into gold every few seconds (app
 transaction of its newest batch; ``gold.fold``), or with a fold share of 1 MERGEd into gold
@@ -49,25 +49,18 @@ from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
-from core.captured import DIMS
 from core.commits import commit_metadata as metadata
-from core.commits import last_metadata, recorded
 from core.config import GOLD_FOLD_SHARE
-from core.errors import UserError
+from core.engine.api import Engine
+from core.engine.spark import recorded
 from core.faults import FaultPoints
-from core.handle import CHECKPOINTS
-from core.layout import GOLD_DELTAS, GOLD_PENDING
 from core.lsn import fmt
 from core.spark import local_frame
-from core.tables import create_table
 from gold import deltas as D
-from gold.asof import (
+from gold.asof import (  # noqa: F401  (APP_ID, REBUILD_APP_ID, SEED_APP_ID: its names too)
     APP_ID,
     REBUILD_APP_ID,
     SEED_APP_ID,
@@ -75,51 +68,26 @@ from gold.asof import (
     step_app_id,
     txn_app_id,
 )
-from gold.fold import (
-    DELTAS_PROPERTIES,
-    DELTAS_SCHEMA,
-    FoldClock,
-    stamped,
-    summed,
-    unfolded,
-)
+from gold.fold import FoldClock, stamped, summed, unfolded
 from gold.plan import LINES, Plan, lines_table
 from gold.plan import plan as plan_batch
-from gold.writes import gold_writes
+from gold.tables import (  # noqa: F401  (where callers find them)
+    GOLD_PROPERTIES,
+    GOLD_SCHEMA,
+    PENDING_PROPERTIES,
+    GoldPaths,
+    ensure_gold_tables,
+    holds_counts,
+    seed_floor,
+    seed_gold,
+)
+from gold.writes import GoldWrites
 
 log = logging.getLogger("lakecdc.gold")
 
 
-GOLD_SCHEMA = StructType([
-    *[StructField(c, StringType(), False) for c in DIMS],
-    StructField("count", LongType(), False),
-    StructField("last_commit_lsn", LongType(), True),
-    StructField("updated_at", TimestampType(), True),
-])
-
-GOLD_PROPERTIES = {
-    "delta.enableChangeDataFeed": "true",
-    # The push reads gold with delta-rs; keep to features every reader has.
-    "delta.enableDeletionVectors": "false",
-    **CHECKPOINTS,
-}
-PENDING_PROPERTIES = {**CHECKPOINTS, "delta.enableDeletionVectors": "false"}
-
 # The MERGE's source: the plan's key deltas and gold's updated_at.
 _UPDATED_AT = to_arrow_schema(GOLD_SCHEMA).field("updated_at")
-
-
-@dataclass(frozen=True)
-class GoldPaths:
-    gold: str
-    pending: str
-    deltas: str
-
-    @classmethod
-    def beside(cls, gold_path: str) -> "GoldPaths":
-        """``_pending`` and ``_deltas`` next to ``service_stats`` (``<lakehouse>/gold/``)."""
-        folder = gold_path.rstrip('/').rsplit('/', 1)[0]
-        return cls(gold_path, f"{folder}/{GOLD_PENDING[1]}", f"{folder}/{GOLD_DELTAS[1]}")
 
 
 @dataclass(frozen=True)
@@ -175,97 +143,6 @@ class Step:
     meta: dict
 
 
-def ensure_gold_tables(spark: SparkSession, paths: GoldPaths) -> list[str]:
-    """Create gold, ``_pending`` and ``_deltas`` if absent; returns what was created.
-    Idempotent.
-
-    Refuses (``UserError``) when one of gold and ``_pending`` exists without the other
-    after gold has applied batches: the carried partial transactions would be lost or
-    applied twice. ``_deltas`` is created beside a gold from before it (which folded every
-    batch).
-    """
-    have_gold = DeltaTable.isDeltaTable(spark, paths.gold)
-    have_pending = DeltaTable.isDeltaTable(spark, paths.pending)
-    if have_gold != have_pending and (have_gold or have_pending):
-        progress = last_metadata(spark, paths.gold if have_gold else paths.pending)
-        if progress and "batch_id" in progress:
-            missing = paths.pending if have_gold else paths.gold
-            raise UserError(f"{missing} is missing but gold has applied batches; gold cannot "
-                            f"continue exactly: {D.REBUILD}.")
-    created = []
-    if not have_gold:
-        create_table(spark, paths.gold, GOLD_SCHEMA, GOLD_PROPERTIES)
-        created.append(paths.gold)
-    if not have_pending:
-        create_table(spark, paths.pending, D.CONTRIBUTIONS, PENDING_PROPERTIES)
-        created.append(paths.pending)
-    if not DeltaTable.isDeltaTable(spark, paths.deltas):
-        create_table(spark, paths.deltas, DELTAS_SCHEMA, DELTAS_PROPERTIES)
-        created.append(paths.deltas)
-    return created
-
-
-def seed_gold(spark: SparkSession, gold_path: str, counts: DataFrame, commit_lsn: int,
-              commit_ts: datetime | None = None, faults: FaultPoints | None = None) -> bool:
-    """Write baseline counts (dims + ``count``) counted at consistent point ``commit_lsn``.
-
-    For setup's exported-snapshot baseline. One commit carrying the rows, a txn
-    (``lakecdc-gold-seed``, ``commit_lsn``) and metadata ``operation: seed``, floor
-    ``commit_lsn``; the stream's gold half then ignores rows with ``commit_lsn <`` it
-    (``seed_floor``: the snapshot holds exactly those).
-    ``counts`` holds one row per key. Allowed only on a gold table that has applied no batch
-    (created here if absent). Returns False if this exact seed was already written
-    (idempotent retry).
-    """
-    if not DeltaTable.isDeltaTable(spark, gold_path):
-        create_table(spark, gold_path, GOLD_SCHEMA, GOLD_PROPERTIES)
-        (faults or FaultPoints()).hit("after_gold_create")
-    found = recorded(spark, gold_path)
-    if found.version_of(SEED_APP_ID) == commit_lsn:
-        return False
-    if _holds_counts(found):
-        raise UserError(f"gold at {gold_path} already holds counts; seed only a new table "
-                        f"({D.REBUILD}).")
-    now = datetime.now(timezone.utc)
-    rows = counts.select(*[F.col(c).cast("string") for c in DIMS],
-                         F.col("count").cast("long"),
-                         F.lit(commit_lsn).cast("long").alias("last_commit_lsn"),
-                         F.lit(now).cast("timestamp").alias("updated_at"))
-    (rows.write.format("delta").mode("append")
-     .option("txnAppId", SEED_APP_ID).option("txnVersion", commit_lsn)
-     .option("userMetadata", metadata(operation="seed", commit_lsn=commit_lsn - 1,
-                                      floor=commit_lsn,
-                                      commit_ts=commit_ts.isoformat() if commit_ts else None))
-     .save(gold_path))
-    return True
-
-
-def holds_counts(spark: SparkSession, gold_path: str) -> bool:
-    """Whether gold records any counts of lakecdc's: a seed, a rebuild or an applied batch
-    (their app transactions, which outlive the commits' log entries).
-
-    This, not whether the table exists, decides seeding: a process killed after creating
-    gold (or ``_pending``) and before the seed's commit leaves an empty table that still
-    needs its baseline.
-    """
-    found = recorded(spark, gold_path)
-    return found is not None and _holds_counts(found)
-
-
-def _holds_counts(found) -> bool:
-    """Whether gold, as ``found`` (``core.commits.Recorded``), records a seed, a rebuild or
-    a batch of the stream from before any rebuild (one after it records the rebuild)."""
-    return any(found.version_of(app) is not None
-               for app in (SEED_APP_ID, REBUILD_APP_ID, APP_ID))
-
-
-def seed_floor(spark: SparkSession, gold_path: str) -> int:
-    """Gold's floor: the source LSN of the baseline its counts start from (a seed or a
-    rebuild; 0 if none). Silver rows at or below it are already in the counts."""
-    state = gold_state(spark, gold_path)
-    return state.floor if state else 0
-
-
 class GoldBatchWriter:
     """The gold half of a stream batch (``apply``; see the module docstring).
 
@@ -276,8 +153,9 @@ class GoldBatchWriter:
     ``guard=False`` switches the app-transaction protection off (none recorded, none
     checked): negative controls only.
     ``storage_options``: delta-rs's, for a lakehouse on S3 (``Lakehouse.delta_rs_options``).
-    ``spark_writes``: a ``core.spark_writes.SparkWrites`` when every commit goes through
-    Spark (``LAKECDC_WRITER=spark``); None, delta-rs (``gold.writes``).
+    ``engine``: the engine of gold's and ``_deltas``' commits (``gold.writes``; None:
+    delta-rs with ``storage_options``); ``step_engine``: ``_deltas``' own, so a fold never
+    waits for a step (None: ``engine.sibling()``).
     ``fold_share``: the most of its time folding ``_deltas`` into gold may take
     (``gold.fold``); below 1 a fold runs in the background, beside the batches (they take
     their steps into ``_deltas``), 1.0 folds each batch's step with the batch, 0 only when
@@ -288,10 +166,15 @@ class GoldBatchWriter:
                  floor_lsn: int = 0, epoch: int | None = None, accept_errors_upto: int = 0,
                  guard: bool = True, faults: FaultPoints | None = None,
                  storage_options: dict | None = None, fold_share: float = GOLD_FOLD_SHARE,
-                 spark_writes=None) -> None:
+                 engine: Engine | None = None, step_engine: Engine | None = None) -> None:
         self.paths = paths
         self.storage_options = storage_options
-        self._writes = gold_writes(paths.gold, paths.deltas, storage_options, spark_writes)
+        if engine is None:
+            from core.engine.delta_rs import DeltaRs
+
+            engine = DeltaRs(storage_options)
+        self.engine = engine
+        self._writes = GoldWrites(paths.gold, paths.deltas, engine, step_engine)
         self.tables = tables
         self.floor_lsn = floor_lsn
         self.epoch = epoch

@@ -32,7 +32,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from core.captured import DIMS
-from core.commits import Recorded, floor_of, read_commits, recorded
+from core.commits import Recorded, floor_of
+from core.engine.spark import read_commits, recorded
 from core.spark import is_connect
 from gold import deltas as D
 

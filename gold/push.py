@@ -1,8 +1,8 @@
 """``lakecdc push [--once]``: gold → the dashboard's Postgres ``service_stats``.
 
 JVM-free: gold is read with delta-rs, Postgres written with psycopg 3 (where only Spark
-reaches storage, ``LAKECDC_WRITER=spark``, gold is read through a Spark session the caller
-passes in: ``gold.view``). One push is steps 1-4 of docs/gold.md, "The push": one Postgres
+reaches storage, ``LAKECDC_WRITER=spark``, gold is read through the engine the caller
+passes in, in its Spark session: ``gold.view``). One push is steps 1-4 of docs/gold.md, "The push": one Postgres
 transaction at one gold version ``V``, fenced on this gold table's row of
 ``lakecdc_push_progress`` so a replayed or stale push changes nothing, writes the
 *absolute* counts at ``V`` of the keys gold's change data feed names (every row for a full
@@ -26,16 +26,14 @@ from typing import Callable
 
 import psycopg
 import pyarrow as pa
-from deltalake.exceptions import DeltaError
 from psycopg import sql
 
 from core.captured import DIMS
-from core.commits import read_commits_rs
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.postgres import Unreachable, connect
 from core.storage import gold_key
-from gold.view import FeedUnreadable, GoldView, gold_view, position_of
+from gold.view import FeedUnreadable, GoldView, gold_view, position_of, read_errors
 from gold.view import open_gold as open_gold  # where the tests and callers find it
 
 log = logging.getLogger("lakecdc.push")
@@ -82,9 +80,9 @@ def dashboard_tables_exist(conn: psycopg.Connection) -> bool:
 def push_once(gold_path: str, dashboard_dsn: str, storage_options: dict | None = None, *,
               version: int | None = None, faults=None, full: bool = False,
               marks: dict | None = None, fence: bool = True, sole: bool = True,
-              take_over: bool = False, spark=None) -> PushResult:
+              take_over: bool = False, engine=None) -> PushResult:
     """Push gold (at its latest version, or ``version``) to the dashboard; see module doc.
-    ``spark``: gold read through this session (``gold.view``), else with delta-rs.
+    ``engine``: what reads gold (``gold.view``; None: delta-rs).
 
     ``full``: replace the dashboard with every gold row even if the feed is readable (after
     a rebuild), still guarded by version. ``marks``: what bronze and silver hold (layer →
@@ -95,15 +93,15 @@ def push_once(gold_path: str, dashboard_dsn: str, storage_options: dict | None =
     with connect(dashboard_dsn, what="dashboard") as conn:
         return _push(conn, gold_path, storage_options, version=version, faults=faults,
                      full=full, marks=marks, fence=fence, sole=sole, take_over=take_over,
-                     spark=spark)
+                     engine=engine)
 
 
 def _push(conn: psycopg.Connection, gold_path: str, storage_options: dict | None, *,
           version: int | None = None, faults=None, full: bool = False,
           marks: dict | None = None, fence: bool = True, sole: bool = True,
-          take_over: bool = False, spark=None) -> PushResult:
+          take_over: bool = False, engine=None) -> PushResult:
     started = time.monotonic()
-    table = gold_view(gold_path, storage_options, version, spark)
+    table = gold_view(gold_path, storage_options, version, engine)
     result = push_table(conn, table, gold_key(gold_path), faults or FaultPoints(), full, marks,
                         fence, sole=sole, take_over=take_over)
     result = PushResult(**{**result.__dict__, "seconds": time.monotonic() - started})
@@ -120,9 +118,9 @@ def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
              on_result: Callable[[PushResult], None] | None = None,
              wake: threading.Event | None = None,
              marks: Callable[[], dict] | None = None,
-             fence: bool = True, sole: bool = True, spark=None) -> list[PushResult]:
+             fence: bool = True, sole: bool = True, engine=None) -> list[PushResult]:
     """Push until ``stop`` is set (``once``: a single push). Returns the pushes that wrote.
-    ``spark``: gold read through this session (``push_once``).
+    ``engine``: what reads gold (``push_once``).
 
     Pushes every ``interval_s``, and at once whenever ``wake`` is set (the stream sets it
     after each batch: the dashboard follows gold within one push). One connection is kept
@@ -145,9 +143,9 @@ def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
                     conn = connect(dashboard_dsn, what="dashboard")
                 result = _push(conn, gold_path, storage_options,
                                marks=marks() if marks is not None else None, fence=fence,
-                               sole=sole, spark=spark)
-            except (psycopg.OperationalError, DeltaError, OSError, Unreachable,
-                    *_spark_errors(spark)) as exc:
+                               sole=sole, engine=engine)
+            except (psycopg.OperationalError, OSError, Unreachable,
+                    *read_errors(engine)) as exc:
                 if conn is not None:
                     conn.close()
                     conn = None
@@ -170,20 +168,12 @@ def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
             conn.close()
 
 
-def _spark_errors(spark) -> tuple[type[BaseException], ...]:
-    """A gold read through Spark that failed (retried like delta-rs's ``DeltaError``)."""
-    if spark is None:
-        return ()
-    from py4j.protocol import Py4JError
-    from pyspark.errors import PySparkException
-
-    return (PySparkException, Py4JError)
-
-
 def gold_position(uri: str, storage_options: dict | None = None, version: int | None = None,
                   history_limit: int = 200) -> tuple[int | None, datetime | None]:
     """Gold's watermark at ``version`` (the newest if None): the source commit (LSN, time) it
     includes (delta-rs)."""
+    from core.engine.delta_rs import read_commits_rs
+
     return position_of(read_commits_rs(uri, storage_options, limit=history_limit,
                                        up_to=version))
 
@@ -333,9 +323,9 @@ class AheadPush:
     def __init__(self, gold_path: str, dashboard_dsn: str,
                  storage_options: dict | None = None,
                  marks: Callable[[], dict] | None = None, fence: bool = True,
-                 spark=None) -> None:
+                 engine=None) -> None:
         self.gold_path = gold_path
-        self.spark = spark              # gold's id read through Spark (``gold.view``)
+        self.engine = engine            # what reads gold's id (``gold.view``; None: delta-rs)
         self.fence = fence
         self.dsn = dashboard_dsn
         self.storage_options = storage_options
@@ -350,13 +340,13 @@ class AheadPush:
         try:
             if self._table_id is None:
                 self._table_id = gold_view(self.gold_path, self.storage_options,
-                                           spark=self.spark).table_id
+                                           engine=self.engine).table_id
             if self._conn is None:
                 self._conn = connect(self.dsn, what="dashboard")
             pushed = push_ahead(self._conn, self.key, self._table_id, step,
                                 self.marks() if self.marks is not None else None, self.fence)
-        except (psycopg.Error, DeltaError, OSError, Unreachable, UserError,
-                *_spark_errors(self.spark)) as exc:
+        except (psycopg.Error, OSError, Unreachable, UserError,
+                *read_errors(self.engine)) as exc:
             said, self._said = self._said, str(exc)
             log.log(logging.DEBUG if said == self._said else logging.WARNING,
                     "a step was not pushed ahead of gold (the push catches up): %s", exc)

@@ -21,8 +21,9 @@ import logging
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from core.commits import recorded
 from core.config import GOLD_FOLD_SHARE
+from core.engine.api import Engine
+from core.engine.spark import recorded
 from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables
 from gold.asof import baseline_of, gold_state, step_app_id, txn_app_id
 from gold.deltas import COUNTED, CountedTables
@@ -65,15 +66,17 @@ def applied_batch(spark: SparkSession, paths: GoldPaths) -> int | None:
 def gold_writer(spark: SparkSession, paths: GoldPaths, *, tables: CountedTables = COUNTED,
                 accept_errors_upto: int = 0, guard: bool = True, faults=None,
                 storage_options: dict | None = None,
-                fold_share: float = GOLD_FOLD_SHARE, spark_writes=None) -> GoldBatchWriter:
+                fold_share: float = GOLD_FOLD_SHARE, engine: Engine | None = None,
+                step_engine: Engine | None = None) -> GoldBatchWriter:
     """The gold half of a stream batch, floored at gold's baseline (its seed or rebuild),
-    with what an earlier process left in ``_deltas`` folded into gold. ``spark_writes``:
-    its commits through Spark (``GoldBatchWriter``)."""
+    with what an earlier process left in ``_deltas`` folded into gold. ``engine``,
+    ``step_engine``: the engines of its commits (``GoldBatchWriter``)."""
     state = gold_state(spark, paths.gold)
     writer = GoldBatchWriter(paths, tables, floor_lsn=state.floor if state else 0,
                              epoch=state.epoch if state else None,
                              accept_errors_upto=accept_errors_upto, guard=guard,
                              faults=faults, storage_options=storage_options,
-                             fold_share=fold_share, spark_writes=spark_writes)
+                             fold_share=fold_share, engine=engine,
+                             step_engine=step_engine)
     writer.recover(spark)
     return writer

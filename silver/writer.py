@@ -4,16 +4,16 @@
 ``parse`` brings the batch's bronze rows to the driver as Arrow (``batch_rows``) and
 parses them once (``silver.parse``) for silver and gold alike; ``append`` appends one row
 per bronze row to ``silver/changes`` and the batch's failed rows (raw JSON and the error)
-to ``silver/quarantine``, both with delta-rs (or, where only Spark reaches storage, through
-Spark: ``LAKECDC_WRITER=spark``, ``core.spark_writes``). The stream bounds a batch's size,
+to ``silver/quarantine``, both through the pipeline's engine (``core.engine``: delta-rs, or,
+where only Spark reaches storage, Spark's Delta: ``LAKECDC_WRITER=spark``). The stream bounds a batch's size,
 and so the driver's memory (``pipelines.run.stream.BATCH_BYTES``).
 
 - **Exactly once per table.** Each append carries a Delta app transaction
   (``lakecdc-silver`` / ``lakecdc-quarantine``, version = the stream's batch id) and the
   batch id in its metadata: a batch that re-runs after a kill between the append and
-  Spark's checkpoint commit is recognised by the app transaction and skipped - by this
-  writer on delta-rs, which records a transaction but skips nothing, by Spark itself on
-  ``LAKECDC_WRITER=spark``. Never by the metadata: a pipeline stopped longer than the log
+  Spark's checkpoint commit is recognised by the app transaction and skipped by this writer
+  (delta-rs records a transaction but skips nothing; Spark would skip it too). Never by the
+  metadata: a pipeline stopped longer than the log
   retention finds that commit cleaned away, its app transaction still in the checkpoint
   (F30). The stream's checkpoint is the record of which bronze rows a batch id covers, so
   ``pipelines.run.stream.check_checkpoint`` refuses to stream into a table that holds
@@ -42,15 +42,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from delta.tables import DeltaTable
-from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from core.commits import commit_metadata, recorded, rs_commit
+from core.commits import commit_metadata
+from core.engine.api import Engine
+from core.engine.spark import recorded
 from core.errors import UserError
-from core.handle import CHECKPOINTS, WriterHandle
+from core.handle import CHECKPOINTS
 from core.layout import QUARANTINE, SILVER, Table
-from core.storage import delta_rs_uri
 from core.tables import create_table
 from silver.parse import BRONZE_COLUMNS, parse_table, quarantine_table
 from silver.schema import SILVER_ADDED, SILVER_CHANGES, SILVER_QUARANTINE
@@ -120,7 +120,7 @@ class SilverWriter:
                  known_tables: Iterable[str], guard: bool = True,
                  counted_tables: Iterable[str] | None = None,
                  refresh_known: Callable[[], Iterable[str]] | None = None,
-                 storage_options: dict | None = None, spark_writes=None) -> None:
+                 storage_options: dict | None = None, engine: Engine | None = None) -> None:
         self.silver_path = silver_path
         self.storage_options = storage_options      # delta-rs's, for a lakehouse on S3
         self.quarantine_path = quarantine_path
@@ -134,12 +134,17 @@ class SilverWriter:
         # path -> the newest batch id this writer knows the table holds (read once per
         # process, or again after a failure); a replayed batch is skipped before any write.
         self._written: dict[str, int] = {}
-        # ``core.spark_writes.SparkWrites``: every append through Spark, and the batch
-        # collected by Spark (no file is read here); None: delta-rs, kept handles.
-        self.spark_writes = spark_writes
-        self._handles = {} if spark_writes is not None else {
-            path: WriterHandle(delta_rs_uri(path), storage_options)
-            for path in (silver_path, quarantine_path)}
+        # Every append goes through ``engine`` (None: delta-rs, with ``storage_options``),
+        # which keeps its handle on each table between commits (``core.engine.delta_rs``).
+        if engine is None:
+            from core.engine.delta_rs import DeltaRs
+
+            engine = DeltaRs(storage_options)
+        self.engine = engine
+        # A performance choice, not a semantic one: on delta-rs the batch's bronze files are
+        # read here by pyarrow where they are local (``batch_rows``); where every read must
+        # go through Spark (``LAKECDC_WRITER=spark``), Spark collects the batch.
+        self._local_files = engine.name == "delta-rs"
 
     def prepare(self, spark: SparkSession) -> None:
         """Create both tables if absent; refuse a table of another schema."""
@@ -149,7 +154,7 @@ class SilverWriter:
         """The batch's bronze rows on the driver (``batch_rows``), parsed once."""
         if self.refresh_known is not None:
             self.known_tables = tuple(self.refresh_known())
-        table = batch_rows(bronze, local_files=self.spark_writes is None)
+        table = batch_rows(bronze, local_files=self._local_files)
         rows = parse_table(table, self.known_tables, self.counted_tables)
         lsn = rows.column("commit_lsn").to_numpy()
         newest = int(np.argmax(lsn)) if len(lsn) else None
@@ -184,23 +189,19 @@ class SilverWriter:
         ``guard`` off: no app transaction, nothing skipped."""
         meta = commit_metadata("silver", batch_id=batch_id, rows=rows.num_rows)
         app = (app_id, batch_id) if self.guard else None
-        if self.spark_writes is not None:
-            # Spark reads the version the table records for the app id as it commits, and
-            # skips a write it holds.
-            written = self.spark_writes.append(path, rows, meta=meta, app=app)
-            return rows.num_rows if written else 0
-        with self._handles[path].use() as table:
-            if self.guard:
-                # delta-rs records app transactions and skips nothing: the version the
-                # table records is read once per process (the kept handle is this writer's
-                # only), and after a failure, which may have committed.
-                if path not in self._written:
-                    found = table.transaction_version(app_id)
-                    self._written[path] = -1 if found is None else found
-                if self._written[path] >= batch_id:
-                    return 0
-            write_deltalake(table, rows, mode="append",
-                            commit_properties=rs_commit(meta, *(app or (None, None))))
+        if self.guard:
+            # delta-rs records app transactions and skips nothing (Spark would skip a
+            # recorded one itself): the version the table records is read once per process
+            # (this writer is the table's only one), and after a failure, which may have
+            # committed.
+            if path not in self._written:
+                found = self.engine.recorded(path)
+                version = None if found is None else found.version_of(app_id)
+                self._written[path] = -1 if version is None else version
+            if self._written[path] >= batch_id:
+                return 0
+        if not self.engine.append(path, rows, meta=meta, app=app):
+            return 0                                # Spark skipped it: recorded already
         self._written[path] = batch_id
         return rows.num_rows
 

@@ -78,8 +78,8 @@ def wait_for(condition, timeout: float, interval: float = 0.05) -> None:
 
 
 @contextmanager
-def running_shipper(config: Config, writes=None):
-    """A shipper (``bronze.ship.Shipper``; through ``writes``, a ``SparkWrites``, when given)
+def running_shipper(config: Config, engine=None):
+    """A shipper (``bronze.ship.Shipper``; with ``engine``, a ``core.engine`` one, when given)
     in a thread of this process, from the moment it holds its slot's lock (what ``tables
     add`` asks for) until the block ends; then stopped and joined."""
     import threading
@@ -90,7 +90,7 @@ def running_shipper(config: Config, writes=None):
     from core.locks import is_held, ship_lock_name
 
     stop = threading.Event()
-    thread = threading.Thread(target=Shipper(config, writes=writes).run, kwargs={"stop": stop},
+    thread = threading.Thread(target=Shipper(config, engine=engine).run, kwargs={"stop": stop},
                               daemon=True)
     thread.start()
     try:

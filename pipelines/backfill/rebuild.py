@@ -44,8 +44,8 @@ from pyspark.sql import SparkSession
 
 from core.commits import commit_metadata as metadata
 from core.config import Config
+from core.engine.choose import engine_for
 from core.lsn import fmt
-from core.spark_writes import writes_for
 from core.storage import Lakehouse
 from gold.apply import GOLD_SCHEMA, ensure_gold_tables
 from gold.asof import REBUILD_APP_ID, gold_state
@@ -116,7 +116,8 @@ def rebuild_gold(spark: SparkSession, config: Config, where: Locations,
              .save(emptied))
         # The newest baseline is also kept where setup keeps its own (the gold quality gate
         # reconciles gold against it once the rebuild commit's files are vacuumed).
-        write_baseline(config.baseline_path, to_table(baseline), lsn)
+        write_baseline(config.baseline_path, to_table(baseline), lsn,
+                       engine=engine_for(config, spark))
     log.info("rebuilt gold at %s: %d keys (gold version %d)", fmt(lsn), len(rows), version)
     return RebuildReport(lsn, sum(baseline.values()), len(rows), version,
                          seconds=time.monotonic() - started)
@@ -141,7 +142,7 @@ def reprocess_and_rebuild(spark: SparkSession, config: Config, where: Locations,
     started = time.monotonic()
     with gold_lock():
         known = known_tables(config, Lakehouse.from_config(config).delta_rs_options(),
-                             writes_for(spark, config))()
+                             engine=engine_for(config, spark))()
         report = reprocess_silver(spark, where.silver, known, **range_,
                                   counted_tables=config.counted.names)
         rebuilt = rebuild_and_push(spark, config, where, gold_lock)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from pipelines.cli.context import load_config, make_pipeline, needs_spark, spark_writes
+from pipelines.cli.context import command_engine, load_config, make_pipeline, needs_spark
 from pipelines.run.signals import stop_on_signals
 
 
@@ -37,12 +37,12 @@ def backfill_snapshot(ctx, tables, chunk_rows, new_run, timeout_s):
 
     config = load_config(ctx)
     options = Lakehouse.from_config(config).delta_rs_options()
-    writes = spark_writes(ctx, config)
-    config = config.with_(tables=captured_tables(config, options, writes))
+    engine = command_engine(ctx, config)
+    config = config.with_(tables=captured_tables(config, options, engine=engine))
     report = run_snapshot_backfill(config, tables=tables or None, chunk_rows=chunk_rows,
                                    storage_options=options,
                                    stop=stop_on_signals(), new_run=new_run,
-                                   timeout_s=timeout_s, writes=writes)
+                                   timeout_s=timeout_s, engine=engine)
     click.echo(report.summary())
 
 

@@ -75,7 +75,7 @@ def stage_metrics(pipeline, listen: str | None, stage: str):
     from pipelines.observe.metrics import pipeline_exporter
 
     with pipeline_exporter(pipeline.config, listen, stage=stage,
-                           spark=lambda: pipeline.reader) as pipeline.metrics:
+                           engine=pipeline.engine) as pipeline.metrics:
         yield pipeline
 
 
@@ -105,13 +105,13 @@ def make_pipeline(ctx, names: bool = False, **flags):
     return Pipeline(config, spark_factory=spark_factory(ctx, config, names))
 
 
-def spark_writes(ctx, config: Config):
-    """A writer through Spark (``core.spark_writes.SparkWrites``) when
-    ``LAKECDC_WRITER=spark``, on the command's session; None on the delta-rs path, which
-    starts no JVM."""
-    from core.spark_writes import start_writes
+def command_engine(ctx, config: Config):
+    """The command's storage engine (``core.engine.choose.start_engine``): Spark's Delta on
+    the command's session when ``LAKECDC_WRITER=spark``, else delta-rs, which starts no
+    JVM."""
+    from core.engine.choose import start_engine
 
-    return start_writes(config, spark_factory(ctx, config))
+    return start_engine(config, spark_factory(ctx, config))
 
 
 def spark_factory(ctx, config: Config, names: bool = False):
@@ -174,11 +174,7 @@ def wait_option(command):
 def await_input(ctx, stage: str, wait_s: float, stop: threading.Event) -> None:
     """``--wait-for-input``: wait for ``stage``'s input table, when asked to."""
     if wait_s > 0:
-        from core.storage import Lakehouse
         from pipelines.run.inputs import wait_for_input
 
-        config = load_config(ctx)
-        spark = make_pipeline(ctx).reader if config.spark_writes else None
-        wait_for_input(config, stage, wait_s, stop=stop,
-                       storage_options=Lakehouse.from_config(config).delta_rs_options(),
-                       spark=spark)
+        wait_for_input(load_config(ctx), stage, wait_s, stop=stop,
+                       engine=make_pipeline(ctx).engine())

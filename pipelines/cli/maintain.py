@@ -23,12 +23,12 @@ def maintain(ctx, once, as_json):
     config = load_config(ctx)
     if as_json and not once:
         raise click.UsageError("--json goes with --once (one report of every table).")
-    writes = make_pipeline(ctx).spark_writes() if config.spark_writes else None
+    engine = make_pipeline(ctx).engine()
     if once:
-        reports = maintain_once(config, writes)
+        reports = maintain_once(config, engine)
         if as_json:
             echo_json(reports)
         for report in () if as_json else reports:
             click.echo(report.line())
     else:
-        maintain_forever(config, stop_on_signals(), click.echo, writes)
+        maintain_forever(config, stop_on_signals(), click.echo, engine)

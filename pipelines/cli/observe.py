@@ -19,10 +19,9 @@ def status(ctx, as_json):
     created yet or holds nothing yet."""
     from pipelines.observe.status import collect, exit_code, render, to_json
 
-    config = load_config(ctx)
-    # Where only Spark reaches storage, the lakehouse is read through a session.
-    spark = make_pipeline(ctx).reader if config.spark_writes else None
-    report = collect(config, spark=spark)
+    # Read by the configuration's engine (Spark's where only Spark reaches storage).
+    pipeline = make_pipeline(ctx)
+    report = collect(pipeline.config, pipeline.engine())
     click.echo(to_json(report) if as_json else render(report))
     ctx.exit(exit_code(report))
 
@@ -43,7 +42,8 @@ def sql_command(ctx, query, query_file, fmt, limit, engine):
     """SQL on the lakehouse tables, by name: bronze_wal2json_changes, silver_changes,
     silver_quarantine, gold_service_stats, silver_<schema>_<table> (the catalog's tables
     with LAKECDC_CATALOG and LAKECDC_SCHEMA set). One query; it never changes a table."""
-    from pipelines.observe.query import NeedsSpark, read_query, render, run_query_rs
+    from pipelines.observe.query import NeedsSpark, read_query, render
+    from pipelines.observe.query_rs import run_query_rs
 
     if bool(query) == bool(query_file):
         raise click.UsageError("give a query or --file, not both and not neither.")
@@ -81,9 +81,6 @@ def metrics(ctx, listen):
     except with LAKECDC_WRITER=spark: then the tables are read through a Spark session)."""
     from pipelines.observe.metrics import serve_state
 
-    config = load_config(ctx)
-    spark = None
-    if config.spark_writes:      # its session starts at the first scrape; else no Spark at all
-        pipeline = make_pipeline(ctx)
-        spark = lambda: pipeline.reader       # noqa: E731
-    serve_state(config, listen, stop_on_signals(), spark=spark)
+    # The engine is made at the first scrape (with LAKECDC_WRITER=spark, a session then).
+    pipeline = make_pipeline(ctx)
+    serve_state(pipeline.config, listen, stop_on_signals(), engine=pipeline.engine)

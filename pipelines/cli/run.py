@@ -9,6 +9,7 @@ from core.errors import UserError
 from core.layout import GOLD
 from pipelines.cli.context import (
     await_input,
+    command_engine,
     echo_json,
     json_option,
     load_config,
@@ -17,7 +18,6 @@ from pipelines.cli.context import (
     needs_spark,
     once_option,
     shipper_safety_options,
-    spark_writes,
     stage_metrics,
     wait_option,
 )
@@ -41,20 +41,19 @@ from pipelines.run.signals import stop_on_signals
 def ship(ctx, once, metrics_port, **flags):
     """slot → bronze."""
     from bronze.ship import Shipper
-    from core.storage import Lakehouse
     from pipelines.maintain.schedule import Maintainer
     from pipelines.observe.metrics import pipeline_exporter
 
     config = load_config(ctx, **flags)
-    maintainer = Maintainer(config, "ship", Lakehouse.from_config(config).delta_rs_options())
-    writes = spark_writes(ctx, config)
+    engine = command_engine(ctx, config)
+    maintainer = Maintainer(config, "ship", engine=command_engine(ctx, config))
     with pipeline_exporter(config, metrics_port, stage="ship",
-                           spark=lambda: writes.spark) as metrics:
+                           engine=lambda: command_engine(ctx, config)) as metrics:
         def on_batch(result, progress) -> None:
             if metrics is not None:
                 metrics.on_ship_batch(result, progress)
             maintainer.after_batch()        # bronze, between two of the shipper's commits
-        totals = Shipper(config, on_batch=on_batch, writes=writes).run(
+        totals = Shipper(config, on_batch=on_batch, engine=engine).run(
             once=once, stop=stop_on_signals())
     click.echo(f"shipped {totals.changes} changes in {totals.transactions} transactions "
                f"({totals.commits} bronze commits)")
@@ -127,22 +126,19 @@ def push(ctx, once, take_over, wait_s, metrics_port):
 
     config = load_config(ctx)
     gold_path = config.table_path(GOLD)
-    spark = None
-    if config.spark_writes:     # only Spark reaches storage: gold is read through it
-        pipeline = make_pipeline(ctx)
-        spark, gold_path = pipeline.reader, pipeline.where.gold
+    engine = command_engine(ctx, config)       # what reads gold (Spark's: a session)
     sole = config.guard_on("sole_dashboard")
     stop = stop_on_signals()
     await_input(ctx, "push", wait_s, stop)
     with pipeline_exporter(config, metrics_port, stage="push",
-                           spark=lambda: spark) as metrics:
+                           engine=lambda: engine) as metrics:
         on_result = metrics.on_push if metrics is not None else None
         if not once and not take_over:
             run_push(gold_path, config.dashboard, stop, interval_s=0.5,
-                     on_result=on_result, sole=sole, spark=spark)
+                     on_result=on_result, sole=sole, engine=engine)
             return
         result = push_once(gold_path, config.dashboard, faults=FaultPoints(config.faults),
-                           sole=sole, take_over=take_over, spark=spark)
+                           sole=sole, take_over=take_over, engine=engine)
         if on_result is not None:
             on_result(result)
     click.echo(f"push: gold version {result.gold_version}"

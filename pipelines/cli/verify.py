@@ -75,8 +75,8 @@ def quality(ctx, suites, all_silver, full, as_json):
                         baseline_path=config.baseline_path, storage_options=options,
                         all_silver=all_silver, full=full,
                         state_path=spark_path(state_path, on_databricks()))
-    maintain([Maintained("quality", state_path, config.log_retention_minutes)], config,
-             options)   # its one writer
+    maintain([Maintained("quality", state_path, config.log_retention_minutes)],
+             config)    # its one writer
     click.echo(to_json(results) if as_json else render(results))
     if not all(r.success for r in results):
         raise DriftFound(summary(results))

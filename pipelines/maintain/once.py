@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 
 from core.config import Config
+from core.engine.api import Engine
 from core.errors import UserError
 from core.layout import GOLD
 from core.locks import exclusive, gold_lock_name, mirrors_lock_name, ship_lock_name
@@ -34,15 +35,19 @@ def _writer_lock(config: Config, group: str) -> tuple[str, str, str]:
     return config.dashboard, mirrors_lock_name(config.lakehouse), "dashboard"
 
 
-def maintain_once(config: Config, writes=None) -> list[TableReport]:
+def maintain_once(config: Config, engine: Engine | None = None) -> list[TableReport]:
     """Maintain every group's tables whose writer is not running; one report per table
-    (``TableReport.line``: what ``maintain --once`` prints). ``writes``: a ``SparkWrites``
-    where every write goes through Spark, else None."""
+    (``TableReport.line``: what ``maintain --once`` prints), with ``engine`` (None: the
+    configuration's, ``core.engine.choose.engine_for``)."""
+    if engine is None:
+        from core.engine.choose import engine_for
+
+        engine = engine_for(config)
     options = Lakehouse.from_config(config).delta_rs_options()
     reports: list[TableReport] = []
     for group in GROUPS:
         # The stored set's tables (a ``tables add`` one too), as the mirrors' query keeps them.
-        mirrored = tuple(t for t in captured_tables(config, options, writes, loaded=True)
+        mirrored = tuple(t for t in captured_tables(config, options, engine=engine, loaded=True)
                          if config.mirrors is None or t in config.mirrors) \
             if group == "mirrors" else ()
         tables = tables_of(config, group, mirrored)
@@ -50,7 +55,7 @@ def maintain_once(config: Config, writes=None) -> list[TableReport]:
         running = f"passed over: its writer ({group}) is running and maintains it."
         try:
             with exclusive(dsn, lock, running, what=what):
-                reports += maintain(tables, config, options, writes)
+                reports += maintain(tables, config, engine=engine)
         except UserError as exc:
             if not str(exc).startswith(running):
                 raise
@@ -58,9 +63,10 @@ def maintain_once(config: Config, writes=None) -> list[TableReport]:
     return reports
 
 
-def maintain_forever(config: Config, stop: threading.Event, echo, writes=None) -> None:
+def maintain_forever(config: Config, stop: threading.Event, echo,
+                     engine: Engine | None = None) -> None:
     """``maintain_once`` every ``maintain_interval_s`` until ``stop`` is set."""
     while not stop.is_set():
-        for line in (r.line() for r in maintain_once(config, writes)):
+        for line in (r.line() for r in maintain_once(config, engine)):
             echo(line)
         stop.wait(config.maintain_interval_s)

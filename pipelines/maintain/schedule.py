@@ -4,17 +4,15 @@ after a batch of its own (the shipper's ``on_batch``, the stream's ``on_pass``, 
 fold, which runs beside the stream's batches, waits: ``Maintainer.exclusive``).
 
 At most once per ``Config.maintain_interval_s`` it maintains every table of its group
-(``core.maintenance.maintain_table``), one after the other; the writer's next batch waits
+(``Engine.maintain``, ``core.engine``), one after the other; the writer's next batch waits
 for it. The bound is the interval's worth of small files per table: measured in
 docs/operations.md, "Running for months". Between those, every ``LOG_CLEAN_INTERVAL_S`` it
-cleans their expired log entries (``core.maintenance.clean_log``: a snapshot load and the
-deletes). A failure is logged and tried again at the next interval; it never stops the
-writer (the table is then only larger, never wrong: F25).
+cleans their expired log entries (``Engine.clean_log``: a snapshot load and the deletes).
+A failure is logged and tried again at the next interval; it never stops the writer (the
+table is then only larger, never wrong: F25).
 
-Where every write goes through Spark (``Config.spark_writes``) the writer hands a
-``SparkWrites`` (``writes``) and each table is kept by ``core.maintenance_spark`` instead,
-its stream's checkpoint read by Spark too; ``maintain`` and ``clean_logs`` are the one place
-that chooses.
+Each table is kept by the writer's engine (``core.engine``: delta-rs, or Spark's Delta where
+only Spark reaches storage), which reads its stream's checkpoint too.
 """
 
 from __future__ import annotations
@@ -24,54 +22,52 @@ import time
 from contextlib import nullcontext
 from typing import Callable, ContextManager
 
-from core.checkpoints import stream_position
 from core.config import LOG_CLEAN_INTERVAL_S, Config
+from core.engine.api import Engine
 from core.faults import FaultPoints
-from core.maintenance import TableReport, clean_log, maintain_table
-from core.maintenance_spark import clean_log_spark, maintain_table_spark, stream_position_spark
-from core.storage import on_databricks, spark_path
+from core.maintenance import TableReport
 from pipelines.maintain.plan import Maintained, tables_of
 
 log = logging.getLogger("lakecdc.maintain")
 
 
-def maintain(tables: list[Maintained], config: Config, storage_options: dict | None,
-             writes=None) -> list[TableReport]:
-    """Maintain each of ``tables`` now (the caller is their writer, or holds its lock);
-    through Spark with ``writes`` (a ``SparkWrites``)."""
+def maintain(tables: list[Maintained], config: Config,
+             engine: Engine | None = None) -> list[TableReport]:
+    """Maintain each of ``tables`` now (the caller is their writer, or holds its lock),
+    with ``engine`` (None: the configuration's, ``core.engine.choose.engine_for``)."""
+    engine = _engine(config, engine)
     reports = []
     for table in tables:
         # Files removed from a table are kept as long as its log, in whole hours (time
         # travel inside the log reads them): a day for the tables others read.
         retention_hours = max(config.retention_hours, table.log_retention_minutes // 60)
-        floors = {"reader_floor": _position(table, config, storage_options, writes),
-                  "log_floor": _position(table, config, storage_options, writes, True)}
-        if writes is not None:
-            reports.append(maintain_table_spark(
-                writes, table.name, spark_path(table.uri, on_databricks()),
-                retention_hours=retention_hours,
-                log_retention_minutes=table.log_retention_minutes, **floors))
-            continue
-        reports.append(maintain_table(
-            table.name, table.uri, storage_options, retention_hours=retention_hours,
-            log_retention_minutes=table.log_retention_minutes, **floors,
+        reports.append(engine.maintain(
+            table.name, table.uri, retention_hours=retention_hours,
+            log_retention_minutes=table.log_retention_minutes,
+            reader_floor=_position(table, config, engine),
+            log_floor=_position(table, config, engine, True),
             faults=FaultPoints(config.faults)))
     return reports
 
 
-def clean_logs(tables: list[Maintained], config: Config, storage_options: dict | None,
-               writes=None) -> None:
-    """Clean the expired log of each of ``tables`` now (``core.maintenance.clean_log``;
-    through Spark with ``writes``)."""
+def clean_logs(tables: list[Maintained], config: Config,
+               engine: Engine | None = None) -> None:
+    """Clean the expired log of each of ``tables`` now (``Engine.clean_log``; ``engine``
+    as for ``maintain``)."""
+    engine = _engine(config, engine)
     for table in tables:
-        log_floor = _position(table, config, storage_options, writes, True)
-        note = clean_log_spark(writes, spark_path(table.uri, on_databricks()),
-                               log_retention_minutes=table.log_retention_minutes,
-                               log_floor=log_floor) if writes is not None else \
-            clean_log(table.uri, storage_options,
-                      log_retention_minutes=table.log_retention_minutes, log_floor=log_floor)
+        note = engine.clean_log(table.uri, log_retention_minutes=table.log_retention_minutes,
+                                log_floor=_position(table, config, engine, True))
         if note:
             log.info("%s: %s", table.name, note)
+
+
+def _engine(config: Config, engine: Engine | None) -> Engine:
+    if engine is not None:
+        return engine
+    from core.engine.choose import engine_for
+
+    return engine_for(config)
 
 
 def _watched(table: Maintained, config: Config) -> bool:
@@ -81,16 +77,13 @@ def _watched(table: Maintained, config: Config) -> bool:
     return table.reader is not None and config.guard_on("reader_floor")
 
 
-def _position(table: Maintained, config: Config, storage_options: dict | None, writes,
+def _position(table: Maintained, config: Config, engine: Engine,
               replayed: bool = False) -> int | None:
-    """Where the table's stream is (``core.checkpoints.stream_position``; ``replayed``:
-    where it restarts), read by Spark with ``writes``; None when unwatched."""
+    """Where the table's stream is (``Engine.stream_position``; ``replayed``: where it
+    restarts); None when unwatched."""
     if not _watched(table, config):
         return None
-    if writes is not None:
-        return stream_position_spark(writes.spark, spark_path(table.reader, on_databricks()),
-                                     replayed)
-    return stream_position(table.reader, storage_options, replayed=replayed)
+    return engine.stream_position(table.reader, replayed=replayed)
 
 
 class Maintainer:
@@ -99,21 +92,27 @@ class Maintainer:
     running gets its mirror then). ``exclusive``: held through each run, for a writer of the
     group that works beside the batches (gold's fold: ``GoldBatchWriter.paused``)."""
 
-    def __init__(self, config: Config, group: str, storage_options: dict | None = None,
+    def __init__(self, config: Config, group: str,
                  mirrored: Callable[[], tuple[str, ...]] = tuple,
                  clock: Callable[[], float] = time.monotonic,
                  exclusive: Callable[[], ContextManager] = nullcontext,
-                 writes=None) -> None:
+                 engine: Engine | None = None) -> None:
         self.config = config
-        self.writes = writes             # a SparkWrites where only Spark writes (``maintain``)
+        self._engine = engine            # the writer's (``maintain``; None: made when due)
         self.group = group
-        self.storage_options = storage_options
         self.mirrored = mirrored
         self.exclusive = exclusive
         self.clock = clock
         self.last = clock()            # the first run one interval after the start
         self.last_log = self.last
         self.runs = 0
+
+    @property
+    def engine(self) -> Engine:
+        """The writer's engine, or the configuration's, made at the first need."""
+        if self._engine is None:
+            self._engine = _engine(self.config, None)
+        return self._engine
 
     def due(self) -> bool:
         return self.clock() - self.last >= self.config.maintain_interval_s
@@ -134,7 +133,7 @@ class Maintainer:
         try:
             tables = tables_of(self.config, self.group, self.mirrored())
             with self.exclusive():
-                reports = maintain(tables, self.config, self.storage_options, self.writes)
+                reports = maintain(tables, self.config, engine=self.engine)
         except Exception as exc:
             log.warning("maintenance of the %s tables failed, tried again in %.0fs: %s",
                         self.group, self.config.maintain_interval_s, exc)
@@ -150,7 +149,7 @@ class Maintainer:
         try:
             tables = tables_of(self.config, self.group, self.mirrored())
             with self.exclusive():
-                clean_logs(tables, self.config, self.storage_options, self.writes)
+                clean_logs(tables, self.config, engine=self.engine)
         except Exception as exc:
             log.warning("cleaning the %s tables' logs failed, tried again in %.0fs: %s",
                         self.group, LOG_CLEAN_INTERVAL_S, exc)

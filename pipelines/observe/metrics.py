@@ -40,6 +40,8 @@ from prometheus_client.process_collector import ProcessCollector
 
 from bronze.session_loss import RECONNECT_REASONS
 from core.config import Config
+from core.engine.api import Engine
+from core.engine.choose import engine_for
 from core.errors import UserError
 from core.layout import STREAM_QUERY
 from gold.push import LAYERS
@@ -238,13 +240,20 @@ def _safely(record: Callable[[], None]) -> None:
 # --- registries and the HTTP exporter --------------------------------------------------------
 
 
-def add_state(registry: CollectorRegistry, config: Config, storage_options: dict | None = None,
-              max_age_s: float = 5.0, parts: tuple[str, ...] = STATE_PARTS,
-              spark: Callable[[], object] | None = None) -> StateCollector:
-    """``spark``: gives the session the state is read through with ``LAKECDC_WRITER=spark``
-    (``read_state``)."""
-    collector = StateCollector(lambda: read_state(config, storage_options, parts, spark),
-                               max_age_s)
+def add_state(registry: CollectorRegistry, config: Config, max_age_s: float = 5.0,
+              parts: tuple[str, ...] = STATE_PARTS,
+              engine: Callable[[], Engine] | None = None) -> StateCollector:
+    """``engine``: makes the engine the state is read by, at the first read and once
+    (``read_state``; None: the configuration's, ``core.engine.choose.engine_for``)."""
+    made: list[Engine] = []
+    lock = threading.Lock()
+
+    def once() -> Engine:
+        with lock:
+            if not made:
+                made.append(engine() if engine is not None else engine_for(config))
+            return made[0]
+    collector = StateCollector(lambda: read_state(config, parts, once), max_age_s)
     registry.register(collector)
     return collector
 
@@ -293,12 +302,6 @@ def serve(registry: CollectorRegistry, listen: str | int) -> Iterator[int]:
         thread.join(timeout=5)
 
 
-def _storage_options(config: Config) -> dict | None:
-    from core.storage import Lakehouse
-
-    return Lakehouse.from_config(config).delta_rs_options()
-
-
 def _info(registry: CollectorRegistry, config: Config) -> None:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -312,20 +315,18 @@ def _info(registry: CollectorRegistry, config: Config) -> None:
 
 @contextmanager
 def pipeline_exporter(config: Config, listen: str | int | None, max_age_s: float = 5.0,
-                      stage: str = "run", spark: Callable[[], object] | None = None
+                      stage: str = "run", engine: Callable[[], Engine] | None = None
                       ) -> Iterator[PipelineMetrics | None]:
     """For ``lakecdc run|ship|silver|gold|push --metrics-port``: the stage's event metrics,
     its state parts (``STAGES``) and the process metrics, served while the block runs
     (``metrics.port``: the bound port). Yields None (nothing served) when ``listen`` is
-    None. ``spark``: gives the stage's session, which the state is read through with
-    ``LAKECDC_WRITER=spark``."""
+    None. ``engine``: makes the stage's engine, which the state is read by (``add_state``)."""
     if listen is None:
         yield None
         return
     serves = STAGES[stage]
     metrics = PipelineMetrics(layers=serves.layers)
-    add_state(metrics.registry, config, _storage_options(config), max_age_s, serves.parts,
-              spark)
+    add_state(metrics.registry, config, max_age_s, serves.parts, engine)
     add_process(metrics.registry)
     _info(metrics.registry, config)
     with serve(metrics.registry, listen) as metrics.port:
@@ -333,11 +334,11 @@ def pipeline_exporter(config: Config, listen: str | int | None, max_age_s: float
 
 
 def serve_state(config: Config, listen: str | int, stop: threading.Event,
-                spark: Callable[[], object] | None = None) -> None:
+                engine: Callable[[], Engine] | None = None) -> None:
     """``lakecdc metrics``: state + process metrics of a pipeline running anywhere, until
-    ``stop`` is set (``spark``: as for ``pipeline_exporter``)."""
+    ``stop`` is set (``engine``: as for ``pipeline_exporter``)."""
     registry = CollectorRegistry()
-    add_state(registry, config, _storage_options(config), spark=spark)
+    add_state(registry, config, engine=engine)
     add_process(registry)
     _info(registry, config)
     with serve(registry, listen):

@@ -13,6 +13,8 @@ from typing import Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily
 
 from core.config import Config
+from core.engine.api import Engine
+from core.engine.choose import engine_for
 from core.errors import first_line
 from gold.push import LAYERS
 
@@ -38,29 +40,33 @@ class StateSnapshot:
     seconds: float = 0.0
 
 
-def read_state(config: Config, storage_options: dict | None = None,
-               parts: tuple[str, ...] = STATE_PARTS,
-               spark: Callable[[], object] | None = None) -> StateSnapshot:
+def read_state(config: Config, parts: tuple[str, ...] = STATE_PARTS,
+               engine: Callable[[], Engine] | None = None) -> StateSnapshot:
     """Read ``parts`` (every part unless given) as ``lakecdc status`` does; a failing part
-    is marked down with its error (redacted), not raised. ``spark``: gives the session the
-    lakehouse is read through where only Spark reaches it (``LAKECDC_WRITER=spark``)."""
+    is marked down with its error (redacted), not raised. ``engine``: gives the engine the
+    lakehouse is read by (None: the configuration's, ``core.engine.choose.engine_for``),
+    asked for by the parts that read it, so a source-only read starts none."""
     from pipelines.observe import status
 
     started = time.monotonic()
     snap = StateSnapshot(taken_at=time.time(), slot_name=config.slot)
 
-    def session():
-        return spark() if spark is not None and config.spark_writes else None
+    made: list[Engine] = []
+
+    def session() -> Engine:
+        if not made:
+            made.append(engine() if engine is not None else engine_for(config))
+        return made[0]
 
     reads: list[tuple[str, Callable[[], None]]] = [
         ("source", lambda: setattr(snap, "slot", status.slot_status(config))),
         *[(layer, lambda layer=layer: snap.layers.__setitem__(
-            layer, status.layer_status(config, layer, storage_options, session())))
+            layer, status.layer_status(config, layer, session())))
           for layer in LAYERS],
         ("quarantine", lambda: setattr(snap, "quarantine_rows", status.quarantine_rows(
-            status.quarantine_path(config), storage_options, session()))),
+            status.quarantine_path(config), session()))),
         ("tables", lambda: setattr(snap, "tables", status.table_sizes(
-            config, storage_options, session()))),
+            config, session()))),
     ]
     for part, read in reads:
         if part not in parts:

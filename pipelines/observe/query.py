@@ -1,7 +1,7 @@
 """``lakecdc sql``: SQL on the lakehouse tables, by name, without a JVM wherever delta-rs
 can answer.
 
-Two engines answer it. **delta-rs's DataFusion** (``run_query_rs``, the default: a query on
+Two engines answer it. **delta-rs's DataFusion** (``pipelines.observe.query_rs``, the default: a query on
 gold in milliseconds, no JVM) registers each table the query names at its latest version.
 **Spark** (``run_query``) answers what DataFusion cannot, and the command says why when it
 turns to it (``NeedsSpark``): tables read by their catalog names (``LAKECDC_CATALOG``),
@@ -45,7 +45,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -54,88 +53,30 @@ from core.errors import UserError, first_line
 from core.layout import QUERYABLE, mirror_path, mirror_view_name, view_name
 
 TABLES = {view_name(table): table for table in QUERYABLE}
-_MISSING_TABLE = re.compile(r"table '(?:[\w]+\.)*(\w+)' not found")
 
 
 class NeedsSpark(Exception):
     """Why delta-rs's SQL engine does not answer this query (a sentence)."""
 
 
-def _subquery(query: str) -> str:
+def as_subquery(query: str) -> str:
+    """``query`` as a subquery, which only a query can be (the module's text)."""
     # Newlines: a comment ending the text must not swallow the closing parenthesis.
     return f"SELECT * FROM (\n{query.strip().rstrip(';')}\n) AS lakecdc_query"
-
-
-def run_query_rs(config, query: str, limit: int) -> pa.Table:
-    """(delta-rs: DataFusion, no JVM) At most ``limit`` rows of ``query`` over the tables it
-    names; ``NeedsSpark`` where only Spark can answer it (the module's text), ``UserError``
-    for a table that does not exist."""
-    from deltalake import DeltaTable, QueryBuilder
-    from deltalake.exceptions import DeltaError
-
-    from core.storage import Lakehouse
-    from silver.mirror_pending import pending_path
-
-    if config.registers:
-        raise NeedsSpark("the tables are read by their catalog names (LAKECDC_CATALOG)")
-    if config.spark_writes:
-        raise NeedsSpark("only Spark reaches the lakehouse (LAKECDC_WRITER=spark)")
-    options = Lakehouse.from_config(config).delta_rs_options()
-    builder = QueryBuilder()
-    paths = _paths(config, options)
-    words = set(re.findall(r"\w+", query.lower()))           # the tables the query names
-    for name, path in ((n, p) for n, p in paths.items() if n in words):
-        if not DeltaTable.is_deltatable(path, storage_options=options):
-            continue
-        tail = pending_path(path)
-        if name not in TABLES and DeltaTable.is_deltatable(tail, storage_options=options) \
-                and DeltaTable(tail, storage_options=options).file_uris():
-            raise NeedsSpark(f"{name} has changes waiting in its tail, which only Spark lays "
-                             "over its table in SQL here")
-        builder.register(name, DeltaTable(path, storage_options=options))
-    try:
-        # Planned as a subquery first, which only a query can be (DataFusion runs COPY ...
-        # TO and CREATE TABLE too); then run as written: DataFusion drops a subquery's
-        # ORDER BY.
-        builder.execute(_subquery(query))
-        reader = pa.RecordBatchReader.from_stream(builder.execute(query.strip().rstrip(";")))
-        batches, rows = [], 0
-        for batch in reader:                    # the first ``limit`` rows only
-            if rows >= limit:
-                break
-            batches.append(batch.slice(0, limit - rows))
-            rows += batches[-1].num_rows
-        return pa.Table.from_batches(batches, reader.schema)
-    except DeltaError as exc:
-        missing = _MISSING_TABLE.search(str(exc))
-        if missing:
-            raise UserError(f"the query failed: no table {missing.group(1)} "
-                            f"(tables: {', '.join(paths)}).") from None
-        raise NeedsSpark(f"delta-rs's SQL engine cannot run it ({first_line(exc)})") from None
-
-
-def _paths(config, options: dict | None) -> dict[str, str]:
-    """Every name a query may use, with its table's path for delta-rs: the layers', and
-    each known table's mirror's."""
-    from pipelines.setup.tables import known_tables
-
-    return {**{name: config.table_path(where) for name, where in TABLES.items()},
-            **{mirror_view_name(t): mirror_path(config.lakehouse, t)
-               for t in known_tables(config, options)()}}
 
 
 def table_paths(config, spark=None) -> dict[str, str]:
     """View name → the table's path as Spark sees it (``s3a://`` for S3 off Databricks).
     Mirrors: of every table ever captured (the stored set: added ones, and removed ones,
     whose mirrors stay); ``register_tables`` passes over those that do not exist."""
-    from core.spark_writes import writes_for
+    from core.engine.choose import engine_for
     from core.storage import Lakehouse, on_databricks, spark_path
     from pipelines.setup.tables import known_tables
 
     paths = {name: spark_path(config.table_path(where), on_databricks())
              for name, where in TABLES.items()}
     tables = known_tables(config, Lakehouse.from_config(config).delta_rs_options(),
-                          writes_for(spark, config))()
+                          engine=engine_for(config, spark))()
     return {**paths, **{mirror_view_name(t): spark_path(mirror_path(config.lakehouse, t),
                                                          on_databricks())
                         for t in tables}}
@@ -194,7 +135,7 @@ def run_query(spark, query: str):
     from pyspark.errors import AnalysisException, ParseException
 
     try:
-        return spark.sql(_subquery(query))
+        return spark.sql(as_subquery(query))
     except ParseException as exc:
         raise UserError(f"the query failed: {first_line(exc)}; lakecdc sql runs one query "
                         "(SELECT, WITH, VALUES or TABLE) and never changes a table.") from None

@@ -1,4 +1,4 @@
-"""``lakecdc status``: how far each layer has got, read without Spark.
+"""``lakecdc status``: how far each layer has got, read without Spark on delta-rs.
 
 - slot: ``wal_status``, lag in bytes (current WAL position − confirmed position), positions;
 - per Delta layer: table version, the newest source ``commit_lsn`` it holds, that change's
@@ -13,10 +13,9 @@ The parts are separate functions (``slot_status``, ``layer_status``, ``quarantin
 Prometheus exporter (``pipelines.observe.metrics``) reads exactly what ``lakecdc status`` shows, each
 part on its own (one unreachable database does not hide the others).
 
-Where only Spark reaches storage (``LAKECDC_WRITER=spark``) the layers and the quarantine
-are read through the Spark session given (``spark``): the version from the table's
-history, the newest change by a MIN/MAX aggregate, which Delta answers from the same
-per-file statistics without reading the files.
+The lakehouse is read by the engine given (``core.engine``): delta-rs, or Spark's Delta
+where only Spark reaches storage (``LAKECDC_WRITER=spark``); either answers the newest
+change and the row count from the per-file statistics, without reading the files.
 """
 
 from __future__ import annotations
@@ -26,17 +25,18 @@ import json
 from dataclasses import asdict, dataclass
 
 import psycopg
-from deltalake import DeltaTable
 from psycopg import sql
 
 from bronze import slot as slots
 from core.config import Config
-from core.features import open_table
+from core.engine.api import Engine
 from core.layout import BRONZE, GOLD, QUARANTINE, SILVER
 from core.lsn import fmt
 from core.postgres import connect
 from core.units import byte_size
 from gold.push import LAYERS
+
+GOLD_HISTORY = 200          # gold's commits read for its watermark (``gold.push.gold_position``)
 
 
 @dataclass
@@ -88,38 +88,29 @@ def slot_status(config: Config) -> SlotStatus | None:
                       safe, current, keep)
 
 
-def _max_stat(table: DeltaTable, column: str):
-    actions = table.get_add_actions(flatten=True)
-    name = f"max.{column}"
-    if actions.num_rows == 0 or name not in actions.column_names:
-        return None
-    values = [v for v in actions.column(name).to_pylist() if v is not None]
-    return max(values) if values else None
-
-
-def delta_layer(layer: str, uri: str, lsn_column: str, ts_column: str,
-                storage_options: dict | None = None) -> LayerStatus:
-    """An append-only layer: the newest change it holds, from per-file statistics."""
-    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
+def delta_layer(layer: str, path: str, lsn_column: str, ts_column: str,
+                engine: Engine) -> LayerStatus:
+    """An append-only layer: the newest change it holds, from per-file statistics
+    (``Engine.maxima``)."""
+    found = engine.maxima(path, [lsn_column, ts_column])
+    if found is None:
         return LayerStatus(layer, note="not created yet")
-    table = open_table(uri, storage_options)
-    ts = _max_stat(table, ts_column)
-    if isinstance(ts, dt.datetime) and ts.tzinfo is None:
-        ts = ts.replace(tzinfo=dt.timezone.utc)
-    return LayerStatus(layer, table.version(), _max_stat(table, lsn_column), ts)
+    version, newest = found
+    return LayerStatus(layer, version, newest[lsn_column], newest[ts_column])
 
 
-def gold_layer(uri: str, storage_options: dict | None = None) -> LayerStatus:
+def gold_layer(path: str, engine: Engine) -> LayerStatus:
     """Gold's watermark is recorded in its commits: exact as of that source commit."""
-    from gold.push import gold_position
+    from gold.feed import position_of
 
-    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
+    version = engine.version(path)
+    if version is None:
         return LayerStatus("gold", note="not created yet")
-    table = open_table(uri, storage_options)
-    commit_lsn, commit_ts = gold_position(uri, storage_options, table.version())
+    commit_lsn, commit_ts = position_of(engine.commits(path, "gold", limit=GOLD_HISTORY,
+                                                       up_to=version))
     if commit_ts is not None and commit_ts.tzinfo is None:
         commit_ts = commit_ts.replace(tzinfo=dt.timezone.utc)
-    return LayerStatus("gold", table.version(), commit_lsn, commit_ts)
+    return LayerStatus("gold", version, commit_lsn, commit_ts)
 
 
 def dashboard_layer(dsn: str) -> LayerStatus:
@@ -138,79 +129,19 @@ def dashboard_layer(dsn: str) -> LayerStatus:
     return LayerStatus("dashboard", *row)
 
 
-def quarantine_rows(uri: str, storage_options: dict | None = None, spark=None) -> int | None:
+def quarantine_rows(path: str, engine: Engine) -> int | None:
     """Rows in the quarantine table (None: not created yet), from the Delta log's per-file
-    row counts; files without that statistic are counted from their Parquet footers.
-    Through ``spark`` when given (Delta answers the count from the same statistics)."""
-    if spark is not None:
-        from delta.tables import DeltaTable as SparkTable
-
-        from core.storage import on_databricks, spark_path
-
-        path = spark_path(uri, on_databricks())
-        if not SparkTable.isDeltaTable(spark, path):
-            return None
-        return spark.read.format("delta").load(path).count()
-    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
-        return None
-    table = open_table(uri, storage_options)
-    counts = table.get_add_actions(flatten=True).column("num_records").to_pylist()
-    if all(n is not None for n in counts):
-        return int(sum(counts))
-    return table.to_pyarrow_dataset().count_rows()
+    row counts (``Engine.count``)."""
+    return engine.count(path)
 
 
-def spark_layer(spark, layer: str, path: str, lsn_column: str,
-                ts_column: str) -> LayerStatus:
-    """``delta_layer`` through Spark."""
-    from delta.tables import DeltaTable as SparkTable
-    from pyspark.sql import functions as F
-
-    if not SparkTable.isDeltaTable(spark, path):
-        return LayerStatus(layer, note="not created yet")
-    version = SparkTable.forPath(spark, path).history(1).first()["version"]
-    row = spark.read.format("delta").option("versionAsOf", version).load(path).agg(
-        F.max(lsn_column).alias("lsn"), F.max(ts_column).alias("ts")).first()
-    ts = row["ts"]
-    if isinstance(ts, dt.datetime) and ts.tzinfo is None:    # pyspark's: the local time
-        ts = ts.astimezone(dt.timezone.utc)
-    return LayerStatus(layer, version, row["lsn"], ts)
-
-
-def spark_gold_layer(spark, path: str) -> LayerStatus:
-    """``gold_layer`` through Spark."""
-    from core.errors import UserError
-    from gold.view import SparkGold
-
-    try:
-        gold = SparkGold(spark, path)
-    except UserError:
-        return LayerStatus("gold", note="not created yet")
-    commit_lsn, commit_ts = gold.position()
-    if commit_ts is not None and commit_ts.tzinfo is None:
-        commit_ts = commit_ts.replace(tzinfo=dt.timezone.utc)
-    return LayerStatus("gold", gold.version, commit_lsn, commit_ts)
-
-
-def layer_status(config: Config, layer: str,
-                 storage_options: dict | None = None, spark=None) -> LayerStatus:
-    """One of ``LAYERS``; through ``spark`` when given (see the module's text)."""
-    if spark is not None and layer in ("bronze", "silver", "gold"):
-        from core.storage import on_databricks, spark_path
-
-        path = spark_path(config.table_path({"bronze": BRONZE, "silver": SILVER,
-                                             "gold": GOLD}[layer]), on_databricks())
-        if layer == "gold":
-            return spark_gold_layer(spark, path)
-        return spark_layer(spark, layer, path, "commit_lsn", "commit_ts")
-    if layer == "bronze":
-        return delta_layer("bronze", config.bronze_path, "commit_lsn", "commit_ts",
-                           storage_options)
-    if layer == "silver":
-        return delta_layer("silver", config.table_path(SILVER), "commit_lsn",
-                           "commit_ts", storage_options)
+def layer_status(config: Config, layer: str, engine: Engine) -> LayerStatus:
+    """One of ``LAYERS``, read by ``engine`` (see the module's text)."""
+    if layer in ("bronze", "silver"):
+        return delta_layer(layer, config.table_path(BRONZE if layer == "bronze" else SILVER),
+                           "commit_lsn", "commit_ts", engine)
     if layer == "gold":
-        return gold_layer(config.table_path(GOLD), storage_options)
+        return gold_layer(config.table_path(GOLD), engine)
     if layer == "dashboard":
         return dashboard_layer(config.dashboard)
     raise ValueError(f"unknown layer {layer}")
@@ -220,30 +151,21 @@ def quarantine_path(config: Config) -> str:
     return config.table_path(QUARANTINE)
 
 
-def table_sizes(config: Config, storage_options: dict | None = None,
-                spark=None) -> list[dict]:
+def table_sizes(config: Config, engine: Engine) -> list[dict]:
     """Every table lakecdc maintains (``pipelines.maintain.plan``) with its live files and
-    bytes, its log's entries and its newest maintenance (``core.maintenance.table_size``;
-    through ``spark`` when given, ``core.maintenance_spark.table_size_spark``); tables not
+    bytes, its log's entries and its newest maintenance (``Engine.size``); tables not
     created yet are left out."""
-    from core.maintenance import table_size
+    from core.storage import Lakehouse
     from pipelines.maintain.plan import GROUPS, tables_of
     from pipelines.setup.tables import captured_tables
 
-    writes = None
-    if spark is not None:
-        from core.maintenance_spark import table_size_spark
-        from core.spark_writes import SparkWrites
-        from core.storage import on_databricks, spark_path
-
-        writes = SparkWrites(spark)
-    mirrored = tuple(t for t in captured_tables(config, storage_options, writes)
+    options = Lakehouse.from_config(config).delta_rs_options()
+    mirrored = tuple(t for t in captured_tables(config, options, engine=engine)
                      if t in config.mirrored)
     rows = []
     for group in GROUPS:
         for table in tables_of(config, group, mirrored):
-            size = (table_size(table.uri, storage_options) if spark is None else
-                    table_size_spark(spark, spark_path(table.uri, on_databricks())))
+            size = engine.size(table.uri)
             if size is not None:
                 last = size.last_maintained or {}
                 rows.append({"table": table.name, "live_files": size.live_files,
@@ -252,11 +174,11 @@ def table_sizes(config: Config, storage_options: dict | None = None,
     return rows
 
 
-def collect(config: Config, storage_options: dict | None = None, spark=None) -> dict:
-    """Everything ``status`` shows; the lakehouse read through ``spark`` when given."""
+def collect(config: Config, engine: Engine) -> dict:
+    """Everything ``status`` shows; the lakehouse read by ``engine``."""
     state = slot_status(config)
-    layers = [layer_status(config, layer, storage_options, spark) for layer in LAYERS]
-    quarantined = quarantine_rows(quarantine_path(config), storage_options, spark)
+    layers = [layer_status(config, layer, engine) for layer in LAYERS]
+    quarantined = quarantine_rows(quarantine_path(config), engine)
     now = dt.datetime.now(dt.timezone.utc)
     return {
         "slot": None if state is None else {
@@ -269,7 +191,7 @@ def collect(config: Config, storage_options: dict | None = None, spark=None) -> 
                     "commit_ts": l.commit_ts.isoformat() if l.commit_ts else None,
                     "freshness_s": l.freshness_s(now)} for l in layers],
         "quarantine_rows": quarantined,
-        "tables": table_sizes(config, storage_options, spark),
+        "tables": table_sizes(config, engine),
     }
 
 

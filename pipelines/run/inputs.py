@@ -9,8 +9,8 @@ until it is there or the time is up; then it starts, and a missing input is stil
 by the stage itself with its one sentence (exit 2). ``run``'s input is a finished setup:
 bronze, which setup creates after the slot, and the dashboard's tables, which it creates
 after the mirrors' loads. Without the flag (interactive use) nothing waits: a missing
-input is a mistake to hear about at once. Where only Spark reaches storage
-(``LAKECDC_WRITER=spark``) the table is looked for through the Spark session given.
+input is a mistake to hear about at once. The table is looked for by the engine given
+(``core.engine``; Spark's where only Spark reaches storage, ``LAKECDC_WRITER=spark``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import math
 import threading
 import time
 
-from deltalake import DeltaTable
-
 from core.config import Config
+from core.engine.api import Engine
 from core.layout import BRONZE, GOLD, SILVER
 from core.postgres import connect
 from gold.push import dashboard_tables_exist
@@ -34,14 +33,17 @@ INPUT_OF = {"stream": BRONZE, "push": GOLD, "mirrors": SILVER, "run": BRONZE}
 
 
 def wait_for_input(config: Config, stage: str, timeout_s: float, *,
-                   storage_options: dict | None = None, poll_s: float = 2.0,
-                   stop: threading.Event | None = None, spark=None) -> bool:
+                   poll_s: float = 2.0,
+                   stop: threading.Event | None = None, engine: Engine | None = None) -> bool:
     """Wait until ``stage``'s input exists, ``timeout_s`` passed (``math.inf``: never) or
-    ``stop`` is set; returns whether it exists (tables looked for through ``spark`` when
-    given)."""
+    ``stop`` is set; returns whether it exists (tables looked for by ``engine``; None: the
+    configuration's, ``core.engine.choose.engine_for``)."""
+    if engine is None:
+        from core.engine.choose import engine_for
+
+        engine = engine_for(config)
     path = config.table_path(INPUT_OF[stage])
-    table = _through_spark(spark) if spark is not None else \
-        (lambda p: DeltaTable.is_deltatable(p, storage_options=storage_options))
+    table = engine.exists
     if stage == "run":
         def ready() -> bool:
             return table(path) and _setup_done_on(config.dashboard)
@@ -69,11 +71,3 @@ def _setup_done_on(dsn: str) -> bool:
     sentence, exit 2, not a wait)."""
     with connect(dsn, what="dashboard") as conn:
         return dashboard_tables_exist(conn)
-
-
-def _through_spark(spark):
-    from delta.tables import DeltaTable as SparkTable
-
-    from core.storage import on_databricks, spark_path
-
-    return lambda path: SparkTable.isDeltaTable(spark, spark_path(path, on_databricks()))

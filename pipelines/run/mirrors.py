@@ -35,7 +35,6 @@ from silver.mirror import (
     create_mirror,
     q,
 )
-from silver.mirror_store import RsMirrors
 from silver.mirror_types import typed
 from silver.writer import ADDED_AT_PROPERTY
 
@@ -54,7 +53,7 @@ def prepare_mirrors(spark: SparkSession, config, storage_options: dict | None = 
     schema.table → Spark path of every mirror kept, and → its floor: the LSN of the rows it
     started from (its changes below it are in them). A table without a key
     (``REPLICA IDENTITY FULL`` and no primary key) gets no mirror. ``store``: how the
-    mirrors are read (``silver.mirror_store``; delta-rs if None)."""
+    mirrors are read (``silver.mirror_store``; None: the configuration's engine's)."""
     from delta.tables import DeltaTable
 
     paths = {t: spark_path(mirror_path(config.lakehouse, t), on_databricks())
@@ -69,7 +68,7 @@ def prepare_mirrors(spark: SparkSession, config, storage_options: dict | None = 
                     del paths[spec.name]
                     continue
                 create_mirror(spark, paths[spec.name], spec, config.kept_minutes("mirrors"))
-    store = store or RsMirrors(storage_options)
+    store = store or _store(config, spark, storage_options)
     faults = FaultPoints(config.faults)
     floors = {t: seed_mirror(spark, config.lakehouse, t, p, storage_options, store, faults)
               for t, p in paths.items()}
@@ -84,10 +83,11 @@ def mirror_discovery(spark: SparkSession, config, storage_options: dict | None =
     from pipelines.setup.tables import captured_tables
 
     def discover(table: str) -> str | None:
+        nonlocal store
         if config.mirrors is not None and table not in config.mirrors:
             return None
-        if table not in captured_tables(config, storage_options,
-                                        None if store is None else store.writes):
+        store = store or _store(config, spark, storage_options)
+        if table not in captured_tables(config, storage_options, engine=store.engine):
             return None
         paths, _ = prepare_mirrors(spark, config.with_(tables=(table,)), storage_options,
                                    store)
@@ -95,9 +95,18 @@ def mirror_discovery(spark: SparkSession, config, storage_options: dict | None =
     return discover
 
 
+def _store(config, spark: SparkSession, storage_options: dict | None):
+    """The mirrors' store on the configuration's engine (``core.engine.choose``), for a
+    caller that gave none."""
+    from core.engine.choose import engine_for
+    from silver.mirror_store import mirror_store
+
+    return mirror_store(engine=engine_for(config, spark), storage_options=storage_options)
+
+
 def seed_mirror(spark: SparkSession, lakehouse: str, table: str, path: str,
-                storage_options: dict | None = None, store=None,
-                faults: FaultPoints | None = None) -> int:
+                storage_options: dict | None, store, faults: FaultPoints | None = None
+                ) -> int:
     """Replace the mirror's rows with ``table``'s initial rows (``pipelines.source.mirror_baseline``)
     unless it already holds them; returns its floor (0: no initial rows).
 
@@ -109,9 +118,7 @@ def seed_mirror(spark: SparkSession, lakehouse: str, table: str, path: str,
     (``pipelines.setup.mirror_load.MirrorTarget.write``): the other way round, a kill
     between the two would leave it to be laid over the new rows and folded into them
     (fault point ``after_mirror_seed``: right after the new rows' commit)."""
-    store = store or RsMirrors(storage_options)
-    point = baseline_point(lakehouse, table, storage_options,
-                           None if store.writes is None else spark)
+    point = baseline_point(lakehouse, table, storage_options, engine=store.engine)
     seeded, types = store.seed_state(path)
     if point is None or (seeded is not None and seeded >= point):
         return seeded or 0             # as seeded, or as loaded (``pipelines.setup.mirror_load``)
@@ -131,13 +138,13 @@ def seed_mirror(spark: SparkSession, lakehouse: str, table: str, path: str,
     return point
 
 
-def loading_tables(config, storage_options: dict | None = None, writes=None
+def loading_tables(config, storage_options: dict | None = None, engine=None
                    ) -> Callable[[], frozenset[str]]:
     """For ``MirrorWriter``: the tables ``lakecdc tables add`` is loading now (the stored
     set's ``snapshotting``), read anew at each call (a look at the set's newest version)."""
     from bronze.capture_list import SNAPSHOTTING, CaptureList
 
-    store = CaptureList(config.lakehouse, storage_options, writes)
+    store = CaptureList(config.lakehouse, storage_options, engine=engine)
 
     def loading() -> frozenset[str]:
         stored = store.read()

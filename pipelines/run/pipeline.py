@@ -16,11 +16,13 @@ import logging
 import threading
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from bronze.ship import FOLLOWED_PEEK, Shipper
+from bronze.ship import Shipper
 from core.config import Config
+from core.engine.api import Engine
+from core.engine.choose import start_engine
 from core.faults import FaultPoints
 from core.layout import GOLD, GOLD_DELTAS, GOLD_PENDING, STREAM_CHECKPOINT, Table
 from core.spark import low_latency, require_classic
@@ -130,22 +132,11 @@ class Pipeline:
             self._spark = self._spark_factory()
         return self._spark
 
-    @property
-    def reader(self):
-        """The session every read of the lakehouse outside a stream goes through (the push,
-        markers) when only Spark reaches storage (``LAKECDC_WRITER=spark``); None: they read
-        with delta-rs."""
-        return self.spark if self.config.spark_writes else None
-
-    def spark_writes(self):
-        """A writer's own commits through Spark (``core.spark_writes``) when
-        ``LAKECDC_WRITER=spark``, else None (delta-rs): decided here, once, for every
-        writer this pipeline makes."""
-        if not self.config.spark_writes:
-            return None
-        from core.spark_writes import SparkWrites
-
-        return SparkWrites(self.spark)
+    def engine(self) -> Engine:
+        """A new storage engine for one writer or reader (``core.engine.choose``): Spark's
+        Delta on a session of its own from this pipeline's (its SQL settings reach no other
+        writer's commits) where only Spark reaches storage, else delta-rs (no JVM started)."""
+        return start_engine(self.config, lambda: self.spark)
 
     def classic_spark(self, command: str):
         """The session, refused with one sentence when it is Spark Connect
@@ -168,7 +159,7 @@ class Pipeline:
         from pipelines.source.baseline import read_baseline
 
         self.faults.hit("before_gold_seed")
-        baseline = read_baseline(self.config.baseline_path, spark=self.reader)
+        baseline = read_baseline(self.config.baseline_path, engine=self.engine())
         if baseline is None or holds_counts(self.spark, self.where.gold):
             return False
         commit_lsn, counts = baseline
@@ -189,7 +180,7 @@ class Pipeline:
         from gold.apply import seed_floor
         from gold.deltas import REBUILD, GoldStopped
 
-        bronze = bronze_table(self.config, writes=self.spark_writes())
+        bronze = bronze_table(self.config, engine=self.engine())
         at = bronze.rebaselined_at(self.config.slot) if bronze.exists() else None
         if at is None:
             return
@@ -246,11 +237,11 @@ class Pipeline:
         paths = self.where.stream
         silver = SilverWriter(paths.silver, paths.quarantine, self.config.tables,
                               refresh_known=known_tables(self.config, self._delta_rs_options,
-                                                         self.spark_writes()),
+                                                         engine=self.engine()),
                               guard=self.config.guard_on("silver_txn"),
                               counted_tables=self.config.counted.names,
                               storage_options=self._delta_rs_options,
-                              spark_writes=self.spark_writes())
+                              engine=self.engine())
         self._observe_streams()
         prepare(self.spark, paths, silver, self.faults)
         self.seed_gold_from_baseline()
@@ -259,11 +250,10 @@ class Pipeline:
                            accept_errors_upto=accept_errors_upto or 0,
                            guard=self.config.guard_on("gold_txn"), faults=self.faults,
                            storage_options=self._delta_rs_options,
-                           fold_share=self.config.gold_fold_share,
-                           spark_writes=self.spark_writes())
+                           fold_share=self.config.gold_fold_share, engine=self.engine())
         callbacks = [self.marks.on_pass, *self.on_pass, *(on_pass or []),
-                     Maintainer(self.config, "stream", self._delta_rs_options,
-                                exclusive=gold.paused, writes=self.spark_writes()).after_batch]
+                     Maintainer(self.config, "stream", exclusive=gold.paused,
+                                engine=self.engine()).after_batch]
         if self.metrics is not None:
             callbacks.append(self.metrics.on_pass)
         writer = OnePass(silver, gold, self.faults, callbacks, ahead)
@@ -289,14 +279,14 @@ class Pipeline:
         if once:
             result = push_once(self.where.gold, self.config.dashboard, faults=self.faults,
                                marks=self.marks.snapshot(), fence=self._fence,
-                               sole=self._sole, spark=self.reader)
+                               sole=self._sole, engine=self.engine())
             if self.metrics is not None:
                 self.metrics.on_push(result)
             return result
         return run_push(self.where.gold, self.config.dashboard, stop or threading.Event(),
                         interval_s=self.push_interval_s, wake=wake,
                         marks=self.marks.snapshot, fence=self._fence, sole=self._sole,
-                        spark=self.reader,
+                        engine=self.engine(),
                         on_result=self.metrics.on_push if self.metrics is not None else None)
 
     def start_mirrors(self, once: bool, accept_errors_upto: int | None = None,
@@ -320,27 +310,29 @@ class Pipeline:
         from silver.mirror_store import mirror_store
 
         options = self._delta_rs_options
-        writes = self.spark_writes()
-        store = mirror_store(writes, options, self.config.guard_on("mirror_txn"),
-                             self.config.mirror_merge_s, self.config.log_retention_minutes)
-        config = self.config.with_(tables=captured_tables(self.config, options, writes))
+        engine = self.engine()          # the mirrors' writer's, its markers' and its reads'
+        store = mirror_store(engine=engine, storage_options=options,
+                             guard=self.config.guard_on("mirror_txn"),
+                             merge_s=self.config.mirror_merge_s,
+                             log_retention_minutes=self.config.log_retention_minutes)
+        config = self.config.with_(tables=captured_tables(self.config, options, engine=engine))
         paths, floors = prepare_mirrors(self.spark, config, options, store)
         progress = MirrorProgress(self.config.dashboard, gold_key(self.where.gold))
         writer = MirrorWriter(paths, accept_errors_upto or 0, floors,
                               discover=mirror_discovery(self.spark, self.config, options, store),
-                              on_marker=record_marker(self.config.lakehouse, options, writes),
+                              on_marker=record_marker(self.config.lakehouse, engine=engine),
                               faults=self.faults, storage_options=options,
                               on_complete=progress.record, on_finish=progress.close,
                               store=store, **(dict(
-                                  loading=loading_tables(self.config, options, writes),
+                                  loading=loading_tables(self.config, options, engine),
                                   held=held_changes(self.spark, self.where.silver.silver_path))
                                   if self.config.guard_on("mirror_replay") else {}))
-        writer.after_batch = Maintainer(self.config, "mirrors", options,
+        writer.after_batch = Maintainer(self.config, "mirrors",
                                         mirrored=lambda: tuple(
                                             t for t in writer.paths
                                             if t not in writer.now_loading),
                                         exclusive=store.paused,
-                                        writes=self.spark_writes()).after_batch
+                                        engine=self.engine()).after_batch
         query = start_mirrors(self.spark, self.where.silver.silver_path,
                               checkpoint_path(self.config),
                               writer if behind is None else behind.holding("mirrors", writer),
@@ -476,7 +468,7 @@ class Pipeline:
 
     def _ahead_push(self) -> AheadPush:
         return AheadPush(self.where.gold, self.config.dashboard, marks=self.marks.snapshot,
-                         fence=self._fence, spark=self.reader)
+                         fence=self._fence, engine=self.engine())
 
     def ship_ahead(self) -> ShipAhead:
         """Shipper batches' steps for the dashboard (``gold.ahead``)."""
@@ -484,70 +476,12 @@ class Pipeline:
 
     def shipper(self, ahead: ShipAhead | None = None,
                 behind: ShipperBehind | None = None) -> Shipper:
-        """The shipper; with ``ahead``, each batch's step goes to the dashboard as soon as
-        bronze holds it (``gold.ahead``), and its peeks are bounded by ``FOLLOWED_PEEK``.
-        The shipper waits for that push, except with ``behind`` in a catch-up the dashboard
-        follows: a full peek, after one that was not (a catch-up's start) or whose step the
-        dashboard took. The shipper then peeks on meanwhile, and ``behind`` holds the
-        stream's and the mirrors' batches until a peek is not full or a step not taken."""
-        maintainer = Maintainer(self.config, "ship", self._delta_rs_options,
-                                writes=self.spark_writes())
-        config = self.config if ahead is None else self.config.with_(
-            upto_nchanges=min(self.config.upto_nchanges, FOLLOWED_PEEK))
-        last_full = [False]             # the shipper's previous batch's peek was full
+        """The shipper, wired to this pipeline (``pipelines.run.shipping``): with ``ahead``
+        each batch's step goes to the dashboard as soon as bronze holds it, and ``behind``
+        holds the stream's and the mirrors' batches in a catch-up the dashboard follows."""
+        from pipelines.run.shipping import wired_shipper
 
-        def taken(handed) -> bool:
-            try:
-                if not handed.result():
-                    return False
-            except Exception:               # the stream's step, or the push loop, follows
-                log.warning("a shipper batch was not pushed ahead", exc_info=True)
-                return False
-            self.faults.hit("after_ship_ahead")
-            return True
-
-        def on_stored(result):
-            self.marks.set("bronze", result.commit_lsn, result.commit_ts)
-            begun = time.monotonic()
-            try:
-                handed = ahead(result)
-            except Exception:
-                log.warning("a shipper batch was not handed on", exc_info=True)
-                handed = None
-            if handed is None:
-                return result
-            if behind is not None and result.full and (ahead.following or not last_full[0]):
-                behind.set(True)
-                handed.add_done_callback(lambda done: taken(done) or behind.set(False))
-                return result
-            if behind is not None:
-                behind.set(False)
-            if taken(handed):
-                return replace(result, ahead_seconds=time.monotonic() - begun)
-            return result
-
-        def on_rows(after_lsn, rows, known) -> None:
-            try:
-                ahead.prepare(after_lsn, rows, known)
-            except Exception:               # then not ahead: the stream's step follows
-                log.warning("a shipper batch's step was not prepared", exc_info=True)
-
-        def on_batch(result, progress) -> None:
-            last_full[0] = result.full
-            if behind is not None and not result.full:
-                behind.set(False)
-            self.marks.set("bronze", result.commit_lsn, result.commit_ts)
-            if self.metrics is not None:
-                self.metrics.on_ship_batch(result, progress)
-            for callback in self.on_ship:
-                try:
-                    callback(result, progress)
-                except Exception:            # an observer never fails the shipper
-                    log.warning("a ship callback failed", exc_info=True)
-            maintainer.after_batch()        # bronze, between two of the shipper's commits
-        return Shipper(config, on_batch=on_batch, writes=self.spark_writes(),
-                       **(dict(on_rows=on_rows, on_stored=on_stored)
-                          if ahead is not None else {}))
+        return wired_shipper(self, ahead, behind)
 
     def _observe_streams(self) -> None:
         """Record Spark streaming progress (rows and batch durations per query) into

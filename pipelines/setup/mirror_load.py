@@ -43,14 +43,13 @@ from typing import Callable
 import psycopg
 import pyarrow as pa
 
-from core.commits import commit_metadata, parse_commit_metadata, rs_commit
+from core.commits import Commit, commit_metadata
 from core.config import READER_RETENTION_MINUTES
+from core.engine.api import Engine
 from core.errors import UserError
 from core.faults import FaultPoints
-from core.features import PLAIN
 from core.postgres import connect, table_rows
 from core.progress import ProgressBar
-from core.storage import delta_rs_uri
 from silver.mirror_load import (
     READ_SETTINGS,
     chunk_copy,
@@ -58,6 +57,7 @@ from silver.mirror_load import (
     load_column,
     parse_chunk,
 )
+from silver.mirror_pending import pending_path
 from silver.mirror_table import (
     COMMIT_LSN,
     COMMIT_TS,
@@ -96,11 +96,11 @@ class LoadState:
     complete: bool = False
 
 
-def load_state(history: list[dict], run: int) -> LoadState:
+def load_state(history: list[Commit], run: int) -> LoadState:
     """The newest commit of load ``run`` among ``history`` (the mirror's commits, newest
-    first: ``userMetadata`` each), as a ``LoadState``. Pure."""
+    first, with their ``mirror`` metadata), as a ``LoadState``. Pure."""
     for commit in history:
-        meta = parse_commit_metadata(commit.get("userMetadata"), "mirror")
+        meta = commit.meta
         if meta is None or meta.get("load") != run:
             continue
         return LoadState(int(meta.get("chunk", 0)), int(meta.get("rows", 0)),
@@ -109,17 +109,19 @@ def load_state(history: list[dict], run: int) -> LoadState:
 
 
 class MirrorTarget:
-    """The mirror's table, written through delta-rs, or through Spark (``writes``:
-    ``LAKECDC_WRITER=spark``); created with its log kept ``log_retention_minutes``
-    (``silver.mirror_table.mirror_properties``)."""
+    """The mirror's table at ``path`` (as the configuration names it), written through
+    ``engine`` (None: delta-rs with ``storage_options``); created with its log kept
+    ``log_retention_minutes`` (``silver.mirror_table.mirror_properties``)."""
 
-    def __init__(self, path: str, spec: TableSpec, writes=None,
+    def __init__(self, path: str, spec: TableSpec, engine: Engine | None = None,
                  storage_options: dict | None = None,
                  log_retention_minutes: int = READER_RETENTION_MINUTES) -> None:
-        self.path, self.spec, self.writes = path, spec, writes
-        self.storage_options = storage_options
+        if engine is None:
+            from core.engine.delta_rs import DeltaRs
+
+            engine = DeltaRs(storage_options)
+        self.path, self.spec, self.engine = path, spec, engine
         self.log_retention_minutes = log_retention_minutes
-        self.uri = delta_rs_uri(path)
         self.schema = pa.schema([*[(n, arrow_type(t)) for n, t in spec.columns],
                                  (COMMIT_LSN, pa.int64()),
                                  (COMMIT_TS, pa.timestamp("us", tz="UTC"))])
@@ -127,24 +129,12 @@ class MirrorTarget:
     def ensure(self) -> None:
         """Create the mirror unless it exists; one that exists must have the table's
         columns and key (else one sentence: nothing is written)."""
-        if self.writes is not None:
-            from delta.tables import DeltaTable
-
-            from silver.mirror import create_mirror
-
-            create_mirror(self.writes.spark, self.path, self.spec, self.log_retention_minutes)
-
-            props = DeltaTable.forPath(self.writes.spark, self.path).detail().first().properties
-        else:
-            from deltalake import DeltaTable
-
-            table = DeltaTable.create(
-                self.uri, schema=self.schema, mode="ignore", storage_options=self.storage_options,
-                configuration={**PLAIN, **mirror_properties(self.log_retention_minutes),
-                               KEY_PROPERTY: json.dumps(list(self.spec.key)),
-                               TYPES_PROPERTY: json.dumps(dict(self.spec.columns))},
-                description=f"lakecdc mirror of {self.spec.name}", raise_if_key_not_exists=False)
-            props = table.metadata().configuration
+        self.engine.create(self.path, self.schema,
+                           {**mirror_properties(self.log_retention_minutes),
+                            KEY_PROPERTY: json.dumps(list(self.spec.key)),
+                            TYPES_PROPERTY: json.dumps(dict(self.spec.columns))},
+                           comment=f"lakecdc mirror of {self.spec.name}")
+        props = self.engine.properties(self.path)
         if (json.loads(props[KEY_PROPERTY]) != list(self.spec.key)
                 or json.loads(props[TYPES_PROPERTY]) != dict(self.spec.columns)):
             raise UserError(
@@ -155,55 +145,27 @@ class MirrorTarget:
     def loaded(self) -> int | None:
         """The floor of the newest complete load the mirror records (its app transaction
         ``LOAD_APP_ID``; None: none)."""
-        if self.writes is not None:
-            return self.writes.recorded(self.path).version_of(LOAD_APP_ID)
-        from deltalake import DeltaTable
-
-        return DeltaTable(self.uri, storage_options=self.storage_options
-                          ).transaction_version(LOAD_APP_ID)
+        found = self.engine.recorded(self.path)
+        return None if found is None else found.version_of(LOAD_APP_ID)
 
     def rows(self) -> int:
-        """The rows the mirror holds (its files' statistics; Spark counts them)."""
-        if self.writes is not None:
-            return self.writes.spark.read.format("delta").load(self.path).count()
-        from deltalake import DeltaTable
+        """The rows the mirror holds (its files' statistics where they are)."""
+        return self.engine.count(self.path) or 0
 
-        adds = pa.table(DeltaTable(self.uri, storage_options=self.storage_options
-                                   ).get_add_actions(flatten=True))
-        return int(sum(n or 0 for n in adds["num_records"].to_pylist()))
-
-    def history(self) -> list[dict]:
-        if self.writes is not None:
-            from delta.tables import DeltaTable
-
-            rows = (DeltaTable.forPath(self.writes.spark, self.path).history(HISTORY)
-                    .select("version", "userMetadata").orderBy("version", ascending=False)
-                    .collect())
-            return [{"userMetadata": r.userMetadata} for r in rows]
-        from deltalake import DeltaTable
-
-        return DeltaTable(self.uri, storage_options=self.storage_options).history(HISTORY)
+    def history(self) -> list[Commit]:
+        """The mirror's newest ``HISTORY`` commits, newest first (``load_state``)."""
+        return self.engine.commits(self.path, "mirror", HISTORY)
 
     def write(self, rows: pa.Table, meta: str, overwrite: bool,
               app: tuple[str, int] | None = None) -> None:
+        """``rows`` in one commit with ``meta`` and ``app``; ``overwrite``: replacing the
+        mirror's rows, after its tail (``silver.mirror_pending``) is emptied, since changes
+        of the rows replaced are stale."""
         rows = rows.select(self.schema.names).cast(self.schema)
-        if self.writes is not None:
-            if overwrite:                       # the rows replaced: a tail left is stale
-                from silver.mirror_store import drop_tail_spark
-
-                drop_tail_spark(self.writes.spark, self.path)
-            self.writes.append(self.path, rows, meta=meta, app=app, overwrite=overwrite)
-            return
-        from deltalake import write_deltalake
-
-        from silver.mirror_pending import drop_tail
-
-        if overwrite:                           # the rows replaced: a tail left is stale
-            drop_tail(self.path, self.storage_options, rs_commit(meta))
-
-        write_deltalake(self.uri, rows, mode="overwrite" if overwrite else "append",
-                        storage_options=self.storage_options,
-                        commit_properties=rs_commit(meta, *(app or (None, None))))
+        tail = pending_path(self.path)
+        if overwrite and self.engine.exists(tail):
+            self.engine.delete(tail, "true", meta=meta)
+        self.engine.append(self.path, rows, meta=meta, app=app, overwrite=overwrite)
 
 
 def load_mirror(dsn: str, target: MirrorTarget, run: int, floor: int, *,
@@ -284,11 +246,9 @@ def _estimated_rows(dsn: str, table: str) -> int | None:
         return table_rows(conn, table)
 
 
-def typing_session(config, writes=None, spark=None):
-    """The Spark session that types what Arrow does not: the writes' or ``spark`` when
-    there is one, else one started for it."""
-    if writes is not None:
-        return writes.spark
+def typing_session(config, spark=None, spark_factory=None):
+    """The Spark session that types what Arrow does not: ``spark`` when there is one, else
+    ``spark_factory()``'s, else one started for it."""
     if spark is not None:
         return spark
     from importlib.util import find_spec
@@ -297,6 +257,8 @@ def typing_session(config, writes=None, spark=None):
         raise UserError("a bytea or array column is typed by Spark as it is loaded into its "
                         "mirror, and Spark is not installed here: install it with pip "
                         "install 'lakecdc[spark]' and rerun; what is loaded stays.")
+    if spark_factory is not None:
+        return spark_factory()
     from core.spark import get_or_create
     from core.storage import Lakehouse
 

@@ -16,7 +16,7 @@ Steps, each skipped when already done:
    anything). Only then does setup start Spark.
 
 With ``LAKECDC_WRITER=spark`` Spark starts first, and every lakehouse read and write goes
-through it (``core.spark_writes``): the storage check, the captured set, bronze
+through it (``core.engine.spark``): the storage check, the captured set, bronze
 (``bronze.spark_table``), gold's baseline and the mirrors' loads.
 
 A slot without bronze, or bronze without its slot, is never papered over: both mean changes
@@ -50,12 +50,13 @@ from bronze.table import (
     numbers_as_text,
 )
 from core.config import Config
+from core.engine.api import Engine
 from core.errors import UserError, first_line
 from core.faults import FaultPoints
 from core.layout import mirror_path
 from core.lsn import fmt
 from core.postgres import connect
-from core.storage import Lakehouse, check_spark_writable, check_writable, on_databricks, spark_path
+from core.storage import Lakehouse
 from gold.push import ensure_dashboard_tables
 from pipelines.setup.tables import captured_tables
 from pipelines.source.baseline import count_in_snapshot, write_baseline
@@ -94,38 +95,39 @@ def setup(config: Config, rebaseline: bool = False,
     ``spark_factory``: the session that registers the tables by name, called only when
     ``config.registers`` (a session whose catalog keeps names: ``core.catalog``), and that
     every write goes through with ``LAKECDC_WRITER=spark`` (None: ``core.spark``'s)."""
-    from core.spark_writes import start_writes
+    from core.engine.choose import start_engine
     from pipelines.setup.catalog import names_session
 
-    writes = start_writes(config, spark_factory)
+    engine = start_engine(config, spark_factory)
     spark = names_session(config, spark_factory,
-                          _mirrored(config, storage_options, writes) if config.registers
+                          _mirrored(config, storage_options, engine) if config.registers
                           else (), "setup")
-    report = _prepare(config, rebaseline, storage_options, online_not_null, echo, writes)
+    report = _prepare(config, rebaseline, storage_options, online_not_null, echo, engine,
+                      spark_factory)
     if spark is not None:
         from pipelines.setup.catalog import register_lakehouse
 
         for line in register_lakehouse(spark, config, _mirrored(config, storage_options,
-                                                                writes)):
+                                                                engine)):
             report.did(line)
     return report
 
 
-def _mirrored(config: Config, storage_options: dict | None, writes=None) -> tuple[str, ...]:
+def _mirrored(config: Config, storage_options: dict | None,
+              engine: Engine) -> tuple[str, ...]:
     """The captured tables (the stored set once there is one) that are mirrored."""
-    return tuple(t for t in captured_tables(config, storage_options, writes)
+    return tuple(t for t in captured_tables(config, storage_options, engine=engine)
                  if config.mirrors is None or t in config.mirrors)
 
 
 def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
-             online_not_null: bool, echo, writes=None) -> SetupReport:
+             online_not_null: bool, echo, engine: Engine, spark_factory=None) -> SetupReport:
+    """Steps 1-3 of the module docstring, every lakehouse read and write through ``engine``
+    (``spark_factory``: the session that types what Arrow does not, as mirrors load)."""
     report = SetupReport()
     dsn = config.require_source()
-    if writes is not None:
-        check_spark_writable(writes.spark, config.lakehouse)
-    else:
-        check_writable(config.lakehouse, Lakehouse.from_config(config))
-    bronze = bronze_table(config, storage_options, writes)
+    engine.check_writable(config.lakehouse, Lakehouse.from_config(config))
+    bronze = bronze_table(config, storage_options, engine=engine)
     keyed, specs = _prepare_source(config, dsn, online_not_null, echo, report)
     _dashboard_tables(config.dashboard)
     with connect(dsn) as conn:
@@ -133,7 +135,7 @@ def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
         state = slots.slot_state(conn, config.slot)
         has_bronze = bronze.exists()
         if state is not None and has_bronze and not rebaseline:
-            return _already_set_up(config, dsn, bronze, specs, storage_options, writes, report)
+            return _already_set_up(config, dsn, bronze, specs, storage_options, engine, report)
         if not rebaseline:
             _refuse_half_set_up(config, state is not None, has_bronze)
         if state is not None:
@@ -146,11 +148,11 @@ def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
         text = _numbers_as_text(dsn, config.slot, bronze)
         recorded = {config.slot + NUMBERS_SUFFIX: int(text)}
         write_baseline(config.baseline_path, counts, created.consistent_point, storage_options,
-                       writes)
+                       engine=engine)
         report.did(f"counted {sum(counts.column('count').to_pylist()):,} existing "
                    f"notifications in {counts.num_rows:,} keys as the baseline at "
                    f"{fmt(created.consistent_point)}")
-        if _store_captured_set(config, storage_options, writes, keyed):
+        if _store_captured_set(config, storage_options, engine, keyed):
             report.did(f"stored the captured set ({', '.join(config.tables)})")
         if not has_bronze:
             bronze.create(ident, created.consistent_point, recorded)
@@ -162,8 +164,8 @@ def _prepare(config: Config, rebaseline: bool, storage_options: dict | None,
         with connect(dsn) as conn:
             slots.drop_slot(conn, config.slot)
         raise
-    _load_mirrors(config, keyed, created.consistent_point, storage_options, writes, report,
-                  text)
+    _load_mirrors(config, keyed, created.consistent_point, storage_options, engine, report,
+                  text, spark_factory)
     return report.noting([specials_note(spec, text) for spec in specs])
 
 
@@ -196,14 +198,15 @@ def _prepare_source(config: Config, dsn: str, online_not_null: bool, echo,
 
 
 def _already_set_up(config: Config, dsn: str, bronze, specs: list,
-                    storage_options: dict | None, writes, report: SetupReport) -> SetupReport:
+                    storage_options: dict | None, engine: Engine,
+                    report: SetupReport) -> SetupReport:
     """The report of a setup run again on a slot and bronze already set up (the captured
     set stored if it was not), with what setup found."""
-    if _store_captured_set(config, storage_options, writes):     # set up before it was kept
+    if _store_captured_set(config, storage_options, engine):     # set up before it was kept
         report.did(f"stored the captured set ({', '.join(config.tables)})")
     else:
         report.did(f"slot {config.slot} and bronze already set up (nothing changed)")
-    stored = CaptureList(config.lakehouse, storage_options, writes).read()
+    stored = CaptureList(config.lakehouse, storage_options, engine=engine).read()
     unloaded = [t for t, (s, _) in stored.states.items() if s == SNAPSHOTTING]
     text = _numbers_as_text(dsn, config.slot, bronze)
     return report.noting([specials_note(spec, text) for spec in specs] + [
@@ -249,8 +252,8 @@ def _numbers_as_text(dsn: str, slot: str, bronze) -> bool:
 
 
 def _load_mirrors(config: Config, keyed: tuple[str, ...], floor: int,
-                  storage_options: dict | None, writes, report: SetupReport,
-                  numbers_as_text: bool) -> None:
+                  storage_options: dict | None, engine: Engine, report: SetupReport,
+                  numbers_as_text: bool, spark_factory=None) -> None:
     """Each mirrored table's current rows into its mirror, by key-range chunks after the
     slot exists (``pipelines.setup.mirror_load``): the slot's snapshot is held only for
     the counts. Every change from the consistent point ``floor`` on reaches bronze, and
@@ -258,7 +261,7 @@ def _load_mirrors(config: Config, keyed: tuple[str, ...], floor: int,
     in the captured set meanwhile; a kill leaves them so, and ``tables add`` goes on."""
     from pipelines.setup.mirror_load import MirrorTarget, load_mirror, typing_session
 
-    store = CaptureList(config.lakehouse, storage_options, writes)
+    store = CaptureList(config.lakehouse, storage_options, engine=engine)
     stored = store.read()
     states = {t: s for t, (s, _) in stored.states.items()}
     loading = tuple(t for t in keyed if states.get(t) not in (None, REMOVED))
@@ -269,13 +272,13 @@ def _load_mirrors(config: Config, keyed: tuple[str, ...], floor: int,
     with connect(config.require_source(), what="source") as conn:
         specs = table_specs(conn, loading)
     for spec in specs:
-        target = MirrorTarget(spark_path(mirror_path(config.lakehouse, spec.name),
-                                         on_databricks()), spec, writes, storage_options,
-                              config.kept_minutes("mirrors"))
+        target = MirrorTarget(mirror_path(config.lakehouse, spec.name), spec, engine=engine,
+                              log_retention_minutes=config.kept_minutes("mirrors"))
         done = load_mirror(config.require_source(), target,
                            int(stored.since(spec.name).timestamp() * 1e6), floor,
                            faults=FaultPoints(config.faults),
-                           session=lambda: typing_session(config, writes),
+                           session=lambda: typing_session(config,
+                                                          spark_factory=spark_factory),
                            numbers_as_text=numbers_as_text)
         states[spec.name] = CAPTURED
         stored = store.write(states, stored)
@@ -303,13 +306,13 @@ def _rebaseline(bronze, slot: str, start: int, ident: SourceIdentity,
                "stopped until you run `lakecdc backfill rebuild-gold`")
 
 
-def _store_captured_set(config: Config, storage_options: dict | None, writes=None,
+def _store_captured_set(config: Config, storage_options: dict | None, engine: Engine,
                         loading: tuple[str, ...] = ()) -> bool:
     """Store ``LAKECDC_TABLES`` as the captured set (``bronze.capture_list``) unless a set
     is stored; from then on ``lakecdc tables add/remove`` change it. ``loading``: the
     tables stored as ``snapshotting`` (their mirrors are loaded next). Returns whether it
     stored one."""
-    store = CaptureList(config.lakehouse, storage_options, writes)
+    store = CaptureList(config.lakehouse, storage_options, engine=engine)
     if store.exists():
         return False
     store.write({t: SNAPSHOTTING if t in loading else CAPTURED for t in config.tables}, None)

@@ -33,7 +33,6 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from bronze import heartbeat
 from bronze.capture_list import (
@@ -50,14 +49,14 @@ from bronze.source import identity_blocker, mirror_key
 from bronze.spark_table import bronze_table
 from bronze.table import numbers_as_text
 from core.config import TABLE_NAME, Config
+from core.engine.api import Engine
+from core.engine.choose import start_engine
 from core.errors import UserError
 from core.faults import FaultPoints
-from core.features import open_table
 from core.layout import GOLD, mirror_path
 from core.locks import locked, shipper_running
 from core.lsn import fmt
 from core.postgres import connect
-from core.spark_writes import start_writes
 from core.storage import gold_key, on_databricks, spark_path
 from gold.push import MIRRORS_LAYER, read_layer
 from pipelines.setup.mirror_load import (
@@ -67,27 +66,29 @@ from pipelines.setup.mirror_load import (
     typing_session,
 )
 from pipelines.source.mirror_specs import specials_note, table_specs
-from silver.mirror_pending import pending_path, read_mirror
-from silver.mirror_table import COMMIT_TS
+from silver.mirror_pending import current_rows, pending_path
+from silver.mirror_table import COMMIT_TS, mirror_shape_of, mirrored_columns
 
 ACK_TIMEOUT_S = 120.0
 
 
 def captured_tables(config: Config, storage_options: dict | None = None,
-                    writes=None, loaded: bool = False) -> tuple[str, ...]:
+                    engine: Engine | None = None, loaded: bool = False) -> tuple[str, ...]:
     """The tables captured now: the stored set, else ``LAKECDC_TABLES`` (read through
-    ``writes``, a ``core.spark_writes.SparkWrites``, when given); with ``loaded``, not
-    those whose rows ``tables add`` is loading (their mirrors have a writer of their own)."""
-    stored = CaptureList(config.lakehouse, storage_options, writes).read()
+    ``engine``; None: delta-rs with ``storage_options``); with ``loaded``, not those whose
+    rows ``tables add`` is loading (their mirrors have a writer of their own)."""
+    stored = CaptureList(config.lakehouse, storage_options, engine=engine).read()
     if stored is None:
         return config.tables
     return tuple(t for t in stored.active if not loaded or stored.state(t) != SNAPSHOTTING)
 
 
-def known_tables(config: Config, storage_options: dict | None = None, writes=None):
+def known_tables(config: Config, storage_options: dict | None = None,
+                 engine: Engine | None = None):
     """A function returning every table bronze may hold changes of (silver's known tables),
-    read from the stored set each time it is called (through ``writes`` when given)."""
-    store = CaptureList(config.lakehouse, storage_options, writes)
+    read from the stored set each time it is called (through ``engine``; None: delta-rs
+    with ``storage_options``)."""
+    store = CaptureList(config.lakehouse, storage_options, engine=engine)
 
     def known() -> tuple[str, ...]:
         return known_set(store.read(), config.tables)
@@ -126,12 +127,12 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
     table = _qualified(name)
     from pipelines.setup.catalog import names_session
 
-    writes = start_writes(config, spark_factory)
+    engine = start_engine(config, spark_factory)
     spark = names_session(config, spark_factory, (table,), "tables add")
     registered = None
     stop = stop or threading.Event()
-    store = CaptureList(config.lakehouse, storage_options, writes)
-    bronze = bronze_table(config, storage_options, writes)
+    store = CaptureList(config.lakehouse, storage_options, engine=engine)
+    bronze = bronze_table(config, storage_options, engine=engine)
     if not bronze.exists():
         raise UserError(f"no bronze table at {config.bronze_path}: run `lakecdc setup` first.")
     started = time.monotonic()
@@ -144,7 +145,7 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
         _check_addable(conn, config, table)
         registered = _register(spark, config, table)
         spec = table_specs(conn, (table,))[0]
-        target = _new_mirror(config, table, spec, writes, storage_options)
+        target = _new_mirror(config, table, spec, engine)
         states = _states(stored, config)
         if states.get(table) != SNAPSHOTTING:
             states[table] = SNAPSHOTTING
@@ -165,7 +166,7 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
             report = load_mirror(config.require_source(), target, run, at + 1,
                                  chunk_rows=chunk_rows, stop=stop,
                                  faults=FaultPoints(config.faults),
-                                 session=lambda: typing_session(config, writes, spark),
+                                 session=lambda: typing_session(config, spark, spark_factory),
                                  numbers_as_text=text)
             if not report.complete:
                 return (f"{table}: captured from {fmt(at)}; loading its rows stopped after "
@@ -202,14 +203,13 @@ def _check_addable(conn, config: Config, table: str) -> None:
             "mirror by it; add a primary key and rerun; nothing was changed.")
 
 
-def _new_mirror(config: Config, table: str, spec, writes,
-                storage_options: dict | None) -> MirrorTarget | None:
+def _new_mirror(config: Config, table: str, spec, engine: Engine) -> MirrorTarget | None:
     """The mirror ``table``'s rows load into, created empty unless there is one (None: the
     table is not mirrored)."""
     if table not in config.with_(tables=(*config.tables, table)).mirrored:
         return None
-    target = MirrorTarget(spark_path(mirror_path(config.lakehouse, table), on_databricks()),
-                          spec, writes, storage_options, config.kept_minutes("mirrors"))
+    target = MirrorTarget(mirror_path(config.lakehouse, table), spec, engine=engine,
+                          log_retention_minutes=config.kept_minutes("mirrors"))
     target.ensure()          # before the set names it: the load is its first writer
     return target
 
@@ -245,9 +245,9 @@ def remove_table(config: Config, name: str, storage_options: dict | None = None,
     if table in config.counted.names:
         raise UserError(f"{table} is counted by service_stats, so it stays captured "
                         "(LAKECDC_NOTIFICATIONS_TABLE, LAKECDC_HISTORY_TABLE).")
-    writes = start_writes(config, spark_factory)
-    store = CaptureList(config.lakehouse, storage_options, writes)
-    bronze = bronze_table(config, storage_options, writes)
+    engine = start_engine(config, spark_factory)
+    store = CaptureList(config.lakehouse, storage_options, engine=engine)
+    bronze = bronze_table(config, storage_options, engine=engine)
     if not bronze.exists():
         raise UserError(f"no bronze table at {config.bronze_path}: run `lakecdc setup` first.")
     with connect(config.require_source(), what="source") as conn, \
@@ -320,63 +320,49 @@ def list_tables(config: Config, storage_options: dict | None = None,
     from the Delta log: no Spark, unless every read goes through it, ``spark_factory``'s
     session) and where it is complete (the dashboard's ``lakecdc_layer_progress``; "-"
     when that cannot be read)."""
-    writes = start_writes(config, spark_factory)
-    stored = CaptureList(config.lakehouse, storage_options, writes).read()
+    engine = start_engine(config, spark_factory)
+    stored = CaptureList(config.lakehouse, storage_options, engine=engine).read()
     entries = ([(t, s, at) for t, (s, at) in stored.states.items()] if stored is not None
                else [(t, CAPTURED, None) for t in config.tables])
     gold = gold_key(spark_path(config.table_path(GOLD), on_databricks()))
     complete = read_layer(config.dashboard, gold, MIRRORS_LAYER) if config.dashboard else None
     lines = []
     for table, state, at in entries:
-        mirror = (_mirror_freshness(config.lakehouse, table, storage_options)
-                  if writes is None else _mirror_freshness_spark(writes, config.lakehouse,
-                                                                 table))
+        mirror = _mirror_freshness(engine, config.lakehouse, table)
         lines.append(TableLine(table, state, at, *mirror,
                                complete if state == CAPTURED and mirror[0] is not None
                                else None))
     return lines
 
 
-def _mirror_freshness(lakehouse: str, table: str, storage_options: dict | None):
-    """(rows, last commit time, newest change held) of ``table``'s mirror, or Nones."""
-    uri = mirror_path(lakehouse, table)
-    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
+def _mirror_freshness(engine: Engine, lakehouse: str, table: str):
+    """(rows, last commit time, newest change held) of ``table``'s mirror, or Nones: from
+    the per-file statistics (``Engine.count``, ``Engine.maxima``), but where the mirror has
+    changes not merged into its table yet (its tail, ``silver.mirror_pending``), counted
+    over its current rows."""
+    path = mirror_path(lakehouse, table)
+    found = engine.maxima(path, [COMMIT_TS])
+    if found is None:
         return None, None, None
-    mirror = open_table(uri, storage_options)
-    files = pa.table(mirror.get_add_actions(flatten=True)).to_pylist()
-    rows = sum(f.get("num_records") or 0 for f in files)
-    newest = max((f.get("max._lakecdc_commit_ts") for f in files
-                  if f.get("max._lakecdc_commit_ts") is not None), default=None)
-    tail = pending_path(uri)
-    if DeltaTable.is_deltatable(tail, storage_options=storage_options) \
-            and pa.table(DeltaTable(tail, storage_options=storage_options)
-                         .get_add_actions()).num_rows:
-        # Changes not merged into the table yet (silver.mirror_pending): counted over it.
-        current = read_mirror(uri, storage_options, columns=[COMMIT_TS])
+    version, newest = found[0], found[1][COMMIT_TS]
+    rows = engine.count(path)
+    if engine.exists(pending_path(path)) and engine.count(pending_path(path)):
+        current = _current_rows(engine, path, [COMMIT_TS])
         rows = current.num_rows
         newest = pc.max(current[COMMIT_TS]).as_py()
-    last = mirror.history(1)[0].get("timestamp")
-    updated = datetime.fromtimestamp(last / 1000, timezone.utc) if last else None
+    at = engine.commit_time(path, version)
+    updated = None if at is None else datetime.fromtimestamp(at, timezone.utc)
     return rows, updated, newest
 
 
-def _mirror_freshness_spark(writes, lakehouse: str, table: str):
-    """``_mirror_freshness`` through Spark: a count and a max, and the last commit's time."""
-    from delta.tables import DeltaTable as SparkTable
-    from pyspark.sql import functions as F
-
-    path = spark_path(mirror_path(lakehouse, table), on_databricks())
-    if not SparkTable.isDeltaTable(writes.spark, path):
-        return None, None, None
-    found = writes.spark.read.format("delta").load(path).agg(
-        F.count(F.lit(1)).alias("rows"), F.max("_lakecdc_commit_ts").alias("newest")).first()
-    last = SparkTable.forPath(writes.spark, path).history(1).first()["timestamp"]
-    return (int(found["rows"]), _utc(last), _utc(found["newest"]))
-
-
-def _utc(at: datetime | None) -> datetime | None:
-    """A time pyspark gave (naive, in the process's local zone), as UTC."""
-    return None if at is None else at.astimezone(timezone.utc)
+def _current_rows(engine: Engine, path: str, columns: list[str]) -> pa.Table:
+    """The mirror's current rows (its key and ``columns``): its table with its tail laid
+    over it (``silver.mirror_pending.current_rows``). The tail is read first: a fold
+    empties it only after the table holds its rows."""
+    pending = engine.read(pending_path(path))
+    key, types = mirror_shape_of(engine.properties(path))
+    base = engine.read(path, columns=[*key, *[c for c in columns if c not in key]])
+    return current_rows(base, pending, key, mirrored_columns(key, types))
 
 
 def tables_json(lines: list[TableLine]) -> list[dict]:

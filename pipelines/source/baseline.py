@@ -3,12 +3,11 @@
 Rows already in the source when the slot is created have no INSERT in the WAL. ``setup``
 creates the slot with an exported snapshot, which sees exactly the transactions committed
 before the slot's consistent point; counting inside it gives ``service_stats`` as of that
-point. The counts are kept in ``<lakehouse>/gold/_baseline`` (written without Spark, with
-the consistent point as a Delta app transaction) and seed gold on its first run, so the
-first ``run`` on a populated database is exact. With ``LAKECDC_WRITER=spark`` it is written
-and read through Spark (``core.spark_writes``); the consistent point is then also the
-commit's lakecdc metadata (layer ``baseline``), since Spark has no public reader of app
-transactions.
+point. The counts are kept in ``<lakehouse>/gold/_baseline`` (the consistent point as a
+Delta app transaction) and seed gold on its first run, so the first ``run`` on a populated
+database is exact. They are written and read through the engine (``core.engine``); the
+consistent point is also the commit's lakecdc metadata (layer ``baseline``), read where a
+table records no app transaction.
 
 The count runs in primary-key chunks in a REPEATABLE READ transaction on the snapshot
 (``pipelines.source.truth.count_truth``): MVCC, so writers are not blocked; memory is
@@ -18,11 +17,10 @@ bounded by the number of keys, not rows; a progress bar shows on a terminal.
 from __future__ import annotations
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from core.captured import DIMS, CountedTables
-from core.commits import commit_metadata, newest, read_commits
-from core.features import open_table
+from core.commits import commit_metadata, newest
+from core.engine.api import Engine
 
 APP_ID = "lakecdc-baseline"
 LAYER = "baseline"          # its commits' lakecdc metadata (``core.commits``)
@@ -46,42 +44,44 @@ def to_table(counts) -> pa.Table:
 
 
 def write_baseline(uri: str, counts: pa.Table, commit_lsn: int,
-                   storage_options: dict | None = None, writes=None) -> None:
-    """Replace the baseline with ``counts`` as of ``commit_lsn`` in one commit (through
-    ``writes``, a ``core.spark_writes.SparkWrites``, when given)."""
-    if writes is not None:
-        path = _spark_path(uri)
-        writes.create(path, SCHEMA)
-        writes.append(path, counts, overwrite=True, app=(APP_ID, commit_lsn),
-                      meta=commit_metadata(LAYER, commit_lsn=commit_lsn))
-        return
-    write_deltalake(uri, counts, mode="overwrite", storage_options=storage_options,
-                    commit_properties=CommitProperties(
-                        app_transactions=[Transaction(APP_ID, commit_lsn)]))
+                   storage_options: dict | None = None, engine: Engine | None = None) -> None:
+    """Replace the baseline with ``counts`` as of ``commit_lsn`` in one commit, through
+    ``engine`` (None: delta-rs with ``storage_options``)."""
+    engine = _engine(engine, storage_options)
+    engine.create(uri, SCHEMA)
+    engine.append(uri, counts, overwrite=True, app=(APP_ID, commit_lsn),
+                  meta=commit_metadata(LAYER, commit_lsn=commit_lsn))
 
 
-def read_baseline(uri: str, storage_options: dict | None = None, spark=None
+def read_baseline(uri: str, storage_options: dict | None = None, engine: Engine | None = None
                   ) -> tuple[int, pa.Table] | None:
-    """The baseline's consistent point and counts (None: none written); through ``spark``
-    when given."""
-    if spark is not None:
-        return _read_spark(spark, uri)
-    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
+    """The baseline's consistent point and counts (None: none written), through ``engine``
+    (None: delta-rs with ``storage_options``)."""
+    engine = _engine(engine, storage_options)
+    point = recorded_point(engine, uri, APP_ID, LAYER)
+    if point is None:
         return None
-    table = open_table(uri, storage_options)
-    return table.transaction_version(APP_ID), table.to_pyarrow_table()
+    return point, engine.read(uri).select(SCHEMA.names).cast(SCHEMA)
 
 
-def _spark_path(uri: str) -> str:
-    from core.storage import on_databricks, spark_path
-
-    return spark_path(uri, on_databricks())
-
-
-def _read_spark(spark, uri: str) -> tuple[int, pa.Table] | None:
-    path = _spark_path(uri)
-    meta = newest(read_commits(spark, path, LAYER, limit=20))
-    if meta is None:
+def recorded_point(engine: Engine, uri: str, app_id: str, layer: str) -> int | None:
+    """The consistent point a baseline's table records: its app transaction ``app_id``,
+    else its newest commit metadata of ``layer`` (``commit_lsn``); None: no table, or none
+    recorded."""
+    found = engine.recorded(uri)
+    if found is None:
         return None
-    rows = spark.read.format("delta").load(path).toArrow()
-    return int(meta["commit_lsn"]), rows.select(SCHEMA.names).cast(SCHEMA)
+    point = found.version_of(app_id)
+    if point is not None:
+        return point
+    meta = newest(engine.commits(uri, layer, limit=20))
+    return None if meta is None else int(meta["commit_lsn"])
+
+
+def _engine(engine: Engine | None, storage_options: dict | None) -> Engine:
+    """``engine``, or delta-rs with ``storage_options`` for a caller that names none."""
+    if engine is not None:
+        return engine
+    from core.engine.delta_rs import DeltaRs
+
+    return DeltaRs(storage_options)

@@ -1,7 +1,7 @@
 """Every row a captured table held at a consistent point, as text: ``lakecdc verify``'s truth
 for the mirrors (``pipelines.verify.reconcile``), read inside its temporary slot's exported
-snapshot and kept in ``<lakehouse>/_verify`` (written without Spark, the consistent point
-as a Delta app transaction). A lakehouse set up before ``setup`` loaded mirrors by chunks
+snapshot and kept in ``<lakehouse>/_verify`` (the consistent point as a Delta app
+transaction). A lakehouse set up before ``setup`` loaded mirrors by chunks
 (``pipelines.setup.mirror_load``) holds such rows in
 ``<lakehouse>/silver/_mirror_baselines/<schema>/<table>`` too: a mirror starts from them
 once (``pipelines.run.mirrors.seed_mirror``).
@@ -14,10 +14,10 @@ numbers as JSON, as 2.5 does; with numbers as text, a decimal's NaN). The rows t
 such a value are counted as they are read (``Baseline.lost``): the known loss, reported
 apart from drift.
 The read is chunked through a server-side cursor: memory is bounded by a chunk, not a table
-- except with ``LAKECDC_WRITER=spark``, where a table's rows are collected and written
-through Spark in one commit (``core.spark_writes``; the consistent point then also in the
-commit's lakecdc metadata, layer ``mirror_baseline``): one table's text rows are held in
-memory there.
+- except on Spark's engine (``LAKECDC_WRITER=spark``), where a table's rows are collected
+and written in one commit (``core.engine``): one table's text rows are held in memory
+there. Either way the consistent point is also the commit's lakecdc metadata (layer
+``mirror_baseline``).
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ from typing import Iterator
 
 import psycopg
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from psycopg import sql
 
 from bronze.backfill_source import BYTEA, NOT_A_NUMBER, NUMBER_TYPES
 from bronze.source import mirror_key
-from core.commits import commit_metadata, newest, read_commits
+from core.commits import commit_metadata
+from core.engine.api import Engine
+from core.engine.delta_rs import DeltaRs, rs_commit
 from core.layout import mirror_baseline_path
 from core.postgres import table_rows
 from core.progress import ProgressBar
@@ -114,12 +115,12 @@ def keys_path(lakehouse: str, table: str) -> str:
 
 
 def write_baselines(dsn: str, snapshot_name: str, tables: tuple[str, ...], lakehouse: str,
-                    commit_lsn: int, storage_options: dict | None = None, writes=None,
-                    numbers_as_text: bool = False, sampling: Sampling | None = None
-                    ) -> dict[str, Baseline]:
+                    commit_lsn: int, storage_options: dict | None = None,
+                    engine: Engine | None = None, numbers_as_text: bool = False,
+                    sampling: Sampling | None = None) -> dict[str, Baseline]:
     """Read every table in ``tables`` inside the exported snapshot and replace its baseline
-    (one commit each, app transaction ``commit_lsn``; through ``writes``, a
-    ``core.spark_writes.SparkWrites``, when given); returns what each held.
+    (one commit each, app transaction ``commit_lsn``; through ``engine``, None: delta-rs
+    with ``storage_options``); returns what each held.
     ``numbers_as_text``: how the slot's wal2json prints numbers (``column_texts``).
 
     A table the catalog estimates at more than ``sampling.above`` rows is read in two parts
@@ -128,6 +129,7 @@ def write_baselines(dsn: str, snapshot_name: str, tables: tuple[str, ...], lakeh
     BERNOULLI``: another sample each run)."""
     from core.postgres import connect
 
+    engine = engine if engine is not None else DeltaRs(storage_options)
     written = {}
     with connect(dsn) as conn:
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -139,7 +141,7 @@ def write_baselines(dsn: str, snapshot_name: str, tables: tuple[str, ...], lakeh
                 rows, lossy = _write(mirror_baseline_path(lakehouse, table), _texts(columns),
                                      _shown(_chunks(conn, table, columns, lost, _texts(columns)),
                                             f"verify: reading {table}", estimate),
-                                     commit_lsn, storage_options, writes)
+                                     commit_lsn, engine)
                 written[table] = Baseline(rows, lossy)
                 continue
             key = mirror_key(conn, table)[1]
@@ -148,13 +150,13 @@ def write_baselines(dsn: str, snapshot_name: str, tables: tuple[str, ...], lakeh
             keys, lossy = _write(keys_path(lakehouse, table), _texts(keyed),
                                  _shown(_chunks(conn, table, keyed, lost, _texts(keyed)),
                                         f"verify: reading {table}'s keys", estimate),
-                                 commit_lsn, storage_options, writes)
+                                 commit_lsn, engine)
             share = min(100.0, 100.0 * sampling.rows / max(keys, 1))
             rows, _ = _write(mirror_baseline_path(lakehouse, table), _texts(columns),
                              _chunks(conn, table, columns, sql.SQL("false"), _texts(columns),
                                      sql.SQL("TABLESAMPLE BERNOULLI ({})").format(
                                          sql.Literal(share))),
-                             commit_lsn, storage_options, writes)
+                             commit_lsn, engine)
             written[table] = Baseline(rows, lossy, keys)
         conn.rollback()
     return written
@@ -183,9 +185,9 @@ def _texts(columns: list[tuple[str, sql.Composable]]) -> pa.Schema:
 
 
 def _write(uri: str, schema: pa.Schema, chunks: Iterator[tuple[pa.RecordBatch, int]],
-           commit_lsn: int, storage_options: dict | None, writes) -> tuple[int, int]:
+           commit_lsn: int, engine: Engine) -> tuple[int, int]:
     """``chunks`` as the whole table at ``uri``, in one commit (app transaction
-    ``commit_lsn``; through ``writes`` when given); returns (rows, rows that lost a value)."""
+    ``commit_lsn``) through ``engine``; returns (rows, rows that lost a value)."""
     count = lossy = 0
 
     def counted():
@@ -196,33 +198,28 @@ def _write(uri: str, schema: pa.Schema, chunks: Iterator[tuple[pa.RecordBatch, i
             yield batch
 
     reader = pa.RecordBatchReader.from_batches(schema, counted())
-    if writes is not None:
-        path = _spark_path(uri)
-        writes.create(path, schema)
-        writes.append(path, reader.read_all(), overwrite=True, app=(APP_ID, commit_lsn),
-                      meta=commit_metadata(LAYER, commit_lsn=commit_lsn))
-    else:
+    meta = commit_metadata(LAYER, commit_lsn=commit_lsn)
+    if isinstance(engine, DeltaRs):
+        # delta-rs writes the chunks as they are read, so memory holds one chunk whatever
+        # the table's size, and replaces the columns an earlier run's table had; an
+        # engine's append takes the whole table at once.
+        from deltalake import write_deltalake
+
         write_deltalake(uri, reader, mode="overwrite", schema_mode="overwrite",
-                        storage_options=storage_options,
-                        commit_properties=CommitProperties(
-                            app_transactions=[Transaction(APP_ID, commit_lsn)]))
+                        storage_options=engine.storage_options,
+                        commit_properties=rs_commit(meta, APP_ID, commit_lsn))
+    else:
+        engine.create(uri, schema)
+        engine.append(uri, reader.read_all(), overwrite=True, app=(APP_ID, commit_lsn),
+                      meta=meta)
     return count, lossy
 
 
 def baseline_point(lakehouse: str, table: str, storage_options: dict | None = None,
-                   spark=None) -> int | None:
+                   engine: Engine | None = None) -> int | None:
     """The consistent point of ``table``'s baseline, or None if it has none (read through
-    ``spark`` when given)."""
-    uri = mirror_baseline_path(lakehouse, table)
-    if spark is not None:
-        meta = newest(read_commits(spark, _spark_path(uri), LAYER, limit=20))
-        return None if meta is None else int(meta["commit_lsn"])
-    if not DeltaTable.is_deltatable(uri, storage_options=storage_options):
-        return None
-    return DeltaTable(uri, storage_options=storage_options).transaction_version(APP_ID)
+    ``engine``; None: delta-rs with ``storage_options``)."""
+    from pipelines.source.baseline import recorded_point
 
-
-def _spark_path(uri: str) -> str:
-    from core.storage import on_databricks, spark_path
-
-    return spark_path(uri, on_databricks())
+    engine = engine if engine is not None else DeltaRs(storage_options)
+    return recorded_point(engine, mirror_baseline_path(lakehouse, table), APP_ID, LAYER)

@@ -30,12 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from deltalake import DeltaTable
-
 from bronze.capture_list import CAPTURED, CaptureList
 from core.commits import parse_commit_metadata
+from core.engine.api import Engine
 from core.layout import mirror_path
-from core.spark_writes import writes_for
 from core.storage import on_databricks, spark_path
 
 Key = tuple
@@ -48,22 +46,16 @@ def scratch_root(lakehouse: str) -> str:
     return f"{lakehouse.rstrip('/')}/_verify"
 
 
-def tables_to_verify(config, storage_options: dict | None = None, spark=None
+def tables_to_verify(config, storage_options: dict | None, engine: Engine
                      ) -> tuple[str, ...]:
     """The mirrored tables that are captured (not being added, not removed) and have a
-    mirror (looked for by ``spark`` where only Spark reaches storage)."""
-    stored = CaptureList(config.lakehouse, storage_options, writes_for(spark, config)).read()
+    mirror, read and looked for through ``engine``."""
+    stored = CaptureList(config.lakehouse, storage_options, engine=engine).read()
     captured = (tuple(t for t, (s, _) in stored.states.items() if s == CAPTURED)
                 if stored is not None else config.tables)
     mirrored = captured if config.mirrors is None else \
         tuple(t for t in captured if t in config.mirrors)
-    if spark is not None:
-        from delta.tables import DeltaTable as SparkTable
-
-        return tuple(t for t in mirrored if SparkTable.isDeltaTable(
-            spark, spark_path(mirror_path(config.lakehouse, t), on_databricks())))
-    return tuple(t for t in mirrored if DeltaTable.is_deltatable(
-        mirror_path(config.lakehouse, t), storage_options=storage_options))
+    return tuple(t for t in mirrored if engine.exists(mirror_path(config.lakehouse, t)))
 
 
 # --- the truth: the documented rules, once more ----------------------------------------

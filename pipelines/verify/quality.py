@@ -157,9 +157,10 @@ class Checked:
 
 
 def read_checked(spark: SparkSession, state_path: str | None) -> Checked | None:
-    from core.commits import last_metadata
+    from core.commits import newest
+    from core.engine.spark import read_commits
 
-    meta = last_metadata(spark, state_path, "quality") if state_path else None
+    meta = newest(read_commits(spark, state_path, "quality", 100)) if state_path else None
     if not meta:
         return None
     return Checked(int(meta["floor"]), meta.get("silver_upto"), meta.get("watermark"))
@@ -218,7 +219,8 @@ def _baseline(spark: SparkSession, gold_path: str, floor: int, baseline_path: st
               storage_options: dict | None) -> DataFrame:
     """The counts gold started from at ``floor``: gold at the commit that set the floor (a
     seed or a rebuild), else setup's ``gold/_baseline`` if it is at ``floor``."""
-    from core.commits import floor_of, read_commits
+    from core.commits import floor_of
+    from core.engine.spark import read_commits
 
     empty = spark.createDataFrame([], _COUNTS)
     if floor == 0:

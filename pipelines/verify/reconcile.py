@@ -32,12 +32,12 @@ from bronze.source import check_source
 from bronze.spark_table import bronze_table
 from bronze.table import numbers_as_text
 from core.captured import DIMS
+from core.engine.choose import start_engine
 from core.errors import DriftFound, UserError
 from core.layout import GOLD, SILVER
 from core.locks import gold_lock_name, is_held, ship_lock_name
 from core.lsn import fmt
 from core.postgres import connect
-from core.spark_writes import writes_for
 from core.storage import Lakehouse, gold_key
 from gold.push import PROGRESS_TABLE, STATS_TABLE
 from pipelines.run.markers import mirrors_position
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from core.config import Config
+    from core.engine.api import Engine
     from pipelines.run.pipeline import Locations
 
 log = logging.getLogger("lakecdc.verify")
@@ -103,13 +104,12 @@ def verify_once(config: Config, where: Locations, start_spark: Callable[[], Spar
     source = config.require_source()
     _preflight(config)
     options = Lakehouse.from_config(config).delta_rs_options()
-    # Where only Spark reaches storage, every read of the lakehouse below is Spark's: the
-    # session starts here, before the source is counted, not after.
-    reader = start_spark() if config.spark_writes else None
-    mirrored = tables_to_verify(config, options, reader)
+    # Every read of the lakehouse below is the engine's; where only Spark reaches storage,
+    # its session starts here, before the source is counted, not after (none on delta-rs).
+    engine = start_engine(config, start_spark)
+    mirrored = tables_to_verify(config, options, engine)
     # The source's rows are read as the shipper's wal2json prints them (recorded in bronze).
-    text = numbers_as_text(bronze_table(config, options, writes_for(reader, config)),
-                           config.slot)
+    text = numbers_as_text(bronze_table(config, options, engine=engine), config.slot)
 
     with consistent_point(source) as point:
         # Emitted first so a running pipeline carries it along while the count runs.
@@ -119,11 +119,11 @@ def verify_once(config: Config, where: Locations, start_spark: Callable[[], Spar
         truth_src = count_at(source, point, config.counted, "verify: counting source rows")
         read = {} if not mirrored else write_baselines(   # the mirrored tables at the point
             source, point.snapshot_name, mirrored, scratch_root(config.lakehouse), point.lsn,
-            options, writes_for(reader, config), text, sampling)
+            options, engine=engine, numbers_as_text=text, sampling=sampling)
     # The temporary slot is gone: nothing of verify pins WAL from here on.
 
     layers = ("gold", "dashboard", *(("mirrors",) if mirrored else ()))
-    how = _past_marker(config, where, drive, marker, timeout_s, layers, reader)
+    how = _past_marker(config, where, drive, marker, timeout_s, layers, engine)
     spark = start_spark()
     from gold import asof
 
@@ -183,9 +183,9 @@ def _preflight(config: Config) -> None:
 # --- step 2: gold and the dashboard past the marker -------------------------------------
 
 def _past_marker(config: Config, where: Locations, drive: Callable[[], object], marker: int,
-                 timeout_s: float, layers: tuple[str, ...] = ("gold", "dashboard"),
-                 spark: SparkSession | None = None) -> str:
-    """Get gold and the dashboard to include the marker; returns how (for the report).
+                 timeout_s: float, layers: tuple[str, ...], engine: Engine) -> str:
+    """Get gold and the dashboard (and ``layers``) to include the marker; returns how (for
+    the report); the layers' positions are read through ``engine``.
 
     While another process holds the shipper or the gold lock, a pipeline is running: wait
     for it. When neither is held (at the start, or because the running pipeline stopped
@@ -203,7 +203,7 @@ def _past_marker(config: Config, where: Locations, drive: Callable[[], object], 
                 log.info("verify: no pipeline running; running every stage once "
                          "(run --once)")
                 drive()
-                positions = _positions(config, where, dash, (*_LAYERS, *layers), spark)
+                positions = _positions(config, where, dash, (*_LAYERS, *layers), engine)
                 if not _passed(positions, marker, layers):
                     raise UserError(_stuck(marker, "after `run --once`", positions,
                                            waited=False))
@@ -213,14 +213,14 @@ def _past_marker(config: Config, where: Locations, drive: Callable[[], object], 
                 log.info("verify: a pipeline is running; waiting up to %.0fs for gold and "
                          "the dashboard to pass the marker %s", timeout_s, fmt(marker))
                 waited = True
-            positions = _positions(config, where, dash, layers, spark)
+            positions = _positions(config, where, dash, layers, engine)
             if _passed(positions, marker, layers):
                 return (f"a running pipeline passed the marker in "
                         f"{time.monotonic() - started:.1f}s")
             if time.monotonic() >= deadline:
                 raise UserError(_stuck(marker, f"after waiting {timeout_s:.0f}s",
                                        _positions(config, where, dash, (*_LAYERS, *layers),
-                                                  spark)))
+                                                  engine)))
             time.sleep(POLL_S)
 
 
@@ -232,64 +232,26 @@ _LAYERS = ("bronze", "silver", "gold", "dashboard")
 
 
 def _positions(config: Config, where: Locations, dashboard: psycopg.Connection,
-               layers=_LAYERS, spark: SparkSession | None = None) -> dict:
-    """Source commit LSN each layer includes (None: nothing yet), read without Spark;
-    with ``spark``, where only Spark reaches storage, by it (``_positions_spark``)."""
-    if spark is not None:
-        return _positions_spark(config, where, dashboard, layers, spark)
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
+               layers: tuple[str, ...], engine: Engine) -> dict:
+    """Source commit LSN each layer includes (None: nothing yet), read through ``engine``:
+    bronze's recorded progress, silver's newest commit LSN (from its per-file statistics),
+    gold's recorded watermark, the dashboard's, the newest marker the mirrors passed."""
     from pipelines.observe.status import delta_layer, gold_layer
 
-    # delta-rs takes the configured URIs (s3://, not Spark's s3a://) and storage options.
-    options = Lakehouse.from_config(config).delta_rs_options()
     found = {}
     if "bronze" in layers:
-        try:
-            found["bronze"] = DeltaTable(config.bronze_path, storage_options=options
-                                         ).transaction_version(config.slot)
-        except TableNotFoundError:            # nothing shipped yet
-            found["bronze"] = None
+        bronze = bronze_table(config, engine=engine)
+        progress = bronze.progress(config.slot) if bronze.exists() else None
+        found["bronze"] = None if progress is None else progress.commit_lsn
     if "silver" in layers:
-        found["silver"] = delta_layer("silver", config.table_path(SILVER),
-                                      "commit_lsn", "commit_ts", options).commit_lsn
+        found["silver"] = delta_layer("silver", config.table_path(SILVER), "commit_lsn",
+                                      "commit_ts", engine=engine).commit_lsn
     if "gold" in layers:
-        found["gold"] = gold_layer(config.table_path(GOLD),
-                                   options).commit_lsn
+        found["gold"] = gold_layer(config.table_path(GOLD), engine=engine).commit_lsn
     if "dashboard" in layers:
         found["dashboard"] = dashboard_position(dashboard, gold_key(where.gold))
     if "mirrors" in layers:
-        found["mirrors"] = mirrors_position(config.lakehouse, options)
-    return found
-
-
-def _positions_spark(config: Config, where: Locations, dashboard: psycopg.Connection,
-                     layers, spark: SparkSession) -> dict:
-    """``_positions`` read by Spark: bronze and silver as the newest commit LSN they hold
-    (Delta answers a max from its file statistics), gold as its recorded watermark."""
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
-
-    from gold.asof import gold_state
-
-    def newest(path: str) -> int | None:
-        if not DeltaTable.isDeltaTable(spark, path):
-            return None
-        return spark.read.format("delta").load(path).agg(F.max("commit_lsn")).first()[0]
-
-    found = {}
-    if "bronze" in layers:
-        found["bronze"] = newest(where.silver.bronze_path)
-    if "silver" in layers:
-        found["silver"] = newest(where.silver.silver_path)
-    if "gold" in layers:
-        state = gold_state(spark, where.gold)
-        found["gold"] = state.watermark if state is not None else None
-    if "dashboard" in layers:
-        found["dashboard"] = dashboard_position(dashboard, gold_key(where.gold))
-    if "mirrors" in layers:
-        found["mirrors"] = mirrors_position(config.lakehouse, spark=spark)
+        found["mirrors"] = mirrors_position(config.lakehouse, engine=engine)
     return found
 
 

@@ -23,6 +23,8 @@ import pytest
 from pyspark.sql import Row
 
 from core.commits import commit_metadata as metadata
+from core.commits import newest
+from core.engine.spark import read_commits
 import gold.apply
 from gold.apply import (
     GOLD_SCHEMA,
@@ -30,7 +32,6 @@ from gold.apply import (
     GoldBatchWriter,
     GoldPaths,
     ensure_gold_tables,
-    last_metadata,
     seed_gold,
     step_app_id,
 )
@@ -47,6 +48,11 @@ HIST = ("public", "notification_history")
 TS = datetime(2025, 3, 1, 12, 0, 0)
 REPO = Path(__file__).resolve().parents[2]
 DIM_NAMES = ("service_id", "template_id", "notification_type", "notification_status")
+
+
+def last_metadata(spark, path: str) -> dict | None:
+    """The newest lakecdc metadata of gold in the latest 100 commits of ``path``."""
+    return newest(read_commits(spark, path, limit=100))
 
 
 class Sim:

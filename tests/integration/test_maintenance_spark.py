@@ -1,4 +1,4 @@
-"""Maintenance through Spark (``core.maintenance_spark``, ``LAKECDC_WRITER=spark``) never lets
+"""Maintenance through Spark (``core.engine.spark_maintenance``, ``LAKECDC_WRITER=spark``) never lets
 Delta's own log cleanup delete what the table's stream reads again when it restarts.
 
 Delta (not lakecdc) deletes expired log entries there, at its checkpoints, while the table's
@@ -17,8 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from core.maintenance_spark import maintain_table_spark, stream_position_spark, stream_needs_log
-from core.spark_writes import SparkWrites
+from core.engine.spark import SparkDelta
+from core.engine.spark_maintenance import (
+    maintain_table_spark,
+    stream_needs_log,
+    stream_position_spark,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -47,10 +51,10 @@ def test_a_stream_that_committed_only_its_first_batch_restarts_after_maintenance
     minute, then written on past two Delta checkpoints. The stream restarts and reads
     every row once. Without the rule (``stream_needs_log`` answering no), Delta's cleanup
     deletes the entries batch 0 began at, and the restart fails."""
-    from core import maintenance_spark
+    from core.engine import spark_maintenance
 
     if not guarded:
-        monkeypatch.setattr(maintenance_spark, "stream_needs_log", lambda *a: False)
+        monkeypatch.setattr(spark_maintenance, "stream_needs_log", lambda *a: False)
     path, checkpoint = str(tmp_path / "t"), str(tmp_path / "checkpoint")
     spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT) USING delta "
               "TBLPROPERTIES ('delta.checkpointInterval' = '2')")
@@ -63,7 +67,7 @@ def test_a_stream_that_committed_only_its_first_batch_restarts_after_maintenance
 
     floor = stream_position_spark(spark, checkpoint, replayed=True)
     assert floor == -1                                  # only batch 0 committed
-    maintain_table_spark(SparkWrites(spark), "t", path, retention_hours=24,
+    maintain_table_spark(SparkDelta(spark), "t", path, retention_hours=24,
                          log_retention_minutes=1,
                          reader_floor=stream_position_spark(spark, checkpoint),
                          log_floor=floor)

@@ -120,15 +120,16 @@ def test_a_kill_between_new_initial_rows_and_the_drop_of_the_old_tail_lays_no_st
     assert_mirror_is_source(source_db, config)
 
 
-def outlive_the_log(cli_here, env: dict, config, path: str, writes=None) -> None:
+def outlive_the_log(cli_here, env: dict, config, path: str, engine=None) -> None:
     """An outage longer than the log retention (one minute here), then ``maintain --once``,
     then the log cleaned: every entry of the mirror at ``path`` aged an hour, maintenance,
     every entry aged again and a checkpoint. Delta cleans an expired log only before a
     checkpoint that is itself past the retention, at a later maintenance on delta-rs's path
-    (``core.maintenance``), at its next checkpoint on Spark's (``core.maintenance_spark``);
-    ``clean_log`` does it here. Through Spark (``writes``) the mirror's own maintenance
-    alone, as ``maintain --once`` runs it: every table's through Spark takes minutes on two
-    cores. Asserts that no commit of a load is left in the mirror's history to read."""
+    (``core.maintenance``), at its next checkpoint on Spark's
+    (``core.engine.spark_maintenance``); ``clean_log`` does it here. Through Spark
+    (``engine``) the mirror's own maintenance alone, as ``maintain --once`` runs it: every
+    table's through Spark takes minutes on two cores. Asserts that no commit of a load is left
+    in the mirror's history to read."""
     from core.commits import parse_commit_metadata
     from core.maintenance import clean_log
 
@@ -137,14 +138,14 @@ def outlive_the_log(cli_here, env: dict, config, path: str, writes=None) -> None
             os.utime(entry, (time.time() - 3600,) * 2)
 
     age()
-    if writes is None:
+    if engine is None:
         maintained = ok(cli_here(["maintain", "--once"], env))
         assert f"mirror {TABLE_ADDED}:" in maintained, maintained
     else:
         from pipelines.maintain.plan import Maintained
         from pipelines.maintain.schedule import maintain
 
-        maintain([Maintained(f"mirror {TABLE_ADDED}", path, 1)], config, None, writes)
+        maintain([Maintained(f"mirror {TABLE_ADDED}", path, 1)], config, engine=engine)
     age()
     DeltaTable(path).create_checkpoint()
     clean_log(path, log_retention_minutes=1)
@@ -167,7 +168,7 @@ def test_a_finished_add_is_replayed_after_an_outage_longer_than_the_log_retentio
     --once`` runs, its log cleaned: no commit of the load is left in the mirror's history.
     The next ``run --once`` must still apply the held changes: the mirror equals the
     source. On each engine (``LAKECDC_WRITER``)."""
-    from core.spark_writes import SparkWrites
+    from core.engine.spark import SparkDelta
     from pipelines.setup.prepare import setup
     from pipelines.setup.tables import add_table
     from tests.integration.test_tables_add import (
@@ -189,8 +190,8 @@ def test_a_finished_add_is_replayed_after_an_outage_longer_than_the_log_retentio
     env = {**cli_env(config), "LAKECDC_LOG_RETENTION_MINUTES": "1",
            "LAKECDC_READER_RETENTION": "1m",
            **({"LAKECDC_WRITER": "spark"} if spark_writes else {})}
-    writes = SparkWrites(spark) if spark_writes else None
-    with running_shipper(config, writes=writes):
+    engine = SparkDelta(spark) if spark_writes else None
+    with running_shipper(config, engine=engine):
         crash_once_at(monkeypatch, "after_mirror_chunk")
         with pytest.raises(Crash):
             add_table(config, TABLE_ADDED, chunk_rows=10, spark_factory=lambda: spark)
@@ -202,6 +203,6 @@ def test_a_finished_add_is_replayed_after_an_outage_longer_than_the_log_retentio
             ok(cli_here(step, env))
         assert "its 29 current rows loaded" in ok(cli_here(
             ["tables", "add", TABLE_ADDED, "--chunk-rows", "10"], env))
-    outlive_the_log(cli_here, env, config, mirror_path(config.lakehouse, TABLE_ADDED), writes)
+    outlive_the_log(cli_here, env, config, mirror_path(config.lakehouse, TABLE_ADDED), engine)
     ok(cli_here(["run", "--once"], env))
     assert_docs_mirrored(source_db, config)

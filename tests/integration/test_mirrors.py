@@ -505,7 +505,8 @@ def test_verify_checks_each_mirror_against_its_source_under_traffic_and_names_a_
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from core.commits import commit_metadata, parse_commit_metadata, rs_commit
+    from core.commits import commit_metadata, parse_commit_metadata
+    from core.engine.delta_rs import rs_commit
 
     mirror = DeltaTable(mirror_path(config.lakehouse, TABLE))
     held = next(m for m in (parse_commit_metadata(h.get("userMetadata"), "mirror")

@@ -29,8 +29,9 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from core.commits import commit_metadata, read_commits_rs
+from core.commits import commit_metadata
 from core.config import reader_retention
+from core.engine.delta_rs import read_commits_rs
 from core.errors import UserError
 from core.layout import GOLD, GOLD_DELTAS, GOLD_PENDING, QUARANTINE, SILVER, STREAM_CHECKPOINT
 from core.maintenance import clean_log
@@ -105,10 +106,12 @@ def test_silver_recognises_a_replayed_batch_after_the_log_is_cleaned(spark, tmp_
 
 # --- gold -----------------------------------------------------------------------------------
 
-def spark_writes_of(spark, engine: str):
-    from core.spark_writes import SparkWrites
+def engine_of(spark, engine: str):
+    """A new engine, as each process's writer makes its own."""
+    from core.engine.delta_rs import DeltaRs
+    from core.engine.spark import SparkDelta
 
-    return SparkWrites(spark) if engine == "spark" else None
+    return SparkDelta(spark) if engine == "spark" else DeltaRs()
 
 
 @pytest.mark.parametrize("engine", ["delta-rs", "spark"])
@@ -121,15 +124,15 @@ def test_steps_waiting_in_deltas_are_folded_once_after_the_log_is_cleaned(spark,
     paths = GoldPaths.beside(str(tmp_path / "gold" / "service_stats"))
     ensure_gold_tables(spark, paths)
     sim, _ = busy_sim()
-    writes = spark_writes_of(spark, engine)
-    first = GoldBatchWriter(paths, fold_share=ON_FINISH, spark_writes=writes)
+    first = GoldBatchWriter(paths, fold_share=ON_FINISH, engine=engine_of(spark, engine))
     for batch_id, tx in enumerate(sim.txs[:6]):
         first.apply(spark, df(spark, tx).toArrow(), batch_id)
         if batch_id == 2:
             first.fold()
     assert nonzero(gold_counts(spark, paths.gold)) == sim.truths[2]
     outlive_the_log(*gold_tables(paths))
-    restarted = gold_writer(spark, paths, fold_share=ON_FINISH, spark_writes=writes)
+    restarted = gold_writer(spark, paths, fold_share=ON_FINISH,
+                            engine=engine_of(spark, engine))
     assert nonzero(gold_counts(spark, paths.gold)) == sim.truths[5]
     for batch_id, tx in enumerate(sim.txs[6:], start=6):
         restarted.apply(spark, df(spark, tx).toArrow(), batch_id)
@@ -150,15 +153,15 @@ def test_a_batch_gold_holds_is_recognised_after_gold_s_log_is_cleaned(spark, tmp
     paths = GoldPaths.beside(str(tmp_path / "gold" / "service_stats"))
     ensure_gold_tables(spark, paths)
     sim, _ = busy_sim()
-    writes = spark_writes_of(spark, engine)
-    first = GoldBatchWriter(paths, fold_share=ON_FINISH, spark_writes=writes)
+    first = GoldBatchWriter(paths, fold_share=ON_FINISH, engine=engine_of(spark, engine))
     last = len(sim.txs) - 2
     for batch_id, tx in enumerate(sim.txs[:-1]):
         first.apply(spark, df(spark, tx).toArrow(), batch_id)
     first.fold()
     assert DeltaTable(paths.deltas).to_pyarrow_table().num_rows > 0
     outlive_the_log(*(getattr(paths, table) for table in cleaned))
-    restarted = gold_writer(spark, paths, fold_share=ON_FINISH, spark_writes=writes)
+    restarted = gold_writer(spark, paths, fold_share=ON_FINISH,
+                            engine=engine_of(spark, engine))
     handed: list = []
     for batch_id in (last, last + 1):                 # the replay, then the next batch
         restarted.apply(spark, df(spark, sim.txs[batch_id]).toArrow(), batch_id,

@@ -1,4 +1,4 @@
-"""``core.spark_writes``: the commits every writer makes through Spark when only Spark can
+"""``core.engine.spark.SparkDelta``: the commits every writer makes through Spark when only Spark can
 reach storage (``LAKECDC_WRITER=spark``), on a real Spark with Delta.
 
 - An append's rows land in the table's column order and types, with the metadata; a
@@ -17,8 +17,8 @@ import pyarrow as pa
 import pytest
 from delta.tables import DeltaTable
 
-from core.commits import commit_metadata, read_commits
-from core.spark_writes import SparkWrites
+from core.commits import commit_metadata
+from core.engine.spark import SparkDelta, read_commits
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -41,7 +41,7 @@ def _history(spark, path) -> list[dict]:
 
 
 def test_an_append_carries_its_metadata_and_a_replay_is_skipped(spark, table):
-    writes = SparkWrites(spark)
+    writes = SparkDelta(spark)
     rows = pa.table({"n": pa.array([1, 2], pa.int64()), "k": ["a", "b"]})
     assert writes.append(table, rows, meta=commit_metadata("silver", batch_id=4),
                          app=("app", 4))
@@ -56,7 +56,7 @@ def test_an_append_carries_its_metadata_and_a_replay_is_skipped(spark, table):
 
 
 def test_a_commit_without_rows_is_made_and_carries_progress(spark, table):
-    writes = SparkWrites(spark)
+    writes = SparkDelta(spark)
     empty = pa.table({"k": pa.array([], pa.string()), "n": pa.array([], pa.int64())})
     before = writes.version(table)
     assert writes.append(table, empty, meta=commit_metadata("bronze", end_lsn=7),
@@ -66,7 +66,7 @@ def test_a_commit_without_rows_is_made_and_carries_progress(spark, table):
 
 
 def test_a_merge_updates_inserts_deletes_once_and_leaves_its_session_clean(spark, table):
-    writes = SparkWrites(spark)
+    writes = SparkDelta(spark)
     writes.append(table, pa.table({"k": ["a", "b", "c"], "n": pa.array([1, 2, 3], pa.int64())}))
     source = pa.table({"k": ["a", "b", "d"], "d": pa.array([10, 0, 4], pa.int64())})
 

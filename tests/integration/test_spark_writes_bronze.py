@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from bronze.records import BRONZE_SCHEMA
 from bronze.spark_table import SparkBronzeTable
 from bronze.table import Progress, SourceIdentity
-from core.spark_writes import SparkWrites
+from core.engine.spark import SparkDelta
 from tests.cloud_servers import guarded_s3
 from tests.integration.workload import mixed
 from tests.tests_support import Crash, cli_env, crash_once_at, error_line, one_sentence, run_cli
@@ -44,8 +44,8 @@ def test_without_the_version_check_a_killed_spark_shipper_duplicates(source_db, 
         unsafe = config.with_(disabled_guards=frozenset({"version_check"}))
         crash_once_at(monkeypatch, "after_bronze_commit")
         with pytest.raises(Crash):
-            Shipper(unsafe, writes=SparkWrites(spark)).run(once=True)
-        Shipper(unsafe, writes=SparkWrites(spark)).run(once=True)
+            Shipper(unsafe, engine=SparkDelta(spark)).run(once=True)
+        Shipper(unsafe, engine=SparkDelta(spark)).run(once=True)
         with pytest.raises(AssertionError, match="duplicate"):
             check_bronze(config.bronze_path, witness.transactions())
     finally:
@@ -76,7 +76,7 @@ def test_the_spark_table_keeps_identity_and_every_app_version_across_commits(spa
     back by Spark and by delta-rs; a replayed commit (same ``end_lsn``) is skipped by Spark
     and, with the replay guard off (``skip_replays=False``), is not."""
     path = str(tmp_path / "bronze")
-    table = SparkBronzeTable(path, SparkWrites(spark))
+    table = SparkBronzeTable(path, SparkDelta(spark))
     table.create(SourceIdentity("s", "db", "123", 1), 100)
     assert table.progress("s") == Progress(0, 100) and table.rebaselined_at("s") is None
     table.record_progress("s", Progress(0, 200), {"lakecdc.operation": "rebaseline"},
@@ -98,7 +98,7 @@ def test_the_spark_table_keeps_identity_and_every_app_version_across_commits(spa
     version = table.version()
     table.append(iter([row]), "s", Progress(250, 300))
     assert table.version() == version and rs.to_pyarrow_table().num_rows == 0
-    unguarded = SparkBronzeTable(path, SparkWrites(spark), skip_replays=False)
+    unguarded = SparkBronzeTable(path, SparkDelta(spark), skip_replays=False)
     unguarded.append(iter([row]), "s", Progress(250, 300))
     assert table.version() == version + 1
     assert DeltaTable(path).to_pyarrow_table().num_rows == 1

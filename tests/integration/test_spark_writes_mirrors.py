@@ -169,9 +169,10 @@ def test_spark_mirrors_follow_the_source_replay_exactly_once_and_maintain_and_ve
     assert sizes["silver"]["live_files"] == 1 and sizes["silver"]["log_entries"] > 3, sizes
     assert all(t["last_maintained"] is not None for t in sizes.values()), sizes
     # The metrics' state, read as `run --metrics-port` reads it with this writer.
+    from core.engine.spark import SparkDelta
     from pipelines.observe.metrics_state import read_state
 
-    state = read_state(config.with_(writer="spark"), spark=lambda: spark)
+    state = read_state(config.with_(writer="spark"), engine=lambda: SparkDelta(spark))
     assert all(state.up.values()), state.errors
     assert len(state.tables) >= 6 and all(sizes[t["table"]] == t for t in state.tables)
 

@@ -194,7 +194,8 @@ def test_status_through_spark_reads_the_newest_change_in_utc_on_a_driver_off_utc
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from pipelines.observe.status import spark_layer
+    from core.engine.spark import SparkDelta
+    from pipelines.observe.status import delta_layer
 
     written = dt.datetime(2026, 11, 29, 1, 0, tzinfo=dt.timezone.utc)
     path = str(tmp_path / "layer")
@@ -203,7 +204,7 @@ def test_status_through_spark_reads_the_newest_change_in_utc_on_a_driver_off_utc
     monkeypatch.setenv("TZ", "America/New_York")
     time.tzset()
     try:
-        layer = spark_layer(spark, "silver", path, "commit_lsn", "commit_ts")
+        layer = delta_layer("silver", path, "commit_lsn", "commit_ts", SparkDelta(spark))
     finally:
         monkeypatch.undo()
         time.tzset()

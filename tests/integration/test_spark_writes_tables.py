@@ -45,7 +45,7 @@ def bronze_info_sum(config, key: str) -> int:
 
 def test_a_table_added_through_spark_alone_is_loaded_by_it_and_ends_exact(
         source_db, config, spark, cli_here, monkeypatch):
-    from core.spark_writes import SparkWrites
+    from core.engine.spark import SparkDelta
     from pipelines.setup.prepare import setup
     from pipelines.setup.tables import add_table
 
@@ -56,7 +56,7 @@ def test_a_table_added_through_spark_alone_is_loaded_by_it_and_ends_exact(
     setup(config, spark_factory=lambda: spark)
     env = {**cli_env(config), "LAKECDC_MIRRORS": "all", "LAKECDC_WRITER": "spark"}
 
-    with running_shipper(config, writes=SparkWrites(spark)):
+    with running_shipper(config, engine=SparkDelta(spark)):
         crash_once_at(monkeypatch, "after_mirror_chunk")
         with pytest.raises(Crash):
             add_table(config, "public.docs", chunk_rows=10, spark_factory=lambda: spark)
@@ -72,7 +72,7 @@ def test_a_table_added_through_spark_alone_is_loaded_by_it_and_ends_exact(
     assert all("Apache-Spark" in c.get("engineInfo", "") for c in mirror), mirror[0]
 
     # A backfill run reads the rows into the change stream, in two chunks.
-    with running_shipper(config, writes=SparkWrites(spark)):
+    with running_shipper(config, engine=SparkDelta(spark)):
         read_again = cli_here(["backfill", "snapshot", "--table", "public.docs",
                                "--new-run", "--chunk-rows", "15"], env)
         assert read_again.returncode == 0, read_again.stderr[-3000:]

@@ -4,13 +4,8 @@
 import pyarrow as pa
 from deltalake import CommitProperties, write_deltalake
 
-from core.commits import (
-    commit_metadata,
-    floor_of,
-    newest,
-    parse_commit_metadata,
-    read_commits_rs,
-)
+from core.commits import commit_metadata, floor_of, newest, parse_commit_metadata
+from core.engine.delta_rs import read_commits_rs
 
 
 def test_metadata_round_trips_and_other_layers_and_tools_are_foreign():

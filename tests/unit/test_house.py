@@ -3,7 +3,8 @@
 - a module holds at most ``MODULE_LINES`` lines, a function at most ``FUNCTION_LINES``;
 - no import circle between the project's modules (lazy imports inside functions count: a
   circle is one whichever line it starts from);
-- no module imports both storage engines (``deltalake``, and ``pyspark`` or ``delta``).
+- no module outside the engine package (``core.engine``, where lakecdc chooses its storage
+  engine once) imports both storage engines (``deltalake``, and ``pyspark`` or ``delta``).
 
 What breaks a rule today is listed below, with its size now: the lists only shrink. A
 listed module or function that grows fails, and so does one that shrank (list it at its new
@@ -26,21 +27,12 @@ ENGINES = ({"deltalake"}, {"pyspark", "delta"})
 
 # Today's exceptions: name -> lines now.
 LONG_MODULES = {
-    "silver.mirror_store": 661, "gold.apply": 615, "bronze.ship": 612,
-    "silver.mirror": 579, "pipelines.run.pipeline": 564,
-    "core.storage": 513,
+    "bronze.ship": 612, "silver.mirror": 579, "core.storage": 513,
 }
 LONG_FUNCTIONS: dict[str, int] = {}
-CIRCLES = [
-    {"core.commits", "core.spark_writes"},
-]
-BOTH_ENGINES = {
-    "core.commits", "bronze.capture_list", "bronze.backfill_staging", "silver.writer",
-    "silver.mirror_store", "gold.push", "gold.view", "pipelines.observe.query",
-    "pipelines.observe.status", "pipelines.setup.tables", "pipelines.setup.mirror_load",
-    "pipelines.verify.mirrors", "pipelines.verify.reconcile", "pipelines.run.inputs",
-    "pipelines.run.markers",
-}
+CIRCLES: list[set[str]] = []
+ENGINE_PACKAGE = "core.engine"
+BOTH_ENGINES: set[str] = set()
 
 
 class House:
@@ -170,7 +162,8 @@ def test_no_import_circle(house):
 
 def test_no_module_imports_both_engines(house):
     both = {m for m in house.sources
-            if all(engine & house.imports(m)[1] for engine in ENGINES)}
+            if all(engine & house.imports(m)[1] for engine in ENGINES)
+            and not m.startswith(ENGINE_PACKAGE + ".")}
     assert both - BOTH_ENGINES == set()
     assert BOTH_ENGINES - both == set()                          # gone: take it off the list
 

@@ -92,7 +92,7 @@ def test_a_table_others_read_keeps_its_removed_files_as_long_as_its_log(tmp_path
     for table in (own, read):
         small_commits(table, 10)
     maintain([Maintained("own", str(own), config.log_retention_minutes),
-              Maintained("read", str(read), config.kept_minutes("gold"))], config, None)
+              Maintained("read", str(read), config.kept_minutes("gold"))], config)
     assert len(data_files(own)) == 1 and len(data_files(read)) == 11
     assert keys(read, version=5) == list(range(300))
     assert DeltaTable(str(read)).metadata().configuration[
@@ -280,7 +280,7 @@ def test_the_schedule_runs_each_interval_and_a_failure_never_reaches_the_writer(
         calls.append(clock.now)
         raise OSError("No space left on device")
 
-    monkeypatch.setattr("pipelines.maintain.schedule.maintain_table", fails)
+    monkeypatch.setattr("core.engine.delta_rs.maintain_table", fails)
     clock.now = 200
     with caplog.at_level(logging.WARNING, logger="lakecdc.maintain"):
         assert maintainer.after_batch() == []

@@ -13,7 +13,7 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from core.commits import commit_metadata
+from core.commits import Commit, commit_metadata, parse_commit_metadata
 from pipelines.setup.mirror_load import LoadState, load_state
 from silver.mirror_load import chunk_copy, chunk_end, load_column, parse_chunk
 
@@ -101,9 +101,11 @@ def test_a_load_is_found_in_the_mirrors_history_by_its_run():
                commit(load=2, chunk=3, rows=30, after=["30"], floor=99),
                commit(load=2, chunk=2, rows=20, after=["20"], floor=99),
                commit(load=1, chunk=9, rows=90, after=["90"], floor=5, complete=True)]
-    assert load_state(history, 2) == LoadState(3, 30, ["30"], 99, False)
-    assert load_state(history, 1) == LoadState(9, 90, ["90"], 5, True)
-    assert load_state(history, 3) == LoadState()
+    commits = [Commit(len(history) - i, parse_commit_metadata(c["userMetadata"], "mirror"))
+               for i, c in enumerate(history)]
+    assert load_state(commits, 2) == LoadState(3, 30, ["30"], 99, False)
+    assert load_state(commits, 1) == LoadState(9, 90, ["90"], 5, True)
+    assert load_state(commits, 3) == LoadState()
     assert json.loads(history[2]["userMetadata"])["floor"] == 99
 
 
@@ -175,9 +177,9 @@ def test_a_load_is_complete_by_its_app_transaction_when_its_commits_are_gone(tmp
                      COMMIT_LSN: pa.nulls(2, pa.int64()),
                      COMMIT_TS: pa.nulls(2, pa.timestamp("us", tz="UTC"))})
     target.write(rows, commit_metadata("mirror"), overwrite=True, app=(LOAD_APP_ID, 99))
-    version = DeltaTable(target.uri).version()
+    version = DeltaTable(target.path).version()
     report = load_mirror("postgresql://127.0.0.1:1/none", target, 7, 99)
     assert (report.complete, report.rows, report.new_rows) == (True, 2, 0)
-    assert DeltaTable(target.uri).version() == version
+    assert DeltaTable(target.path).version() == version
     with pytest.raises(Exception):
         load_mirror("postgresql://127.0.0.1:1/none", target, 8, 100)
