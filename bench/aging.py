@@ -63,8 +63,11 @@ from core.config import (
 from core.engine.delta_rs import rs_commit
 from core.handle import WriterHandle
 from core.maintenance import clean_log, maintain_table
-from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables
-from silver.mirror import COMMIT_LSN, COMMIT_TS, TableSpec, create_mirror, merge_changes
+from gold.apply import GoldBatchWriter
+from gold.gold_tables import GoldPaths, ensure_gold_tables
+from silver.mirrors.mirror_table import COMMIT_LSN, COMMIT_TS, TableSpec
+from silver.mirrors.mirror_writer import create_mirror
+from silver.mirrors.store_rs import merge_changes
 from silver.parse import parse_table
 from silver.writer import ParsedBatch, SilverWriter
 
@@ -72,7 +75,7 @@ TABLE = "public.notifications"
 COLUMNS = ("id", *DIMS)
 SLOT = "aging"
 DAY_S = 86_400
-# Each table's log retention, as ``pipelines.maintain.plan`` gives the pipeline's tables:
+# Each table's log retention, as ``pipelines.maintain.owners`` gives the pipeline's tables:
 # silver, gold and a mirror are read by others (a day by default).
 LOG_MINUTES = {"bronze": min(LOG_RETENTION_MINUTES, BRONZE_LOG_RETENTION_MINUTES),
                "silver": READER_RETENTION_MINUTES, "gold": READER_RETENTION_MINUTES,

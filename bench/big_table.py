@@ -24,7 +24,7 @@ then, the traffic going on, the mirror as it is kept (``kept``, ``KEPT_S`` secon
   a core from what it measures);
 - what its batches cost: the mirrors' query's batches in that time and their mean duration
   (``lakecdc_stream_batch_duration_seconds``, scraped from ``run``'s metrics), which
-  include the tail's folds; and each fold ``run`` logged;
+  include the tail's drains; and each drain ``run`` logged;
 
 then the traffic stops, ``run`` catches up, and the mirror is compared with the table: its
 row count, and every column of ``SAMPLE_RANGES`` key ranges.
@@ -180,7 +180,7 @@ def mirrors_batches(port: int) -> tuple[int, float]:
 
 
 def folds(log: Path) -> list[tuple[int, float]]:
-    """(rows, seconds) of each fold of the big mirror's tail ``run`` logged."""
+    """(rows, seconds) of each drain of the big mirror's tail ``run`` logged."""
     return [(int(rows), float(s)) for rows, s in re.findall(
         r"public/big: (\d+) rows of its tail merged in ([\d.]+) s",
         log.read_text(errors="replace"))]
@@ -299,7 +299,7 @@ def lakecdc_verify(config: Config, log: Path, *args: str) -> tuple[float, int]:
 
 def mirror_rows(config: Config) -> int:
     """The mirror's current rows (its tail laid over its table); 0 before it exists."""
-    from silver.mirror_pending import read_mirror
+    from silver.mirrors.tail import read_mirror
 
     try:
         return read_mirror(mirror_path(config.lakehouse, TABLE), columns=[]).num_rows
@@ -309,7 +309,7 @@ def mirror_rows(config: Config) -> int:
 
 def replayed(config: Config) -> bool:
     """The mirrors' query has applied what it held back while the table loaded (a MERGE
-    recorded it: ``silver.mirror_store.due_replay``)."""
+    recorded it: ``silver.mirrors.merge.due_replay``)."""
     from core.commits import parse_commit_metadata
 
     return any("replayed" in (parse_commit_metadata(c.get("userMetadata"), "mirror") or {})

@@ -14,7 +14,7 @@ from core.captured import COUNTED
 from core.config import Config
 from core.layout import GOLD, mirror_path
 from pipelines.source.truth import source_counts
-from silver.mirror_pending import read_mirror
+from silver.mirrors.tail import read_mirror
 
 
 def _nonzero(counts: dict) -> dict:

@@ -98,26 +98,26 @@ class GoldWatch(FreshnessProbe):
 
 class CurrentMirror:
     """A mirror's current rows, its tail laid over its table
-    (``silver.mirror_pending.mirror_of``), through handles brought up to date by the
+    (``silver.mirrors.tail.mirror_of``), through handles brought up to date by the
     commits since (a reader's cheapest look: a probe must not take the cores it measures),
     opened once a table exists and again if its log was cleaned past the handle."""
 
     def __init__(self, uri: str) -> None:
-        from silver.mirror_pending import pending_path
+        from silver.mirrors.tail import tail_path
 
-        self.uri, self.tail_uri = uri, pending_path(uri)
+        self.uri, self.tail_uri = uri, tail_path(uri)
         self._handles: dict = {}
 
     def rows(self, columns: list[str], where, table: bool = True):
         """The current rows of the keys ``where`` (an expression over the key) selects;
-        not ``table``: only those the tail holds (its rows folded, each column as the tail
+        not ``table``: only those the tail holds (its rows netted, each column as the tail
         last carried it), a look that costs what the tail does: a filtered read of a
         10M-row table took 0.08-0.17 s a look on an idle machine."""
-        from silver.mirror_pending import mirror_of
+        from silver.mirrors.tail import mirror_of
 
-        tail = self._kept(self.tail_uri)           # first: a fold empties it after the table
-        pending = None if tail is None else tail.to_pyarrow_dataset().to_table(filter=where)
-        return mirror_of(self._kept(self.uri), pending, columns, where if table else False)
+        tail = self._kept(self.tail_uri)           # first: a drain empties it after the table
+        tail_rows = None if tail is None else tail.to_pyarrow_dataset().to_table(filter=where)
+        return mirror_of(self._kept(self.uri), tail_rows, columns, where if table else False)
 
     def _kept(self, uri: str, tries: int = 3):
         from deltalake import DeltaTable

@@ -297,7 +297,8 @@ _NEIGHBOUR_ROWS = {
         "DELETE FROM templates WHERE id IN (SELECT id FROM templates ORDER BY random() "
         "LIMIT %(n)s)"),
     "service_users": (
-        "INSERT INTO service_users SELECT g %% 97, g, 'member', DATE '2026-01-01' + (g %% 300)::int "
+        "INSERT INTO service_users SELECT g %% 97, g, 'member', "
+        "DATE '2026-01-01' + (g %% 300)::int "
         "FROM generate_series(%(first)s::bigint, %(last)s::bigint) g",
         "UPDATE service_users SET role = CASE role WHEN 'member' THEN 'admin' ELSE 'member' "
         "END WHERE (service_id, user_id) IN (SELECT service_id, user_id FROM service_users "

@@ -1,6 +1,6 @@
 """The shipper's side of the snapshot backfill: a HIGH watermark of a staged chunk becomes
 the chunk's read rows, in the HIGH's own transaction, minus the rows its window drops and
-with only the unchanged columns of those changed in it (``bronze.backfill`` documents the
+with only the unchanged columns of those changed in it (``bronze.snapshot_backfill`` documents the
 protocol)."""
 
 

@@ -1,6 +1,6 @@
 """The end of a shipper batch's writes (``bronze.ship``'s ``ship_batch``): its rows held back
 are written, and the read rows of the backfill chunks announced in it join their HIGH
-watermark's transaction, in the same commit (``bronze.backfill``)."""
+watermark's transaction, in the same commit (``bronze.snapshot_backfill``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The snapshot backfill's pure parts (``bronze/backfill.py``): no I/O.
+"""The snapshot backfill's pure parts (``bronze/snapshot_backfill.py``): no I/O.
 
 ``high_marks`` finds the HIGH watermark messages among the rows the shipper assembled,
 ``Window`` / ``changed_keys`` the keys changed inside a chunk's watermark window, with the

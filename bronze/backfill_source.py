@@ -1,5 +1,5 @@
 """The snapshot backfill's reads of the source: a table's keyset chunks as wal2json-v2-shaped
-JSON built by Postgres, and the LOW/HIGH watermark messages (``bronze.backfill``)."""
+JSON built by Postgres, and the LOW/HIGH watermark messages (``bronze.snapshot_backfill``)."""
 
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The snapshot backfill's staging table, ``<lakehouse>/bronze/_backfill_chunks``: chunks
 read from the source wait there, with their windows and the run's markers, until the
-shipper appends them to bronze (``bronze.backfill`` documents the protocol)."""
+shipper appends them to bronze (``bronze.snapshot_backfill`` documents the protocol)."""
 
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ class CaptureList:
     def write(self, states: dict[str, str], previous: CaptureSet | None) -> CaptureSet:
         """Store a new version: ``states`` (table → state) in this order; a table whose
         state is unchanged keeps its time. Concurrent writers are kept apart by the caller's
-        lock (``pipelines.setup.tables``)."""
+        lock (``pipelines.setup.capture``)."""
         now = datetime.now(timezone.utc)
         old = previous.states if previous is not None else {}
         rows = {t: (s, old[t][1] if t in old and old[t][0] == s else now)
@@ -179,7 +179,7 @@ class ShipperSet:
     @property
     def known(self) -> tuple[str, ...]:
         """Every table bronze may hold changes of, as of the set this peek uses: what
-        silver's parse knows (``pipelines.setup.tables.known_tables``) when it reads those
+        silver's parse knows (``pipelines.setup.capture.known_tables``) when it reads those
         changes, or less (a set only grows)."""
         return known_set(self.current, self.default)
 

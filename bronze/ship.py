@@ -12,10 +12,9 @@ Delivery guarantees:
 - **The delivery rule** (``ship_batch``, the only place it is written): peek without moving
   the slot → drop transactions with ``commit_lsn <=`` bronze's recorded version → append the
   rest *and* the new progress in one Delta commit → only then advance the slot, never past
-  what bronze recorded. A crash anywhere repeats at most the peek; the repeat is dropped by
-  the version check.
-- Snapshot backfill (``bronze/backfill.py``): a staged chunk's rows join its HIGH watermark's
-  transaction, in the same commit, which records the chunk (``lakecdc-backfill:<run>``).
+  what bronze recorded. A crash repeats at most the peek, which the version check drops.
+- Snapshot backfill (``bronze/snapshot_backfill.py``): a staged chunk's rows join its HIGH
+  watermark's transaction, in the same commit, which records the chunk (``lakecdc-backfill:<run>``).
 - On start the shipper reads bronze's progress and completes an interrupted advance (or a
   slot that went back after a Postgres crash). It refuses to run, with the recovery command,
   if the slot is missing, invalidated, ahead of bronze (moved by someone else: changes may
@@ -439,7 +438,8 @@ class Shipper:
                       fmt(progress.commit_lsn))
 
     def _progress_due(self) -> bool:
-        return time.monotonic() - self._last_progress_commit >= self.config.progress_commit_interval_s
+        return (time.monotonic() - self._last_progress_commit
+                >= self.config.progress_commit_interval_s)
 
     # --- loops ------------------------------------------------------------------------------
 

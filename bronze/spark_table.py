@@ -63,7 +63,7 @@ from bronze.table import (
 from core.commits import commit_metadata, newest
 from core.engine.api import Engine
 from core.engine.delta_rs import DeltaRs
-from core.engine.spark import SparkDelta
+from core.engine.spark_delta import SparkDelta
 from core.errors import UserError
 from core.lsn import fmt
 from core.storage import on_databricks, spark_path

@@ -11,8 +11,8 @@ transactions (``txn`` actions):
 - app id ``<slot>:rebaseline``: where the newest ``setup --rebaseline`` restarted the slot;
   gold refuses to run until it is rebuilt from a baseline past it (``pipelines.run.pipeline``).
 - app id ``lakecdc-backfill:<run>`` (only once a snapshot backfill ran): the highest chunk of
-  that run whose read rows are in bronze (``bronze/backfill.py``), written by the commit that
-  holds them.
+  that run whose read rows are in bronze (``bronze/snapshot_backfill.py``), written by the
+  commit that holds them.
 
 Data files are Parquet written by pyarrow as the rows come (``DataFiles``: one row group at a
 time, straight to storage), then committed with their statistics by delta-rs in one log entry

@@ -11,7 +11,8 @@
 - ``storage``: where the lakehouse is (local or S3), its writability check,
   how a table is named across engines (``delta_rs_uri``, ``gold_key``);
 - ``spark``: the one Spark session factory;
-- ``commits``: lakecdc's metadata in Delta commits, and delta-rs commits carrying it; ``tables``: creating its Delta tables;
+- ``commits``: lakecdc's metadata in Delta commits, and delta-rs commits carrying it;
+  ``tables``: creating its Delta tables;
 - ``checkpoints``: reading a streaming checkpoint's offsets and commits;
 - ``faults``: named fault points for the kill tests;
 - ``progress``: a progress bar or log line for long counts and copies; ``units``: byte

@@ -63,7 +63,7 @@ _SPARK_MASTER = re.compile(r"local(\[(\d+|\*)\])?|spark://[\w.-]+:\d+(,[\w.-]+:\
 TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*")
 # A catalog or schema that lakecdc registers its tables in (LAKECDC_CATALOG, LAKECDC_SCHEMA):
 # a plain identifier, which every catalog takes and which needs no quoting rules beyond the
-# backquotes core.catalog puts around it anyway.
+# backquotes core.catalog_names puts around it anyway.
 CATALOG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
 # The engines that write the lakehouse (LAKECDC_WRITER).
 WRITERS = ("delta-rs", "spark")
@@ -76,11 +76,11 @@ WRITERS = ("delta-rs", "spark")
 # - silver_txn: silver's appends carry txnAppId/txnVersion (replays skipped).
 # - gold_txn: gold's MERGE and pending writes carry txnAppId/txnVersion (replays skipped).
 # - backfill_window: the shipper drops snapshot backfill rows changed inside their chunk's
-#   watermark window (bronze/backfill.py); off, silver can receive a stale read.
+#   watermark window (bronze/snapshot_backfill.py); off, silver can receive a stale read.
 # - ahead_fence: a batch's step reaches the dashboard ahead of gold only from the watermark
 #   it starts at, and a push of an older gold version never overwrites it (gold/push.py).
 # - capture_ack: `tables add` reads a table's rows only once the shipper peeks with the set
-#   that holds it (pipelines/setup/tables.py); off, a change between the two is lost.
+#   that holds it (pipelines/setup/capture.py); off, a change between the two is lost.
 # - sole_dashboard: a push refuses a dashboard that holds another pipeline's counts
 #   (gold/push.py, claim); off, the second pipeline overwrites and deletes the first's.
 GUARDS = frozenset({"version_check", "commit_before_advance", "silver_txn", "gold_txn",
@@ -124,7 +124,7 @@ class Config:
     mirror_interval_s: float = MIRROR_INTERVAL_S
     # A mirror whose MERGE takes longer than this many seconds (a big table: its
     # copy-on-write MERGE rewrites most of it) takes its batches into a tail, merged now and
-    # then (``silver.mirror_pending``; docs/silver.md, "Big mirrors"); 0: every mirror.
+    # then (``silver.mirrors.tail``; docs/silver.md, "Big mirrors"); 0: every mirror.
     mirror_merge_s: float = MIRROR_MERGE_S
     # Maintenance (pipelines.maintain, docs/operations.md "Running for months"): each writer
     # compacts and vacuums its tables between its batches at most this often. Under traffic
@@ -172,7 +172,7 @@ class Config:
     # executors run in JVMs of their own (docs/databricks.md, "A real cluster"). On
     # Databricks the runtime's session is used as it is, whatever this says.
     spark_master: str = "local[2]"
-    # Where every table is registered by name, ``<catalog>.<schema>.<name>`` (core.catalog,
+    # Where every table is registered by name, ``<catalog>.<schema>.<name>`` (core.catalog_names,
     # docs/databricks.md "Unity Catalog"): both set, or neither (paths only).
     catalog: str | None = None
     catalog_schema: str | None = None

@@ -13,7 +13,7 @@ can add a feature later. delta-rs 1.6 handles some of them wrongly rather than n
 - deletion vectors: its Arrow reads refuse the table;
 - row tracking, domain metadata: its writers refuse to commit.
 
-So every table lakecdc creates with Spark states these off (``PLAIN``, ``core.tables``),
+So every table lakecdc creates with Spark states these off (``PLAIN``, ``core.spark_tables``),
 and ``open_table`` refuses any table outside ``READER_FEATURES`` / ``WRITER_FEATURES``
 or with column mapping, with one sentence (exit 2), before a row is read or written.
 

@@ -16,7 +16,7 @@ ever races it. Each step is idempotent and is one commit or none (the repair, tw
    commit, once). Not through delta-rs at reader version 3 (a table with a
    ``timestamp_ntz`` column): deltalake 1.6 would add table features lakecdc cannot write
    (``core.features.properties_settable``). Such a table gets them at creation (a mirror
-   and its tail: ``silver.mirror_table.mirror_properties``); where they differ, the report
+   and its tail: ``silver.mirrors.mirror_table.mirror_properties``); where they differ, the report
    says so and gives the Spark statement that sets them.
 3. **checkpoint** at the new version, so the next snapshot load starts from few files.
 4. **vacuum**: the files removed more than ``retention_hours`` ago are deleted, and so are

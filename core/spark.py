@@ -8,11 +8,11 @@ shuffle partitions, no UI, modest memory.
 On Databricks the runtime's session already exists; ``get_or_create`` returns it unchanged.
 
 An S3 or GCS lakehouse also needs a Hadoop connector in the session (s3a; Google's GCS
-connector, its classified jar resolved once by ``core.spark_jars.classified_jar``), with the settings
-``core.storage`` derives, and jars can only be added when the JVM starts. So the lakehouse a
-process works on is passed as ``lakehouse=`` to the call that starts its session (the CLI's
-``Pipeline`` factory and the notebooks do). A session that is already running without the
-connector is refused with one sentence rather than failing later inside a stream.
+connector, its classified jar resolved once by ``core.spark_jars.classified_jar``), with the
+settings ``core.storage`` derives, and jars can only be added when the JVM starts. So the
+lakehouse a process works on is passed as ``lakehouse=`` to the call that starts its session
+(the CLI's ``Pipeline`` factory and the notebooks do). A session that is already running
+without the connector is refused with one sentence rather than failing later inside a stream.
 """
 
 from __future__ import annotations
@@ -143,12 +143,12 @@ def require_classic(spark, command: str) -> None:
     """Refuse a Spark Connect session, with one sentence, before ``command`` does anything.
 
     ``stream`` and ``mirrors`` (and ``run``, which holds both) need a classic session: their
-    ``foreachBatch`` writers (``pipelines.run.stream.OnePass``, ``silver.mirror.MirrorWriter``)
-    keep locks, threads, delta-rs handles and the Spark session across batches, and the
-    driver reads what they did (the batch's own error, gold's steps folded between batches,
-    the push woken after each). Spark Connect runs that function in a Python process of the
-    server's, pickled: it refuses to pickle them, and that process's state would never
-    reach the driver (docs/databricks.md, "Which workspace you have")."""
+    ``foreachBatch`` writers (``pipelines.run.stream.SilverGoldWriter``,
+    ``silver.mirrors.mirror_writer.MirrorWriter``) keep locks, threads, delta-rs handles and the
+    Spark session across batches, and the driver reads what they did (the batch's own error, gold's
+    steps folded between batches, the push woken after each). Spark Connect runs that function in a
+    Python process of the server's, pickled: it refuses to pickle them, and that process's state
+    would never reach the driver (docs/databricks.md, "Which workspace you have")."""
     if is_connect(spark):
         raise UserError(
             f"`lakecdc {command}` needs a classic Spark session and this one is Spark Connect "
@@ -181,7 +181,7 @@ def get_or_create(app_name: str = "lakecdc", extra_conf: dict[str, str] | None =
     one naming the file); ``None`` leaves them on this process's stdout and stderr.
 
     ``metastore``: the session keeps table names in Spark's Hive metastore, beyond the
-    process (``core.catalog``: the commands that register or read tables by name). Spark
+    process (``core.catalog_names``: the commands that register or read tables by name). Spark
     configures it as it always does: ``hive-site.xml`` in ``SPARK_CONF_DIR``, or else an
     embedded Derby database ``metastore_db`` in the working directory, which one process at
     a time can open. Only when this call starts the JVM; on Databricks the runtime's

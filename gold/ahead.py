@@ -38,8 +38,9 @@ from typing import Callable, Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from core.captured import CountedTables
 from gold.apply import Planned
-from gold.deltas import CountedTables, line_table
+from gold.deltas import line_table
 from gold.plan import LINES, plan
 from silver.parse import parse_table
 

@@ -52,35 +52,20 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from core.captured import COUNTED, CountedTables
 from core.commits import commit_metadata as metadata
 from core.config import GOLD_FOLD_SHARE
 from core.engine.api import Engine
-from core.engine.spark import recorded
+from core.engine.spark_delta import recorded
 from core.faults import FaultPoints
 from core.lsn import fmt
 from core.spark import local_frame
 from gold import deltas as D
-from gold.asof import (  # noqa: F401  (APP_ID, REBUILD_APP_ID, SEED_APP_ID: its names too)
-    APP_ID,
-    REBUILD_APP_ID,
-    SEED_APP_ID,
-    gold_state,
-    step_app_id,
-    txn_app_id,
-)
+from gold.asof import gold_state, step_app_id, txn_app_id
 from gold.fold import FoldClock, stamped, summed, unfolded
+from gold.gold_tables import GOLD_SCHEMA, GoldPaths
 from gold.plan import LINES, Plan, lines_table
 from gold.plan import plan as plan_batch
-from gold.tables import (  # noqa: F401  (where callers find them)
-    GOLD_PROPERTIES,
-    GOLD_SCHEMA,
-    PENDING_PROPERTIES,
-    GoldPaths,
-    ensure_gold_tables,
-    holds_counts,
-    seed_floor,
-    seed_gold,
-)
 from gold.writes import GoldWrites
 
 log = logging.getLogger("lakecdc.gold")
@@ -108,7 +93,7 @@ class Planned:
 
 @dataclass(frozen=True)
 class PendingHead:
-    """Steps (1)-(2) of a batch, read before its rows are needed (``GoldBatchWriter.head``):
+    """Steps (1)-(2) of a batch, read before its rows are needed (``GoldBatchWriter.read_pending``):
     ``_pending``'s version and newest batch id, and its rows at that version."""
 
     version: int
@@ -162,7 +147,7 @@ class GoldBatchWriter:
     told (``fold``).
     """
 
-    def __init__(self, paths: GoldPaths, tables: D.CountedTables = D.COUNTED, *,
+    def __init__(self, paths: GoldPaths, tables: CountedTables = COUNTED, *,
                  floor_lsn: int = 0, epoch: int | None = None, accept_errors_upto: int = 0,
                  guard: bool = True, faults: FaultPoints | None = None,
                  storage_options: dict | None = None, fold_share: float = GOLD_FOLD_SHARE,
@@ -198,7 +183,7 @@ class GoldBatchWriter:
         self._merging = threading.Lock()
         self._folding: threading.Thread | None = None
 
-    def head(self, spark: SparkSession, batch_id: int) -> PendingHead:
+    def read_pending(self, spark: SparkSession, batch_id: int) -> PendingHead:
         """Steps (1)-(2) of batch ``batch_id``: what ``_pending`` holds. It does not depend
         on the batch's rows, so the stream reads it while it parses them (a catch-up's
         first batch reads the log of ``_pending`` and the table: seconds on a busy
@@ -219,21 +204,21 @@ class GoldBatchWriter:
 
     def apply(self, spark: SparkSession, batch: pa.Table, batch_id: int,
               planned: Callable[[Planned], None] | None = None,
-              head: PendingHead | None = None) -> GoldBatch:
+              pending: PendingHead | None = None) -> GoldBatch:
         """Steps (1)-(6) of the module docstring for the silver rows ``batch`` (Arrow, the
-        columns ``gold.deltas`` reads); ``head``: this batch's steps (1)-(2), read by
-        ``head`` (read here if None). ``planned`` is called with the batch's step right
+        columns ``gold.deltas`` reads); ``pending``: this batch's steps (1)-(2), read by
+        ``read_pending`` (read here if None). ``planned`` is called with the batch's step right
         before it is written (not when nothing is applied, nor on a replay that returns at
         step (1))."""
         watermark, self._watermark = self._watermark, None
         started = time.monotonic()
-        if head is None:
-            head = self.head(spark, batch_id)
-        if head.replayed:
+        if pending is None:
+            pending = self.read_pending(spark, batch_id)
+        if pending.replayed:
             return GoldBatch(batch_id, replayed=True, seconds=time.monotonic() - started)
         if self._unfolded is None:
             self.recover(spark)
-        stored = head.stored
+        stored = pending.stored
         # Carried rows below the floor are inside a baseline a rebuild wrote since.
         carried = [line for line in stored if line[0] >= self.floor_lsn]
         # Step (3) on the driver: the batch's contribution lines, and whether a row stops
@@ -279,7 +264,7 @@ class GoldBatchWriter:
                                 batch_id, plan.carried_transactions)
             self.faults.hit("after_gold_pending")
         else:                                           # _pending was not written
-            self._pending_known_empty = (head.version, head.last_batch)
+            self._pending_known_empty = (pending.version, pending.last_batch)
         self._watermark = plan.commit_lsn if plan.applied else watermark
         return GoldBatch(**result, seconds=time.monotonic() - started)
 

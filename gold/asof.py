@@ -31,9 +31,9 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from core.captured import DIMS
+from core.captured import COUNTED, DIMS, CountedTables
 from core.commits import Recorded, floor_of
-from core.engine.spark import read_commits, recorded
+from core.engine.spark_delta import read_commits, recorded
 from core.spark import is_connect
 from gold import deltas as D
 
@@ -131,7 +131,7 @@ def silver_holds(spark: SparkSession, silver_path: str, lsn: int) -> bool:
     return row["newest"] > lsn or row["rows"] >= row["size"]
 
 
-def net_deltas(silver: DataFrame, tables: D.CountedTables = D.COUNTED) -> DataFrame:
+def net_deltas(silver: DataFrame, tables: CountedTables = COUNTED) -> DataFrame:
     """Net count delta per key of ``silver`` rows (dims, delta), zero nets dropped."""
     return D.key_deltas(D.contributions(silver, tables)).select(*DIMS, "delta")
 

@@ -51,7 +51,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from core.captured import COUNTED, DIMS, CountedTables  # noqa: F401 (re-exported)
+from core.captured import COUNTED, DIMS, CountedTables
 from core.errors import UserError
 from core.lsn import fmt
 

@@ -2,9 +2,9 @@
 
 JVM-free: gold is read with delta-rs, Postgres written with psycopg 3 (where only Spark
 reaches storage, ``LAKECDC_WRITER=spark``, gold is read through the engine the caller
-passes in, in its Spark session: ``gold.view``). One push is steps 1-4 of docs/gold.md, "The push": one Postgres
-transaction at one gold version ``V``, fenced on this gold table's row of
-``lakecdc_push_progress`` so a replayed or stale push changes nothing, writes the
+passes in, in its Spark session: ``gold.view``). One push is steps 1-4 of docs/gold.md, "The
+push": one Postgres transaction at one gold version ``V``, fenced on this gold table's row
+of ``lakecdc_push_progress`` so a replayed or stale push changes nothing, writes the
 *absolute* counts at ``V`` of the keys gold's change data feed names (every row for a full
 push). All or nothing: the dashboard shows gold at one watermark.
 
@@ -33,7 +33,8 @@ from core.errors import UserError
 from core.faults import FaultPoints
 from core.postgres import Unreachable, connect
 from core.storage import gold_key
-from gold.view import FeedUnreadable, GoldView, gold_view, position_of, read_errors
+from gold.feed import FeedUnreadable, GoldView, position_of
+from gold.view import gold_view, read_errors
 from gold.view import open_gold as open_gold  # where the tests and callers find it
 
 log = logging.getLogger("lakecdc.push")
@@ -314,7 +315,7 @@ def push_ahead(conn: psycopg.Connection, key: str, table_id: str, step,
 
 
 class AheadPush:
-    """``push_ahead`` for one stream (``pipelines.run.stream.OnePass``'s ``ahead``): one
+    """``push_ahead`` for one stream (``pipelines.run.stream.SilverGoldWriter``'s ``ahead``): one
     connection kept between batches, gold's table id read once. Never raises: a dashboard
     it cannot reach is left to the push loop, which catches it up from gold. Why a step
     was not pushed is said once while it lasts (a first start's forty steps before gold

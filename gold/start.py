@@ -1,10 +1,10 @@
 """Gold's part of the stream's start (``pipelines.run.stream``): its tables, what it has applied,
 and its ``foreachBatch`` writer, floored at gold's baseline.
 
-- gold seeded at a source LSN (``seed_gold``) or rebuilt at one (``pipelines.backfill.rebuild``): silver
-  rows below it are already counted, so the writer skips them (``floor_lsn``). This is what
-  lets a rebuilt gold go on from the stream's checkpoint: the rows of every batch the
-  stream replays or plays next that are older than the rebuild's baseline are inside it.
+- gold seeded at a source LSN (``seed_gold``) or rebuilt at one (``pipelines.backfill.rebuild``):
+  silver rows below it are already counted, so the writer skips them (``floor_lsn``). This is
+  what lets a rebuilt gold go on from the stream's checkpoint: the rows of every batch the stream
+  replays or plays next that are older than the rebuild's baseline are inside it.
 - each rebuild is an *epoch* with a Delta app id of its own (``gold.asof.txn_app_id``), so
   the batch ids the stream goes on with never collide with what Delta recorded before it.
 
@@ -21,12 +21,13 @@ import logging
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from core.captured import COUNTED, CountedTables
 from core.config import GOLD_FOLD_SHARE
 from core.engine.api import Engine
-from core.engine.spark import recorded
-from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables
+from core.engine.spark_delta import recorded
+from gold.apply import GoldBatchWriter
 from gold.asof import baseline_of, gold_state, step_app_id, txn_app_id
-from gold.deltas import COUNTED, CountedTables
+from gold.gold_tables import GoldPaths, ensure_gold_tables
 
 log = logging.getLogger("lakecdc.gold")
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from core.engine.delta_rs import DeltaRs, read_commits_rs
 from core.storage import gold_key, is_remote
-from gold.feed import (  # noqa: F401  (where callers find them)
+from gold.feed import (
     COLUMNS,
     HISTORY,
     FeedUnreadable,
@@ -29,7 +29,7 @@ from gold.feed import (  # noqa: F401  (where callers find them)
     missing,
     position_of,
 )
-from gold.view_spark import SparkGold, spark_errors  # noqa: F401  (SparkGold: for callers)
+from gold.view_spark import SparkGold, spark_errors
 
 
 def open_gold(gold_path: str, storage_options: dict | None = None,

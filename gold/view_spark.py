@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from core.engine.spark import read_commits
+from core.engine.spark_delta import read_commits
 from gold.feed import (
     COLUMNS,
     HISTORY,

@@ -2,11 +2,14 @@
 # MAGIC %md
 # MAGIC # Backfill walkthrough: snapshot backfill, quality gates, gold rebuild
 # MAGIC
-# MAGIC | situation | command | bundle job |
-# MAGIC |---|---|---|
-# MAGIC | silver needs the rows that existed before the slot (a full copy, not just counts) | `lakecdc backfill snapshot` | `lakecdc_backfill` |
-# MAGIC | gold stopped on a TRUNCATE, `verify` found drift, the source was restored or failed over | `lakecdc backfill rebuild-gold` | `lakecdc_rebuild` |
-# MAGIC | a parser fix must be applied to rows already in silver | `lakecdc backfill reprocess-silver --from-lsn …` | - |
+# MAGIC Which backfill, by situation (the command, and the bundle job that runs it):
+# MAGIC
+# MAGIC - silver needs the rows that existed before the slot (a full copy, not just counts):
+# MAGIC   `lakecdc backfill snapshot` (bundle job `lakecdc_backfill`);
+# MAGIC - gold stopped on a TRUNCATE, `verify` found drift, the source was restored or failed
+# MAGIC   over: `lakecdc backfill rebuild-gold` (bundle job `lakecdc_rebuild`);
+# MAGIC - a parser fix must be applied to rows already in silver:
+# MAGIC   `lakecdc backfill reprocess-silver --from-lsn …` (no bundle job).
 # MAGIC
 # MAGIC Gold's counts never need the snapshot backfill: `setup` counted the existing rows as
 # MAGIC gold's baseline. A rebuild takes a *new* baseline (a `GROUP BY` inside a consistent

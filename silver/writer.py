@@ -5,8 +5,8 @@
 parses them once (``silver.parse``) for silver and gold alike; ``append`` appends one row
 per bronze row to ``silver/changes`` and the batch's failed rows (raw JSON and the error)
 to ``silver/quarantine``, both through the pipeline's engine (``core.engine``: delta-rs, or,
-where only Spark reaches storage, Spark's Delta: ``LAKECDC_WRITER=spark``). The stream bounds a batch's size,
-and so the driver's memory (``pipelines.run.stream.BATCH_BYTES``).
+where only Spark reaches storage, Spark's Delta: ``LAKECDC_WRITER=spark``). The stream
+bounds a batch's size, and so the driver's memory (``pipelines.run.stream.BATCH_BYTES``).
 
 - **Exactly once per table.** Each append carries a Delta app transaction
   (``lakecdc-silver`` / ``lakecdc-quarantine``, version = the stream's batch id) and the
@@ -47,11 +47,11 @@ from pyspark.sql.types import StructType
 
 from core.commits import commit_metadata
 from core.engine.api import Engine
-from core.engine.spark import recorded
+from core.engine.spark_delta import recorded
 from core.errors import UserError
 from core.handle import CHECKPOINTS
 from core.layout import QUARANTINE, SILVER, Table
-from core.tables import create_table
+from core.spark_tables import create_table
 from silver.parse import BRONZE_COLUMNS, parse_table, quarantine_table
 from silver.schema import SILVER_ADDED, SILVER_CHANGES, SILVER_QUARANTINE
 

@@ -15,8 +15,9 @@ What one run does:
    Python workers at once - either a random 0.5-``--max-kill-s`` seconds after the start or,
    for a ``--streaming-fraction`` of the cycles, a random 0-15 s after silver (or
    ``--streaming-layer gold``) committed in that cycle (so kills also land inside the
-   streams, gold and the push, not only in the JVM's start-up); waits until no process of the group is left and Postgres has let go of
-   the dead sessions (their advisory locks and the slot), then restarts it;
+   streams, gold and the push, not only in the JVM's start-up); waits until no process of
+   the group is left and Postgres has let go of the dead sessions (their advisory locks and
+   the slot), then restarts it;
 4. stops the traffic, drains with ``lakecdc run --once`` and checks docs/reliability.md's
    I1-I5 exactly (``tests/invariants.py``); prints a summary and exits 0 only if exact.
 

@@ -48,7 +48,8 @@ def spark_properties(path: Path, settings: dict[str, str]) -> dict[str, str]:
     return {"PYSPARK_SUBMIT_ARGS": f"--properties-file {shlex.quote(str(path))} pyspark-shell"}
 
 
-def run_cli(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+def run_cli(args: list[str], env: dict[str, str],
+            timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipelines", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -122,7 +123,7 @@ def tmpfs(mount: Path, size: str, read_only: bool = False):
 
 def stream_paths(lakehouse: Path):
     """The one-pass stream's tables under a bare lakehouse directory (no Config)."""
-    from gold.apply import GoldPaths
+    from gold.gold_tables import GoldPaths
     from pipelines.run.stream import StreamPaths
 
     return StreamPaths(bronze=str(lakehouse / "bronze" / "wal2json_changes"),
@@ -137,9 +138,9 @@ def start_bare_stream(spark, paths, known_tables, once: bool = True, *, counted=
                       gold_guard: bool = True, faults=None, **start):
     """The one-pass stream on bare paths, as ``Pipeline.start_stream`` wires it, without a
     source (no baseline seed): returns (query, writer)."""
-    from gold.deltas import COUNTED
+    from core.captured import COUNTED
     from gold.start import gold_writer
-    from pipelines.run.stream import OnePass, prepare, start_stream
+    from pipelines.run.stream import SilverGoldWriter, prepare, start_stream
     from silver.writer import SilverWriter
 
     silver = SilverWriter(paths.silver, paths.quarantine, known_tables, guard=silver_guard,
@@ -147,7 +148,7 @@ def start_bare_stream(spark, paths, known_tables, once: bool = True, *, counted=
     prepare(spark, paths, silver)
     gold = gold_writer(spark, paths.gold, tables=counted or COUNTED,
                        accept_errors_upto=accept_errors_upto, guard=gold_guard, faults=faults)
-    writer = OnePass(silver, gold, faults)
+    writer = SilverGoldWriter(silver, gold, faults)
     return start_stream(spark, paths, writer, once, **start), writer
 
 
@@ -166,7 +167,7 @@ def run_gold_over_silver(spark, silver: str, gold: str, checkpoint: str, *,
     error is raised as itself."""
     from pyspark.errors import StreamingQueryException
 
-    from gold.apply import GoldPaths
+    from gold.gold_tables import GoldPaths
     from gold.start import gold_writer, prepare_gold
 
     paths = GoldPaths.beside(gold)
@@ -192,7 +193,7 @@ def run_gold_over_silver(spark, silver: str, gold: str, checkpoint: str, *,
         if failures:
             raise failures[-1] from None
         raise
-    gold.fold()                     # as the stream's end does (``OnePass.finish``)
+    gold.fold()                     # as the stream's end does (``SilverGoldWriter.finish``)
     return results
 
 

@@ -114,7 +114,8 @@ ${big_p95} s).**""",
         """**Freshness with ${keys_last} gold keys at 2,000 changes/s (p95 ${big_p95} s at
 ${big_rate} changes/s, target 5 s).** The dashboard takes each shipper batch's step
 ahead of the stream (`gold.ahead`), and gold folds beside the batches, so gold's size
-reaches it only through the upsert into a dashboard as large and the cores a fold takes: ${big_batches} batches of ${big_seconds} s on average, the gold
+reaches it only through the upsert into a dashboard as large and the cores a fold takes: """
+        """${big_batches} batches of ${big_seconds} s on average, the gold
 half ${big_median} s median and ${big_mean} s mean, ${big_folds} folds; p50 ${big_p50} s,
 max ${big_pmax} s; load ${big_load}."""),
     "big_gold_fresh_slow": (
@@ -182,7 +183,7 @@ table in the background, on the two cores every batch shares."""),
     "big_mirror_growth": (
         """**A mirrors' batch beside the big table (met, ${big_kept_growth}× from
 ${big_small_rows} to ${big_rows} rows).** A batch appends to the tail, whatever the
-table's size; the folds' share of the time is bounded (`FOLD_SHARE`).""",
+table's size; the folds' share of the time is bounded (`DRAIN_SHARE`).""",
         """**A mirrors' batch beside the big table (${big_kept_growth}× from
 ${big_small_rows} to ${big_rows} rows, target 1.5×).** A batch appends to the tail, but
 its folds, in the background, take the same two cores."""),

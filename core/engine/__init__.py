@@ -5,7 +5,7 @@ Two engines implement one interface (``core.engine.api.Engine``):
 - ``core.engine.delta_rs.DeltaRs``: delta-rs, the default. No JVM: the shipper, the push,
   ``status`` and ``verify`` run without Spark, and a writer keeps its handle on a table
   between its commits (``core.handle``).
-- ``core.engine.spark.SparkDelta``: Spark's Delta (``LAKECDC_WRITER=spark``), where only
+- ``core.engine.spark_delta.SparkDelta``: Spark's Delta (``LAKECDC_WRITER=spark``), where only
   Spark reaches storage (Unity Catalog external locations, a governed workspace).
 
 ``core.engine.choose`` picks one from the configuration; every other module takes the

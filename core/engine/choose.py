@@ -13,7 +13,7 @@ def engine_for(config, spark=None) -> Engine:
         from core.storage import Lakehouse
 
         return DeltaRs(Lakehouse.from_config(config).delta_rs_options())
-    from core.engine.spark import SparkDelta
+    from core.engine.spark_delta import SparkDelta
 
     if spark is None:
         from core.spark import get_or_create

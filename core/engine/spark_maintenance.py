@@ -51,7 +51,7 @@ from core.maintenance import (
     log_properties,
     unreferenced_hours,
 )
-from core.tables import is_table
+from core.spark_tables import is_table
 
 log = logging.getLogger("lakecdc.maintain")
 

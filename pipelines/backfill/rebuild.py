@@ -14,7 +14,7 @@ commit from before anything this command does):
    empty or partial table.
 3. ``_pending`` and ``_deltas`` emptied (one commit each, same metadata). The stream then
    goes on from its own checkpoint, under a Delta app id of this rebuild's own
-   (``gold.apply.txn_app_id``: epoch ``L``), so its batch ids never collide with what
+   (``gold.asof.txn_app_id``: epoch ``L``), so its batch ids never collide with what
    Delta recorded before; it skips every
    row below the floor - they are inside the baseline: whatever it replays or has not read
    yet of the old changes, a TRUNCATE that stopped gold included. Nothing silver holds is
@@ -47,12 +47,12 @@ from core.config import Config
 from core.engine.choose import engine_for
 from core.lsn import fmt
 from core.storage import Lakehouse
-from gold.apply import GOLD_SCHEMA, ensure_gold_tables
 from gold.asof import REBUILD_APP_ID, gold_state
 from gold.deltas import CONTRIBUTIONS
 from gold.fold import DELTAS_SCHEMA
+from gold.gold_tables import GOLD_SCHEMA, ensure_gold_tables
 from gold.push import push_once
-from pipelines.setup.tables import known_tables
+from pipelines.setup.capture import known_tables
 from pipelines.source.baseline import to_table, write_baseline
 from pipelines.source.consistent import consistent_point, count_at
 from silver.reprocess import ReprocessReport, reprocess_silver

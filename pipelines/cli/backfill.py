@@ -31,9 +31,9 @@ def backfill_snapshot(ctx, tables, chunk_rows, new_run, timeout_s):
 
     Needs a running shipper (`lakecdc ship` or `lakecdc run`): the chunks reach bronze
     through it. Rerun after an interruption to continue the same run."""
-    from bronze.backfill import run_snapshot_backfill
+    from bronze.snapshot_backfill import run_snapshot_backfill
     from core.storage import Lakehouse
-    from pipelines.setup.tables import captured_tables
+    from pipelines.setup.capture import captured_tables
 
     config = load_config(ctx)
     options = Lakehouse.from_config(config).delta_rs_options()

@@ -118,7 +118,7 @@ def spark_factory(ctx, config: Config, names: bool = False):
     """What starts the command's Spark session, when it needs one. ``names``: a command that
     registers or reads tables by name (``setup``, ``tables add``, ``sql``); with
     LAKECDC_CATALOG set, its local session keeps names in Spark's Hive metastore
-    (``core.catalog``). The others never open the metastore: a local one (Derby) admits
+    (``core.catalog_names``). The others never open the metastore: a local one (Derby) admits
     one process at a time, and a long ``run`` would hold it."""
     from core.storage import Lakehouse
 

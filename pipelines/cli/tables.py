@@ -1,4 +1,4 @@
-"""``lakecdc tables``: list, add and remove captured tables (``pipelines.setup.tables``)."""
+"""``lakecdc tables``: list, add and remove captured tables (``pipelines.setup.capture``)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def tables(ctx, as_json):
 @click.pass_context
 def list_command(ctx, as_json):
     """Each captured (or once captured) table, its state and its mirror's freshness."""
-    from pipelines.setup.tables import list_tables, render_tables, tables_json
+    from pipelines.setup.capture import list_tables, render_tables, tables_json
 
     config, options = _context(ctx)
     lines = list_tables(config, options, spark_factory(ctx, config))
@@ -56,7 +56,7 @@ def add_command(ctx, table, chunk_rows, timeout_s):
     key-range chunks, while streaming goes on); the mirror then follows its changes. Needs
     a running shipper (`lakecdc run` or `lakecdc ship`). Rerun after an interruption: it
     continues."""
-    from pipelines.setup.tables import add_table
+    from pipelines.setup.capture import add_table
 
     config, options = _context(ctx)
     click.echo(add_table(config, table, options, stop_on_signals(), chunk_rows, timeout_s,
@@ -68,7 +68,7 @@ def add_command(ctx, table, chunk_rows, timeout_s):
 @click.pass_context
 def remove_command(ctx, table):
     """Stop capturing SCHEMA.TABLE. Its mirror is kept as it was, no longer updated."""
-    from pipelines.setup.tables import remove_table
+    from pipelines.setup.capture import remove_table
 
     config, options = _context(ctx)
     click.echo(remove_table(config, table, options, stop_on_signals(),

@@ -60,7 +60,7 @@ def quality(ctx, suites, all_silver, full, as_json):
     from core.extras import require
     from core.layout import QUALITY_STATE
     from core.storage import Lakehouse, on_databricks, spark_path
-    from pipelines.maintain.plan import Maintained
+    from pipelines.maintain.owners import Maintained
     from pipelines.maintain.schedule import maintain
 
     require("quality")

@@ -32,7 +32,7 @@ from pipelines.demo.traffic import SERVICE_NAMES, SERVICES, TEMPLATES, Freshness
 from pipelines.run.pipeline import Pipeline
 from pipelines.setup.prepare import setup
 from pipelines.source.truth import source_counts
-from silver.mirror_pending import read_mirror
+from silver.mirrors.tail import read_mirror
 
 SCHEMA = Path(__file__).resolve().parents[2] / "infra" / "postgres" / "source_schema.sql"
 REFERENCE = SCHEMA.with_name("demo_reference_schema.sql")
@@ -201,7 +201,7 @@ def _reference_rows(conn: psycopg.Connection) -> None:
 
 def mirror_rows(config: Config, table: str, key: str) -> dict:
     """A mirror's rows by key, read with delta-rs (its lakecdc columns left out; a tail
-    laid over its table, ``silver.mirror_pending``)."""
+    laid over its table, ``silver.mirrors.tail``)."""
     rows = read_mirror(mirror_path(config.lakehouse, table)).to_pylist()
     return {r[key]: {k: v for k, v in r.items() if not k.startswith("_lakecdc")}
             for r in rows}

@@ -21,9 +21,9 @@ from core.layout import GOLD
 from core.locks import exclusive, gold_lock_name, mirrors_lock_name, ship_lock_name
 from core.maintenance import TableReport
 from core.storage import Lakehouse
-from pipelines.maintain.plan import GROUPS, tables_of
+from pipelines.maintain.owners import GROUPS, tables_of
 from pipelines.maintain.schedule import maintain
-from pipelines.setup.tables import captured_tables
+from pipelines.setup.capture import captured_tables
 
 
 def _writer_lock(config: Config, group: str) -> tuple[str, str, str]:

@@ -26,7 +26,7 @@ from core.config import LOG_CLEAN_INTERVAL_S, Config
 from core.engine.api import Engine
 from core.faults import FaultPoints
 from core.maintenance import TableReport
-from pipelines.maintain.plan import Maintained, tables_of
+from pipelines.maintain.owners import Maintained, tables_of
 
 log = logging.getLogger("lakecdc.maintain")
 

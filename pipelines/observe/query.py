@@ -1,16 +1,15 @@
 """``lakecdc sql``: SQL on the lakehouse tables, by name, without a JVM wherever delta-rs
 can answer.
 
-Two engines answer it. **delta-rs's DataFusion** (``pipelines.observe.query_rs``, the default: a query on
-gold in milliseconds, no JVM) registers each table the query names at its latest version.
-**Spark** (``run_query``) answers what DataFusion cannot, and the command says why when it
-turns to it (``NeedsSpark``): tables read by their catalog names (``LAKECDC_CATALOG``),
+Two engines answer it. **delta-rs's DataFusion** (``pipelines.observe.query_rs``, the default:
+a query on gold in milliseconds, no JVM) registers each table the query names at its latest
+version. **Spark** (``run_query``) answers what DataFusion cannot, and the command says why
+when it turns to it (``NeedsSpark``): tables read by their catalog names (``LAKECDC_CATALOG``),
 storage only Spark reaches (``LAKECDC_WRITER=spark``), a mirror with changes waiting in its
 tail (only Spark lays a tail over a table in SQL here), or a query in Spark's dialect that
-DataFusion cannot plan (``unix_micros``, say). A table the query names that does not exist
-is one sentence on either engine, without a JVM. Spark registers each layer's Delta table
-as a temporary view named after it, at its latest version when registered
-(``register_tables``):
+DataFusion cannot plan (``unix_micros``, say). A table the query names that does not exist is
+one sentence on either engine, without a JVM. Spark registers each layer's Delta table as a
+temporary view named after it, at its latest version when registered (``register_tables``):
 
 | name                       | table                            |
 |----------------------------|----------------------------------|
@@ -18,14 +17,14 @@ as a temporary view named after it, at its latest version when registered
 | ``silver_changes``         | ``silver/changes``               |
 | ``silver_quarantine``      | ``silver/quarantine``            |
 | ``gold_service_stats``     | ``gold/service_stats``           |
-| ``silver_<schema>_<table>``| ``silver/tables/<schema>/<table>``: the mirror of each captured table |
+| ``silver_<schema>_<table>``| ``silver/tables/<schema>/<table>``: each captured table's mirror |
 
 The same names work in notebooks (locally and on Databricks) and in the dashboard queries
 under ``sql/``. For an earlier version use Delta's time travel on the path
 (``docs/notebooks.md``).
 
 With ``LAKECDC_CATALOG`` and ``LAKECDC_SCHEMA`` set, the tables are registered by these
-names in that schema (``pipelines.setup.catalog``): ``use_tables`` then makes it the
+names in that schema (``pipelines.setup.register``): ``use_tables`` then makes it the
 session's current schema instead of making views, so the same unqualified names reach the
 catalog's tables, with the catalog's grants. A mirror's tail is not in the catalog, so a
 mirror that has one is shadowed by a temporary view of the same name: its table, read
@@ -71,7 +70,7 @@ def table_paths(config, spark=None) -> dict[str, str]:
     whose mirrors stay); ``register_tables`` passes over those that do not exist."""
     from core.engine.choose import engine_for
     from core.storage import Lakehouse, on_databricks, spark_path
-    from pipelines.setup.tables import known_tables
+    from pipelines.setup.capture import known_tables
 
     paths = {name: spark_path(config.table_path(where), on_databricks())
              for name, where in TABLES.items()}
@@ -89,8 +88,8 @@ def use_tables(spark, config) -> list[str]:
     paths = table_paths(config, spark)
     if not config.registers:
         return register_tables(spark, paths)
-    from core.catalog import Catalog, quoted
-    from silver.mirror_store import current_mirror, tail_exists_spark
+    from core.catalog_names import Catalog, quoted
+    from silver.mirrors.store_spark import current_mirror, tail_exists_spark
 
     catalog = Catalog.from_config(spark, config)
     catalog.require_schema()
@@ -106,10 +105,10 @@ def use_tables(spark, config) -> list[str]:
 def register_tables(spark, paths: dict[str, str]) -> list[str]:
     """Create or replace a temporary view per existing table; returns the names made. A
     mirror with a tail is its current rows, the tail as it is now laid over its table
-    (``silver.mirror_store.current_mirror``)."""
+    (``silver.mirrors.store_spark.current_mirror``)."""
     from delta.tables import DeltaTable
 
-    from silver.mirror_store import current_mirror
+    from silver.mirrors.store_spark import current_mirror
 
     made = []
     for name, path in paths.items():
@@ -140,7 +139,8 @@ def run_query(spark, query: str):
         raise UserError(f"the query failed: {first_line(exc)}; lakecdc sql runs one query "
                         "(SELECT, WITH, VALUES or TABLE) and never changes a table.") from None
     except AnalysisException as exc:
-        raise UserError(f"the query failed: {first_line(exc)} (tables: {', '.join(TABLES)}).") from None
+        raise UserError(f"the query failed: {first_line(exc)} "
+                        f"(tables: {', '.join(TABLES)}).") from None
 
 
 def render(result, fmt: str = "table", limit: int = 1000) -> str:

@@ -26,7 +26,7 @@ def run_query_rs(config, query: str, limit: int) -> pa.Table:
     from deltalake.exceptions import DeltaError
 
     from core.storage import Lakehouse
-    from silver.mirror_pending import pending_path
+    from silver.mirrors.tail import tail_path
 
     if config.registers:
         raise NeedsSpark("the tables are read by their catalog names (LAKECDC_CATALOG)")
@@ -39,7 +39,7 @@ def run_query_rs(config, query: str, limit: int) -> pa.Table:
     for name, path in ((n, p) for n, p in paths.items() if n in words):
         if not DeltaTable.is_deltatable(path, storage_options=options):
             continue
-        tail = pending_path(path)
+        tail = tail_path(path)
         if name not in TABLES and DeltaTable.is_deltatable(tail, storage_options=options) \
                 and DeltaTable(tail, storage_options=options).file_uris():
             raise NeedsSpark(f"{name} has changes waiting in its tail, which only Spark lays "
@@ -70,7 +70,7 @@ def _paths(config, options: dict | None) -> dict[str, str]:
     """Every name a query may use, with its table's path for delta-rs: the layers', and
     each known table's mirror's."""
     from core.engine.delta_rs import DeltaRs
-    from pipelines.setup.tables import known_tables
+    from pipelines.setup.capture import known_tables
 
     return {**{name: config.table_path(where) for name, where in TABLES.items()},
             **{mirror_view_name(t): mirror_path(config.lakehouse, t)

@@ -10,8 +10,8 @@
   newest maintenance (``pipelines.maintain``).
 
 The parts are separate functions (``slot_status``, ``layer_status``, ``quarantine_rows``) so the
-Prometheus exporter (``pipelines.observe.metrics``) reads exactly what ``lakecdc status`` shows, each
-part on its own (one unreachable database does not hide the others).
+Prometheus exporter (``pipelines.observe.metrics``) reads exactly what ``lakecdc status``
+shows, each part on its own (one unreachable database does not hide the others).
 
 The lakehouse is read by the engine given (``core.engine``): delta-rs, or Spark's Delta
 where only Spark reaches storage (``LAKECDC_WRITER=spark``); either answers the newest
@@ -152,12 +152,12 @@ def quarantine_path(config: Config) -> str:
 
 
 def table_sizes(config: Config, engine: Engine) -> list[dict]:
-    """Every table lakecdc maintains (``pipelines.maintain.plan``) with its live files and
+    """Every table lakecdc maintains (``pipelines.maintain.owners``) with its live files and
     bytes, its log's entries and its newest maintenance (``Engine.size``); tables not
     created yet are left out."""
     from core.storage import Lakehouse
-    from pipelines.maintain.plan import GROUPS, tables_of
-    from pipelines.setup.tables import captured_tables
+    from pipelines.maintain.owners import GROUPS, tables_of
+    from pipelines.setup.capture import captured_tables
 
     options = Lakehouse.from_config(config).delta_rs_options()
     mirrored = tuple(t for t in captured_tables(config, options, engine=engine)

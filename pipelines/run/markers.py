@@ -4,7 +4,7 @@ Verify commits a count-neutral marker transaction after its consistent point
 (``pipelines.source.consistent.emit_marker``). When a mirrors' batch carries one, every
 mirror holds every change before it, so ``MirrorWriter`` records it here, in
 ``<lakehouse>/silver/_mirror_markers`` (a small append, only in the batches that carry a marker);
-verify reads the newest one before it reads a mirror (``pipelines.verify.mirrors``).
+verify reads the newest one before it reads a mirror (``pipelines.verify.mirror_check``).
 Written by the running pipeline, read by verify: it lives with the writer, so verify
 depends on the run room and never the other way round. Both go through the engine given
 (``core.engine``: Spark's where only Spark reaches storage, ``LAKECDC_WRITER=spark``).

@@ -27,13 +27,13 @@ from core.faults import FaultPoints
 from core.layout import GOLD, GOLD_DELTAS, GOLD_PENDING, STREAM_CHECKPOINT, Table
 from core.spark import low_latency, require_classic
 from gold.ahead import ShipAhead
-from gold.apply import GoldPaths
+from gold.gold_tables import GoldPaths
 from gold.push import AheadPush, push_once, run_push
 from pipelines.maintain.schedule import Maintainer
 from pipelines.run.behind import ShipperBehind
 from pipelines.run.stream import (
-    Marks,
-    OnePass,
+    LayerProgress,
+    SilverGoldWriter,
     StreamPaths,
     StreamRun,
     await_stream,
@@ -98,7 +98,8 @@ class Pipeline:
                  trigger_interval: str | None = None, push_interval_s: float = 5.0,
                  metrics: "PipelineMetrics | None" = None) -> None:
         self.config = config
-        # Event metrics (pipelines.observe.metrics), recorded by every stage run through this object.
+        # Event metrics (pipelines.observe.metrics), recorded by every stage run through
+        # this object.
         self.metrics = metrics
         self._stream_listener = None
         self.where = Locations.from_config(config)
@@ -111,7 +112,7 @@ class Pipeline:
         self.faults = FaultPoints(config.faults)
         self._gold_locked = False
         self._mirrors_locked = False
-        self.marks = Marks()
+        self.marks = LayerProgress()
         self.started = threading.Event()    # set once run_continuous's stream is up
         # Called with every stream batch's ``PassResult`` (benchmarks, tests); never fail it.
         self.on_pass: list[Callable] = []
@@ -155,7 +156,7 @@ class Pipeline:
         """Before gold's first batch: seed it with setup's baseline counts (exact as of the
         slot's consistent point). Decided by what gold records (``holds_counts``), never by
         whether its table exists; a retry after a kill anywhere in here seeds once."""
-        from gold.apply import holds_counts, seed_gold
+        from gold.gold_tables import holds_counts, seed_gold
         from pipelines.source.baseline import read_baseline
 
         self.faults.hit("before_gold_seed")
@@ -177,8 +178,8 @@ class Pipeline:
         counts carried on from before it would silently miss them."""
         from bronze.spark_table import bronze_table
         from core.lsn import fmt
-        from gold.apply import seed_floor
         from gold.deltas import REBUILD, GoldStopped
+        from gold.gold_tables import seed_floor
 
         bronze = bronze_table(self.config, engine=self.engine())
         at = bronze.rebaselined_at(self.config.slot) if bronze.exists() else None
@@ -232,7 +233,7 @@ class Pipeline:
         ``behind``: each batch held while the shipper catches up with the dashboard
         following it (``pipelines.run.behind``)."""
         from gold.start import gold_writer
-        from pipelines.setup.tables import known_tables
+        from pipelines.setup.capture import known_tables
 
         paths = self.where.stream
         silver = SilverWriter(paths.silver, paths.quarantine, self.config.tables,
@@ -256,7 +257,7 @@ class Pipeline:
                                 engine=self.engine()).after_batch]
         if self.metrics is not None:
             callbacks.append(self.metrics.on_pass)
-        writer = OnePass(silver, gold, self.faults, callbacks, ahead)
+        writer = SilverGoldWriter(silver, gold, self.faults, callbacks, ahead)
         query = start_stream(self.spark, paths,
                              writer if behind is None else behind.holding("stream", writer), once,
                              trigger_interval=self.trigger_interval,
@@ -291,13 +292,13 @@ class Pipeline:
 
     def start_mirrors(self, once: bool, accept_errors_upto: int | None = None,
                       behind: ShipperBehind | None = None):
-        """Create missing mirrors and start their query (``pipelines.run.mirrors``); returns
+        """Create missing mirrors and start their query (``pipelines.run.mirror_query``); returns
         (query, writer). Silver must exist (the stream creates it). ``behind``: as for
         ``start_stream``."""
         from core.storage import gold_key
         from pipelines.run.markers import record_marker
         from pipelines.run.mirror_progress import MirrorProgress
-        from pipelines.run.mirrors import (
+        from pipelines.run.mirror_query import (
             checkpoint_path,
             held_changes,
             loading_tables,
@@ -305,9 +306,9 @@ class Pipeline:
             prepare_mirrors,
             start_mirrors,
         )
-        from pipelines.setup.tables import captured_tables
-        from silver.mirror import MirrorWriter
-        from silver.mirror_store import mirror_store
+        from pipelines.setup.capture import captured_tables
+        from silver.mirrors.mirror_writer import MirrorWriter
+        from silver.mirrors.store import mirror_store
 
         options = self._delta_rs_options
         engine = self.engine()          # the mirrors' writer's, its markers' and its reads'

@@ -20,11 +20,11 @@ log = logging.getLogger("lakecdc.run")
 
 def wired_shipper(pipeline, ahead: ShipAhead | None = None,
                   behind: ShipperBehind | None = None) -> Shipper:
-    """``pipeline``'s shipper (a ``pipelines.run.pipeline.Pipeline``); with ``ahead``, each batch's step goes to the dashboard as soon as
-    bronze holds it (``gold.ahead``), and its peeks are bounded by ``FOLLOWED_PEEK``.
-    The shipper waits for that push, except with ``behind`` in a catch-up the dashboard
-    follows: a full peek, after one that was not (a catch-up's start) or whose step the
-    dashboard took. The shipper then peeks on meanwhile, and ``behind`` holds the
+    """``pipeline``'s shipper (a ``pipelines.run.pipeline.Pipeline``); with ``ahead``, each
+    batch's step goes to the dashboard as soon as bronze holds it (``gold.ahead``), and its peeks
+    are bounded by ``FOLLOWED_PEEK``. The shipper waits for that push, except with ``behind`` in
+    a catch-up the dashboard follows: a full peek, after one that was not (a catch-up's start) or
+    whose step the dashboard took. The shipper then peeks on meanwhile, and ``behind`` holds the
     stream's and the mirrors' batches until a peek is not full or a step not taken."""
     maintainer = Maintainer(pipeline.config, "ship", engine=pipeline.engine())
     config = pipeline.config if ahead is None else pipeline.config.with_(

@@ -1,6 +1,6 @@
 """``lakecdc stream [--once]``: bronze → silver → gold in one Structured Streaming query.
 
-One query reads bronze; its ``foreachBatch`` (``OnePass``) does, per micro-batch ``b``:
+One query reads bronze; its ``foreachBatch`` (``SilverGoldWriter``) does, per micro-batch ``b``:
 
 1. bring the batch's bronze rows to the driver and parse them once, in Arrow
    (``silver.writer``, ``silver.parse``), for both halves;
@@ -49,8 +49,9 @@ from core.config import STREAM_TRIGGER_S
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.layout import STREAM_QUERY
-from gold.apply import GoldBatch, GoldBatchWriter, GoldPaths, Planned
+from gold.apply import GoldBatch, GoldBatchWriter, Planned
 from gold.deltas import REBUILD
+from gold.gold_tables import GoldPaths
 from gold.start import applied_batch, prepare_gold
 from silver.writer import SilverBatch, SilverWriter, last_batch
 
@@ -112,7 +113,7 @@ class StreamRun:
             self.commit_lsn = result.gold.commit_lsn
 
 
-class OnePass:
+class SilverGoldWriter:
     """The ``foreachBatch`` function of the stream (see the module docstring).
 
     ``failure`` keeps a batch's own exception (Spark wraps it), so a ``GoldStopped`` reaches
@@ -177,7 +178,7 @@ class OnePass:
         time: they are independent writes, each idempotent on its own, and most of their time
         is spent on the driver (Delta log work), so two threads keep both cores busy. The
         gold thread starts with the batch: it reads what ``_pending`` holds
-        (``GoldBatchWriter.head``) while the batch is parsed. Both always run to the end;
+        (``GoldBatchWriter.read_pending``) while the batch is parsed. Both always run to the end;
         the first error (the parse's or silver's, else gold's) is raised after. The gold
         thread inherits the batch's Spark job properties (its query's job group: stopping
         the query cancels its jobs too).
@@ -212,10 +213,10 @@ class OnePass:
 
         def apply() -> None:
             try:
-                head = self.gold.head(spark, batch_id)
+                pending = self.gold.read_pending(spark, batch_id)
                 gold["result"] = self.gold.apply(
                     spark, parsed_batch.result().rows, batch_id,
-                    plan if self.ahead is not None else None, head)
+                    plan if self.ahead is not None else None, pending)
             except BaseException as exc:
                 gold["error"] = exc
 
@@ -304,7 +305,7 @@ def _streamed(spark: SparkSession, path: str) -> bool:
     return DeltaTable.forPath(spark, path).history(1).collect()[0]["version"] > 0
 
 
-def start_stream(spark: SparkSession, paths: StreamPaths, writer: OnePass, once: bool, *,
+def start_stream(spark: SparkSession, paths: StreamPaths, writer: SilverGoldWriter, once: bool, *,
                  trigger_interval: str = TRIGGER_INTERVAL,
                  max_files_per_trigger: int | None = None) -> StreamingQuery:
     """Start the query (after ``prepare``). ``once``: everything bronze holds now
@@ -324,7 +325,7 @@ def start_stream(spark: SparkSession, paths: StreamPaths, writer: OnePass, once:
 def await_stream(query: StreamingQuery, writer, stop: threading.Event | None = None,
                  poll_s: float = 0.5) -> StreamRun:
     """Until the query ends (``once``) or ``stop`` is set; raises a batch's own error.
-    ``writer``: the query's ``OnePass`` or ``MirrorWriter``, whose ``idle`` runs between
+    ``writer``: the query's ``SilverGoldWriter`` or ``MirrorWriter``, whose ``idle`` runs between
     batches and ``finish`` after the last (gold's waiting steps folded when due, and all of
     them at the end)."""
     try:
@@ -359,7 +360,7 @@ def stop_between_batches(query: StreamingQuery, timeout_s: float = 120.0) -> Non
 
 
 @dataclass
-class Marks:
+class LayerProgress:
     """The newest source commit each layer holds everything up to, as the stream and the
     shipper of this process last saw it; read by the push (the dashboard's progress)."""
 

@@ -8,15 +8,15 @@ Steps, each skipped when already done:
    from the first run on a populated database: the snapshot is held for that ``GROUP BY``
    alone); the bronze table recording the consistent point as where shipping starts; then
    each mirrored table's rows loaded into its mirror by key-range chunks, each in a short
-   snapshot of its own (``pipelines.setup.mirror_load``), the changes from the consistent
+   snapshot of its own (``pipelines.setup.mirror_loader``), the changes from the consistent
    point on applied over them by the mirrors' query;
 4. the dashboard tables (``service_stats`` and the push progress table);
 5. with ``LAKECDC_CATALOG`` and ``LAKECDC_SCHEMA`` set, every lakehouse table registered by
-   name (``pipelines.setup.catalog``; its names are checked first, before step 1 changes
+   name (``pipelines.setup.register``; its names are checked first, before step 1 changes
    anything). Only then does setup start Spark.
 
 With ``LAKECDC_WRITER=spark`` Spark starts first, and every lakehouse read and write goes
-through it (``core.engine.spark``): the storage check, the captured set, bronze
+through it (``core.engine.spark_delta``): the storage check, the captured set, bronze
 (``bronze.spark_table``), gold's baseline and the mirrors' loads.
 
 A slot without bronze, or bronze without its slot, is never papered over: both mean changes
@@ -58,7 +58,7 @@ from core.lsn import fmt
 from core.postgres import connect
 from core.storage import Lakehouse
 from gold.push import ensure_dashboard_tables
-from pipelines.setup.tables import captured_tables
+from pipelines.setup.capture import captured_tables
 from pipelines.source.baseline import count_in_snapshot, write_baseline
 from pipelines.source.mirror_specs import specials_note, table_specs
 
@@ -93,10 +93,10 @@ def setup(config: Config, rebaseline: bool = False,
     """``online_not_null``: first make nullable identity columns NOT NULL without blocking
     writers (``bronze.not_null``); ``echo`` receives each statement it runs.
     ``spark_factory``: the session that registers the tables by name, called only when
-    ``config.registers`` (a session whose catalog keeps names: ``core.catalog``), and that
+    ``config.registers`` (a session whose catalog keeps names: ``core.catalog_names``), and that
     every write goes through with ``LAKECDC_WRITER=spark`` (None: ``core.spark``'s)."""
     from core.engine.choose import start_engine
-    from pipelines.setup.catalog import names_session
+    from pipelines.setup.register import names_session
 
     engine = start_engine(config, spark_factory)
     spark = names_session(config, spark_factory,
@@ -105,7 +105,7 @@ def setup(config: Config, rebaseline: bool = False,
     report = _prepare(config, rebaseline, storage_options, online_not_null, echo, engine,
                       spark_factory)
     if spark is not None:
-        from pipelines.setup.catalog import register_lakehouse
+        from pipelines.setup.register import register_lakehouse
 
         for line in register_lakehouse(spark, config, _mirrored(config, storage_options,
                                                                 engine)):
@@ -255,11 +255,11 @@ def _load_mirrors(config: Config, keyed: tuple[str, ...], floor: int,
                   storage_options: dict | None, engine: Engine, report: SetupReport,
                   numbers_as_text: bool, spark_factory=None) -> None:
     """Each mirrored table's current rows into its mirror, by key-range chunks after the
-    slot exists (``pipelines.setup.mirror_load``): the slot's snapshot is held only for
+    slot exists (``pipelines.setup.mirror_loader``): the slot's snapshot is held only for
     the counts. Every change from the consistent point ``floor`` on reaches bronze, and
     the mirrors' query applies them onto the loaded rows. The tables are ``snapshotting``
     in the captured set meanwhile; a kill leaves them so, and ``tables add`` goes on."""
-    from pipelines.setup.mirror_load import MirrorTarget, load_mirror, typing_session
+    from pipelines.setup.mirror_loader import MirrorTarget, load_mirror, typing_session
 
     store = CaptureList(config.lakehouse, storage_options, engine=engine)
     stored = store.read()

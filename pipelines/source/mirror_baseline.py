@@ -2,14 +2,14 @@
 for the mirrors (``pipelines.verify.reconcile``), read inside its temporary slot's exported
 snapshot and kept in ``<lakehouse>/_verify`` (the consistent point as a Delta app
 transaction). A lakehouse set up before ``setup`` loaded mirrors by chunks
-(``pipelines.setup.mirror_load``) holds such rows in
+(``pipelines.setup.mirror_loader``) holds such rows in
 ``<lakehouse>/silver/_mirror_baselines/<schema>/<table>`` too: a mirror starts from them
-once (``pipelines.run.mirrors.seed_mirror``).
+once (``pipelines.run.mirror_query.seed_mirror``).
 
 Each value is read as the text wal2json prints for it, so a row from here and a row from
-the WAL convert alike (``silver.mirror_types``): the type's output, bytea as hex digits, and
+the WAL convert alike (``silver.mirrors.mirror_types``): the type's output, bytea as hex digits, and
 a ``NaN``/``±Infinity`` as NULL where the mirror gets NULL
-(``silver.mirror_type_map.loses_specials``: every one where the slot's wal2json prints
+(``silver.mirrors.type_map.loses_specials``: every one where the slot's wal2json prints
 numbers as JSON, as 2.5 does; with numbers as text, a decimal's NaN). The rows that held
 such a value are counted as they are read (``Baseline.lost``): the known loss, reported
 apart from drift.
@@ -37,7 +37,7 @@ from core.engine.delta_rs import DeltaRs, rs_commit
 from core.layout import mirror_baseline_path
 from core.postgres import table_rows
 from core.progress import ProgressBar
-from silver.mirror_type_map import loses_specials
+from silver.mirrors.type_map import loses_specials
 
 APP_ID = "lakecdc-mirror-baseline"
 LAYER = "mirror_baseline"       # its commits' lakecdc metadata (``core.commits``)

@@ -1,15 +1,15 @@
 """What each captured table's mirror is created with, read from the source's catalog: its
 columns (name, Postgres type) in the source's order and its key. One reading for every
-creator of a mirror: the mirrors' query (``pipelines.run.mirrors``), and ``setup`` and
-``tables add`` when they register mirrors by name (``pipelines.setup.catalog``)."""
+creator of a mirror: the mirrors' query (``pipelines.run.mirror_query``), and ``setup`` and
+``tables add`` when they register mirrors by name (``pipelines.setup.register``)."""
 
 from __future__ import annotations
 
 import psycopg
 
 from bronze.source import mirror_key
-from silver.mirror_table import TableSpec
-from silver.mirror_type_map import loses_specials
+from silver.mirrors.mirror_table import TableSpec
+from silver.mirrors.type_map import loses_specials
 
 
 def table_specs(conn: psycopg.Connection, tables: tuple[str, ...]) -> list[TableSpec]:

@@ -1,8 +1,8 @@
 """Ground truth of ``service_stats`` read straight from the source (docs/gold.md).
 
 ``count`` = notifications ever created, in their latest status, across the two counted
-tables (``Config.counted``, schema-qualified): a ``GROUP BY`` of the dims over both. Rows purged from
-history since the baseline are not in it; callers that purge must add them back.
+tables (``Config.counted``, schema-qualified): a ``GROUP BY`` of the dims over both. Rows
+purged from history since the baseline are not in it; callers that purge must add them back.
 
 ``count_truth`` counts in primary-key chunks inside the caller's transaction (give it a
 REPEATABLE READ transaction on an exported snapshot to count at a slot's consistent point):

@@ -158,7 +158,7 @@ class Checked:
 
 def read_checked(spark: SparkSession, state_path: str | None) -> Checked | None:
     from core.commits import newest
-    from core.engine.spark import read_commits
+    from core.engine.spark_delta import read_commits
 
     meta = newest(read_commits(spark, state_path, "quality", 100)) if state_path else None
     if not meta:
@@ -172,7 +172,7 @@ def record_checked(spark: SparkSession, state_path: str, checked: Checked,
     checked, the counts recorded before (one overwrite: the counts and the metadata that
     says what they are commit together)."""
     from core.commits import commit_metadata
-    from core.tables import create_table
+    from core.spark_tables import create_table
 
     create_table(spark, state_path, spark.createDataFrame([], _COUNTS).schema, {})
     if counts is None:
@@ -220,7 +220,7 @@ def _baseline(spark: SparkSession, gold_path: str, floor: int, baseline_path: st
     """The counts gold started from at ``floor``: gold at the commit that set the floor (a
     seed or a rebuild), else setup's ``gold/_baseline`` if it is at ``floor``."""
     from core.commits import floor_of
-    from core.engine.spark import read_commits
+    from core.engine.spark_delta import read_commits
 
     empty = spark.createDataFrame([], _COUNTS)
     if floor == 0:

@@ -43,7 +43,7 @@ from gold.push import PROGRESS_TABLE, STATS_TABLE
 from pipelines.run.markers import mirrors_position
 from pipelines.source.consistent import consistent_point, count_at, emit_marker
 from pipelines.source.mirror_baseline import Sampling, write_baselines
-from pipelines.verify.mirrors import check_mirror, scratch_root, tables_to_verify
+from pipelines.verify.mirror_check import check_mirror, scratch_root, tables_to_verify
 from pipelines.verify.report import LayerCounts, Verdict, document, drift_sentence, nonzero, render
 
 if TYPE_CHECKING:

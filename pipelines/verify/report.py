@@ -1,4 +1,5 @@
-"""The verdict of ``lakecdc verify`` and how it is shown: pure, no I/O (see ``pipelines.verify.reconcile``).
+"""The verdict of ``lakecdc verify`` and how it is shown: pure, no I/O (see
+``pipelines.verify.reconcile``).
 
 A ``Verdict`` holds, for one source LSN, the truth and each layer's counts *as of that LSN*
 (``service_stats`` keys → count, zero counts dropped: a key missing is a key at 0). It
@@ -40,7 +41,7 @@ class Verdict:
     purged: int                     # history rows purged since gold's baseline (in truth)
     layers: tuple[LayerCounts, ...]
     pipeline: str = ""              # how the layers got past the marker
-    # Each mirror against its source table (``pipelines.verify.mirrors.MirrorCheck``).
+    # Each mirror against its source table (``pipelines.verify.mirror_check.MirrorCheck``).
     mirrors: tuple = ()
 
     def differences(self, layer: LayerCounts) -> dict[Key, tuple[int, int]]:

@@ -29,7 +29,7 @@ import psycopg
 import pytest
 from deltalake import DeltaTable
 
-from bronze.backfill import run_snapshot_backfill
+from bronze.snapshot_backfill import run_snapshot_backfill
 from bronze.backfill_source import _reader, read_chunk
 from bronze.backfill_staging import staging_path
 from bronze.backfill_marks import BACKFILL_PREFIX

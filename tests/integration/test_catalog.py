@@ -26,12 +26,12 @@ import uuid
 
 import pytest
 
-from core.catalog import Catalog, same_location
+from core.catalog_names import Catalog, same_location
 from core.errors import UserError
 from core.layout import mirror_path
 from core.locks import is_held, ship_lock_name
 from pipelines.setup.prepare import setup
-from pipelines.setup.tables import add_table
+from pipelines.setup.capture import add_table
 from tests.integration.workload import mixed
 from tests.tests_support import ROOT, cli_env, one_sentence, run_cli, wait_for
 from tests.truth import source_truth
@@ -63,7 +63,7 @@ def schema(spark):
 def in_memory(monkeypatch):
     """``setup`` on the suite's session: its in-memory catalog is refused by the CLI (see
     ``test_a_catalog_that_forgets_names_is_refused_before_anything_changes``)."""
-    monkeypatch.setattr("pipelines.setup.catalog.require_persistent", lambda spark: None)
+    monkeypatch.setattr("pipelines.setup.register.require_persistent", lambda spark: None)
 
 
 def _slot_exists(source_db, slot: str) -> bool:

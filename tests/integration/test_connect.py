@@ -87,7 +87,7 @@ def test_a_connect_session_is_refused_before_anything_is_touched(connect_server,
 def test_what_a_connect_session_does_with_the_stream_and_the_mirrors(connect_server):
     """Why the refusal, against the live server. Spark Connect pickles the ``foreachBatch``
     function to run it in a Python process of the server's (a function that pickles starts
-    there): ``stream``'s ``OnePass`` holds a lock and does not pickle. ``mirrors``'
+    there): ``stream``'s ``SilverGoldWriter`` holds a lock and does not pickle. ``mirrors``'
     ``MirrorWriter`` pickles, but its query starts from the checkpoint read through the
     JVM's Hadoop file system (``core.checkpoints``), which a Connect session has not; and
     what either writer keeps for the driver (the batch's own error, the merged counts,
@@ -101,7 +101,7 @@ def test_what_a_connect_session_does_with_the_stream_and_the_mirrors(connect_ser
     outcome = json.loads(result.stdout.splitlines()[-1])
     assert outcome["count"] == 3, outcome                       # a live session
     assert outcome["plain"] == outcome["MirrorWriter"] == "started", outcome
-    assert "STREAMING_CONNECT_SERIALIZATION_ERROR" in outcome["OnePass"], outcome
+    assert "STREAMING_CONNECT_SERIALIZATION_ERROR" in outcome["SilverGoldWriter"], outcome
     assert "JVM_ATTRIBUTE_NOT_SUPPORTED" in outcome["checkpoint"], outcome
 
 
@@ -117,15 +117,15 @@ def _under_connect() -> None:
 
     from core.checkpoints import source_table_ids
     from core.config import Config
-    from pipelines.run.mirrors import mirror_discovery
-    from pipelines.run.stream import OnePass
-    from silver.mirror import MirrorWriter
+    from pipelines.run.mirror_query import mirror_discovery
+    from pipelines.run.stream import SilverGoldWriter
+    from silver.mirrors.mirror_writer import MirrorWriter
 
     spark = SparkSession.builder.getOrCreate()
     outcome = {"count": spark.range(3).count()}
     rate = spark.readStream.format("rate").option("rowsPerSecond", 1).load()
     config = Config(lakehouse="/nonexistent")
-    writers = {"plain": _batch_does_nothing, "OnePass": OnePass(None, None),
+    writers = {"plain": _batch_does_nothing, "SilverGoldWriter": SilverGoldWriter(None, None),
                "MirrorWriter": MirrorWriter({}, discover=mirror_discovery(spark, config))}
     for name, writer in writers.items():
         try:

@@ -66,7 +66,8 @@ def dashboard_rows(dsn: str) -> list[tuple]:
 def stream_running(pipeline, accept_errors_upto: int | None = None):
     """The one-pass stream (bronze → silver → gold) running for the block; yields
     ``drain()``: process everything bronze holds now and assert the query is still up.
-    Stopped as a stream stops: the steps still in gold/_deltas folded (``OnePass.finish``)."""
+    Stopped as a stream stops: the steps still in gold/_deltas folded
+    (``SilverGoldWriter.finish``)."""
     with pipeline.gold_lock():
         query, writer = pipeline.start_stream(False, accept_errors_upto)
 

@@ -24,17 +24,11 @@ from pyspark.sql import Row
 
 from core.commits import commit_metadata as metadata
 from core.commits import newest
-from core.engine.spark import read_commits
+from core.engine.spark_delta import read_commits
 import gold.apply
-from gold.apply import (
-    GOLD_SCHEMA,
-    REBUILD_APP_ID,
-    GoldBatchWriter,
-    GoldPaths,
-    ensure_gold_tables,
-    seed_gold,
-    step_app_id,
-)
+from gold.gold_tables import GOLD_SCHEMA, GoldPaths, ensure_gold_tables, seed_gold
+from gold.asof import REBUILD_APP_ID, step_app_id
+from gold.apply import GoldBatchWriter
 from gold.deltas import GoldStopped
 from gold.fold import FoldClock, summed
 from gold.start import applied_batch, gold_writer
@@ -389,7 +383,7 @@ def test_a_batch_only_deltas_records_counts_as_applied_for_the_checkpoint_check(
 def test_a_fold_waits_its_turn_then_runs_in_the_background_after_gold_maintenance(
         spark, paths):
     """A fold waits for its turn: the fold before it took ``s`` seconds, so the next is due
-    ``s * (1 - share) / share`` after it (a quiet stream's ``OnePass.idle`` asks too). It
+    ``s * (1 - share) / share`` after it (a quiet stream's ``SilverGoldWriter.idle`` asks too). It
     runs in the background, and never beside gold's maintenance (``paused``)."""
     from deltalake import DeltaTable
 

@@ -27,7 +27,7 @@ from core.layout import GOLD, SILVER, mirror_path
 from core.maintenance import MAINTENANCE_FILE, UNREFERENCED_HOURS
 from pipelines.maintain.once import maintain_once
 from pipelines.run.pipeline import Pipeline
-from silver.mirror_pending import PENDING_DIR
+from silver.mirrors.tail import TAIL_DIR
 from tests.integration.workload import insert, transition
 from tests.invariants import check_invariants
 from tests.tests_support import cli_env, one_sentence, run_cli, wait_for
@@ -149,11 +149,11 @@ def test_run_maintains_its_tables_under_traffic_and_kills_and_stays_exact(
     after it maintained silver and gold, twice (maintenance and the writers side by side,
     F26).
     After a drain, I1-I5 hold, bronze, silver and gold were maintained by the run, and
-    bronze holds fewer live files than it had commits. Then the log is cleaned and the stream resumes after it: I1-I5
-    again. The drains are ``run --once`` in this process's Spark (``pipeline``, as
-    test_faults' kill tests drain): a ``run --once`` does not maintain, so what was
-    maintained was maintained by the killed runs, and a JVM start per drain proves
-    nothing more."""
+    bronze holds fewer live files than it had commits. Then the log is cleaned and the
+    stream resumes after it: I1-I5 again. The drains are ``run --once`` in this process's
+    Spark (``pipeline``, as test_faults' kill tests drain): a ``run --once`` does not
+    maintain, so what was maintained was maintained by the killed runs, and a JVM start per
+    drain proves nothing more."""
     from bronze.ship import Shipper
     from tests.soak import Soak
 
@@ -234,7 +234,7 @@ def test_run_maintains_mirrors_of_timestamp_columns_without_adding_a_table_featu
                           mirror_merge_s=0, maintain_interval_s=3)
     setup(config)
     mirror = mirror_path(config.lakehouse, "public.notifications")
-    kept = [mirror, f"{mirror}/{PENDING_DIR}"]
+    kept = [mirror, f"{mirror}/{TAIL_DIR}"]
     started, stop, failures = time.time(), threading.Event(), []
 
     def run() -> None:

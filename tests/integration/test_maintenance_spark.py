@@ -1,5 +1,5 @@
-"""Maintenance through Spark (``core.engine.spark_maintenance``, ``LAKECDC_WRITER=spark``) never lets
-Delta's own log cleanup delete what the table's stream reads again when it restarts.
+"""Maintenance through Spark (``core.engine.spark_maintenance``, ``LAKECDC_WRITER=spark``)
+never lets Delta's own log cleanup delete what the table's stream reads again when it restarts.
 
 Delta (not lakecdc) deletes expired log entries there, at its checkpoints, while the table's
 ``delta.enableExpiredLogCleanup`` is on. A restarted stream plans its newest committed batch
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from core.engine.spark import SparkDelta
+from core.engine.spark_delta import SparkDelta
 from core.engine.spark_maintenance import (
     maintain_table_spark,
     stream_needs_log,

@@ -85,11 +85,11 @@ def test_a_kill_between_new_initial_rows_and_the_drop_of_the_old_tail_lays_no_st
     loaded by chunks: ``silver/_mirror_baselines``), which the next start lays down as the
     mirror's rows; that start is killed right after the new rows' commit
     (``after_mirror_seed``). The mirror, its tail laid over it, equals the source then, and
-    after the next run, which folds what tail is left, so does its table alone."""
+    after the next run, which drains what tail is left, so does its table alone."""
     import psycopg
 
     from pipelines.source.mirror_baseline import write_baselines
-    from silver.mirror_pending import pending_path
+    from silver.mirrors.tail import tail_path
     from tests.tests_support import crash_once_at
 
     env = mirrored_after_one_run(source_db, config, cli_here, seed=33, rounds=10)
@@ -98,7 +98,7 @@ def test_a_kill_between_new_initial_rows_and_the_drop_of_the_old_tail_lays_no_st
         conn.execute("UPDATE typed_rows SET small = 1")
     for stage in (["ship", "--once"], ["stream", "--once"]):
         ok(cli_here(stage, env))
-    tail = pending_path(mirror_path(config.lakehouse, TABLE))
+    tail = tail_path(mirror_path(config.lakehouse, TABLE))
     crash_once_at(monkeypatch, "after_mirror_merge")
     assert cli_here(["mirrors", "--once"], env).returncode == 3       # killed
     assert DeltaTable(tail).to_pyarrow_table().num_rows > 0
@@ -142,7 +142,7 @@ def outlive_the_log(cli_here, env: dict, config, path: str, engine=None) -> None
         maintained = ok(cli_here(["maintain", "--once"], env))
         assert f"mirror {TABLE_ADDED}:" in maintained, maintained
     else:
-        from pipelines.maintain.plan import Maintained
+        from pipelines.maintain.owners import Maintained
         from pipelines.maintain.schedule import maintain
 
         maintain([Maintained(f"mirror {TABLE_ADDED}", path, 1)], config, engine=engine)
@@ -168,9 +168,9 @@ def test_a_finished_add_is_replayed_after_an_outage_longer_than_the_log_retentio
     --once`` runs, its log cleaned: no commit of the load is left in the mirror's history.
     The next ``run --once`` must still apply the held changes: the mirror equals the
     source. On each engine (``LAKECDC_WRITER``)."""
-    from core.engine.spark import SparkDelta
+    from core.engine.spark_delta import SparkDelta
     from pipelines.setup.prepare import setup
-    from pipelines.setup.tables import add_table
+    from pipelines.setup.capture import add_table
     from tests.integration.test_tables_add import (
         assert_docs_mirrored,
         change_docs,

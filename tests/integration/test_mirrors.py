@@ -116,18 +116,18 @@ def _float4(value):
 
 def mirror_rows(config, added: bool, tail: bool = False, spark=None) -> dict:
     """The mirror's table read with delta-rs; ``tail``: with its tail laid over it
-    (``silver.mirror_pending.read_mirror``), by Spark where ``spark`` is given
-    (``silver.mirror_store.current_mirror``)."""
+    (``silver.mirrors.tail.read_mirror``), by Spark where ``spark`` is given
+    (``silver.mirrors.store_spark.current_mirror``)."""
     from deltalake import DeltaTable
 
-    from silver.mirror_pending import read_mirror
+    from silver.mirrors.tail import read_mirror
 
     names = ["k1", "k2", "small", "big", "price", "exact", "ratio", "score", "flag", "day",
              "seen", "at", "label", "code", "ref", "state", "doc", "raw", "counts", "tags",
              "wait", "body", *(["note"] if added else [])]
     path = mirror_path(config.lakehouse, TABLE)
     if tail and spark is not None:
-        from silver.mirror_store import current_mirror
+        from silver.mirrors.store_spark import current_mirror
 
         table = current_mirror(spark, path).select(*names).toArrow()
     elif tail:
@@ -164,7 +164,7 @@ def test_a_mirror_matches_its_source_through_toast_key_changes_truncate_and_a_ne
     """The table holds rows before ``setup``: its mirror starts from them (read in the
     slot's exported snapshot), then follows the changes. ``merge``: every batch MERGEd
     (however long a MERGE takes); ``tail``: every mirror keeps its batches in a tail first
-    (``LAKECDC_MIRROR_MERGE_S=0``, as a big table's does), folded at the end of each run."""
+    (``LAKECDC_MIRROR_MERGE_S=0``, as a big table's does), drained at the end of each run."""
     rng = random.Random(1717)
     with source_db.connect() as conn:
         conn.execute(SCHEMA_SQL)
@@ -204,14 +204,14 @@ def test_a_mirror_matches_its_source_through_toast_key_changes_truncate_and_a_ne
 
 
 def tail_batches(config) -> int:
-    """The batches the mirror's tail took (``silver.mirror_pending``)."""
+    """The batches the mirror's tail took (``silver.mirrors.tail``)."""
     import json
 
     from deltalake import DeltaTable
 
-    from silver.mirror_pending import pending_path
+    from silver.mirrors.tail import tail_path
 
-    tail = pending_path(mirror_path(config.lakehouse, TABLE))
+    tail = tail_path(mirror_path(config.lakehouse, TABLE))
     if not DeltaTable.is_deltatable(tail):
         return 0
     return sum("batch_id" in json.loads(c.get("userMetadata") or "{}")
@@ -303,7 +303,7 @@ def assert_sql_through_a_catalog_is_current_and_read_only(config, spark, count: 
     unchanged."""
     from deltalake import DeltaTable
 
-    from core.catalog import Catalog
+    from core.catalog_names import Catalog
     from core.errors import UserError
     from pipelines.observe.query import run_query, use_tables
 
@@ -328,20 +328,20 @@ def assert_sql_through_a_catalog_is_current_and_read_only(config, spark, count: 
     assert DeltaTable(mirror).version() == version
 
 
-def test_a_tail_holds_a_batch_over_its_table_until_folded_and_a_replay_appends_nothing(
+def test_a_tail_holds_a_batch_over_its_table_until_drained_and_a_replay_appends_nothing(
         source_db, config, cli_here, tmp_path, spark):
     """A mirror keeping its batches in a tail (``LAKECDC_MIRROR_MERGE_S=0``, as a big
     table's does): killed right after the tail took a batch, the mirror's table has not
     changed and the table with its tail laid over it equals the source, read by delta-rs
     (``read_mirror``) and by Spark (``current_mirror``, as ``lakecdc sql`` reads it).
     The next start replays the batch: the tail's app transaction skips it, and the end of
-    the run folds the tail into the table, which then equals the source by itself. The
+    the run drains the tail into the table, which then equals the source by itself. The
     negative control: with the guard off, the replay appends the batch to the tail again."""
     import json
 
     from deltalake import DeltaTable
 
-    from silver.mirror_pending import pending_path
+    from silver.mirrors.tail import tail_path
 
     env = mirrored_after_one_run(source_db, config, cli_here, seed=41, rounds=15)
     env = {**env, "LAKECDC_MIRROR_MERGE_S": "0"}
@@ -352,7 +352,7 @@ def test_a_tail_holds_a_batch_over_its_table_until_folded_and_a_replay_appends_n
     for stage in (["ship", "--once"], ["stream", "--once"]):
         assert cli_here(stage, env).returncode == 0
     mirror = mirror_path(config.lakehouse, TABLE)
-    tail = pending_path(mirror)
+    tail = tail_path(mirror)
     before = DeltaTable(mirror).version()
     checkpoint = f"{config.lakehouse}/_checkpoints/mirrors"
     saved = tmp_path / "mirrors-checkpoint"
@@ -383,10 +383,10 @@ def test_a_tail_holds_a_batch_over_its_table_until_folded_and_a_replay_appends_n
     again = cli_here(["mirrors", "--once"], env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert appended_since(taken) == []                          # the replay: skipped
-    assert DeltaTable(tail).to_pyarrow_table().num_rows == 0    # folded
+    assert DeltaTable(tail).to_pyarrow_table().num_rows == 0    # drained
     assert_mirror_is_source(source_db, config)
-    folded = json.loads(DeltaTable(mirror).history(1)[0]["userMetadata"])
-    assert "batch_id" in folded and not folded.get("partial"), folded
+    drained = json.loads(DeltaTable(mirror).history(1)[0]["userMetadata"])
+    assert "batch_id" in drained and not drained.get("partial"), drained
 
     shutil.rmtree(checkpoint)
     shutil.copytree(saved, checkpoint)                          # the batch runs again
@@ -397,7 +397,7 @@ def test_a_tail_holds_a_batch_over_its_table_until_folded_and_a_replay_appends_n
     assert_mirror_is_source(source_db, config)
 
     # A tail left by a kill, then the Spark writer (``LAKECDC_WRITER=spark``), which keeps
-    # no tail: it folds the tail first, and its replay guard skips the batch folded.
+    # no tail: it drains the tail first, and its replay guard skips the batch drained.
     with source_db.connect() as conn:
         conn.execute("UPDATE typed_rows SET small = small - 1")
     for stage in (["ship", "--once"], ["stream", "--once"]):
@@ -430,7 +430,7 @@ def test_mirrors_before_silver_exists_is_one_sentence(source_db, config, cli_her
 def test_verify_checks_each_mirror_against_its_source_under_traffic_and_names_a_changed_row(
         source_db, config, cli_here):
     """``verify`` while traffic goes on: changes straddle its point, so the mirror is
-    compared with the source at the point plus verify's own fold of the changes after it -
+    compared with the source at the point plus verify's own netting of the changes after it -
     here as a big table is (``--sample-above 0``): its every key, and a sample of its rows
     (the whole table, sized so) compared column by column. Then one row of the mirror is
     changed behind lakecdc's back: exit 1, naming the table and the row's key. Last, with a

@@ -20,10 +20,12 @@ import pytest
 from tests.integration.test_gold_apply import Sim, df   # the source model and its silver rows
 
 from bronze.slot import plugin_options
-from gold.apply import GoldBatchWriter, GoldPaths, ensure_gold_tables
+from gold.apply import GoldBatchWriter
+from gold.gold_tables import GoldPaths, ensure_gold_tables
 from core.errors import UserError
 from core.storage import gold_key
-from gold.push import AheadPush, ensure_dashboard_tables, open_gold, push_ahead, push_once
+from gold.push import AheadPush, ensure_dashboard_tables, push_ahead, push_once
+from gold.view import open_gold
 from tests.tests_support import ROOT, error_line, run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

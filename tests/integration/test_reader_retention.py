@@ -54,10 +54,9 @@ def test_a_users_stream_of_silver_resumes_after_an_outage_longer_than_the_intern
         source_db, config, spark, tmp_path, kept):
     """Internal logs kept one minute. The user's stream reads silver's first batches and
     stops; three more rounds of traffic and ``run --once``; then an hour's outage
-    (``outage``) and ``maintain --once``. gold/_deltas's log no longer starts at version 0; silver's still
-    does, and the user's stream resumes with every silver row exactly once. With silver
-    kept one minute as well (``1m``), maintenance cleans silver's log and the stream cannot
-    resume."""
+    (``outage``) and ``maintain --once``. gold/_deltas's log no longer starts at version 0; silver's
+    still does, and the user's stream resumes with every silver row exactly once. With silver kept
+    one minute as well (``1m``), maintenance cleans silver's log and the stream cannot resume."""
     config = config.with_(mirrors=(), log_retention_minutes=1,
                           **({} if kept == "default" else
                              {"reader_retention": reader_retention(kept)}))

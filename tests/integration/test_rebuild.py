@@ -128,9 +128,10 @@ def test_a_lost_checkpoint_is_recovered_by_a_new_silver_and_a_rebuild_only_with_
     from pathlib import Path
 
     import gold.apply
+    import gold.asof
 
     if epoch_app_id == "off":
-        monkeypatch.setattr(gold.apply, "txn_app_id", lambda epoch: gold.apply.APP_ID)
+        monkeypatch.setattr(gold.apply, "txn_app_id", lambda epoch: gold.asof.APP_ID)
     rng = random.Random(65)
     for _ in range(3):                        # gold batches 0, 1, 2 under lakecdc-gold
         with source_db.connect() as conn:

@@ -35,7 +35,8 @@ from core.engine.delta_rs import read_commits_rs
 from core.errors import UserError
 from core.layout import GOLD, GOLD_DELTAS, GOLD_PENDING, QUARANTINE, SILVER, STREAM_CHECKPOINT
 from core.maintenance import clean_log
-from gold.apply import GOLD_SCHEMA, GoldBatchWriter, GoldPaths, ensure_gold_tables, seed_gold
+from gold.gold_tables import GOLD_SCHEMA, GoldPaths, ensure_gold_tables, seed_gold
+from gold.apply import GoldBatchWriter
 from gold.asof import REBUILD_APP_ID, gold_state
 from gold.start import gold_writer
 from tests.integration.test_gold_apply import ON_FINISH, Crash, CrashAt, Sim, busy_sim, df
@@ -109,7 +110,7 @@ def test_silver_recognises_a_replayed_batch_after_the_log_is_cleaned(spark, tmp_
 def engine_of(spark, engine: str):
     """A new engine, as each process's writer makes its own."""
     from core.engine.delta_rs import DeltaRs
-    from core.engine.spark import SparkDelta
+    from core.engine.spark_delta import SparkDelta
 
     return SparkDelta(spark) if engine == "spark" else DeltaRs()
 

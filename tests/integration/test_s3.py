@@ -125,7 +125,8 @@ def test_continuous_run_on_s3_killed_mid_batch_and_mid_flight_ends_exact_in_ever
                      r["notification_status"]): r["count"] for r in rows if r["count"]})
     truth = Counter({k: v for k, v in source_truth(source_db.dsn, purged).items() if v})
     assert sum(truth.values()) > 0
-    assert gold == truth, f"gold on S3 differs from the source on {len(set(gold) ^ set(truth))} keys"
+    assert gold == truth, (
+        f"gold on S3 differs from the source on {len(set(gold) ^ set(truth))} keys")
     assert Counter({k: v for k, v in dashboard_counts(source_db.dsn).items() if v}) == gold
 
 

@@ -1,5 +1,5 @@
-"""``core.engine.spark.SparkDelta``: the commits every writer makes through Spark when only Spark can
-reach storage (``LAKECDC_WRITER=spark``), on a real Spark with Delta.
+"""``core.engine.spark_delta.SparkDelta``: the commits every writer makes through Spark when
+only Spark can reach storage (``LAKECDC_WRITER=spark``), on a real Spark with Delta.
 
 - An append's rows land in the table's column order and types, with the metadata; a
   replay of its app transaction's version is skipped; with the transaction left off it is
@@ -18,7 +18,7 @@ import pytest
 from delta.tables import DeltaTable
 
 from core.commits import commit_metadata
-from core.engine.spark import SparkDelta, read_commits
+from core.engine.spark_delta import SparkDelta, read_commits
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from bronze.records import BRONZE_SCHEMA
 from bronze.spark_table import SparkBronzeTable
 from bronze.table import Progress, SourceIdentity
-from core.engine.spark import SparkDelta
+from core.engine.spark_delta import SparkDelta
 from tests.cloud_servers import guarded_s3
 from tests.integration.workload import mixed
 from tests.tests_support import Crash, cli_env, crash_once_at, error_line, one_sentence, run_cli

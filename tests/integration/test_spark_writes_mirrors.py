@@ -89,7 +89,7 @@ def setup_with_rows(source_db, config, cli_here, seed: int) -> dict:
 
 
 @pytest.mark.long
-def test_spark_mirrors_follow_the_source_replay_exactly_once_and_maintain_and_verify_keep_them_exact(
+def test_spark_mirrors_follow_the_source_replay_exactly_once_and_maintain_and_verify_keep_them_exact(  # noqa: E501
         source_db, config, cli_here, spark, tmp_path):
     env = setup_with_rows(source_db, config, cli_here, seed=3701)
     layers(cli_here, env)
@@ -169,7 +169,7 @@ def test_spark_mirrors_follow_the_source_replay_exactly_once_and_maintain_and_ve
     assert sizes["silver"]["live_files"] == 1 and sizes["silver"]["log_entries"] > 3, sizes
     assert all(t["last_maintained"] is not None for t in sizes.values()), sizes
     # The metrics' state, read as `run --metrics-port` reads it with this writer.
-    from core.engine.spark import SparkDelta
+    from core.engine.spark_delta import SparkDelta
     from pipelines.observe.metrics_state import read_state
 
     state = read_state(config.with_(writer="spark"), engine=lambda: SparkDelta(spark))

@@ -194,7 +194,7 @@ def test_status_through_spark_reads_the_newest_change_in_utc_on_a_driver_off_utc
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from core.engine.spark import SparkDelta
+    from core.engine.spark_delta import SparkDelta
     from pipelines.observe.status import delta_layer
 
     written = dt.datetime(2026, 11, 29, 1, 0, tzinfo=dt.timezone.utc)

@@ -45,9 +45,9 @@ def bronze_info_sum(config, key: str) -> int:
 
 def test_a_table_added_through_spark_alone_is_loaded_by_it_and_ends_exact(
         source_db, config, spark, cli_here, monkeypatch):
-    from core.engine.spark import SparkDelta
+    from core.engine.spark_delta import SparkDelta
     from pipelines.setup.prepare import setup
-    from pipelines.setup.tables import add_table
+    from pipelines.setup.capture import add_table
 
     rng = random.Random(3703)
     with source_db.connect() as conn:

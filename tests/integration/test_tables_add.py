@@ -339,7 +339,7 @@ def test_add_reads_rows_only_once_the_shipper_took_up_the_set_and_without_that_a
     from bronze.capture_list import ACK_SUFFIX, ShipperSet
     from bronze.heartbeat import emit
     from bronze.table import BronzeTable
-    from pipelines.setup import tables
+    from pipelines.setup import capture
     from pipelines.setup.prepare import setup
     from tests.truth import bronze_rows
 
@@ -348,7 +348,7 @@ def test_add_reads_rows_only_once_the_shipper_took_up_the_set_and_without_that_a
         conn.execute("INSERT INTO extra SELECT i, 0 FROM generate_series(1, 50) AS i")
     setup(config)
     monkeypatch.setattr(ShipperSet, "CHECK_S", 20.0)
-    monkeypatch.setattr(tables, "ACK_TIMEOUT_S", 300.0)
+    monkeypatch.setattr(capture, "ACK_TIMEOUT_S", 300.0)
     store, bronze = CaptureList(config.lakehouse), BronzeTable(config.bronze_path)
     app = config.slot + ACK_SUFFIX
 
@@ -370,8 +370,8 @@ def test_add_reads_rows_only_once_the_shipper_took_up_the_set_and_without_that_a
         wait_for(taken_up_beating, timeout=120, interval=1)   # it read setup's set at its start
         off = frozenset() if guard == "on" else frozenset({"capture_ack"})
         before = store.read().version           # every later set captures public.extra
-        said = tables.add_table(config.with_(disabled_guards=off, mirrors=None), "public.extra",
-                                chunk_rows=100)
+        said = capture.add_table(config.with_(disabled_guards=off, mirrors=None), "public.extra",
+                                 chunk_rows=100)
         assert "public.extra: captured from" in said and "50 current rows" in said, said
         assert "public.extra: NaN and ±Infinity in v arrive as NULL" in said, said
         source_db.execute("UPDATE extra SET v = 424242 WHERE id = 1")

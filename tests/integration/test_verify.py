@@ -33,7 +33,8 @@ from pipelines.setup.prepare import setup
 from pipelines.verify.report import LayerCounts, Verdict, document, drift_sentence, render
 from tests.tests_support import ROOT, cli_env, error_line, run_cli, wait_for
 from tests.truth import check_gold, source_truth
-from tests.integration.workload import archive, hard_delete, insert, mixed, purge_history, transition
+from tests.integration.workload import (archive, hard_delete, insert, mixed, purge_history,
+                                        transition)
 
 KEY_RE = re.compile(r"^([0-9a-f-]{36})\s+([0-9a-f-]{36})\s+(\w+)\s+([\w-]+)\s+"
                     r"(-?[\d,]+)\s+(-?[\d,]+)\s+(-?[\d,]+)$", re.MULTILINE)

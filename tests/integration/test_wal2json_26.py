@@ -27,7 +27,8 @@ from tests.tests_support import cli_env, run_cli
 
 pytestmark = pytest.mark.integration
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "wal2json" / "numbers_as_text_2_6.jsonl"
+FIXTURE = (Path(__file__).resolve().parents[1] / "fixtures" / "wal2json"
+           / "numbers_as_text_2_6.jsonl")
 ODD = ("CREATE TABLE odd (id int8 PRIMARY KEY, f4 real, f8 float8, n numeric, "
        "d numeric(10,2), s2 smallint, o oid, b bool, v text)")
 ROWS = """INSERT INTO odd VALUES

@@ -118,7 +118,7 @@ def test_jvm_free_commands_work_and_spark_commands_name_the_extra(
     assert "running it on Spark" in spark_only.stderr, spark_only.stderr[-2000:]
     error_line(spark_only, "pip install 'lakecdc[spark]'")
     importable = subprocess.run(
-        [str(no_spark_python), "-c", "import bronze.backfill, pipelines.observe.metrics"],
+        [str(no_spark_python), "-c", "import bronze.snapshot_backfill, pipelines.observe.metrics"],
         env=env, cwd=ROOT, capture_output=True, text=True)
     assert importable.returncode == 0, importable.stderr[-2000:]
     port = free_port()                  # the exporter serves, and reads the layers, too

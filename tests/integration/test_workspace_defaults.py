@@ -49,11 +49,11 @@ def test_setup_run_verify_and_quality_are_exact_under_the_workspace_defaults(
 @pytest.mark.parametrize("checked", [True, False], ids=["table_features", "negative_control"])
 def test_tables_made_under_the_defaults_without_lakecdc_s_properties_are_refused(
         source_db, config, spark, cli_here, monkeypatch, checked):
-    """Tables made as before lakecdc stated their features (``core.tables.PLAIN`` empty),
+    """Tables made as before lakecdc stated their features (``core.spark_tables.PLAIN`` empty),
     under a workspace default of column mapping: refused with one sentence naming it, the
     dashboard given nothing. Without the check (``core.features.unreadable``), delta-rs
     read the column-mapped tables' rows as NULLs and the run could not end exact."""
-    monkeypatch.setattr("core.tables.PLAIN", {})
+    monkeypatch.setattr("core.spark_tables.PLAIN", {})
     if not checked:
         monkeypatch.setattr("core.features.unreadable", lambda table: [])
     env = cli_env(config)

@@ -12,7 +12,7 @@ from bronze.capture_list import (
     CaptureList,
     ShipperSet,
 )
-from pipelines.setup.tables import TableLine, render_tables
+from pipelines.setup.capture import TableLine, render_tables
 
 COUNTED = ("public.notifications", "public.notification_history")
 

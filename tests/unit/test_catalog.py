@@ -3,7 +3,7 @@ registering by name: quoting and comparing locations."""
 
 import pytest
 
-from core.catalog import location, quoted, same_location
+from core.catalog_names import location, quoted, same_location
 from core.config import Config
 from core.errors import UserError
 

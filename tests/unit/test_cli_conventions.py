@@ -12,7 +12,7 @@ import pytest
 from pipelines.cli.context import echo_json
 from pipelines.cli.main import main
 from pipelines.observe.status import LAYER_EMPTY, SLOT_MISSING, exit_code
-from pipelines.setup.tables import TableLine, tables_json
+from pipelines.setup.capture import TableLine, tables_json
 
 
 def test_version_prints_the_installed_version(capsys):

@@ -11,7 +11,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from core.errors import UserError
 from core.features import open_table, unreadable
 from core.spark import session_conf
-from core.tables import create_table
+from core.spark_tables import create_table
 from tests.tests_support import WORKSPACE_DEFAULTS
 
 SCHEMA = StructType([StructField("service_id", StringType()), StructField("n", LongType())])
@@ -65,7 +65,7 @@ def test_a_table_whose_creation_was_killed_is_created_at_the_next_start(spark, t
     ``_staged_commits`` folder, as CI's maintenance soak found; an uncommitted temporary
     file; nothing). Delta refuses to create a table there (``DELTA_TABLE_NOT_FOUND``);
     ``create_table`` removes such a log first. A log with a commit is never touched."""
-    from core.tables import remove_uncommitted_log
+    from core.spark_tables import remove_uncommitted_log
 
     schema = StructType([StructField("a", StringType())])
     for name, leftover in (("staged", "_staged_commits/"), ("empty", None),

@@ -11,6 +11,7 @@ import pytest
 from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
+from core.captured import CountedTables
 from gold import deltas as D
 from gold.plan import lines_table, plan, tuples
 from core.errors import UserError
@@ -265,7 +266,7 @@ def test_problems_are_reported_most_important_first(spark):
 
 
 def test_counted_tables_can_be_named(spark):
-    tables = D.CountedTables.from_names("app.live", "app.archive")
+    tables = CountedTables.from_names("app.live", "app.archive")
     got = D.contributions(silver(spark,
                                  change(10, 0, 2, "I", ("app", "archive"), new=CREATED),
                                  change(10, 1, 2, "I", LIVE, new=CREATED)), tables)

@@ -3,8 +3,12 @@
 - a module holds at most ``MODULE_LINES`` lines, a function at most ``FUNCTION_LINES``;
 - no import circle between the project's modules (lazy imports inside functions count: a
   circle is one whichever line it starts from);
+- no two modules of ``UNIQUE_NAMES``' packages share a file name (``__init__`` aside), so a
+  module's name says which one it is;
 - no module outside the engine package (``core.engine``, where lakecdc chooses its storage
-  engine once) imports both storage engines (``deltalake``, and ``pyspark`` or ``delta``).
+  engine once) imports both storage engines (``deltalake``, and ``pyspark`` or ``delta``);
+- outside it, only the listed places choose by the engine they are handed, each once
+  (``WRITER_KIND``: a stage's own faster path on delta-rs, or the SQL engine's choice).
 
 What breaks a rule today is listed below, with its size now: the lists only shrink. A
 listed module or function that grows fails, and so does one that shrank (list it at its new
@@ -15,6 +19,7 @@ while it gets better.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -24,15 +29,27 @@ PACKAGES = ("core", "bronze", "silver", "gold", "pipelines", "infra", "bench")
 MODULE_LINES = 500
 FUNCTION_LINES = 80
 ENGINES = ({"deltalake"}, {"pyspark", "delta"})
+UNIQUE_NAMES = ("core", "bronze", "silver", "gold", "pipelines")
 
 # Today's exceptions: name -> lines now.
 LONG_MODULES = {
-    "bronze.ship": 612, "silver.mirror": 579, "core.storage": 513,
+    "bronze.ship": 612, "silver.mirrors.mirror_writer": 571, "core.storage": 513,
 }
 LONG_FUNCTIONS: dict[str, int] = {}
 CIRCLES: list[set[str]] = []
 ENGINE_PACKAGE = "core.engine"
 BOTH_ENGINES: set[str] = set()
+# A choice by engine: an isinstance test, its name compared, or the writer setting read.
+CHOICE = re.compile(r'isinstance\([^()]*,\s*\(?(DeltaRs|SparkDelta)\b'
+                    r'|\bname\s*[!=]=\s*"(delta-rs|spark)"|\bspark_writes\b')
+WRITER_KIND = {
+    "bronze.spark_table": 1,               # bronze's pre-written data files (delta-rs)
+    "silver.writer": 1,                    # a batch read from bronze's local files
+    "silver.mirrors.store": 1,             # the mirrors' tail (delta-rs handles)
+    "gold.view": 1,                        # a push read from one pinned delta-rs handle
+    "pipelines.source.mirror_baseline": 1,  # a baseline streamed chunk by chunk
+    "pipelines.observe.query_rs": 1,       # DataFusion answers SQL only on delta-rs
+}
 
 
 class House:
@@ -64,6 +81,15 @@ class House:
                 elif isinstance(child, ast.ClassDef):
                     yield from walk(child, f"{prefix}.{child.name}")
         yield from walk(self.trees[module], module)
+
+    def same_names(self) -> dict[str, list[str]]:
+        """File name -> the modules of ``UNIQUE_NAMES``' packages that share it (two or
+        more; a package's ``__init__`` is not a module here)."""
+        by_name: dict[str, list[str]] = {}
+        for module in sorted(self.sources):
+            if module not in self.packages and module.split(".")[0] in UNIQUE_NAMES:
+                by_name.setdefault(module.rpartition(".")[2], []).append(module)
+        return {name: found for name, found in by_name.items() if len(found) > 1}
 
     def _project(self, name: str) -> str | None:
         """The project module ``name`` is, or is inside (None: not the project's)."""
@@ -168,9 +194,22 @@ def test_no_module_imports_both_engines(house):
     assert BOTH_ENGINES - both == set()                          # gone: take it off the list
 
 
+def test_module_names_are_unique(house):
+    assert house.same_names() == {}
+
+
+def test_only_the_listed_places_choose_by_engine(house):
+    found = {m: len(CHOICE.findall(text)) for m, text in house.sources.items()
+             if not m.startswith(ENGINE_PACKAGE + ".") and m != "core.config"}
+    assert {m: n for m, n in found.items() if n} == WRITER_KIND
+    assert sum(WRITER_KIND.values()) <= 10
+    assert CHOICE.search("if engine.name == \"spark\":") and CHOICE.search(
+        "isinstance(e, DeltaRs)") and CHOICE.search("config.spark_writes")
+
+
 def test_each_rule_catches_what_breaks_it(tmp_path):
-    """Negative controls: a long module, a long function, a circle and both engines in one
-    module, in a house of their own."""
+    """Negative controls: a long module, a long function, a circle, both engines in one
+    module and two modules of one name, in a house of their own."""
     (tmp_path / "core").mkdir()
     (tmp_path / "core" / "__init__.py").write_text("")
     body = "\n".join(f"    x{i} = {i}" for i in range(FUNCTION_LINES))
@@ -182,12 +221,16 @@ def test_each_rule_catches_what_breaks_it(tmp_path):
                                             "    from pyspark.sql import Row\n")
     for package in PACKAGES[1:]:
         (tmp_path / package).mkdir()
+    (tmp_path / "gold" / "__init__.py").write_text("")
+    (tmp_path / "gold" / "a.py").write_text("")              # named as core.a
+    (tmp_path / "bench" / "b.py").write_text("")             # bench's names are its own
     small = House(tmp_path)
     assert small.lines("core.a") > MODULE_LINES
     assert dict(small.functions("core.a"))["core.a.long"] > FUNCTION_LINES
     assert small.circles() == [{"core.a", "core.b"}]
     assert [m for m in small.sources
             if all(engine & small.imports(m)[1] for engine in ENGINES)] == ["core.c"]
+    assert small.same_names() == {"a": ["core.a", "gold.a"]}
 
 
 def test_the_lists_only_shrink():
@@ -200,3 +243,20 @@ def test_the_lists_only_shrink():
     assert _over({"c": 501}, 500, listed) == ["c: 501 lines (at most 500)",
                                               "a: 0 lines now, listed at 600: take it off the "
                                               "list"]
+
+
+def test_the_wheel_takes_every_package():
+    """The bundle's wheel holds what ``[tool.setuptools.packages.find]`` includes: a
+    sub-package left out imports on this machine (the tests run from the repository) and
+    fails on a cluster."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]["find"]
+    shipped = set(find_packages(str(ROOT), include=found["include"]))
+    wanted = {".".join(p.relative_to(ROOT).parent.parts)
+              for package in ("core", "bronze", "silver", "gold", "pipelines", "infra")
+              for p in (ROOT / package).rglob("__init__.py")}
+    assert wanted - shipped == set()

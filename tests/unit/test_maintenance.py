@@ -22,7 +22,7 @@ from core.handle import CHECKPOINTS
 from core.layout import STREAM_CHECKPOINT
 from core.maintenance import (MAINTENANCE_FILE, UNREFERENCED_HOURS, maintain_table,
                               table_size)
-from pipelines.maintain.plan import Maintained, tables_of
+from pipelines.maintain.owners import Maintained, tables_of
 from pipelines.maintain.schedule import Maintainer, maintain
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])
@@ -296,8 +296,8 @@ def test_between_maintenances_the_writer_cleans_the_log_and_bronze_keeps_two_min
         tmp_path, guarded):
     """Every 30 s between two maintenances the shipper's hook cleans bronze's expired log:
     bronze keeps 2 minutes (only lakecdc's stream reads its history), gold's internal tables
-    the configured 10, the tables others read a day. The stream's restart point holds the cleanup back as in a maintenance;
-    without its floor the entries it resumes from go."""
+    the configured 10, the tables others read a day. The stream's restart point holds the
+    cleanup back as in a maintenance; without its floor the entries it resumes from go."""
     config = Config(lakehouse=str(tmp_path / "lake"), maintain_interval_s=300,
                     disabled_guards=frozenset() if guarded else frozenset({"reader_floor"}))
     assert {t.name: t.log_retention_minutes for t in tables_of(config, "stream")} == {

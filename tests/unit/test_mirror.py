@@ -1,5 +1,5 @@
-"""``silver.mirror_types``: the type map and value conversion (the fold:
-``test_mirror_fold``)."""
+"""``silver.mirrors.mirror_types``: the type map and value conversion (the net:
+``test_net_changes``)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from silver.mirror_types import BAD_VALUE, spark_type, typed
+from silver.mirrors.mirror_types import BAD_VALUE, spark_type, typed
 
 pytestmark = pytest.mark.spark
 
@@ -60,7 +60,8 @@ CONVERSIONS = [
      dt.datetime(2026, 1, 2, 3, 4, 5)),
     ("timestamp with time zone", "2026-01-02 03:34:05+00:30",
      dt.datetime(2026, 1, 2, 3, 4, 5)),
-    ("timestamp without time zone", "2026-01-02 03:04:05.5", dt.datetime(2026, 1, 2, 3, 4, 5, 500000)),
+    ("timestamp without time zone", "2026-01-02 03:04:05.5",
+     dt.datetime(2026, 1, 2, 3, 4, 5, 500000)),
     ("bytea", "00ff10", bytes([0, 255, 16])),
     ("integer[]", "{1,-2,NULL}", [1, -2, None]), ("integer[]", "{}", []),
     ("text[]", '{plain,"with space","quote\\"d","comma,inside",NULL,"NULL"}',
@@ -87,7 +88,7 @@ def test_conversions(spark):
     assert math.isnan(nan)
 
 
-# Texts of every kind Arrow types (``silver.mirror_arrow_types``), as Postgres prints them
+# Texts of every kind Arrow types (``silver.mirrors.arrow_types``), as Postgres prints them
 # through wal2json, with the forms Arrow leaves to Spark (an offset with seconds, a year past
 # 9999, BC, infinity, text with spaces).
 ARROW_TEXTS = {
@@ -110,7 +111,7 @@ ARROW_TEXTS = {
 def test_arrow_types_a_column_as_spark_does_or_leaves_it_to_spark(spark, pg_type):
     """Each text alone, and every one in one column: where Arrow types a column, each value
     equals Spark's typing of it (NaN as NaN); the usual forms are Arrow's (not left to Spark)."""
-    from silver.mirror_arrow_types import arrow_typed
+    from silver.mirrors.arrow_types import arrow_typed
 
     texts = [*ARROW_TEXTS[pg_type], None]
     frame = spark.createDataFrame([(t,) for t in texts], "t string")
@@ -136,7 +137,7 @@ def test_arrow_types_a_column_as_spark_does_or_leaves_it_to_spark(spark, pg_type
 @pytest.mark.parametrize("pg_type", ["bytea", "integer[]", "text", "uuid", "numeric",
                                      "numeric(40,2)", "interval"])
 def test_arrow_leaves_the_other_kinds_to_spark(pg_type):
-    from silver.mirror_arrow_types import arrow_typed
+    from silver.mirrors.arrow_types import arrow_typed
 
     assert arrow_typed(pa.array(["00ff"], pa.string()), pg_type) is None
 
@@ -151,8 +152,8 @@ def test_a_value_that_does_not_convert_is_an_error_never_null(spark, pg_type, te
         frame.select(typed(F.col("t"), pg_type, "c")).collect()
 
 
-def _folded(values: list[dict], keys: list[str]) -> pa.Table:
-    """``fold_changes``'s shape for rows keyed by ``keys`` (text), each with the columns it
+def _netted(values: list[dict], keys: list[str]) -> pa.Table:
+    """``net_changes``'s shape for rows keyed by ``keys`` (text), each with the columns it
     sets (``values``); every third row a delete."""
     import pyarrow as pa
 
@@ -176,15 +177,16 @@ def test_typed_rows_equal_the_whole_spark_typing_and_stop_on_a_bad_value(spark):
     error."""
     import random
 
-    from silver.mirror import merge_source, typed_rows
-    from silver.mirror_fold import column_values
-    from silver.mirror_store import mirrored_columns
+    from silver.mirrors.mirror_writer import merge_source, typed_rows
+    from silver.mirrors.net_changes import column_values
+    from silver.mirrors.mirror_table import mirrored_columns
 
     types = {"id": "integer", "name": "text", "at": "timestamp with time zone",
              "amount": "numeric(12,2)", "tags": "text[]", "blob": "bytea", "ref": "uuid",
              "n": "bigint", "day": "date", "ok": "boolean", "ratio": "double precision",
              "local": "timestamp without time zone", "old": "timestamp with time zone"}
-    samples = {"name": ["a", "", "x y"], "at": ["2026-01-02 03:04:05+00", "2026-01-02 03:04:05.5+05:30"],
+    samples = {"name": ["a", "", "x y"],
+               "at": ["2026-01-02 03:04:05+00", "2026-01-02 03:04:05.5+05:30"],
                "amount": ["1.50", "-0.01"], "tags": ['{a,"b c"}', "{}"], "blob": ["00ff", ""],
                "ref": ["6f1c2a3e-0000-4000-8000-000000000001"], "n": ["9007199254740993", "-1"],
                "day": ["2026-02-28", "0001-01-01"], "ok": ["true", "false"],
@@ -195,12 +197,12 @@ def test_typed_rows_equal_the_whole_spark_typing_and_stop_on_a_bad_value(spark):
     rows = [{c: rng.choice([*texts, None]) for c, texts in samples.items() if rng.random() < 0.8}
             for _ in range(200)]
     keys = [str(i) for i in rng.sample(range(10_000), len(rows))]
-    values = column_values(_folded(rows, keys), mirrored_columns(("id",), types))
+    values = column_values(_netted(rows, keys), mirrored_columns(("id",), types))
     whole = merge_source(spark.createDataFrame(values), ("id",), types).toArrow()
     split = typed_rows(spark, values, ("id",), types)
     assert split.column_names == whole.column_names
     assert split.to_pylist() == whole.to_pylist()
 
-    bad = column_values(_folded([{"n": "12x"}], ["1"]), mirrored_columns(("id",), types))
+    bad = column_values(_netted([{"n": "12x"}], ["1"]), mirrored_columns(("id",), types))
     with pytest.raises(Exception, match=BAD_VALUE):
         typed_rows(spark, bad, ("id",), types)

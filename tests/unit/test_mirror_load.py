@@ -1,7 +1,7 @@
-"""The load's pure parts (``silver.mirror_load``, ``pipelines.setup.mirror_load``,
-``silver.mirror_store``): how each type is read, the chunks' queries, a chunk's CSV parsed
-into the mirror's types, and what a mirror's history says of a load. Postgres's own output is what the integration
-tests (``test_mirrors.py``, ``test_tables_add.py``) read."""
+"""The load's pure parts (``silver.mirrors.chunk_load``, ``pipelines.setup.mirror_loader``,
+``silver.mirrors.store``): how each type is read, the chunks' queries, a chunk's CSV parsed
+into the mirror's types, and what a mirror's history says of a load. Postgres's own output
+is what the integration tests (``test_mirrors.py``, ``test_tables_add.py``) read."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 
 from core.commits import Commit, commit_metadata, parse_commit_metadata
-from pipelines.setup.mirror_load import LoadState, load_state
-from silver.mirror_load import chunk_copy, chunk_end, load_column, parse_chunk
+from pipelines.setup.mirror_loader import LoadState, load_state
+from silver.mirrors.chunk_load import chunk_copy, chunk_end, load_column, parse_chunk
 
 COLUMNS = [("k", "integer"), ("name", "text"), ("big", "bigint"), ("price", "numeric(12,2)"),
            ("ratio", "real"), ("flag", "boolean"), ("day", "date"),
@@ -113,8 +113,8 @@ def test_a_complete_load_is_due_its_replay_until_a_merge_records_it():
     """Read from app transactions alone (a checkpoint carries them; log cleanup deletes the
     commits' metadata): the floor of the newest complete load, until the replay of that
     floor is recorded; a later load is due again."""
-    from silver.mirror_store import due_replay, start_point
-    from silver.mirror_table import LOAD_APP_ID, SEED_APP_ID
+    from silver.mirrors.merge import due_replay, start_point
+    from silver.mirrors.mirror_table import LOAD_APP_ID, SEED_APP_ID
 
     assert due_replay(None, None) is None                   # never loaded (or still loading)
     assert due_replay(99, None) == 99
@@ -136,8 +136,8 @@ def test_the_load_writes_each_type_as_spark_types_it(pg_type):
     from pyspark.sql.pandas.types import to_arrow_type
     from pyspark.sql.types import TimestampType
 
-    from silver.mirror_type_map import arrow_type
-    from silver.mirror_types import spark_type
+    from silver.mirrors.type_map import arrow_type
+    from silver.mirrors.mirror_types import spark_type
 
     spark = spark_type(pg_type)
     expected = pa.timestamp("us", tz="UTC") if isinstance(spark, TimestampType) \
@@ -147,7 +147,7 @@ def test_the_load_writes_each_type_as_spark_types_it(pg_type):
 
 def test_which_columns_lose_nan_and_infinity_and_the_shipper_asks_for_text():
     from bronze.slot import plugin_options
-    from silver.mirror_type_map import loses_specials
+    from silver.mirrors.type_map import loses_specials
 
     as_json = [t for t in ("real", "double precision", "numeric", "numeric(10,2)",
                            "numeric(50,2)", "integer", "text", "real[]")
@@ -167,8 +167,8 @@ def test_a_load_is_complete_by_its_app_transaction_when_its_commits_are_gone(tmp
     (a higher floor) is not complete: it reads the source (here none: it fails)."""
     from deltalake import DeltaTable
 
-    from pipelines.setup.mirror_load import MirrorTarget, load_mirror
-    from silver.mirror_table import COMMIT_LSN, COMMIT_TS, LOAD_APP_ID, TableSpec
+    from pipelines.setup.mirror_loader import MirrorTarget, load_mirror
+    from silver.mirrors.mirror_table import COMMIT_LSN, COMMIT_TS, LOAD_APP_ID, TableSpec
 
     spec = TableSpec("public", "t", (("id", "integer"), ("name", "text")), ("id",))
     target = MirrorTarget(str(tmp_path / "mirror"), spec)

@@ -54,8 +54,8 @@ def test_a_mirror_is_created_with_its_log_retention_and_maintenance_commits_noth
     make it with delta-rs: at reader version 3, with maintenance's log properties from the
     start, so neither the log cleaning nor maintenance commits to it (it was their commit
     that rewrote the protocol)."""
-    from pipelines.setup.mirror_load import MirrorTarget
-    from silver.mirror_table import TableSpec
+    from pipelines.setup.mirror_loader import MirrorTarget
+    from silver.mirrors.mirror_table import TableSpec
 
     path = str(tmp_path / "mirror")
     spec = TableSpec("public", "events", (("id", "bigint"),

@@ -1,8 +1,9 @@
-"""``pipelines.verify.mirrors.fold``: verify's own account of the mirror rules (pure)."""
+"""``pipelines.verify.mirror_check.apply_changes``: verify's own account of the mirror rules
+(pure)."""
 
 from __future__ import annotations
 
-from pipelines.verify.mirrors import fold, truncated
+from pipelines.verify.mirror_check import apply_changes, truncated
 
 KEY = ("id",)
 
@@ -16,16 +17,16 @@ def test_inserts_updates_and_deletes_in_commit_order_not_list_order():
     changes = [change("D", 30, identity={"id": "2"}),
                change("U", 10, columns={"id": "1", "name": "b"}),      # body left out (TOAST)
                change("I", 20, columns={"id": "2", "name": "c", "body": "x"})]
-    assert fold(rows, changes, KEY) == {("1",): {"id": "1", "name": "b", "body": "long"},
-                                        ("2",): None}
+    assert apply_changes(rows, changes, KEY) == {("1",): {"id": "1", "name": "b", "body": "long"},
+                                                 ("2",): None}
 
 
 def test_a_key_change_moves_the_row_with_the_columns_it_left_out():
     rows = {("1",): {"id": "1", "name": "a", "body": "long"}}
     changes = [change("U", 10, columns={"id": "9", "name": "b"}, identity={"id": "1"}),
                change("U", 10, 2, columns={"id": "9", "name": "c"})]
-    assert fold(rows, changes, KEY) == {("1",): None,
-                                        ("9",): {"id": "9", "name": "c", "body": "long"}}
+    assert apply_changes(rows, changes, KEY) == {("1",): None,
+                                                 ("9",): {"id": "9", "name": "c", "body": "long"}}
 
 
 def test_a_read_row_replaces_and_an_insert_after_a_delete_starts_afresh():
@@ -33,8 +34,8 @@ def test_a_read_row_replaces_and_an_insert_after_a_delete_starts_afresh():
     changes = [change("D", 10, identity={"id": "1"}),
                change("I", 20, columns={"id": "1", "name": "new"}),
                change("R", 30, columns={"id": "2", "name": "read", "body": "b"})]
-    assert fold(rows, changes, KEY) == {("1",): {"id": "1", "name": "new"},
-                                        ("2",): {"id": "2", "name": "read", "body": "b"}}
+    assert apply_changes(rows, changes, KEY) == {("1",): {"id": "1", "name": "new"},
+                                                 ("2",): {"id": "2", "name": "read", "body": "b"}}
 
 
 def test_a_truncate_ends_every_row_before_it_and_keeps_what_follows():
@@ -42,8 +43,8 @@ def test_a_truncate_ends_every_row_before_it_and_keeps_what_follows():
     changes = [change("I", 10, columns={"id": "3"}), change("T", 20),
                change("I", 30, columns={"id": "4"})]
     assert truncated(changes)
-    assert fold(rows, changes, KEY) == {("1",): None, ("2",): None, ("3",): None,
-                                        ("4",): {"id": "4"}}
+    assert apply_changes(rows, changes, KEY) == {("1",): None, ("2",): None, ("3",): None,
+                                                 ("4",): {"id": "4"}}
 
 
 def test_composite_keys():
@@ -51,12 +52,12 @@ def test_composite_keys():
     rows = {("1", "x"): {"a": "1", "b": "x", "v": "old"}}
     changes = [change("U", 10, columns={"a": "1", "b": "y", "v": "new"},
                       identity={"a": "1", "b": "x"})]
-    assert fold(rows, changes, key) == {("1", "x"): None,
-                                        ("1", "y"): {"a": "1", "b": "y", "v": "new"}}
+    assert apply_changes(rows, changes, key) == {("1", "x"): None,
+                                                 ("1", "y"): {"a": "1", "b": "y", "v": "new"}}
 
 
 def test_a_sampled_key_another_row_moved_onto_is_left_out_of_the_sample():
-    from pipelines.verify.mirrors import moved_onto
+    from pipelines.verify.mirror_check import moved_onto
 
     key = ("a",)
     sample = {("1",): {"a": "1", "v": "x"}, ("2",): {"a": "2", "v": "y"}}
@@ -65,13 +66,13 @@ def test_a_sampled_key_another_row_moved_onto_is_left_out_of_the_sample():
                change("U", 12, columns={"a": "3", "v": "z"}, identity={"a": "2"}),
                change("U", 13, columns={"a": "2", "v": "w"})]
     assert moved_onto(sample, changes, key) == {("1",)}     # from 9, not read: partial
-    assert fold(sample, changes, key)[("1",)] == {"v": "moved", "a": "1"}
+    assert apply_changes(sample, changes, key)[("1",)] == {"v": "moved", "a": "1"}
 
 
 def test_a_known_loss_is_named_apart_from_exact_and_from_drift():
     from pipelines.source.mirror_specs import specials_note
-    from pipelines.verify.mirrors import MirrorCheck
-    from silver.mirror_table import TableSpec
+    from pipelines.verify.mirror_check import MirrorCheck
+    from silver.mirrors.mirror_table import TableSpec
     from pipelines.verify.report import _mirror_line
 
     clean = _mirror_line(MirrorCheck("public.t", 10, 3, 100, 0))

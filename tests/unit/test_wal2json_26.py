@@ -27,12 +27,13 @@ import pyarrow as pa
 import pytest
 
 from bronze.records import BRONZE_SCHEMA
-from silver.mirror_arrow_types import arrow_typed
-from silver.mirror_type_map import loses_specials, mirror_kind
+from silver.mirrors.arrow_types import arrow_typed
+from silver.mirrors.type_map import loses_specials, mirror_kind
 from silver.parse import parse_table
 from tests.unit.test_records import assemble
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "wal2json" / "numbers_as_text_2_6.jsonl"
+FIXTURE = (Path(__file__).resolve().parents[1] / "fixtures" / "wal2json"
+           / "numbers_as_text_2_6.jsonl")
 PEEK = [json.loads(line) for line in FIXTURE.read_text().splitlines()]
 TYPES = {"id": "bigint", "f4": "real", "f8": "double precision", "n": "numeric",
          "d": "numeric(10,2)", "s2": "smallint", "o": "oid", "b": "boolean", "v": "text"}
@@ -66,7 +67,7 @@ def test_every_value_reaches_silver_as_postgres_text_nan_and_infinity_included()
 
 
 def _typed(column: str) -> list:
-    """The inserted rows' ``column`` in its mirror type, as the mirrors' fold types it."""
+    """The inserted rows' ``column`` in its mirror type, as the mirrors' writer types it."""
     texts = pa.array([dict(r["columns"])[column] for r in _silver()[:3]], pa.string())
     typed = arrow_typed(texts, TYPES[column])
     assert typed is not None, column

@@ -1,5 +1,5 @@
 """The mirrors' query: ``silver/changes`` → one typed mirror per captured table
-(``silver.mirror``), a Structured Streaming query of its own beside the one pass.
+(``silver.mirrors.mirror_writer``), a Structured Streaming query of its own beside the one pass.
 
 Its own query, not a step of the one pass: a MERGE per changed table per batch would lengthen
 every batch the dashboard waits for (docs/benchmarks.md), while a mirror may trail by its
@@ -26,23 +26,18 @@ from core.postgres import connect
 from core.storage import on_databricks, spark_path
 from pipelines.source.mirror_baseline import baseline_point
 from pipelines.source.mirror_specs import table_specs
-from silver.mirror import (
-    COMMIT_LSN,
-    COMMIT_TS,
-    SEED_APP_ID,
-    MirrorWriter,
-    bad_values_stop,
-    create_mirror,
-    q,
-)
-from silver.mirror_types import typed
+from silver.mirrors.merge import q
+from silver.mirrors.mirror_table import COMMIT_LSN, COMMIT_TS, SEED_APP_ID
+from silver.mirrors.mirror_types import typed
+from silver.mirrors.mirror_writer import MirrorWriter, bad_values_stop, create_mirror
 from silver.writer import ADDED_AT_PROPERTY
 
 log = logging.getLogger("lakecdc.mirrors")
 
 QUERY_NAME = "lakecdc_mirrors"
 # The most compressed silver bytes one batch reads (Delta's ``maxBytesPerTrigger``): a batch
-# is folded on the driver (``silver.mirror_fold``), beside the stream's own batch in ``run``.
+# is netted on the driver (``silver.mirrors.net_changes``), beside the stream's own batch in
+# ``run``.
 BATCH_BYTES = "8m"
 
 
@@ -53,7 +48,7 @@ def prepare_mirrors(spark: SparkSession, config, storage_options: dict | None = 
     schema.table → Spark path of every mirror kept, and → its floor: the LSN of the rows it
     started from (its changes below it are in them). A table without a key
     (``REPLICA IDENTITY FULL`` and no primary key) gets no mirror. ``store``: how the
-    mirrors are read (``silver.mirror_store``; None: the configuration's engine's)."""
+    mirrors are read (``silver.mirrors.store``; None: the configuration's engine's)."""
     from delta.tables import DeltaTable
 
     paths = {t: spark_path(mirror_path(config.lakehouse, t), on_databricks())
@@ -80,7 +75,7 @@ def mirror_discovery(spark: SparkSession, config, storage_options: dict | None =
     """For ``MirrorWriter``: the mirror of a table first seen in a batch - captured by
     ``lakecdc tables add`` while the query runs - created then (no initial rows: its rows
     arrive as the backfill's reads). None for a table that is not to be mirrored."""
-    from pipelines.setup.tables import captured_tables
+    from pipelines.setup.capture import captured_tables
 
     def discover(table: str) -> str | None:
         nonlocal store
@@ -99,7 +94,7 @@ def _store(config, spark: SparkSession, storage_options: dict | None):
     """The mirrors' store on the configuration's engine (``core.engine.choose``), for a
     caller that gave none."""
     from core.engine.choose import engine_for
-    from silver.mirror_store import mirror_store
+    from silver.mirrors.store import mirror_store
 
     return mirror_store(engine=engine_for(config, spark), storage_options=storage_options)
 
@@ -107,22 +102,23 @@ def _store(config, spark: SparkSession, storage_options: dict | None):
 def seed_mirror(spark: SparkSession, lakehouse: str, table: str, path: str,
                 storage_options: dict | None, store, faults: FaultPoints | None = None
                 ) -> int:
-    """Replace the mirror's rows with ``table``'s initial rows (``pipelines.source.mirror_baseline``)
-    unless it already holds them; returns its floor (0: no initial rows).
+    """Replace the mirror's rows with ``table``'s initial rows
+    (``pipelines.source.mirror_baseline``) unless it already holds them; returns its floor
+    (0: no initial rows).
 
     Decided by the mirror's own record (app transaction ``lakecdc-mirror-seed``, version =
-    the rows' consistent point, or a load's, ``silver.mirror_store.start_point``), so a kill
+    the rows' consistent point, or a load's, ``silver.mirrors.merge.start_point``), so a kill
     anywhere here seeds once on the next start, and a newer baseline (``setup
     --rebaseline``) replaces what an older one started. The mirror's tail (changes of the
-    rows replaced, ``silver.mirror_pending``) is emptied first, as the load does
-    (``pipelines.setup.mirror_load.MirrorTarget.write``): the other way round, a kill
-    between the two would leave it to be laid over the new rows and folded into them
+    rows replaced, ``silver.mirrors.tail``) is emptied first, as the load does
+    (``pipelines.setup.mirror_loader.MirrorTarget.write``): the other way round, a kill
+    between the two would leave it to be laid over the new rows and drained into them
     (fault point ``after_mirror_seed``: right after the new rows' commit)."""
     point = baseline_point(lakehouse, table, storage_options, engine=store.engine)
     seeded, types = store.seed_state(path)
     if point is None or (seeded is not None and seeded >= point):
-        return seeded or 0             # as seeded, or as loaded (``pipelines.setup.mirror_load``)
-    store.drop_tail(path)              # changes of the rows replaced (``silver.mirror_pending``)
+        return seeded or 0             # as seeded, or as loaded (``pipelines.setup.mirror_loader``)
+    store.drop_tail(path)              # changes of the rows replaced (``silver.mirrors.tail``)
     rows = spark.read.format("delta").load(spark_path(mirror_baseline_path(lakehouse, table),
                                                       on_databricks()))
     typed_rows = rows.select(*[typed(F.col(q(n)), t, n).alias(n) for n, t in types.items()
@@ -157,7 +153,7 @@ def held_changes(spark: SparkSession, silver_path: str):
     """For ``MirrorWriter``: a table's silver rows (the mirrors' columns) from commit LSN
     ``floor`` up to, not including, ``before`` = (commit LSN, seq): its changes held back
     while it was loaded. Read by Spark, which skips silver's files by their statistics."""
-    from silver.mirror_fold import MIRROR_COLUMNS
+    from silver.mirrors.net_changes import MIRROR_COLUMNS
 
     def held(table: str, floor: int, before: tuple[int, int]):
         schema, name = table.split(".", 1)
@@ -185,8 +181,8 @@ def start_mirrors(spark: SparkSession, silver_path: str, checkpoint: str,
         # silver/changes was made anew (a rebuild from bronze): the query reads it from its
         # start. Its changes, applied in order onto the mirrors, end where the source is.
         # Its batch ids start at 0 again, in a checkpoint of a new query id: the mirrors'
-        # app id carries that id (``silver.mirror.batch_app_id``), so no batch is taken
-        # for one the mirrors recorded under the old checkpoint and skipped.
+        # app id carries that id (``silver.mirrors.mirror_writer.batch_app_id``), so no
+        # batch is taken for one the mirrors recorded under the old checkpoint and skipped.
         log.warning("silver/changes at %s is a new table; the mirrors' query starts over "
                     "on it", silver_path)
         remove_checkpoint(spark, checkpoint)

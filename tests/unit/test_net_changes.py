@@ -1,5 +1,5 @@
-"""``silver.mirror_fold``: the mirrors' fold of a table's changes to one row per key (TOAST,
-deletes, key changes), checked case by case and against a plain reference fold on random
+"""``silver.mirrors.net_changes``: the mirrors' net of a table's changes to one row per key (TOAST,
+deletes, key changes), checked case by case and against a plain reference net on random
 batches; what a batch holds per table; where a batch is cut."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from core.captured import MARKER_PREFIX
-from silver.mirror import chain_cuts
-from silver.mirror_fold import (
+from silver.mirrors.mirror_writer import chain_cuts
+from silver.mirrors.net_changes import (
     column_values,
     complete_through,
     first_failure,
-    fold_changes,
+    net_changes,
     in_order_range,
     key_moves,
     tables_in_batch,
@@ -42,13 +42,13 @@ def batch(rows) -> pa.Table:
     return pa.Table.from_pylist(rows, SCHEMA)
 
 
-def fold(rows, key=("a", "b"), moves=True):
-    out = fold_changes(batch(rows), key, moves).to_pylist()
+def net(rows, key=("a", "b"), moves=True):
+    out = net_changes(batch(rows), key, moves).to_pylist()
     return {tuple(r["_key"].values()): (r["_exists"], dict(r["_values"]), r["_lsn"])
             + ((tuple(r["_from"].values()),) if r["_from"] else ()) for r in out}
 
 
-def test_fold_orders_by_commit_and_keeps_what_an_update_leaves_out():
+def test_net_orders_by_commit_and_keeps_what_an_update_leaves_out():
     """Rows arrive in any order; the last change wins per column; an UPDATE without the
     TOASTed column ``big`` leaves it out of the values (the MERGE keeps the mirror's)."""
     rows = [
@@ -57,14 +57,14 @@ def test_fold_orders_by_commit_and_keeps_what_an_update_leaves_out():
         change(20, 1, "U", {"a": "1", "b": "x", "n": "2", "big": "B2"}),
         change(20, 0, "U", {"a": "2", "b": "y", "n": "9"}),               # only an update
     ]
-    got = fold(rows)
+    got = net(rows)
     assert got[("1", "x")] == (True, {"a": "1", "b": "x", "n": "3", "big": "B2"}, 30)
     assert got[("2", "y")] == (True, {"a": "2", "b": "y", "n": "9"}, 20)
-    # No key moves in the batch: the fold without the old rows' lookup is the same.
-    assert fold(rows, moves=False) == got
+    # No key moves in the batch: the net without the old rows' lookup is the same.
+    assert net(rows, moves=False) == got
 
 
-def test_fold_delete_then_insert_and_key_change():
+def test_net_delete_then_insert_and_key_change():
     rows = [
         change(10, 0, "I", {"a": "1", "b": "x", "n": "1", "big": "B1"}),
         change(11, 0, "D", identity={"a": "1", "b": "x"}),
@@ -82,7 +82,7 @@ def test_fold_delete_then_insert_and_key_change():
         change(15, 0, "U", {"a": "6", "b": "w", "n": "8"},
                identity={"a": "6", "b": "w", "n": "7"}),
     ]
-    got = fold(rows)
+    got = net(rows)
     assert got[("1", "x")] == (True, {"a": "1", "b": "x", "n": "5", "big": None}, 12)
     assert got[("3", "z")] == (False, {}, 13)
     # The moved row's columns the UPDATE left out come from the mirror's row at (3, z).
@@ -95,13 +95,13 @@ def test_fold_delete_then_insert_and_key_change():
     assert len(got) == 7
 
 
-def test_the_folded_values_spread_into_a_text_and_a_set_flag_per_column():
+def test_the_netted_values_spread_into_a_text_and_a_set_flag_per_column():
     """A column a row's changes never carried is unset (the MERGE keeps the mirror's); one
     carried as NULL is set, to NULL."""
     rows = [change(10, 0, "I", {"a": "1", "b": "x", "n": "1", "big": None}),
             change(11, 0, "U", {"a": "2", "b": "x", "n": "2"}),
             change(12, 0, "D", identity={"a": "3", "b": "x"})]
-    flat = column_values(fold_changes(batch(rows), ("a", "b")), ["n", "big", "never"])
+    flat = column_values(net_changes(batch(rows), ("a", "b")), ["n", "big", "never"])
     got = {tuple(r["_key"].values()): r for r in flat.to_pylist()}
     assert "_values" not in flat.column_names
     assert [got[("1", "x")][f"__lakecdc_{w}_{i}"] for i in range(3) for w in ("text", "has")] \
@@ -111,14 +111,15 @@ def test_the_folded_values_spread_into_a_text_and_a_set_flag_per_column():
     assert not any(got[("3", "x")][f"__lakecdc_has_{i}"] for i in range(3))
 
 
-def test_an_empty_batch_folds_to_no_rows():
-    out = fold_changes(batch([]), ("a", "b"))
+def test_an_empty_batch_nets_to_no_rows():
+    out = net_changes(batch([]), ("a", "b"))
     assert out.num_rows == 0
     assert out.column_names == ["_key", "_exists", "_values", "_from", "_lsn", "_ts"]
 
 
 def reference(rows, key):
-    """The rules of ``silver.mirror``'s docstring applied one change at a time, in order."""
+    """The rules of ``silver.mirrors.mirror_writer``'s docstring applied one change at a
+    time, in order."""
     events = []
     for r in rows:
         cols, ident = dict(r["columns"] or []), dict(r["identity"] or [])
@@ -148,7 +149,7 @@ def reference(rows, key):
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_the_fold_equals_a_change_by_change_reference_on_random_batches(seed):
+def test_the_net_equals_a_change_by_change_reference_on_random_batches(seed):
     """Inserts, UPDATEs that leave a column out, deletes and key moves over a few keys, in
     any order; cut where a row moves twice (``chain_cuts``), as the writer cuts."""
     rng = random.Random(seed)
@@ -178,7 +179,7 @@ def test_the_fold_equals_a_change_by_change_reference_on_random_batches(seed):
             got = {tuple(r["_key"].values()): (
                 r["_exists"], dict(r["_values"]), r["_lsn"], r["_ts"],
                 tuple(r["_from"].values()) if r["_from"] else None)
-                for r in fold_changes(part, ("a", "b"), bool(moves)).to_pylist()}
+                for r in net_changes(part, ("a", "b"), bool(moves)).to_pylist()}
             assert got == reference(part.to_pylist(), ("a", "b")), (seed, lo, hi)
 
 
@@ -239,7 +240,7 @@ def test_a_column_looked_up_in_a_map_is_what_arrows_map_lookup_gives():
     names, NULL maps, a repeated name, slices and chunks."""
     import pyarrow.compute as pc
 
-    from silver.mirror_fold import _lookup
+    from silver.mirrors.net_changes import _lookup
 
     maps = pa.array([[("a", "1"), ("b", None)], None, [], [("b", "2"), ("a", "3"), ("a", "4")],
                      [("c", "5")], [("a", None)]], pa.map_(pa.string(), pa.string()))

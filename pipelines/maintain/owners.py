@@ -16,8 +16,9 @@ What each keeps: the tables others read (silver, quarantine, gold, each mirror) 
 group's retention (``Config.kept_minutes``: a day by default); lakecdc's own
 (``_pending``, ``_deltas``, the mirrors' tails and markers) ``log_retention_minutes``.
 
-The backfill's staging table is kept by the backfill run that writes it (``bronze.backfill``).
-Tables written once or rarely (the captured set, setup's baselines) stay as they are.
+The backfill's staging table is kept by the backfill run that writes it
+(``bronze.snapshot_backfill``). Tables written once or rarely (the captured set, setup's
+baselines) stay as they are.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from core.layout import (
     STREAM_CHECKPOINT,
     mirror_path,
 )
-from silver.mirror_pending import pending_path
+from silver.mirrors.tail import tail_path
 
 GROUPS = ("ship", "stream", "mirrors")
 
@@ -71,7 +72,7 @@ def tables_of(config: Config, group: str, mirrored: tuple[str, ...] = ()
         kept = config.kept_minutes("mirrors")
         return [*[Maintained(f"mirror {t}", mirror_path(config.lakehouse, t), kept)
                   for t in mirrored],
-                *[Maintained(f"mirror tail {t}", pending_path(mirror_path(config.lakehouse, t)),
+                *[Maintained(f"mirror tail {t}", tail_path(mirror_path(config.lakehouse, t)),
                              log) for t in mirrored],
                 Maintained("mirror markers", path(MIRROR_MARKERS), log)]
     raise ValueError(f"unknown maintenance group {group!r}")

@@ -1,4 +1,4 @@
-"""The tail of a big mirror (``silver.mirror_pending``): folded and laid over the mirror's
+"""The tail of a big mirror (``silver.mirrors.tail``): netted and laid over the mirror's
 table, it gives what the batches' MERGEs, one after another, would have made."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 import pyarrow as pa
 import pytest
 
-from silver.mirror_pending import as_tail, current_rows, fold_pending, tail_schema
-from silver.mirror_table import COMMIT_LSN, COMMIT_TS, EXISTS, HAS_PREFIX
+from silver.mirrors.tail import as_tail, current_rows, net_tail, tail_schema
+from silver.mirrors.mirror_table import COMMIT_LSN, COMMIT_TS, EXISTS, HAS_PREFIX
 
 KEY = ("id", "region")
 OTHERS = ["body", "status", "tags"]
@@ -19,7 +19,7 @@ BASE = pa.schema([("id", pa.int64()), ("region", pa.string()), ("body", pa.strin
 
 
 def merged(rows: dict, source: list[dict]) -> dict:
-    """The MERGE of ``silver.mirror_store.merge_clauses``, one source row per key, in plain
+    """The MERGE of ``silver.mirrors.merge.merge_clauses``, one source row per key, in plain
     Python: the reference."""
     rows = dict(rows)
     for s in source:
@@ -84,8 +84,8 @@ def test_the_tail_over_the_table_is_the_merges_one_after_another(seed):
     assert got.schema == BASE
     assert sorted(got.to_pylist(), key=lambda r: (r["id"], r["region"])) == \
         [expected[k] for k in sorted(expected)]
-    # One MERGE of the folded tail is the MERGEs one after another.
-    once = merged(base, fold_pending(tail, KEY, OTHERS).to_pylist())
+    # One MERGE of the netted tail is the MERGEs one after another.
+    once = merged(base, net_tail(tail, KEY, OTHERS).to_pylist())
     assert once == expected
 
 
@@ -126,7 +126,7 @@ def test_a_key_deleted_and_made_again_in_the_tail_keeps_nothing_of_the_tables_ro
     assert current_rows(base, tail, KEY, OTHERS).to_pylist() == list(expected.values())
 
 
-# --- the tail of a real delta-rs mirror (``silver.mirror_store.RsMirrors``) --------------
+# --- the tail of a real delta-rs mirror (``silver.mirrors.store_rs.RsMirrors``) --------------
 
 TYPES = {"id": "bigint", "region": "text", "body": "text", "status": "integer",
          "tags": "text[]"}
@@ -137,7 +137,7 @@ def real_mirror(tmp_path, base: dict) -> str:
 
     from deltalake import DeltaTable, write_deltalake
 
-    from silver.mirror_table import KEY_PROPERTY, TYPES_PROPERTY
+    from silver.mirrors.mirror_table import KEY_PROPERTY, TYPES_PROPERTY
 
     path = str(tmp_path / "mirror")
     DeltaTable.create(path, schema=BASE, raise_if_key_not_exists=False, configuration={
@@ -148,7 +148,7 @@ def real_mirror(tmp_path, base: dict) -> str:
 
 def job(path: str, batch: int, rows: list[dict], plain: bool = True, epoch: str | None = None):
     from core.commits import commit_metadata
-    from silver.mirror_store import PARTS, MergeJob, txn_app_id
+    from silver.mirrors.merge import PARTS, MergeJob, txn_app_id
 
     meta = commit_metadata("mirror", batch_id=batch, part=0, newest=batch * 10)
     return MergeJob(path, batch * PARTS, meta, lambda: as_table(rows, source_schema()), KEY,
@@ -159,11 +159,11 @@ def by_key(table: pa.Table) -> dict:
     return {(r["id"], r["region"]): r for r in table.to_pylist()}
 
 
-def test_a_fold_in_the_background_keeps_the_batches_the_tail_took_meanwhile(tmp_path):
+def test_a_drain_in_the_background_keeps_the_batches_the_tail_took_meanwhile(tmp_path):
     from deltalake import DeltaTable
 
-    from silver.mirror_pending import pending_path, read_mirror
-    from silver.mirror_store import RsMirrors
+    from silver.mirrors.tail import tail_path, read_mirror
+    from silver.mirrors.store_rs import RsMirrors
 
     rng = random.Random(7)
     base = {(i, "a"): {"id": i, "region": "a", "body": f"old{i}", "status": i,
@@ -176,35 +176,35 @@ def test_a_fold_in_the_background_keeps_the_batches_the_tail_took_meanwhile(tmp_
     assert by_key(read_mirror(path)) == merged(merged(base, batches[0]), batches[1])
 
     other = real_mirror(tmp_path / "other", base)
-    store._tails[path].folded_at = -1e9                  # a fold is due
-    store.fold_due()                                     # ... and starts in the background
-    folding = store._folding
-    assert folding is not None and folding[0] == path
-    folding[1].result()
-    # Another mirror's MERGE, in another of the batch's threads, leaves that fold alone:
-    # only the thread that writes its tail drops the rows it folded.
+    store._tails[path].drained_at = -1e9                  # a drain is due
+    store.drain_due()                                     # ... and starts in the background
+    draining = store._draining
+    assert draining is not None and draining[0] == path
+    draining[1].result()
+    # Another mirror's MERGE, in another of the batch's threads, leaves that drain alone:
+    # only the thread that writes its tail drops the rows it drained.
     assert store.merge(job(other, 3, batches[0], plain=False))
-    assert store._folding is folding
+    assert store._draining is draining
     assert by_key(DeltaTable(other).to_pyarrow_table()) == merged(base, batches[0])
     assert store.merge(job(path, 3, batches[2]))         # the tail takes a batch meanwhile
     assert not store.merge(job(path, 2, batches[1]))     # a replay: recorded by the tail
-    store.fold_due()                                     # collected: batches 1-2 dropped
+    store.drain_due()                                     # collected: batches 1-2 dropped
     after_two = merged(merged(base, batches[0]), batches[1])
     assert by_key(DeltaTable(path).to_pyarrow_table()) == after_two
-    tail = DeltaTable(pending_path(path)).to_pyarrow_table()
+    tail = DeltaTable(tail_path(path)).to_pyarrow_table()
     assert set(tail["_lakecdc_version"].to_pylist()) == {3 * 1_000_000}
     assert by_key(read_mirror(path)) == merged(after_two, batches[2])
 
-    store.fold(path)                                     # here and now: the tail emptied
+    store.drain(path)                                     # here and now: the tail emptied
     assert by_key(DeltaTable(path).to_pyarrow_table()) == merged(after_two, batches[2])
-    assert DeltaTable(pending_path(path)).to_pyarrow_table().num_rows == 0
+    assert DeltaTable(tail_path(path)).to_pyarrow_table().num_rows == 0
 
 
-def test_a_kill_between_a_fold_and_the_tail_emptied_folds_the_same_rows_again(tmp_path):
+def test_a_kill_between_a_drain_and_the_tail_emptied_drains_the_same_rows_again(tmp_path):
     from deltalake import DeltaTable
 
-    from silver.mirror_pending import read_mirror
-    from silver.mirror_store import RsMirrors, fold_tail
+    from silver.mirrors.tail import read_mirror
+    from silver.mirrors.store_rs import RsMirrors, drain_tail
 
     rng = random.Random(8)
     base = {(i, "b"): {"id": i, "region": "b", "body": f"old{i}", "status": i,
@@ -215,49 +215,49 @@ def test_a_kill_between_a_fold_and_the_tail_emptied_folds_the_same_rows_again(tm
     for b, rows in enumerate(batches, start=1):
         assert store.merge(job(path, b, rows))
     expected = merged(merged(base, batches[0]), batches[1])
-    fold_tail(path, None, KEY, TYPES)                    # MERGEd; then killed
+    drain_tail(path, None, KEY, TYPES)                    # MERGEd; then killed
     assert by_key(DeltaTable(path).to_pyarrow_table()) == expected
     assert by_key(read_mirror(path)) == expected         # the tail over it: the same
     again = RsMirrors(merge_s=0)                          # the next start
     assert not again.merge(job(path, 2, batches[1]))     # recorded
-    again.fold(path)
+    again.drain(path)
     assert by_key(DeltaTable(path).to_pyarrow_table()) == expected
 
 
 def test_a_load_replacing_a_mirrors_rows_empties_its_stale_tail(tmp_path):
     """``tables add`` of a table removed before (its mirror and tail kept): the load's
     first chunk replaces the table's rows, and the tail left from before is emptied with
-    it, or the next fold would lay stale rows over the loaded ones."""
+    it, or the next drain would lay stale rows over the loaded ones."""
     from deltalake import DeltaTable
 
     from core.commits import commit_metadata
-    from pipelines.setup.mirror_load import MirrorTarget
-    from silver.mirror_pending import pending_path, read_mirror
-    from silver.mirror_store import RsMirrors
-    from silver.mirror_table import TableSpec
+    from pipelines.setup.mirror_loader import MirrorTarget
+    from silver.mirrors.tail import tail_path, read_mirror
+    from silver.mirrors.store_rs import RsMirrors
+    from silver.mirrors.mirror_table import TableSpec
 
     base = {(1, "a"): {"id": 1, "region": "a", "body": "old", "status": 1, "tags": None,
                        COMMIT_LSN: 1, COMMIT_TS: None}}
     path = real_mirror(tmp_path, base)
     stale = random_batches(random.Random(9), base, 1)[0]
     assert RsMirrors(merge_s=0).merge(job(path, 1, stale))
-    assert DeltaTable(pending_path(path)).to_pyarrow_table().num_rows > 0
+    assert DeltaTable(tail_path(path)).to_pyarrow_table().num_rows > 0
 
     loaded = {(2, "z"): {"id": 2, "region": "z", "body": "new", "status": 2, "tags": ["t"],
                          COMMIT_LSN: None, COMMIT_TS: None}}
     target = MirrorTarget(path, TableSpec("public", "t", tuple(TYPES.items()), KEY))
     target.write(as_table(loaded.values(), BASE), commit_metadata("mirror", load=1),
                  overwrite=True)
-    assert DeltaTable(pending_path(path)).to_pyarrow_table().num_rows == 0
+    assert DeltaTable(tail_path(path)).to_pyarrow_table().num_rows == 0
     assert by_key(read_mirror(path)) == loaded
 
 
-def test_with_no_batch_coming_the_writers_idle_folds_a_due_tail_but_never_beside_a_batch(
+def test_with_no_batch_coming_the_writers_idle_drains_a_due_tail_but_never_beside_a_batch(
         tmp_path):
     from deltalake import DeltaTable
 
-    from silver.mirror import MirrorWriter
-    from silver.mirror_store import RsMirrors
+    from silver.mirrors.mirror_writer import MirrorWriter
+    from silver.mirrors.store_rs import RsMirrors
 
     base = {(1, "a"): {"id": 1, "region": "a", "body": "old", "status": 1, "tags": None,
                        COMMIT_LSN: 1, COMMIT_TS: None}}
@@ -266,29 +266,29 @@ def test_with_no_batch_coming_the_writers_idle_folds_a_due_tail_but_never_beside
     store = RsMirrors(merge_s=0)
     writer = MirrorWriter({"public.t": path}, store=store)
     assert store.merge(job(path, 1, batch))
-    store._tails[path].folded_at = -1e9                  # a fold is due
+    store._tails[path].drained_at = -1e9                  # a drain is due
     with writer._busy:                                   # a batch runs
         writer.idle()
-    assert store._folding is None
-    writer.idle()                                        # none runs: the fold starts
-    store._folding[1].result()
+    assert store._draining is None
+    writer.idle()                                        # none runs: the drain starts
+    store._draining[1].result()
     writer.idle()                                        # ... and is collected
-    assert store._folding is None and store._tails[path].rows == 0
+    assert store._draining is None and store._tails[path].rows == 0
     assert by_key(DeltaTable(path).to_pyarrow_table()) == merged(base, batch)
 
 
 def test_the_tails_rows_alone_are_the_keys_it_holds_as_it_last_carried_them(tmp_path):
     from deltalake import DeltaTable
 
-    from silver.mirror_pending import mirror_of, pending_path, read_mirror
-    from silver.mirror_store import RsMirrors
+    from silver.mirrors.tail import mirror_of, tail_path, read_mirror
+    from silver.mirrors.store_rs import RsMirrors
 
     base = {(i, "a"): {"id": i, "region": "a", "body": f"old{i}", "status": i, "tags": None,
                        COMMIT_LSN: i, COMMIT_TS: None} for i in range(4)}
     path = real_mirror(tmp_path, base)
     batch = random_batches(random.Random(11), base, 1)[0]
     assert RsMirrors(merge_s=0).merge(job(path, 1, batch))
-    tail = DeltaTable(pending_path(path)).to_pyarrow_table()
+    tail = DeltaTable(tail_path(path)).to_pyarrow_table()
     alone = by_key(mirror_of(DeltaTable(path), tail, ["status"], False))
     current = by_key(read_mirror(path, columns=["status"]))
     carried = {(r["id"], r["region"]) for r in batch if r[EXISTS] and r[f"{HAS_PREFIX}1"]}
@@ -296,16 +296,16 @@ def test_the_tails_rows_alone_are_the_keys_it_holds_as_it_last_carried_them(tmp_
     assert set(alone) <= set(current)
 
 
-def test_a_tail_an_earlier_run_left_is_folded_at_the_end_of_a_run_its_table_saw_no_batch_of(
+def test_a_tail_an_earlier_run_left_is_drained_at_the_end_of_a_run_its_table_saw_no_batch_of(
         tmp_path):
     """Killed after its tail took a batch; the next run gets no change of that table: its
-    end still folds the tail (and so does a verify marker), or the table alone would stay
+    end still drains the tail (and so does a verify marker), or the table alone would stay
     behind and verify would find drift that is not there."""
     from deltalake import DeltaTable
 
-    from silver.mirror import MirrorWriter
-    from silver.mirror_pending import pending_path
-    from silver.mirror_store import RsMirrors
+    from silver.mirrors.mirror_writer import MirrorWriter
+    from silver.mirrors.tail import tail_path
+    from silver.mirrors.store_rs import RsMirrors
 
     base = {(1, "a"): {"id": 1, "region": "a", "body": "old", "status": 1, "tags": None,
                        COMMIT_LSN: 1, COMMIT_TS: None}}
@@ -315,19 +315,20 @@ def test_a_tail_an_earlier_run_left_is_folded_at_the_end_of_a_run_its_table_saw_
     writer = MirrorWriter({"public.t": path}, store=RsMirrors(merge_s=0))   # the next run
     writer.finish()
     assert by_key(DeltaTable(path).to_pyarrow_table()) == merged(base, batch)
-    assert DeltaTable(pending_path(path)).to_pyarrow_table().num_rows == 0
+    assert DeltaTable(tail_path(path)).to_pyarrow_table().num_rows == 0
 
 
-def test_a_new_epochs_batches_are_taken_and_a_tail_of_the_old_one_is_folded_first(tmp_path):
+def test_a_new_epochs_batches_are_taken_and_a_tail_of_the_old_one_is_drained_first(tmp_path):
     """A new checkpoint (silver made anew) numbers its batches from 0 again, under an app id
     of its own: its batch 1 is merged though the old epoch recorded batch 3, and a tail the
-    old epoch left (versions of its batch ids) is folded into the table before the new
-    epoch's first batch is appended, whose fold then comes after it; the table records no
+    old epoch left (versions of its batch ids) is drained into the table before the new
+    epoch's first batch is appended, whose drain then comes after it; the table records no
     version of the old epoch's rows under the new app id."""
     from deltalake import DeltaTable
 
-    from silver.mirror_pending import pending_path, read_mirror
-    from silver.mirror_store import PARTS, RsMirrors, txn_app_id
+    from silver.mirrors.tail import tail_path, read_mirror
+    from silver.mirrors.merge import PARTS, txn_app_id
+    from silver.mirrors.store_rs import RsMirrors
 
     rng = random.Random(13)
     base = {(i, "e"): {"id": i, "region": "e", "body": f"old{i}", "status": i, "tags": None,
@@ -340,7 +341,7 @@ def test_a_new_epochs_batches_are_taken_and_a_tail_of_the_old_one_is_folded_firs
     assert store.merge(job(path, 1, new, epoch="q2"))
     expected = merged(merged(base, old), new)
     assert by_key(read_mirror(path)) == expected
-    store.fold_all([path])
+    store.drain_all([path])
     assert by_key(DeltaTable(path).to_pyarrow_table()) == expected
-    assert DeltaTable(pending_path(path)).to_pyarrow_table().num_rows == 0
+    assert DeltaTable(tail_path(path)).to_pyarrow_table().num_rows == 0
     assert DeltaTable(path).transaction_version(txn_app_id("q2")) == 1 * PARTS

@@ -80,7 +80,7 @@ class SparkDelta:
 
     # -- reading -------------------------------------------------------------------------
     def exists(self, path: str) -> bool:
-        from core.tables import is_table
+        from core.spark_tables import is_table
 
         return is_table(self._spark, _p(path))
 
@@ -152,8 +152,8 @@ class SparkDelta:
     # -- writing -------------------------------------------------------------------------
     def create(self, path: str, schema: pa.Schema, properties: dict[str, str] | None = None,
                comment: str | None = None, partitioned_by: tuple[str, ...] = ()) -> None:
-        """(``core.tables.create_table``: ``append`` writes only into an existing table.)"""
-        from core.tables import create_table
+        """(``core.spark_tables.create_table``: ``append`` writes only into an existing table.)"""
+        from core.spark_tables import create_table
 
         create_table(self._spark, _p(path),
                      self._spark.createDataFrame(schema.empty_table()).schema,

@@ -1,6 +1,6 @@
-"""The mirrors' MERGE, written once for every engine (``silver.mirror_store``): the app id
+"""The mirrors' MERGE, written once for every engine (``silver.mirrors.store``): the app id
 and versions of its app transaction, its clauses (``merge_clauses``), one job of it
-(``MergeJob``), the metadata a tail's fold carries (``batch_meta``), and what the mirrors'
+(``MergeJob``), the metadata a tail's drain carries (``batch_meta``), and what the mirrors'
 app transactions say of their initial rows and replays (``start_point``, ``due_replay``).
 Pure: no engine here.
 """
@@ -13,7 +13,7 @@ from typing import Callable
 import pyarrow as pa
 
 from core.commits import commit_metadata, parse_commit_metadata
-from silver.mirror_table import (
+from silver.mirrors.mirror_table import (
     COMMIT_LSN,
     COMMIT_TS,
     EXISTS,
@@ -25,8 +25,8 @@ from silver.mirror_table import (
 
 APP_ID = "lakecdc-mirror"
 PARTS = 1_000_000       # txn version = batch id * PARTS + the part of the batch (chain_cuts)
-# Commits searched for the metadata of a tail's newest batch, which its fold carries into
-# the table (``batch_meta``; ``pipelines.verify.mirrors`` reads it); no decision reads it.
+# Commits searched for the metadata of a tail's newest batch, which its drain carries into
+# the table (``batch_meta``; ``pipelines.verify.mirror_check`` reads it); no decision reads it.
 HISTORY = 100
 
 
@@ -82,14 +82,14 @@ class MergeJob:
     truncate: bool = False
     # Neither a TRUNCATE, nor a key moved (whose source reads the mirror's table), nor the
     # changes held while the table loaded (recorded beside the table's own MERGE,
-    # ``mark_replayed``): such a part may go to the tail (``silver.mirror_pending``).
+    # ``mark_replayed``): such a part may go to the tail (``silver.mirrors.tail``).
     plain: bool = False
     app: str = APP_ID               # its app transaction's id: the query's (``txn_app_id``)
 
 
 def batch_meta(metadata: list[str | None], version: int) -> str:
     """Of a tail's commits' metadata, that of the batch part of app transaction version
-    ``version``: its fold carries it into the mirror's table."""
+    ``version``: its drain carries it into the mirror's table."""
     for text in metadata:
         meta = parse_commit_metadata(text, "mirror")
         if meta is not None and "batch_id" in meta \
@@ -100,7 +100,7 @@ def batch_meta(metadata: list[str | None], version: int) -> str:
 
 def due_replay(loaded: int | None, replayed: int | None) -> int | None:
     """From a mirror's app transactions: the floor of its newest complete load
-    (``pipelines.setup.mirror_load``, ``LOAD_APP_ID``) while the changes held back during
+    (``pipelines.setup.mirror_loader``, ``LOAD_APP_ID``) while the changes held back during
     that load are not applied yet, i.e. no ``REPLAYED_APP_ID`` at that floor
     (``mark_replayed``); else None. A later load has a later floor. Pure."""
     if loaded is None or (replayed is not None and replayed >= loaded):

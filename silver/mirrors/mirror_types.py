@@ -5,13 +5,13 @@ wal2json names a type with ``format_type`` (typmod included: ``numeric(12,2)``,
 ``character varying(40)``, ``timestamp(3) with time zone``, ``integer[]``) and prints a value
 with the type's text output, except numbers and booleans (bare JSON, quoted back to text by
 ``silver.parse``) and bytea (its hex digits, without ``\\x``). The table of the mapping is
-docs/silver.md, "Mirrors"; ``silver.mirror_type_map`` is its one implementation (without
+docs/silver.md, "Mirrors"; ``silver.mirrors.type_map`` is its one implementation (without
 Spark), and this module gives its kinds as Spark types and types values with them.
 
 A decimal's ``NaN`` (numbers printed as text, wal2json 2.6+) is NULL, a known loss
-(``silver.mirror_type_map.loses_specials``). Any other value whose text does not convert
-(a date of ``infinity``, a two-dimensional array) never becomes NULL silently: ``typed`` evaluates to an error naming the column, which stops the
-mirror (``silver.mirror``).
+(``silver.mirrors.type_map.loses_specials``). Any other value whose text does not convert
+(a date of ``infinity``, a two-dimensional array) never becomes NULL silently: ``typed`` evaluates
+to an error naming the column, which stops the mirror (``silver.mirrors.mirror_writer``).
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from silver.mirror_type_map import mirror_kind
+from silver.mirrors.type_map import mirror_kind
 
-# Raised (``raise_error``) when a value's text does not convert; ``silver.mirror`` finds it
-# in Spark's error and turns it into one sentence.
+# Raised (``raise_error``) when a value's text does not convert;
+# ``silver.mirrors.mirror_writer`` finds it in Spark's error and turns it into one sentence.
 BAD_VALUE = "lakecdc-mirror-bad-value"
 
 _SPARK = {"int": IntegerType(), "long": LongType(), "float": FloatType(),
@@ -48,7 +48,7 @@ _SPARK = {"int": IntegerType(), "long": LongType(), "float": FloatType(),
 
 def spark_type(pg_type: str) -> DataType:
     """The mirror column type of a Postgres type named as wal2json names it
-    (``silver.mirror_type_map``, as a Spark type)."""
+    (``silver.mirrors.type_map``, as a Spark type)."""
     return _kind_spark(mirror_kind(pg_type))
 
 
@@ -67,7 +67,7 @@ def typed(text: Column, pg_type: str, column: str) -> Column:
     if isinstance(target, DecimalType):
         # wal2json 2.6's numbers as text carry a numeric's NaN; a decimal has none (and
         # Postgres refuses infinities under a precision): NULL, the known loss of
-        # ``silver.mirror_type_map.loses_specials``.
+        # ``silver.mirrors.type_map.loses_specials``.
         text = F.when(text != "NaN", text)
     value = _convert(text, target)
     if isinstance(target, StringType):

@@ -35,7 +35,7 @@ def create_table(spark, path: str, schema, properties: dict[str, str],
 def is_table(spark, path: str) -> bool:
     """(Spark) Whether ``path`` is a Delta table's own folder. Delta's ``isDeltaTable`` also
     says yes for a folder inside a table (it finds the table above it: a mirror's tail's
-    folder before the tail exists, ``silver.mirror_pending``), and reading such a path
+    folder before the tail exists, ``silver.mirrors.tail``), and reading such a path
     then fails (``DELTA_INVALID_PARTITION_PATH``)."""
     from delta.tables import DeltaTable
 

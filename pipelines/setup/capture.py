@@ -10,7 +10,7 @@
 3. waits until the running shipper has acknowledged it in a bronze commit: from there on
    every change of the table reaches bronze (that commit's LSN is the load's floor);
 4. loads the table's current rows straight into its mirror by key-range chunks
-   (``pipelines.setup.mirror_load``), while streaming goes on; the mirrors' query holds the
+   (``pipelines.setup.mirror_loader``), while streaming goes on; the mirrors' query holds the
    table's changes back meanwhile, and applies every one from the floor on once the load
    is done;
 5. stores the table as ``captured``, and commits a heartbeat, so that the mirrors' query
@@ -18,7 +18,7 @@
 
 With ``LAKECDC_CATALOG`` and ``LAKECDC_SCHEMA`` set, the mirror's name is checked before
 step 1, and in step 1 the mirror is created and registered by name
-(``pipelines.setup.catalog``); a rerun registers it if it is not.
+(``pipelines.setup.register``); a rerun registers it if it is not.
 
 ``remove`` stores the set without the table and waits for the shipper likewise; the mirror
 stays as it was. The counted tables cannot be removed.
@@ -59,15 +59,15 @@ from core.lsn import fmt
 from core.postgres import connect
 from core.storage import gold_key, on_databricks, spark_path
 from gold.push import MIRRORS_LAYER, read_layer
-from pipelines.setup.mirror_load import (
+from pipelines.setup.mirror_loader import (
     DEFAULT_CHUNK_ROWS,
     MirrorTarget,
     load_mirror,
     typing_session,
 )
 from pipelines.source.mirror_specs import specials_note, table_specs
-from silver.mirror_pending import current_rows, pending_path
-from silver.mirror_table import COMMIT_TS, mirror_shape_of, mirrored_columns
+from silver.mirrors.mirror_table import COMMIT_TS, mirror_shape_of, mirrored_columns
+from silver.mirrors.tail import current_rows, tail_path
 
 ACK_TIMEOUT_S = 120.0
 
@@ -125,7 +125,7 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
     that registers the mirror by name, called only when ``config.registers``, and that
     every write goes through with ``LAKECDC_WRITER=spark`` (None: ``core.spark``'s)."""
     table = _qualified(name)
-    from pipelines.setup.catalog import names_session
+    from pipelines.setup.register import names_session
 
     engine = start_engine(config, spark_factory)
     spark = names_session(config, spark_factory, (table,), "tables add")
@@ -155,7 +155,8 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
         at = (_wait_acknowledged(conn, config, bronze, stored.version, stop, timeout_s)
               if config.guard_on("capture_ack") else _bronze_at(config, bronze))
         if at is None:
-            return f"{table}: stopped before the shipper took it up; rerun `lakecdc tables add {table}`."
+            return (f"{table}: stopped before the shipper took it up; "
+                    f"rerun `lakecdc tables add {table}`.")
         report = None
         # How the shipper that took the table up gets numbers from wal2json (it recorded
         # that with the acknowledgement): the load renders NaN and ±Infinity the same way.
@@ -232,7 +233,7 @@ def _register(spark, config: Config, table: str) -> str | None:
     """The mirror of ``table`` created and registered by name, when names are kept."""
     if spark is None:
         return None
-    from pipelines.setup.catalog import register_mirror
+    from pipelines.setup.register import register_mirror
 
     return register_mirror(spark, config, table)
 
@@ -338,7 +339,7 @@ def list_tables(config: Config, storage_options: dict | None = None,
 def _mirror_freshness(engine: Engine, lakehouse: str, table: str):
     """(rows, last commit time, newest change held) of ``table``'s mirror, or Nones: from
     the per-file statistics (``Engine.count``, ``Engine.maxima``), but where the mirror has
-    changes not merged into its table yet (its tail, ``silver.mirror_pending``), counted
+    changes not merged into its table yet (its tail, ``silver.mirrors.tail``), counted
     over its current rows."""
     path = mirror_path(lakehouse, table)
     found = engine.maxima(path, [COMMIT_TS])
@@ -346,7 +347,7 @@ def _mirror_freshness(engine: Engine, lakehouse: str, table: str):
         return None, None, None
     version, newest = found[0], found[1][COMMIT_TS]
     rows = engine.count(path)
-    if engine.exists(pending_path(path)) and engine.count(pending_path(path)):
+    if engine.exists(tail_path(path)) and engine.count(tail_path(path)):
         current = _current_rows(engine, path, [COMMIT_TS])
         rows = current.num_rows
         newest = pc.max(current[COMMIT_TS]).as_py()
@@ -357,12 +358,12 @@ def _mirror_freshness(engine: Engine, lakehouse: str, table: str):
 
 def _current_rows(engine: Engine, path: str, columns: list[str]) -> pa.Table:
     """The mirror's current rows (its key and ``columns``): its table with its tail laid
-    over it (``silver.mirror_pending.current_rows``). The tail is read first: a fold
+    over it (``silver.mirrors.tail.current_rows``). The tail is read first: a drain
     empties it only after the table holds its rows."""
-    pending = engine.read(pending_path(path))
+    tail = engine.read(tail_path(path))
     key, types = mirror_shape_of(engine.properties(path))
     base = engine.read(path, columns=[*key, *[c for c in columns if c not in key]])
-    return current_rows(base, pending, key, mirrored_columns(key, types))
+    return current_rows(base, tail, key, mirrored_columns(key, types))
 
 
 def tables_json(lines: list[TableLine]) -> list[dict]:

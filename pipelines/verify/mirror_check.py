@@ -12,12 +12,12 @@ For a mirrored table ``t`` and verify's consistent point ``P``:
   marker is still on its way: the mirror holds exactly the changes of ``t`` up to ``W =
   max(newest, P - 1)``;
 - **the truth at W**: the source at P with silver's changes of ``t`` in ``[P, W]`` applied by
-  ``fold``, the documented rules written here a second time, in plain Python on the few
-  rows they touch, apart from the mirrors' own DataFrame fold (``silver.mirror``);
-- both typed by the same type map (``silver.mirror_types``, the specification) and compared
+  ``apply_changes``, the documented rules written here a second time, in plain Python on the few
+  rows they touch, apart from the mirrors' own netting (``silver.mirrors.mirror_writer``);
+- both typed by the same type map (``silver.mirrors.mirror_types``, the specification) and compared
   row for row, every column.
 
-A NaN or ±Infinity reaches the mirror as NULL where ``silver.mirror_type_map.loses_specials``
+A NaN or ±Infinity reaches the mirror as NULL where ``silver.mirrors.type_map.loses_specials``
 says so (every one in a float or numeric column where the slot's wal2json prints numbers as
 JSON, as 2.5 does; only a decimal's NaN where it prints them as text), and the truth reads it
 as NULL too; the rows of the source that held one at P are counted apart
@@ -60,8 +60,8 @@ def tables_to_verify(config, storage_options: dict | None, engine: Engine
 
 # --- the truth: the documented rules, once more ----------------------------------------
 
-def fold(rows: dict[Key, Row], changes: Iterable[dict], key: tuple[str, ...]
-         ) -> dict[Key, Row | None]:
+def apply_changes(rows: dict[Key, Row], changes: Iterable[dict], key: tuple[str, ...]
+                  ) -> dict[Key, Row | None]:
     """``changes`` (silver rows of one table: op, commit_lsn, seq, columns, identity) applied
     in ``(commit_lsn, seq)`` order to ``rows`` (key → column → text); returns every touched
     key → its row, None if it no longer exists. A TRUNCATE empties the table, so the caller
@@ -95,7 +95,7 @@ def fold(rows: dict[Key, Row], changes: Iterable[dict], key: tuple[str, ...]
 def moved_onto(rows: dict[Key, Row], changes: Iterable[dict], key: tuple[str, ...]
                ) -> set[Key]:
     """The keys a change moved a row onto from a key not in ``rows``. Where ``rows`` is a
-    sample, ``fold`` cannot give such a key's row whole (the moved row was not read): a
+    sample, ``apply_changes`` cannot give such a key's row whole (the moved row was not read): a
     sampled compare leaves those keys out."""
     return {tuple(dict(c["columns"]).get(k) for k in key) for c in changes
             if c["op"] == "U" and c["identity"]
@@ -128,7 +128,8 @@ class MirrorCheck:
 
 def mirror_holds(spark, mirror: str) -> tuple[int, int]:
     """(version, newest change LSN it holds) of the mirror's newest lakecdc commit that
-    ends a batch (a batch split by ``silver.mirror.chain_cuts`` commits its parts apart)."""
+    ends a batch (a batch split by ``silver.mirrors.mirror_writer.chain_cuts`` commits its
+    parts apart)."""
     from delta.tables import DeltaTable as SparkTable
 
     for row in SparkTable.forPath(spark, mirror).history(50).collect():
@@ -148,9 +149,10 @@ def check_mirror(spark, config, table: str, point: int, silver_path: str, lost: 
     from pyspark.sql.types import StringType, StructField, StructType
 
     from pipelines.source.mirror_baseline import keys_path
-    from silver.mirror import bad_values_stop, q
-    from silver.mirror_store import mirror_shape
-    from silver.mirror_types import typed
+    from silver.mirrors.merge import q
+    from silver.mirrors.mirror_types import typed
+    from silver.mirrors.mirror_writer import bad_values_stop
+    from silver.mirrors.store_spark import mirror_shape
 
     on_dbx = on_databricks()
     mirror = spark_path(mirror_path(config.lakehouse, table), on_dbx)
@@ -169,14 +171,14 @@ def check_mirror(spark, config, table: str, point: int, silver_path: str, lost: 
     before = {} if not touched_keys else {
         tuple(r[k] for k in key): r.asDict()
         for r in source.join(keys_df, on, "left_semi").collect()}
-    after = fold(before, changes, key)
+    after = apply_changes(before, changes, key)
     kept = source.limit(0) if truncated(changes) else source.join(keys_df, on, "left_anti")
     moved_in = moved_onto(before, changes, key) if sampled else set()
     if sampled:
         after = {k: row for k, row in after.items() if k in before and k not in moved_in}
-    folded = spark.createDataFrame([tuple(row.get(c) for c in types)
+    netted = spark.createDataFrame([tuple(row.get(c) for c in types)
                                     for row in after.values() if row is not None], text)
-    truth = kept.unionByName(folded)
+    truth = kept.unionByName(netted)
     theirs = mirror_df.select(*[F.col(q(c)) for c in types])
     with bad_values_stop(table):
         truth = truth.select(*[typed(F.col(q(c)), t, c).alias(c) for c, t in types.items()])
@@ -185,7 +187,7 @@ def check_mirror(spark, config, table: str, point: int, silver_path: str, lost: 
             return MirrorCheck(table, truth.count(), version, max(newest, point - 1),
                                differing, sample, lost)
         # Every key: those of the source at the point, with the changes' keys applied
-        # (their existence is all that is folded here), against the mirror's.
+        # (their existence is all that is netted here), against the mirror's.
         every = spark.read.format("delta").load(spark_path(keys_path(scratch, table), on_dbx))
         truth_keys = _keys_at(spark, every, keys_df, on, changes, key, types)
         # Every column of the sample's rows, against the mirror's rows of the same keys.
@@ -201,7 +203,7 @@ def check_mirror(spark, config, table: str, point: int, silver_path: str, lost: 
 
 
 def _changes_of(spark, silver_path: str, table: str, start: int, end: int) -> list[dict]:
-    """Silver's changes of ``table`` from ``start`` to ``end`` (LSNs), as ``fold`` takes
+    """Silver's changes of ``table`` from ``start`` to ``end`` (LSNs), as ``apply_changes`` takes
     them."""
     from pyspark.sql import functions as F
 
@@ -220,7 +222,7 @@ def _source_rows(spark, scratch: str, table: str, types: dict, on_dbx: bool):
     from pyspark.sql import functions as F
 
     from core.layout import mirror_baseline_path
-    from silver.mirror import q
+    from silver.mirrors.merge import q
 
     source = spark.read.format("delta").load(spark_path(mirror_baseline_path(scratch, table),
                                                         on_dbx))
@@ -242,7 +244,7 @@ def _differing_rows(truth, theirs, key: tuple[str, ...]) -> tuple[int, tuple[Key
     keys)."""
     from pyspark.sql import functions as F
 
-    from silver.mirror import q
+    from silver.mirrors.merge import q
 
     missing, extra = truth.exceptAll(theirs), theirs.exceptAll(truth)
     differing = missing.count() + extra.count()
@@ -254,15 +256,15 @@ def _differing_rows(truth, theirs, key: tuple[str, ...]) -> tuple[int, tuple[Key
 def _keys_at(spark, every, keys_df, on: list, changes: list[dict], key: tuple[str, ...],
              types: dict):
     """The truth's keys, typed: ``every`` key of the source at the point, with those the
-    changes touched (``keys_df``, joined ``on``) folded."""
+    changes touched (``keys_df``, joined ``on``) applied."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
-    from silver.mirror import q
-    from silver.mirror_types import typed
+    from silver.mirrors.merge import q
+    from silver.mirrors.mirror_types import typed
 
     existed = {tuple(r) for r in every.join(keys_df, on, "left_semi").collect()}
-    now = fold({k: dict(zip(key, k)) for k in existed}, changes, key)
+    now = apply_changes({k: dict(zip(key, k)) for k in existed}, changes, key)
     kept_keys = every.limit(0) if truncated(changes) else every.join(keys_df, on, "left_anti")
     key_text = StructType([StructField(k, StringType()) for k in key])
     truth_keys = kept_keys.select(*[F.col(q(k)) for k in key]).unionByName(
@@ -277,7 +279,7 @@ def _differing_keys(truth_keys, truth, theirs, their_rows, key: tuple[str, ...]
     ``their_rows`` (the mirror's rows of the sample's keys)."""
     from pyspark.sql import functions as F
 
-    from silver.mirror import q
+    from silver.mirrors.merge import q
 
     their_keys = theirs.select(*[F.col(q(k)) for k in key])
     wrong = truth_keys.exceptAll(their_keys).unionByName(their_keys.exceptAll(truth_keys)) \

@@ -1,6 +1,6 @@
 """A big mirror's tail of changes not merged yet, and the mirror's current rows from its
 table and that tail. Pure Arrow, but for ``read_mirror`` (delta-rs, no Spark): the
-mirrors' stores (``silver.mirror_store``) write and fold the tail, and every reader of a
+mirrors' stores (``silver.mirrors.store``) write and drain the tail, and every reader of a
 mirror's current rows overlays it.
 
 A copy-on-write MERGE rewrites every file a batch's keys land in: with updates spread over
@@ -8,14 +8,14 @@ the whole table, nearly the whole table, every batch, so its cost grows with the
 (docs/silver.md, "Big mirrors"). A mirror whose MERGE takes
 longer than ``LAKECDC_MIRROR_MERGE_S`` is therefore kept merge-on-read:
 
-- each batch appends its MERGE source (``silver.mirror.typed_rows``: one row per key, with
-  ``__lakecdc_exists`` and the ``__lakecdc_has_<i>`` flags) to the tail, a Delta table at
-  ``<mirror>/_lakecdc_pending`` (``PENDING_DIR``; every Delta reader and vacuum passes over
-  a folder whose name starts with ``_``), with the batch's ``_lakecdc_version`` (its app
-  transaction's version: batch id and part);
-- ``fold_pending`` folds the tail to one MERGE source row per key, in version order, and
-  the store MERGEs that into the mirror's table now and then, in the background (folds
-  take at most ``FOLD_SHARE`` of the time), then drops the rows it folded from the tail;
+- each batch appends its MERGE source (``silver.mirrors.mirror_writer.typed_rows``: one row
+  per key, with ``__lakecdc_exists`` and the ``__lakecdc_has_<i>`` flags) to the tail, a
+  Delta table at ``<mirror>/_lakecdc_pending`` (``TAIL_DIR``; every Delta reader and vacuum
+  passes over a folder whose name starts with ``_``), with the batch's ``_lakecdc_version``
+  (its app transaction's version: batch id and part);
+- ``net_tail`` nets the tail to one MERGE source row per key, in version order, and
+  the store MERGEs that into the mirror's table now and then, in the background (drains
+  take at most ``DRAIN_SHARE`` of the time), then drops the rows it drained from the tail;
 - ``current_rows``: the mirror's table with the tail laid over it, which is what the MERGE
   would have made.
 """
@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from core.storage import delta_rs_uri
-from silver.mirror_table import (
+from silver.mirrors.mirror_table import (
     COMMIT_LSN,
     COMMIT_TS,
     EXISTS,
@@ -36,19 +36,21 @@ from silver.mirror_table import (
     mirrored_columns,
 )
 
-PENDING_DIR = "_lakecdc_pending"
+# The tail's folder in its mirror's: the on-disk name is kept ("pending") for existing
+# lakehouses, whose mirrors hold their tails there.
+TAIL_DIR = "_lakecdc_pending"
 VERSION = "_lakecdc_version"
-FOLD_SHARE = 0.1        # the most of the mirrors' time folds take (``RsMirrors.fold_due``)
-MAX_PENDING_ROWS = 1_000_000    # a tail this long is folded at once: its fold reads it whole
+DRAIN_SHARE = 0.1        # the most of the mirrors' time drains take (``RsMirrors.drain_due``)
+MAX_TAIL_ROWS = 1_000_000    # a tail this long is drained at once: its drain reads it whole
 
 
-def pending_path(mirror: str) -> str:
+def tail_path(mirror: str) -> str:
     """Where the tail of the mirror at ``mirror`` lives."""
-    return f"{mirror.rstrip('/')}/{PENDING_DIR}"
+    return f"{mirror.rstrip('/')}/{TAIL_DIR}"
 
 
-def fold_pending(rows: pa.Table, key: tuple[str, ...], others: list[str]) -> pa.Table:
-    """The tail's rows (MERGE source rows with ``_lakecdc_version``) folded to one MERGE
+def net_tail(rows: pa.Table, key: tuple[str, ...], others: list[str]) -> pa.Table:
+    """The tail's rows (MERGE source rows with ``_lakecdc_version``) netted to one MERGE
     source row per key: the key's last row in version order decides whether it exists and
     its commit; each column takes the value of the last row that carried it (``has``), and
     is unset where none did (the MERGE keeps the mirror's value), or NULL where none did
@@ -86,36 +88,36 @@ def fold_pending(rows: pa.Table, key: tuple[str, ...], others: list[str]) -> pa.
     return pa.table(out).select(names)
 
 
-def current_rows(base: pa.Table, pending: pa.Table | None, key: tuple[str, ...],
+def current_rows(base: pa.Table, tail: pa.Table | None, key: tuple[str, ...],
                  others: list[str]) -> pa.Table:
-    """The mirror's rows: ``base`` (its table) with ``pending`` (its tail, or None) laid
-    over it as its MERGE would (``silver.mirror_store.merge_clauses``): a key whose folded
+    """The mirror's rows: ``base`` (its table) with ``tail`` (its tail's rows, or None) laid
+    over it as its MERGE would (``silver.mirrors.merge.merge_clauses``): a key whose netted
     row does not exist is gone; one that exists takes each column the tail carried, the
     table's value for the others. In ``base``'s columns; pure."""
-    if pending is None or pending.num_rows == 0:
+    if tail is None or tail.num_rows == 0:
         return base
-    folded = fold_pending(pending, key, others)
+    netted = net_tail(tail, key, others)
     types = {n: base.schema.field(n).type for n in base.schema.names}
     at = "__lakecdc_at"
-    pairs = (pa.table({k: folded[k].cast(types[k]) for k in key}).append_column(at + "f", pa.array(
-        np.arange(folded.num_rows)))
+    pairs = (pa.table({k: netted[k].cast(types[k]) for k in key}).append_column(at + "f", pa.array(
+        np.arange(netted.num_rows)))
         .join(base.select(list(key)).append_column(at + "b", pa.array(
             np.arange(base.num_rows))), keys=list(key), join_type="left outer")
         .sort_by(at + "f"))
     f, b = pairs[at + "f"].combine_chunks(), pairs[at + "b"].combine_chunks()
     named = np.zeros(base.num_rows, dtype=bool)
     named[b.drop_null().to_numpy()] = True
-    live = pc.filter(pa.array(np.arange(len(f))), folded[EXISTS].take(f))
+    live = pc.filter(pa.array(np.arange(len(f))), netted[EXISTS].take(f))
     f, b = f.take(live), b.take(live)
     columns = {}
     for name, type_ in types.items():
-        if name not in folded.schema.names:           # a column the tail does not have yet
+        if name not in netted.schema.names:           # a column the tail does not have yet
             columns[name] = pa.nulls(len(f), type_) if name not in others else \
                 base[name].take(b).cast(type_)
             continue
-        value = folded[name].take(f).cast(type_)
+        value = netted[name].take(f).cast(type_)
         if name in others:
-            value = pc.if_else(folded[f"{HAS_PREFIX}{others.index(name)}"].take(f), value,
+            value = pc.if_else(netted[f"{HAS_PREFIX}{others.index(name)}"].take(f), value,
                                base[name].take(b).cast(type_))
         columns[name] = value
     return pa.concat_tables([base.filter(pa.array(~named)),
@@ -145,7 +147,7 @@ def drop_tail(path: str, storage_options: dict | None, commit) -> None:
     seed)."""
     from deltalake import DeltaTable, write_deltalake
 
-    uri = delta_rs_uri(pending_path(path))
+    uri = delta_rs_uri(tail_path(path))
     if DeltaTable.is_deltatable(uri, storage_options=storage_options):
         tail = DeltaTable(uri, storage_options=storage_options)
         write_deltalake(tail, pa.schema(tail.schema().to_arrow()).empty_table(),
@@ -155,22 +157,22 @@ def drop_tail(path: str, storage_options: dict | None, commit) -> None:
 def read_mirror(path: str, storage_options: dict | None = None,
                 columns: list[str] | None = None, where=None) -> pa.Table:
     """(delta-rs) A mirror's current rows: its table with its tail laid over it
-    (``mirror_of``). The tail is read first: a fold empties it only after the table holds
+    (``mirror_of``). The tail is read first: a drain empties it only after the table holds
     its rows."""
     from deltalake import DeltaTable
 
-    tail_uri = delta_rs_uri(pending_path(path))
+    tail_uri = delta_rs_uri(tail_path(path))
     tail = (DeltaTable(tail_uri, storage_options=storage_options)
             if DeltaTable.is_deltatable(tail_uri, storage_options=storage_options) else None)
-    pending = None if tail is None else tail.to_pyarrow_dataset().to_table(filter=where)
-    return mirror_of(DeltaTable(delta_rs_uri(path), storage_options=storage_options), pending,
+    rows = None if tail is None else tail.to_pyarrow_dataset().to_table(filter=where)
+    return mirror_of(DeltaTable(delta_rs_uri(path), storage_options=storage_options), rows,
                      columns, where)
 
 
-def mirror_of(table, pending: pa.Table | None, columns: list[str] | None = None,
+def mirror_of(table, tail: pa.Table | None, columns: list[str] | None = None,
               where=None) -> pa.Table:
     """The current rows of the mirror whose table is ``table`` (delta-rs, opened or brought
-    up to date after ``pending``, its tail's rows, was read); ``columns``: only these
+    up to date after ``tail``, its tail's rows, was read); ``columns``: only these
     besides the key; ``where``: a pyarrow expression over the key's columns only (a column
     the tail may change cannot filter the table), or False: none of the table's rows (the
     tail's rows alone, their columns as the tail last carried them)."""
@@ -182,4 +184,4 @@ def mirror_of(table, pending: pa.Table | None, columns: list[str] | None = None,
             pa.schema([schema.field(n) for n in wanted]).empty_table()
     else:
         base = table.to_pyarrow_dataset().to_table(columns=wanted, filter=where)
-    return current_rows(base, pending, key, mirrored_columns(key, types))
+    return current_rows(base, tail, key, mirrored_columns(key, types))

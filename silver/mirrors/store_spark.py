@@ -1,5 +1,5 @@
 """The mirrors' tables through Spark (``LAKECDC_WRITER=spark``: only Spark holds the
-storage credentials; ``silver.mirror_store``'s text): ``SparkMirrors``, and Spark's reads of
+storage credentials; ``silver.mirrors.store``'s text): ``SparkMirrors``, and Spark's reads of
 a mirror with the tail the delta-rs writer may have left (``current_mirror``, as ``lakecdc
 sql`` reads it).
 """
@@ -14,8 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from core.commits import commit_metadata
-from silver.mirror_fold import MIRROR_COLUMNS
-from silver.mirror_merge import (
+from silver.mirrors.merge import (
     HISTORY,
     MergeJob,
     batch_meta,
@@ -24,8 +23,7 @@ from silver.mirror_merge import (
     q,
     start_point,
 )
-from silver.mirror_pending import VERSION, fold_pending, pending_path
-from silver.mirror_table import (
+from silver.mirrors.mirror_table import (
     EXISTS,
     HAS_PREFIX,
     LOAD_APP_ID,
@@ -34,11 +32,13 @@ from silver.mirror_table import (
     mirror_shape_of,
     mirrored_columns,
 )
+from silver.mirrors.net_changes import MIRROR_COLUMNS
+from silver.mirrors.tail import VERSION, net_tail, tail_path
 
 
 class SparkMirrors:
     """The mirrors' tables through Spark (see the module's text); ``engine``: the mirrors'
-    own ``core.engine.spark.SparkDelta``."""
+    own ``core.engine.spark_delta.SparkDelta``."""
 
     def __init__(self, engine, guard: bool = True) -> None:
         self.engine = engine
@@ -52,7 +52,7 @@ class SparkMirrors:
     def merge(self, job: MergeJob) -> bool:
         """Commit ``job`` unless its version is recorded; False: a replay, skipped (by this
         check or by Spark's own). Every batch is MERGEd into the mirror's table."""
-        self.fold(job.path, job.app)
+        self.drain(job.path, job.app)
         if self.guard:
             recorded = self.recorded(job.path, job.app)
             if recorded is not None and recorded >= job.version:
@@ -65,16 +65,16 @@ class SparkMirrors:
         self._recorded[(job.path, job.app)] = job.version
         return True
 
-    def fold(self, path: str, app: str | None = None) -> None:
-        """Fold a tail the delta-rs writer left (``RsMirrors.fold``; its MERGE records
-        ``app`` only where the tail's rows are ``app``'s, as ``fold_tail``'s), once per
+    def drain(self, path: str, app: str | None = None) -> None:
+        """Drain a tail the delta-rs writer left (``RsMirrors.drain``; its MERGE records
+        ``app`` only where the tail's rows are ``app``'s, as ``drain_tail``'s), once per
         query: this writer keeps none."""
         from delta.tables import DeltaTable
 
         if path in self._settled:
             return
         self._settled.add(path)
-        spark, tail = self.engine.spark, pending_path(path)
+        spark, tail = self.engine.spark, tail_path(path)
         if not tail_exists_spark(spark, path):
             return
         rows = spark.read.format("delta").load(tail).toArrow()
@@ -85,23 +85,23 @@ class SparkMirrors:
             meta = batch_meta([r.userMetadata for r in DeltaTable.forPath(
                 spark, tail).history(HISTORY).collect()], top)
             ours = app is not None and self._version_of(tail, app) is not None
-            self.engine.merge(path, fold_pending(rows, key, mirrored_columns(key, types)),
+            self.engine.merge(path, net_tail(rows, key, mirrored_columns(key, types)),
                               c.on, delete=c.delete_when, update=c.update,
                               update_when=c.exists, insert=c.insert, insert_when=c.exists,
                               meta=meta, app=(app, top) if ours else None)
             self._recorded = {k: v for k, v in self._recorded.items() if k[0] != path}
         self.drop_tail(path)
 
-    def fold_due(self, paths: Iterable[str] = ()) -> None:
+    def drain_due(self, paths: Iterable[str] = ()) -> None:
         """Nothing: this writer keeps no tail."""
 
     @contextmanager
     def paused(self) -> Iterator[None]:
-        """Nothing to pause: this writer folds nothing in the background."""
+        """Nothing to pause: this writer drains nothing in the background."""
         yield
 
-    def fold_all(self, paths: Iterable[str] = ()) -> None:
-        """Nothing: this writer keeps no tail (one left is folded at its first MERGE)."""
+    def drain_all(self, paths: Iterable[str] = ()) -> None:
+        """Nothing: this writer keeps no tail (one left is drained at its first MERGE)."""
 
     def drop_tail(self, path: str) -> None:
         """Empty the mirror's tail, if it has one (``RsMirrors.drop_tail``)."""
@@ -142,7 +142,7 @@ class SparkMirrors:
         if (path, app) not in self._recorded:
             versions = [self._version_of(path, app)]
             if tail_exists_spark(self.engine.spark, path):
-                versions.append(self._version_of(pending_path(path), app))
+                versions.append(self._version_of(tail_path(path), app))
             self._recorded[(path, app)] = max((v for v in versions if v is not None),
                                               default=None)
         return self._recorded[(path, app)]
@@ -155,14 +155,14 @@ class SparkMirrors:
 
 def current_mirror(spark, path: str, table=None):
     """(Spark) The current rows of the Delta table at ``path``: a mirror's table with its
-    tail laid over it as ``silver.mirror_pending.current_rows`` does (any other table, or a
+    tail laid over it as ``silver.mirrors.tail.current_rows`` does (any other table, or a
     mirror without a tail, as it is). The tail is read now (it is small: at most
-    ``MAX_PENDING_ROWS``), the table when the DataFrame runs. ``table``: the table as
+    ``MAX_TAIL_ROWS``), the table when the DataFrame runs. ``table``: the table as
     already read (e.g. through a catalog's name for it); None: read from ``path``."""
     from pyspark.sql import functions as F
 
     table = spark.read.format("delta").load(path) if table is None else table
-    tail = pending_path(path)
+    tail = tail_path(path)
     if not tail_exists_spark(spark, path):
         return table
     rows = spark.read.format("delta").load(tail).toArrow()
@@ -170,16 +170,16 @@ def current_mirror(spark, path: str, table=None):
         return table
     key, types = mirror_shape(spark, path)
     others = mirrored_columns(key, types)
-    folded = spark.createDataFrame(fold_pending(rows, key, others))
-    kept = table.join(folded.select(*[q(k) for k in key]), list(key), "left_anti")
-    made = folded.where(F.col(EXISTS)).alias("s").join(
+    netted = spark.createDataFrame(net_tail(rows, key, others))
+    kept = table.join(netted.select(*[q(k) for k in key]), list(key), "left_anti")
+    made = netted.where(F.col(EXISTS)).alias("s").join(
         table.alias("t"), [F.col(f"s.{q(k)}") == F.col(f"t.{q(k)}") for k in key], "left")
     columns = []
     for name in table.columns:
-        if name in others and name in folded.columns:
+        if name in others and name in netted.columns:
             value = F.when(F.col(f"s.{q(HAS_PREFIX + str(others.index(name)))}"),
                            F.col(f"s.{q(name)}")).otherwise(F.col(f"t.{q(name)}"))
-        elif name in folded.columns:
+        elif name in netted.columns:
             value = F.col(f"s.{q(name)}")
         else:                                   # a column the tail does not have yet
             value = F.col(f"t.{q(name)}")
@@ -195,16 +195,16 @@ def mirror_shape(spark, path: str) -> tuple[tuple[str, ...], dict[str, str]]:
 
 
 def tail_exists_spark(spark, path: str) -> bool:
-    """(Spark) Whether the mirror at ``path`` has a tail (``core.tables.is_table``)."""
-    from core.tables import is_table
+    """(Spark) Whether the mirror at ``path`` has a tail (``core.spark_tables.is_table``)."""
+    from core.spark_tables import is_table
 
-    return is_table(spark, pending_path(path))
+    return is_table(spark, tail_path(path))
 
 
 def drop_tail_spark(spark, path: str) -> None:
     """(Spark) Empty the tail of the mirror at ``path``, if it has one, unmerged."""
 
-    tail = pending_path(path)
+    tail = tail_path(path)
     if tail_exists_spark(spark, path):
         (spark.read.format("delta").load(tail).limit(0).write.format("delta")
          .mode("overwrite").option("userMetadata", commit_metadata("mirror", folded=None))

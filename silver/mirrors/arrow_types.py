@@ -1,6 +1,6 @@
 """A mirror column's values typed from their text in Arrow, without Spark, for the kinds
 whose text Arrow's own cast reads exactly as the mirrors' Spark typing does
-(``silver.mirror_types.typed``, the rule; ``silver.mirror_type_map``, the kinds).
+(``silver.mirrors.mirror_types.typed``, the rule; ``silver.mirrors.type_map``, the kinds).
 
 Postgres prints these kinds in one form each, which both engines read alike: integers and
 booleans, floats (``NaN`` and ``±Infinity`` too, with numbers as text), decimals of the
@@ -9,7 +9,7 @@ column's own scale, ``YYYY-MM-DD`` dates, and ISO timestamps with an offset of `
 refuses a value (an offset with seconds, a year past 9999, ``infinity``, text Spark's cast
 would trim first) is left to Spark whole (None here): Spark converts it, or stops the
 mirror with its one sentence, exactly as before. A decimal's ``NaN`` is NULL, as in
-``typed`` (the known loss of ``silver.mirror_type_map.loses_specials``).
+``typed`` (the known loss of ``silver.mirrors.type_map.loses_specials``).
 
 Why: a continuous mirrors' batch types a few hundred rows per table, and a Spark job for
 them took 0.2-0.6 s a table on 2 cores (docs/silver.md, "How fresh"); Arrow takes
@@ -22,7 +22,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from silver.mirror_type_map import kind_arrow, mirror_kind
+from silver.mirrors.type_map import kind_arrow, mirror_kind
 
 ARROW_KINDS = ("int", "long", "float", "double", "boolean", "date", "decimal", "timestamp",
                "timestamp_ntz")

@@ -1,7 +1,7 @@
 """The mirrors' type map, without Spark: a Postgres type as wal2json names it (``format_type``,
 typmod included) to the kind of column its mirror holds, and that kind in Arrow. The one
-place of the rule: ``silver.mirror_types`` gives the same kinds as Spark types (and types
-values with them), the load (``silver.mirror_load``) reads Arrow ones, and commands that
+place of the rule: ``silver.mirrors.mirror_types`` gives the same kinds as Spark types (and types
+values with them), the load (``silver.mirrors.chunk_load``) reads Arrow ones, and commands that
 run no JVM (``setup``, ``tables add``) use it without importing Spark.
 
 A kind is a tuple: ``("int",)``, ``("long",)``, ``("float",)``, ``("double",)``,

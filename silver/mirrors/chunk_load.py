@@ -1,22 +1,22 @@
 """A table's current rows as its mirror holds them, read by key-range chunks with Postgres's
-``COPY`` (``pipelines.setup.mirror_load`` runs the load; docs/source-tables.md, "Adding and
+``COPY`` (``pipelines.setup.mirror_loader`` runs the load; docs/source-tables.md, "Adding and
 removing tables while running").
 
 Postgres renders each column so that Arrow's CSV reader parses it straight into the
-mirror's type (``silver.mirror_type_map``), with the values the change stream gives:
+mirror's type (``silver.mirrors.type_map``), with the values the change stream gives:
 
 - integers, floats, booleans, decimals and text as the type's own text output (what
   wal2json prints too); NaN and ±Infinity as NULL where the stream gives NULL
-  (``silver.mirror_type_map.loses_specials``: always with wal2json 2.5, only a decimal's NaN
+  (``silver.mirrors.type_map.loses_specials``: always with wal2json 2.5, only a decimal's NaN
   with numbers printed as text);
 - timestamps as their own ISO text, in the reading session's zone, UTC (``READ_SETTINGS``:
   ``+00``), which Arrow's CSV reader parses exactly to the microsecond; a year past 9999,
   BC or ``infinity`` does not parse, and stops the load with one sentence, as such a value
-  stops the mirrors' typing of the change stream (``silver.mirror_arrow_types``); dates
+  stops the mirrors' typing of the change stream (``silver.mirrors.arrow_types``); dates
   as days since the epoch;
 - bytea (as its hex digits, as wal2json prints it) and arrays that the mirror holds typed
-  go through ``silver.mirror.typed_texts`` (Spark's typing, the one implementation of
-  ``silver.mirror_types``): the only columns that need a Spark session. Nothing else here
+  go through ``silver.mirrors.mirror_writer.typed_texts`` (Spark's typing, the one implementation of
+  ``silver.mirrors.mirror_types``): the only columns that need a Spark session. Nothing else here
   imports Spark, so ``setup`` and ``tables add`` run without it.
 
 Each chunk's query is one statement, so it reads one snapshot, for as long as the chunk
@@ -33,8 +33,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pv
 from psycopg import sql
 
-from silver.mirror_table import COMMIT_LSN, COMMIT_TS
-from silver.mirror_type_map import kind_arrow, loses_specials, mirror_kind
+from silver.mirrors.mirror_table import COMMIT_LSN, COMMIT_TS
+from silver.mirrors.type_map import kind_arrow, loses_specials, mirror_kind
 
 _AS_IS = ("int", "long", "float", "double", "boolean", "string", "timestamp",
           "timestamp_ntz")

@@ -1,9 +1,9 @@
-"""The mirrors' fold, in Arrow on the driver: what a micro-batch of ``silver/changes`` holds
+"""The mirrors' net changes, in Arrow on the driver: what a micro-batch of ``silver/changes`` holds
 per table (``tables_in_batch``), a table's key-moving UPDATEs (``key_moves``), and its
-changes folded to one row per primary key (``fold_changes``). Pure functions of Arrow
-tables; the rules are ``silver.mirror``'s docstring.
+changes netted to one row per primary key (``net_changes``). Pure functions of Arrow
+tables; the rules are ``silver.mirrors.mirror_writer``'s docstring.
 
-Why Arrow: the same fold as Spark expressions (a ``groupBy`` per table, an ``aggregate`` with
+Why Arrow: the same netting as Spark expressions (a ``groupBy`` per table, an ``aggregate`` with
 lambdas, interpreted in a continuous run's low-latency session) cost a 15,000-change batch
 of the benchmark's five tables 5-7 s on 2 cores, so the mirrors trailed the source by
 10-37 s (docs/silver.md, "Mirrors"). Here sorting and grouping are numpy's, and the
@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from core.captured import MARKER_PREFIX
-from silver.mirror_table import EXISTS, HAS_PREFIX  # noqa: F401  (this module's names too)
+from silver.mirrors.mirror_table import HAS_PREFIX
 from silver.parse import MESSAGE_ACTION
 
 MIRRORED_OPS = ("I", "U", "D", "R")
@@ -216,9 +216,9 @@ def _codes(values: pa.Array) -> np.ndarray:
     return _np(pc.fill_null(pc.dictionary_encode(values).indices, -1)).astype(np.int64)
 
 
-def fold_changes(changes: pa.Table, key: tuple[str, ...], key_moves: bool = True
+def net_changes(changes: pa.Table, key: tuple[str, ...], key_moves: bool = True
                  ) -> pa.Table:
-    """One table's changes (ops I, U, D, R) folded to one row per key: ``_key`` (struct of
+    """One table's changes (ops I, U, D, R) netted to one row per key: ``_key`` (struct of
     the key's text values), ``_exists`` (False: delete it), ``_values`` (column → text of
     every column some change after the last delete carried; later changes win), ``_from``
     (the old key when the row's state begins with an UPDATE that moved it there), ``_lsn``
@@ -295,7 +295,7 @@ def fold_changes(changes: pa.Table, key: tuple[str, ...], key_moves: bool = True
 
 
 def column_values(final: pa.Table, names: list[str]) -> pa.Table:
-    """``fold_changes``'s rows with ``_values`` spread into flat columns, per ``names[i]``:
+    """``net_changes``'s rows with ``_values`` spread into flat columns, per ``names[i]``:
     ``__lakecdc_text_<i>`` (its text; NULL where not set or NULL) and ``__lakecdc_has_<i>``
     (whether the row sets it). Flat strings cross into Spark and are typed there cheaper
     than a map: a catch-up batch of 48,380 rows took 3.1 s to type from maps, 1.6-1.9 s

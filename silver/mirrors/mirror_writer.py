@@ -1,36 +1,36 @@
 """Typed current-state mirrors of the captured tables, kept from ``silver/changes``.
 
 One Delta table per captured table, ``<lakehouse>/silver/tables/<schema>/<table>``: the
-source's columns under their own names, typed by ``silver.mirror_types``, plus
+source's columns under their own names, typed by ``silver.mirrors.mirror_types``, plus
 ``_lakecdc_commit_lsn`` / ``_lakecdc_commit_ts`` (the source commit of the row's last change).
 docs/silver.md, "Mirrors", is the user's account; the rules, per micro-batch of silver:
 
-- The batch comes to the driver as Arrow (``silver.mirror_store``: its files read by
-  pyarrow where they are local, or collected by Spark) and each table's changes fold to
-  one row per primary key there (``silver.mirror_fold.fold_changes``), in ``(commit_lsn, seq)`` order: the last
-  change decides whether the row exists; each column takes its value from the last change
-  that carried it, so an UPDATE that leaves a TOASTed value out (wal2json omits it) keeps
-  the mirror's value. An UPDATE that changes the key deletes the old key.
+- The batch comes to the driver as Arrow (``silver.mirrors.store``: its files read by
+  pyarrow where they are local, or collected by Spark) and each table's changes net to
+  one row per primary key there (``silver.mirrors.net_changes.net_changes``), in
+  ``(commit_lsn, seq)`` order: the last change decides whether the row exists; each column takes
+  its value from the last change that carried it, so an UPDATE that leaves a TOASTed value out
+  (wal2json omits it) keeps the mirror's value. An UPDATE that changes the key deletes the old key.
 - A TRUNCATE empties the mirror: changes before the batch's last TRUNCATE of the table are
   dropped and the MERGE deletes every row its source does not name.
-- One MERGE per changed table: the folded rows' columns that are not text are typed into
+- One MERGE per changed table: the netted rows' columns that are not text are typed into
   the MERGE's source (``typed_rows``: by Arrow where its cast reads the text as Spark's
-  typing does, ``silver.mirror_arrow_types``, else one Spark job on a local relation; or
-  ``merge_source`` where a row moved key; ``silver.mirror_types`` is the types' rule),
+  typing does, ``silver.mirrors.arrow_types``, else one Spark job on a local relation; or
+  ``merge_source`` where a row moved key; ``silver.mirrors.mirror_types`` is the types' rule),
   and delta-rs runs the MERGE (a Spark MERGE
   cost 1-2 s and a few CPU-seconds per table per batch, whatever its size; docs/gold.md) -
-  or Spark does, where only Spark reaches storage (``silver.mirror_store.SparkMirrors``);
+  or Spark does, where only Spark reaches storage (``silver.mirrors.store_spark.SparkMirrors``);
   two tables at a time (``MirrorWriter._tables``). It sets
   final rows, not increments, so re-applying a batch after a kill (before the query's
   checkpoint commit) leaves the same mirror; its Delta app transaction
-  ``lakecdc-mirror@<query id>`` (``silver.mirror_store.txn_app_id``: batch ids count within
+  ``lakecdc-mirror@<query id>`` (``silver.mirrors.merge.txn_app_id``: batch ids count within
   one checkpoint, so a new one, over a silver made anew, has an app id of its own),
   version = batch id (times ``PARTS``, plus the part), is checked first, so the tables
   already merged are skipped without writing.
 - A mirror whose MERGE is slow (a big table, ``LAKECDC_MIRROR_MERGE_S``) takes a plain
   part (no TRUNCATE, no key moved, not the changes held while it loaded) into its tail
-  instead, folded into it in the background (``silver.mirror_pending``); every tail is
-  folded before a verify marker is recorded passed, and at the end of a run.
+  instead, drained into it in the background (``silver.mirrors.tail``); every tail is
+  drained before a verify marker is recorded passed, and at the end of a run.
 - A column added to the source appears in the mirror (``ALTER TABLE ADD COLUMNS`` before the
   MERGE, repeated harmlessly on a replay); a column whose type changed, a value that does not
   convert, or a change silver could not parse stops the mirrors with one sentence.
@@ -64,10 +64,22 @@ from core.config import READER_RETENTION_MINUTES
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.lsn import fmt
-from core.tables import create_table
-from silver.mirror_arrow_types import arrow_typed
-from silver.mirror_fold import (
+from core.spark_tables import create_table
+from silver.mirrors.arrow_types import arrow_typed
+from silver.mirrors.merge import APP_ID, PARTS, MergeJob, q, txn_app_id
+from silver.mirrors.mirror_table import (
+    COMMIT_LSN,
+    COMMIT_TS,
+    EXISTS,
     HAS_PREFIX,
+    KEY_PROPERTY,
+    TYPES_PROPERTY,
+    TableSpec,
+    mirror_properties,
+    mirrored_columns,
+)
+from silver.mirrors.mirror_types import BAD_VALUE, spark_type, typed
+from silver.mirrors.net_changes import (
     MIRRORED_OPS,
     TEXT_PREFIX,
     TableInBatch,
@@ -75,33 +87,12 @@ from silver.mirror_fold import (
     column_values,
     complete_through,
     first_failure,
-    fold_changes,
     in_order_range,
     key_moves,
+    net_changes,
     tables_in_batch,
 )
-from silver.mirror_store import (  # noqa: F401  (merge_changes, q: this module's names too)
-    APP_ID,
-    COMMIT_LSN,
-    COMMIT_TS,
-    EXISTS,
-    PARTS,
-    TYPES_PROPERTY,
-    MergeJob,
-    RsMirrors,
-    merge_changes,
-    mirrored_columns,
-    q,
-    txn_app_id,
-)
-from silver.mirror_table import (  # noqa: F401  (this module's names too)
-    KEY_PROPERTY,
-    PROPERTIES,
-    SEED_APP_ID,
-    TableSpec,
-    mirror_properties,
-)
-from silver.mirror_types import BAD_VALUE, spark_type, typed
+from silver.mirrors.store_rs import RsMirrors
 
 log = logging.getLogger("lakecdc.mirror")
 
@@ -131,7 +122,7 @@ def create_mirror(spark: SparkSession, path: str, spec: TableSpec,
 
 def merge_source(final: DataFrame, key: tuple[str, ...], types: dict[str, str],
                  mirror: DataFrame | None = None) -> DataFrame:
-    """``silver.mirror_fold.column_values``'s rows typed as the mirror's columns
+    """``silver.mirrors.net_changes.column_values``'s rows typed as the mirror's columns
     (``types``: column → Postgres type; the i-th non-key column's text and whether it is
     set are its ``__lakecdc_text_<i>`` and ``__lakecdc_has_<i>``), with ``__lakecdc_exists``
     and, per non-key column ``i``, ``__lakecdc_has_<i>`` (unset: the MERGE keeps the
@@ -161,7 +152,7 @@ def typed_rows(session: SparkSession, values: pa.Table, key: tuple[str, ...],
     """``merge_source``'s rows (without ``mirror``: a part that moves no key), in Arrow,
     from ``column_values``'s ``values``. A column whose mirror type is text is taken as it
     is (``typed`` leaves text as it is); numbers, booleans, dates and timestamps are typed
-    by Arrow (``silver.mirror_arrow_types``); only the rest (bytea, arrays, a value Arrow
+    by Arrow (``silver.mirrors.arrow_types``); only the rest (bytea, arrays, a value Arrow
     refuses) cross into Spark, in ``session``, to be typed. Of a catch-up batch's 82,000
     notifications, 4 of 15 columns are not text: typing them in Spark, beside the 52,514
     history rows, took 0.8 s where every column took 1.5-2.1 s (2 cores)."""
@@ -225,7 +216,7 @@ class MirrorStopped(UserError):
 
 @contextmanager
 def bad_values_stop(table: str):
-    """A value ``silver.mirror_types.typed`` could not convert, raised inside a Spark job,
+    """A value ``silver.mirrors.mirror_types.typed`` could not convert, raised inside a Spark job,
     as ``MirrorStopped``'s one sentence."""
     try:
         yield
@@ -244,8 +235,9 @@ class MirrorWriter:
 
     ``paths``: schema.table → mirror path, for every mirrored table (created before the
     query starts). ``floors``: schema.table → the LSN of its initial rows; its changes
-    below it are in them and are passed over. ``accept_errors_upto``: silver rows that failed to parse with a commit LSN
-    at or below it are passed over (the operator checked them in quarantine)."""
+    below it are in them and are passed over. ``accept_errors_upto``: silver rows that
+    failed to parse with a commit LSN at or below it are passed over (the operator checked
+    them in quarantine)."""
 
     def __init__(self, paths: dict[str, str], accept_errors_upto: int = 0,
                  floors: dict[str, int] | None = None,
@@ -272,7 +264,7 @@ class MirrorWriter:
         self._replaying: dict[str, int] = {}    # this batch's replays (``_due_replays``)
         self.now_loading: frozenset[str] = frozenset()    # as the last batch found them
         # How the batch is read and each MERGE committed: delta-rs, or Spark where only it
-        # reaches storage (``silver.mirror_store``; the entry point chooses).
+        # reaches storage (``silver.mirrors.store``; the entry point chooses).
         self.store = store or RsMirrors(storage_options)
         self.on_finish = on_finish
         # Called with (commit LSN, commit time) after every batch that ends a transaction:
@@ -284,7 +276,7 @@ class MirrorWriter:
         self.storage_options = storage_options       # delta-rs's, for a lakehouse on S3
         self.faults = faults or FaultPoints()
         # Called with (LSN, batch id) of the newest verify marker of a batch once every
-        # mirror holds that batch (``pipelines.verify.mirrors``).
+        # mirror holds that batch (``pipelines.verify.mirror_check``).
         self.on_marker = on_marker
         # A table without a mirror yet (captured while the query runs): its mirror's path
         # once created, or None (not mirrored; asked once per query).
@@ -312,22 +304,22 @@ class MirrorWriter:
 
     def idle(self) -> None:
         """Between batches (``pipelines.run.stream.await_stream`` and ``run`` ask each
-        writer, from their own thread): each batch commits its MERGEs; a tail's fold that is
-        due (``silver.mirror_store.RsMirrors.fold_due``) starts or is collected here too
+        writer, from their own thread): each batch commits its MERGEs; a tail's drain that is
+        due (``silver.mirrors.store_rs.RsMirrors.drain_due``) starts or is collected here too
         when no batch comes, so a big mirror's table catches up once the traffic stops.
         Never beside a batch: a running one holds ``_busy``."""
         if self._busy.acquire(blocking=False):
             try:
-                self.store.fold_due(self._mirrors())
+                self.store.drain_due(self._mirrors())
             finally:
                 self._busy.release()
 
     def finish(self) -> None:
         """After the last batch: each batch committed its MERGEs (see ``idle``), and each
-        mirror's tail is folded into its table (a run that ends leaves every mirror's table
+        mirror's tail is drained into its table (a run that ends leaves every mirror's table
         whole); what records the mirrors' progress lets its connection go."""
         if self.failure is None:
-            self.store.fold_all(self._mirrors())
+            self.store.drain_all(self._mirrors())
         if self.on_finish is not None:
             self.on_finish()
 
@@ -394,21 +386,21 @@ class MirrorWriter:
         if complete is not None and self.on_complete is not None:
             self.on_complete(*complete)
         if marker is not None and self.on_marker is not None:
-            self.store.fold_all(self._mirrors())    # each mirror's table holds its changes
+            self.store.drain_all(self._mirrors())    # each mirror's table holds its changes
             self.on_marker(marker, batch_id)     # every mirror holds the batch now
-        self.store.fold_due(self._mirrors())
+        self.store.drain_due(self._mirrors())
         if self.after_batch is not None:
             self.after_batch()
 
     def _mirrors(self) -> list[str]:
         """The paths of the mirrors kept now (not those being loaded: the load writes
-        them), whose tails are folded, one an earlier run left included."""
+        them), whose tails are drained, one an earlier run left included."""
         return [p for n, p in self.paths.items() if n not in self.now_loading]
 
     def _due_replays(self, loading: frozenset[str]) -> dict[str, int]:
         """table → floor, of the mirrors whose load is done and whose held changes are not
-        applied yet (``silver.mirror_store.due_replay``): each mirror is asked once, and again after
-        its table was seen loading."""
+        applied yet (``silver.mirrors.merge.due_replay``): each mirror is asked once, and
+        again after its table was seen loading."""
         for name in self._seen_loading - loading:          # its load is done (or stopped)
             self._seen_loading.discard(name)
             self._looked.discard(name)
@@ -472,7 +464,7 @@ class MirrorWriter:
 
         def source():
             typing = self._typing(spark)
-            values = column_values(fold_changes(changes, key, key_moves=moved),
+            values = column_values(net_changes(changes, key, key_moves=moved),
                                    mirrored_columns(key, types))
             with bad_values_stop(found.name):
                 if not moved:
@@ -485,7 +477,7 @@ class MirrorWriter:
                                     mirror).toArrow().combine_chunks()
 
         # ``newest``: the mirror now holds every change of its table up to this LSN
-        # (``pipelines.verify.mirrors``); not after a batch's part but the last, which may
+        # (``pipelines.verify.mirror_check``); not after a batch's part but the last, which may
         # end inside a transaction. A batch's parts are told apart by the version.
         held = {"newest": found.newest} if last else {"partial": True}
         if last and found.name in self._replaying:   # the changes held while it loaded:
@@ -531,7 +523,7 @@ class MirrorWriter:
                 "\"Mirrors\": schema changes).")
         added = {n: t for n, t in found.types.items() if n not in types}
         if added:
-            self.store.fold(path)               # the tail in the table's columns, first
+            self.store.drain(path)               # the tail in the table's columns, first
             have = set(DeltaTable.forPath(spark, path).toDF().columns)   # a replay's
             columns = ", ".join(f"{q(n)} {spark_type(t).simpleString()}"
                                 for n, t in added.items() if n not in have)
@@ -560,7 +552,7 @@ def batch_app_id(batch: DataFrame) -> str:
 
 def _no_rows(rows: pa.Table) -> pa.Table:
     """No row, in the columns a table's changes keep (``ROW_COLUMNS``)."""
-    from silver.mirror_fold import ROW_COLUMNS
+    from silver.mirrors.net_changes import ROW_COLUMNS
 
     return rows.select(list(ROW_COLUMNS)).slice(0, 0)
 

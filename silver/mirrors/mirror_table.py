@@ -1,7 +1,7 @@
 """What a mirror table is, without Spark: the spec it is created from, its bookkeeping
 columns, its table properties and the app transaction of its initial rows. Shared by the
-mirrors' writer (``silver.mirror``, ``silver.mirror_store``) and the load
-(``pipelines.setup.mirror_load``), which runs where Spark may not be installed."""
+mirrors' writer (``silver.mirrors.mirror_writer``, ``silver.mirrors.store``) and the load
+(``pipelines.setup.mirror_loader``), which runs where Spark may not be installed."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ COMMIT_LSN, COMMIT_TS = "_lakecdc_commit_lsn", "_lakecdc_commit_ts"
 TYPES_PROPERTY = "lakecdc.sourceTypes"       # JSON {column: Postgres type}
 KEY_PROPERTY = "lakecdc.keyColumns"          # JSON list of the primary key's columns
 SEED_APP_ID = "lakecdc-mirror-seed"          # the initial rows' point (a baseline's seed)
-# A load's (``pipelines.setup.mirror_load``): its floor, recorded by its last chunk's commit,
+# A load's (``pipelines.setup.mirror_loader``): its floor, recorded by its last chunk's commit,
 # and by the commit after the MERGE that applied the changes held back while it ran. App
 # transactions, which every checkpoint carries: the log's commits (their metadata) go at
-# log cleanup, and a replay must still be recognised (``silver.mirror_store.due_replay``).
+# log cleanup, and a replay must still be recognised (``silver.mirrors.merge.due_replay``).
 LOAD_APP_ID = "lakecdc-mirror-load"
 REPLAYED_APP_ID = "lakecdc-mirror-replayed"
-# A MERGE source's columns besides the mirror's (``silver.mirror.merge_source``): whether
-# the key's final row exists, and per non-key column ``i`` whether the batch carried it.
+# A MERGE source's columns besides the mirror's (``silver.mirrors.mirror_writer.merge_source``):
+# whether the key's final row exists, and per non-key column ``i`` whether the batch carried it.
 EXISTS, HAS_PREFIX = "__lakecdc_exists", "__lakecdc_has_"
 # No deletion vectors: delta-rs (deltalake 1.6.6) refuses to read a table with that reader
 # feature, and a mirror is read by delta-rs (``lakecdc tables``, the demo, users).
@@ -59,6 +59,6 @@ def mirror_shape_of(properties: dict[str, str]) -> tuple[tuple[str, ...], dict[s
 
 
 def mirrored_columns(key: tuple[str, ...], types: dict[str, str]) -> list[str]:
-    """The mirror's non-key columns, in the order ``silver.mirror.merge_source`` numbers
-    them. Pure."""
+    """The mirror's non-key columns, in the order
+    ``silver.mirrors.mirror_writer.merge_source`` numbers them. Pure."""
     return [n for n in types if n not in key]

@@ -1,18 +1,17 @@
 """How the mirrors reach their tables: the one place that chooses between the two stores.
 
-``MirrorWriter`` (``silver.mirror``) folds and types each table's changes the same way
+``MirrorWriter`` (``silver.mirrors.mirror_writer``) nets and types each table's changes the same way
 whatever the engine; what differs is only how it reads its batch, how it asks whether a
 MERGE is recorded already, and who commits the MERGE:
 
-- ``RsMirrors`` (the default; ``silver.mirror_store_rs``): the batch's Parquet files read by pyarrow where they are local
-  (``silver.writer.batch_rows``), and a delta-rs MERGE on a kept table handle, whose app
-  transaction ``lakecdc-mirror@<query id>`` is read first (delta-rs skips no replay by
-  itself); or, for a mirror whose MERGE is slow (a big table), an append of the MERGE's
-  source to the mirror's tail, folded into its table in the background
-  (``silver.mirror_pending``);
+- ``RsMirrors`` (the default; ``silver.mirrors.store_rs``): the batch's Parquet files read by
+  pyarrow where they are local (``silver.writer.batch_rows``), and a delta-rs MERGE on a kept table
+  handle, whose app transaction ``lakecdc-mirror@<query id>`` is read first (delta-rs skips no
+  replay by itself); or, for a mirror whose MERGE is slow (a big table), an append of the MERGE's
+  source to the mirror's tail, drained into its table in the background (``silver.mirrors.tail``);
 - ``SparkMirrors`` (``LAKECDC_WRITER=spark``: only Spark holds the storage credentials;
-  ``silver.mirror_store_spark``): the batch collected by Spark (``toArrow``), and the MERGE
-  committed by the engine (``core.engine.spark.SparkDelta``)
+  ``silver.mirrors.store_spark``): the batch collected by Spark (``toArrow``), and the MERGE
+  committed by the engine (``core.engine.spark_delta.SparkDelta``)
   with the same metadata and app transaction. Spark itself skips a MERGE whose version is
   recorded; the writer's own check (the app transaction of the table and its tail, read
   through the session's Delta log once, then kept: the mirrors' query is its tables' only
@@ -20,61 +19,26 @@ MERGE is recorded already, and who commits the MERGE:
 
 The app id carries the query's *epoch*: ``lakecdc-mirror@<query id>``, the id Spark keeps
 in the mirrors' checkpoint (``txn_app_id``). Batch ids are numbered within one checkpoint,
-and a new one numbers from 0 again (silver made anew, ``pipelines.run.mirrors.start_mirrors``,
+and a new one numbers from 0 again (silver made anew, ``pipelines.run.mirror_query.start_mirrors``,
 or a checkpoint removed): under one app id its batches would be taken for the old ones that
-the mirrors record and skipped. A tail's rows of another epoch are folded before the tail
+the mirrors record and skipped. A tail's rows of another epoch are drained before the tail
 takes one of this epoch's (their versions are not comparable).
 
 Whether a replay is due is read from app transactions too (``due_replay``), never from the
 table's history: a checkpoint carries them, while log cleanup deletes the commits whose
 metadata said the same.
 
-Both MERGEs are ``merge_clauses`` (``silver.mirror_merge``): the rules are written once. Switched off (the
-``mirror_txn`` guard, a negative control only), neither check runs and the Spark MERGE
-carries no app transaction, so a replayed batch is merged again.
+Both MERGEs are ``merge_clauses`` (``silver.mirrors.merge``): the rules are written once.
+Switched off (the ``mirror_txn`` guard, a negative control only), neither check runs and the
+Spark MERGE carries no app transaction, so a replayed batch is merged again.
 """
 
 from __future__ import annotations
 
 from core.config import LOG_RETENTION_MINUTES
 from core.engine.delta_rs import DeltaRs
-
-# Every name the mirrors' callers import from here (``silver.mirror``, the pipelines).
-from silver.mirror_merge import (  # noqa: F401
-    APP_ID,
-    HISTORY,
-    PARTS,
-    MergeClauses,
-    MergeJob,
-    batch_meta,
-    due_replay,
-    merge_clauses,
-    q,
-    start_point,
-    txn_app_id,
-)
-from silver.mirror_store_rs import Folded, RsMirrors, Tail, fold_tail, merge_changes  # noqa: F401
-from silver.mirror_store_spark import (  # noqa: F401
-    SparkMirrors,
-    current_mirror,
-    drop_tail_spark,
-    mirror_shape,
-    tail_exists_spark,
-)
-from silver.mirror_table import (  # noqa: F401
-    COMMIT_LSN,
-    COMMIT_TS,
-    EXISTS,
-    HAS_PREFIX,
-    LOAD_APP_ID,
-    PROPERTIES,
-    REPLAYED_APP_ID,
-    SEED_APP_ID,
-    TYPES_PROPERTY,
-    mirror_properties,
-    mirror_shape_of,
-    mirrored_columns,
-)
+from silver.mirrors.store_rs import RsMirrors
+from silver.mirrors.store_spark import SparkMirrors
 
 
 def mirror_store(engine=None, storage_options: dict | None = None, guard: bool = True,

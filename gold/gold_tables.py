@@ -20,12 +20,12 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 from core.captured import DIMS
 from core.commits import commit_metadata as metadata
 from core.commits import newest
-from core.engine.spark import read_commits, recorded
+from core.engine.spark_delta import read_commits, recorded
 from core.errors import UserError
 from core.faults import FaultPoints
 from core.handle import CHECKPOINTS
 from core.layout import GOLD_DELTAS, GOLD_PENDING
-from core.tables import create_table
+from core.spark_tables import create_table
 from gold import deltas as D
 from gold.asof import APP_ID, REBUILD_APP_ID, SEED_APP_ID, gold_state
 from gold.fold import DELTAS_PROPERTIES, DELTAS_SCHEMA

@@ -6,12 +6,12 @@ Why it is exact without watermarks: every change of the table committed from ``f
 is in bronze (the shipper took up the set that captures it), and each chunk is read in a
 snapshot taken after ``floor``. The mirrors' query holds the table's changes back while the
 load runs, then applies every one from ``floor`` on, in order, onto the loaded rows
-(``silver.mirror.MirrorWriter``, "replay"). For each row, that ends where the source is:
-the changes a chunk already saw are applied again, but so is every change after them, and
-a column an UPDATE left out (a TOASTed value) keeps what the chunk read, which is the
-value no later change touched.
+(``silver.mirrors.mirror_writer.MirrorWriter``, "replay"). For each row, that ends where the
+source is: the changes a chunk already saw are applied again, but so is every change after
+them, and a column an UPDATE left out (a TOASTed value) keeps what the chunk read, which is
+the value no later change touched.
 
-Per chunk (``silver.mirror_load``): where it ends, from the key's index (the key
+Per chunk (``silver.mirrors.chunk_load``): where it ends, from the key's index (the key
 ``chunk_rows`` rows on), then one ``COPY`` of that key range (one statement: one short
 snapshot, never the whole table's), parsed by Arrow into the mirror's types and appended
 to the mirror in one commit whose metadata records the load (``load`` = the table's add,
@@ -21,7 +21,7 @@ three chunks at most (one written, one waiting, one being read), whatever the ta
 size. The last chunk's commit completes the load: it records the floor as the mirror's
 start, as the app transaction ``lakecdc-mirror-load`` (and metadata ``seed``); the mirrors'
 query then applies the held changes and records that too, as ``lakecdc-mirror-replayed``
-(``silver.mirror_store.due_replay``).
+(``silver.mirrors.merge.due_replay``).
 
 Whether the load is complete is read from that app transaction, which every checkpoint
 carries, so it is known after log cleanup too. Where the next chunk starts is read from
@@ -50,15 +50,14 @@ from core.errors import UserError
 from core.faults import FaultPoints
 from core.postgres import connect, table_rows
 from core.progress import ProgressBar
-from silver.mirror_load import (
+from silver.mirrors.chunk_load import (
     READ_SETTINGS,
     chunk_copy,
     chunk_end,
     load_column,
     parse_chunk,
 )
-from silver.mirror_pending import pending_path
-from silver.mirror_table import (
+from silver.mirrors.mirror_table import (
     COMMIT_LSN,
     COMMIT_TS,
     KEY_PROPERTY,
@@ -67,7 +66,8 @@ from silver.mirror_table import (
     TableSpec,
     mirror_properties,
 )
-from silver.mirror_type_map import arrow_type
+from silver.mirrors.tail import tail_path
+from silver.mirrors.type_map import arrow_type
 
 DEFAULT_CHUNK_ROWS = 100_000
 HISTORY = 50                 # newest mirror commits searched for the load's last chunk
@@ -111,7 +111,7 @@ def load_state(history: list[Commit], run: int) -> LoadState:
 class MirrorTarget:
     """The mirror's table at ``path`` (as the configuration names it), written through
     ``engine`` (None: delta-rs with ``storage_options``); created with its log kept
-    ``log_retention_minutes`` (``silver.mirror_table.mirror_properties``)."""
+    ``log_retention_minutes`` (``silver.mirrors.mirror_table.mirror_properties``)."""
 
     def __init__(self, path: str, spec: TableSpec, engine: Engine | None = None,
                  storage_options: dict | None = None,
@@ -159,10 +159,10 @@ class MirrorTarget:
     def write(self, rows: pa.Table, meta: str, overwrite: bool,
               app: tuple[str, int] | None = None) -> None:
         """``rows`` in one commit with ``meta`` and ``app``; ``overwrite``: replacing the
-        mirror's rows, after its tail (``silver.mirror_pending``) is emptied, since changes
+        mirror's rows, after its tail (``silver.mirrors.tail``) is emptied, since changes
         of the rows replaced are stale."""
         rows = rows.select(self.schema.names).cast(self.schema)
-        tail = pending_path(self.path)
+        tail = tail_path(self.path)
         if overwrite and self.engine.exists(tail):
             self.engine.delete(tail, "true", meta=meta)
         self.engine.append(self.path, rows, meta=meta, app=app, overwrite=overwrite)
@@ -216,7 +216,7 @@ def load_mirror(dsn: str, target: MirrorTarget, run: int, floor: int, *,
                     raise _bad_value(spec.name, exc) from None
                 spark_typed = {c.name: data[c.name] for c in columns if c.typed}
                 if spark_typed:
-                    from silver.mirror import bad_values_stop, typed_texts
+                    from silver.mirrors.mirror_writer import bad_values_stop, typed_texts
 
                     with bad_values_stop(spec.name):
                         data = _replace(data, typed_texts(session(), spark_typed, types,

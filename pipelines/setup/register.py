@@ -1,5 +1,5 @@
 """lakecdc's tables registered by name, ``<catalog>.<schema>.<name>`` (``LAKECDC_CATALOG``,
-``LAKECDC_SCHEMA``; ``core.catalog`` registers one name). Only when both are set: without
+``LAKECDC_SCHEMA``; ``core.catalog_names`` registers one name). Only when both are set: without
 them nothing here runs, and ``setup`` starts no JVM.
 
 The names are the ones ``lakecdc sql`` and the notebooks already use (``core.layout``), so
@@ -11,7 +11,10 @@ the ``sql/`` files run unchanged on the catalog:
 | ``silver_changes``          | ``silver/changes``                 | ``setup``     |
 | ``silver_quarantine``       | ``silver/quarantine``              | ``setup``     |
 | ``gold_service_stats``      | ``gold/service_stats``             | ``setup``     |
-| ``silver_<schema>_<table>`` | ``silver/tables/<schema>/<table>`` | ``setup`` (the mirrored tables it starts with), ``tables add`` |
+| ``silver_<schema>_<table>`` | ``silver/tables/<schema>/<table>`` | ``setup``, ``tables add`` |
+
+A mirror's name is registered by ``setup`` for the mirrored tables it starts with, and by
+``tables add`` for each table it adds.
 
 A name can only point at a table that exists, and the stream creates silver, quarantine and
 gold at its first start, the mirrors' query each mirror at its first change. So ``setup``
@@ -23,7 +26,7 @@ new table's mirror before its rows are read. Every name is checked before ``setu
 
 from __future__ import annotations
 
-from core.catalog import Catalog, require_persistent
+from core.catalog_names import Catalog, require_persistent
 from core.config import Config
 from core.errors import UserError
 from core.layout import (
@@ -85,7 +88,7 @@ def register_lakehouse(spark, config: Config, tables) -> list[str]:
     """``setup``'s part: silver, quarantine, gold (with ``_pending`` and ``_deltas``) and the
     mirrors of ``tables`` created where absent, then every name registered. Idempotent.
     Returns a line per name registered now, or one saying all were there."""
-    from gold.apply import GoldPaths
+    from gold.gold_tables import GoldPaths
     from gold.start import prepare_gold
     from silver.writer import ensure_silver_tables
 
@@ -119,7 +122,7 @@ def _create_mirrors(spark, config: Config, tables) -> dict[str, str]:
     from delta.tables import DeltaTable
 
     from pipelines.source.mirror_specs import table_specs
-    from silver.mirror import create_mirror
+    from silver.mirrors.mirror_writer import create_mirror
 
     wanted = [t for t in tables if config.mirrors is None or t in config.mirrors]
     if not wanted:
