@@ -44,6 +44,14 @@ class DeltaRs:
         self._handles: dict[str, tuple[threading.Lock, object]] = {}
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict:
+        """The storage options alone: handles and locks are this process's (Spark Connect
+        pickles a ``foreachBatch`` writer, and the mirrors' holds an engine)."""
+        return {"storage_options": self.storage_options}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["storage_options"])
+
     # -- reading -------------------------------------------------------------------------
     def exists(self, path: str) -> bool:
         from deltalake import DeltaTable

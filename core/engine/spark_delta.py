@@ -152,11 +152,14 @@ class SparkDelta:
     # -- writing -------------------------------------------------------------------------
     def create(self, path: str, schema: pa.Schema, properties: dict[str, str] | None = None,
                comment: str | None = None, partitioned_by: tuple[str, ...] = ()) -> None:
-        """(``core.spark_tables.create_table``: ``append`` writes only into an existing table.)"""
+        """(``core.spark_tables.create_table``: ``append`` writes only into an existing table.)
+        An Arrow timestamp without a zone is Spark's ``TIMESTAMP_NTZ``, as on delta-rs (a
+        mirror of a ``timestamp without time zone`` column keeps its wall-clock values)."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
         from core.spark_tables import create_table
 
-        create_table(self._spark, _p(path),
-                     self._spark.createDataFrame(schema.empty_table()).schema,
+        create_table(self._spark, _p(path), from_arrow_schema(schema, prefer_timestamp_ntz=True),
                      properties or {}, comment=comment, partitioned_by=partitioned_by)
 
     def delete(self, path: str, where: str, *, meta: str | None = None) -> None:

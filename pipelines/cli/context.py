@@ -176,5 +176,5 @@ def await_input(ctx, stage: str, wait_s: float, stop: threading.Event) -> None:
     if wait_s > 0:
         from pipelines.run.inputs import wait_for_input
 
-        wait_for_input(load_config(ctx), stage, wait_s, stop=stop,
-                       engine=make_pipeline(ctx).engine())
+        config = load_config(ctx)
+        wait_for_input(config, stage, wait_s, stop=stop, engine=command_engine(ctx, config))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from pipelines.cli.context import echo_json, json_option, load_config, make_pipeline, once_option
+from pipelines.cli.context import command_engine, echo_json, json_option, load_config, once_option
 from pipelines.run.signals import stop_on_signals
 
 
@@ -23,7 +23,7 @@ def maintain(ctx, once, as_json):
     config = load_config(ctx)
     if as_json and not once:
         raise click.UsageError("--json goes with --once (one report of every table).")
-    engine = make_pipeline(ctx).engine()
+    engine = command_engine(ctx, config)
     if once:
         reports = maintain_once(config, engine)
         if as_json:

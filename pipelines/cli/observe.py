@@ -6,7 +6,13 @@ from __future__ import annotations
 import click
 
 from core.errors import UserError
-from pipelines.cli.context import json_option, load_config, make_pipeline, needs_spark
+from pipelines.cli.context import (
+    command_engine,
+    json_option,
+    load_config,
+    make_pipeline,
+    needs_spark,
+)
 from pipelines.run.signals import stop_on_signals
 
 
@@ -20,8 +26,8 @@ def status(ctx, as_json):
     from pipelines.observe.status import collect, exit_code, render, to_json
 
     # Read by the configuration's engine (Spark's where only Spark reaches storage).
-    pipeline = make_pipeline(ctx)
-    report = collect(pipeline.config, pipeline.engine())
+    config = load_config(ctx)
+    report = collect(config, command_engine(ctx, config))
     click.echo(to_json(report) if as_json else render(report))
     ctx.exit(exit_code(report))
 
@@ -82,5 +88,6 @@ def metrics(ctx, listen):
     from pipelines.observe.metrics import serve_state
 
     # The engine is made at the first scrape (with LAKECDC_WRITER=spark, a session then).
-    pipeline = make_pipeline(ctx)
-    serve_state(pipeline.config, listen, stop_on_signals(), engine=pipeline.engine)
+    config = load_config(ctx)
+    serve_state(config, listen, stop_on_signals(),
+                engine=lambda: command_engine(ctx, config))
