@@ -55,10 +55,10 @@ from core.config import Config
 from core.engine.api import Engine
 from core.engine.choose import engine_for
 from core.errors import UserError, first_line, redact
-from core.faults import FaultPoints
 from core.locks import acquire, release, ship_application, ship_lock_name
 from core.lsn import fmt
 from core.postgres import connect, open_connection
+from core.switches import Switches
 from core.units import byte_size
 
 log = logging.getLogger("lakecdc.ship")
@@ -125,7 +125,7 @@ class ShipTotals:
 
 
 class Shipper:
-    def __init__(self, config: Config, faults: FaultPoints | None = None,
+    def __init__(self, config: Config, switches: Switches | None = None,
                  storage_options: dict | None = None,
                  on_batch: Callable[[ShipBatch, Progress], None] | None = None,
                  engine: Engine | None = None,
@@ -149,10 +149,10 @@ class Shipper:
         # holding the slot's lock.
         self._stored_lsn: int | None = None
         self.on_batch = on_batch         # called after every batch (metrics); must not raise
-        self.faults = faults or FaultPoints(config.faults)
+        self.switches = on = switches or Switches.from_config(config)
         engine = engine if engine is not None else engine_for(config)
-        self.table = bronze_table(config, storage_options, engine=engine)
-        self.backfill = BackfillEmitter(config, self.table, engine=engine)
+        self.table = bronze_table(config, storage_options, engine=engine, switches=on)
+        self.backfill = BackfillEmitter(config, self.table, engine=engine, switches=on)
         self.captured = ShipperSet(config.lakehouse, config.slot, config.tables, engine=engine)
         # When bronze last committed, so the slot last moved (heartbeats are due after
         # ``heartbeat_interval_s`` without a move).
@@ -200,7 +200,7 @@ class Shipper:
             progress = self._check(conn)
             self._stored_lsn = progress.commit_lsn or None
             state = slots.slot_state(conn, cfg.slot)
-            if state.confirmed_flush_lsn < progress.end_lsn and cfg.guard_on("version_check"):
+            if state.confirmed_flush_lsn < progress.end_lsn and self.switches.on("version_check"):
                 log.info("slot %s at %s is behind bronze's %s: completing the advance",
                          cfg.slot, fmt(state.confirmed_flush_lsn), fmt(progress.end_lsn))
                 slots.advance(conn, cfg.slot, progress.end_lsn)
@@ -322,7 +322,7 @@ class Shipper:
         transactions close (``BatchRows``); none of them is visible before the commit."""
         cfg = self.config
         started, started_at = time.monotonic(), time.time()
-        after = progress.commit_lsn if cfg.guard_on("version_check") else -1
+        after = progress.commit_lsn if self.switches.on("version_check") else -1
         assembler = TransactionAssembler(after)
         shipped_at = pa.scalar(int(time.time() * 1e6), pa.int64()).cast(UTC_US)
         self.captured.refresh()          # the captured set (bronze.capture_list)
@@ -330,7 +330,7 @@ class Shipper:
         kept = _Kept() if self.on_rows is not None else None
 
         def to_bronze(batch: pa.RecordBatch) -> pa.RecordBatch:
-            self.faults.hit("during_bronze_write")
+            self.switches.hit("during_bronze_write")
             if kept is not None:
                 kept.add(batch)
             return batch
@@ -341,7 +341,7 @@ class Shipper:
                                    int(cfg.chunk_mb * (1 << 20)), bool(self.numbers_as_text)):
                 rows.add(assembler.add(cols))
             summary = assembler.finish()
-            self.faults.hit("after_peek")
+            self.switches.hit("after_peek")
             full = summary.rows >= cfg.upto_nchanges
             if summary.last_lsn is None:
                 return self._done(ShipBatch(0, 0, 0, False, False, time.monotonic() - started,
@@ -349,10 +349,10 @@ class Shipper:
 
             new = Progress(max(progress.commit_lsn, summary.max_commit_lsn or 0),
                            max(progress.end_lsn, summary.last_lsn))
-            if not cfg.guard_on("commit_before_advance"):
+            if not self.switches.on("commit_before_advance"):
                 # Negative control only: acknowledging before storing loses data on a crash.
                 slots.advance(conn, cfg.slot, new.end_lsn)
-                self.faults.hit("after_advance")
+                self.switches.hit("after_advance")
             stored: dict = {}
             if summary.kept:
                 stored = self._commit_changes(rows, summary, progress, new, ack, kept)
@@ -370,9 +370,9 @@ class Shipper:
                     result = self.on_stored(result)
                 # In bronze now: reported even if the advance fails (a reconnect completes it).
                 self._done(result, new)
-                self.faults.hit("after_bronze_commit")
+                self.switches.hit("after_bronze_commit")
             slots.advance(conn, cfg.slot, new.end_lsn)
-            self.faults.hit("after_advance")
+            self.switches.hit("after_advance")
         return self._done(result, new)
 
     def _commit_changes(self, rows: BatchRows, summary: PeekSummary, progress: Progress,

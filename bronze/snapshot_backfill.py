@@ -50,10 +50,10 @@ from bronze.table import numbers_as_text
 from core.config import Config
 from core.engine.api import Engine
 from core.errors import UserError
-from core.faults import FaultPoints
 from core.locks import acquire, shipper_running
 from core.postgres import connect
 from core.progress import ProgressBar
+from core.switches import Switches
 
 log = logging.getLogger("lakecdc.backfill")
 
@@ -160,9 +160,10 @@ class SnapshotBackfill:
         self.stop, self.new_run = stop, new_run
         self.max_ahead, self.timeout_s = max_ahead, timeout_s
         self.key = ",".join(tables)
-        self.bronze = bronze_table(config, storage_options, engine=engine)
+        self.switches = Switches.from_config(config)
+        self.bronze = bronze_table(config, storage_options, engine=engine,
+                                   switches=self.switches)
         self.staging = staging_table(config, engine=engine)
-        self.faults = FaultPoints(config.faults)
 
     # -- state --
 
@@ -274,7 +275,7 @@ class SnapshotBackfill:
                         if not self._wait_emitted(conn, run, next_chunk - 1 - self.max_ahead):
                             return "stopped"
                         low = emit_mark(conn, run, table, next_chunk, "low")
-                        self.faults.hit("after_backfill_low")
+                        self.switches.hit("after_backfill_low")
                         chunk = read_chunk(reader, table, cursor, self.chunk_rows,
                                            source.numbers_as_text)
                         if not chunk.keys:
@@ -284,9 +285,9 @@ class SnapshotBackfill:
                                       chunk.keys[0], chunk.keys[-1], low, chunk.in_progress,
                                       len(chunk.keys)),
                             tables, chunk.keys, chunk.data)
-                        self.faults.hit("after_backfill_stage")
+                        self.switches.hit("after_backfill_stage")
                         emit_mark(conn, run, table, next_chunk, "high")
-                        self.faults.hit("after_backfill_high")
+                        self.switches.hit("after_backfill_high")
                         n = len(chunk.keys)
                         progress.rows += n
                         progress.chunks += 1

@@ -67,6 +67,7 @@ from core.engine.spark_delta import SparkDelta
 from core.errors import UserError
 from core.lsn import fmt
 from core.storage import on_databricks, spark_path
+from core.switches import Switches
 
 log = logging.getLogger("lakecdc.ship")
 
@@ -79,17 +80,19 @@ _RECENT = 50
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
-def bronze_table(config, storage_options: dict | None = None, *, engine: Engine):
+def bronze_table(config, storage_options: dict | None = None, *, engine: Engine,
+                 switches: Switches | None = None):
     """Bronze's table through ``engine``. The one place that chooses by the engine's kind:
     on delta-rs, bronze is written by ``BronzeTable``, whose commits add Parquet files it
     wrote as the peek streamed (memory stays bounded by a chunk, not a transaction) and
     record its progress as several app transactions, which no engine's ``append`` does
-    (``storage_options``: None, the engine's)."""
+    (``storage_options``: None, the engine's; ``switches``: None, the configuration's)."""
     if isinstance(engine, DeltaRs):
         return BronzeTable(config.bronze_path, storage_options if storage_options is not None
                            else engine.storage_options)
     return SparkBronzeTable(config.bronze_path, engine,
-                            skip_replays=config.guard_on("version_check"),
+                            skip_replays=(switches or Switches.from_config(config))
+                            .on("version_check"),
                             budget_bytes=config.memory_budget_mb << 20,
                             spill_dir=config.spill_dir)
 

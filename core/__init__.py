@@ -14,7 +14,7 @@
 - ``commits``: lakecdc's metadata in Delta commits, and delta-rs commits carrying it;
   ``tables``: creating its Delta tables;
 - ``checkpoints``: reading a streaming checkpoint's offsets and commits;
-- ``faults``: named fault points for the kill tests;
+- ``switches``: fault points for the kill tests and guards switched off (negative controls);
 - ``progress``: a progress bar or log line for long counts and copies; ``units``: byte
   sizes for people.
 

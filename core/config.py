@@ -69,7 +69,8 @@ CATALOG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
 WRITERS = ("delta-rs", "spark")
 
 # Guards that tests may switch off on purpose to prove the checker catches the damage
-# (negative controls). Never set this in production.
+# (negative controls). Never set this in production. The stages ask ``Switches.on(guard)``
+# of the object they are handed (core/switches.py), which holds the fault points too.
 # - version_check: bronze's recorded progress decides what is new (drop commit_lsn <= the
 #   recorded version; complete an interrupted advance on start).
 # - commit_before_advance: the slot moves only after the bronze commit.
@@ -185,7 +186,8 @@ class Config:
     # for workspaces where only Spark can reach storage (Unity Catalog external locations).
     # docs/databricks.md, "Which workspace you have".
     writer: str = "delta-rs"
-    # Test hooks: fault points ("name:n,...") and guards switched off (negative controls).
+    # Test hooks: fault points ("name:n,...") and guards switched off (negative controls),
+    # handed to the stages as one object (``core.switches.Switches.from_config``).
     faults: str = ""
     disabled_guards: frozenset[str] = field(default_factory=frozenset)
 
@@ -371,9 +373,6 @@ class Config:
     def kept_minutes(self, group: str) -> int:
         """How many minutes a reader group's tables keep their log and removed files."""
         return dict(self.reader_retention)[group]
-
-    def guard_on(self, guard: str) -> bool:
-        return guard not in self.disabled_guards
 
     def with_(self, **changes) -> "Config":
         return replace(self, **changes)

@@ -70,10 +70,10 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import DeltaError
 
 from core.config import LOG_RETENTION_MINUTES
-from core.faults import FaultPoints
 from core.features import open_table, properties_settable, readable
 from core.protocol_repair import repair_protocol
 from core.storage import WRITE_BUFFER, filesystem, on_databricks, spark_path, under
+from core.switches import NONE, Switches
 
 # Compacted files. Every file under the target is a candidate, so a run rewrites the new
 # small files and at most one partly filled file besides: the target bounds the pause. At
@@ -131,7 +131,7 @@ def maintain_table(name: str, uri: str, storage_options: dict | None = None, *,
                    retention_hours: int, log_retention_minutes: int = LOG_RETENTION_MINUTES,
                    reader_floor: int | None = None, log_floor: int | None = None,
                    target_bytes: int = TARGET_BYTES, now: float | None = None,
-                   faults: FaultPoints | None = None) -> TableReport:
+                   switches: Switches = NONE) -> TableReport:
     """Compact, set the retentions, checkpoint, clean the log and vacuum the table at
     ``uri``.
 
@@ -156,7 +156,7 @@ def maintain_table(name: str, uri: str, storage_options: dict | None = None, *,
         commit_properties=CommitProperties(
             custom_metadata={"lakecdc.operation": MAINTAIN_OPERATION}))
     report.compacted = int(small.get("numFilesRemoved", 0))
-    (faults or FaultPoints()).hit("after_compaction")      # F25: killed between the steps
+    switches.hit("after_compaction")      # F25: killed between the steps
     table.update_incremental()
     unset = _keep_retention(table, uri, log_retention_minutes)
     report.notes += [unset] if unset else []

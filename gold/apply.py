@@ -29,9 +29,9 @@ carried rest (Spark, ``txnAppId``/``txnVersion = b``); (6) return. A replay afte
 anywhere skips what is written and completes the rest (the table there); a writer starting
 folds the steps an earlier one left in ``_deltas`` first (``recover``). Every "is it
 written already" is read from app transactions, which checkpoints carry, never from the
-commits' metadata, which log cleanup deletes (F30). With ``guard=False`` (negative
-controls only) no txn is set on gold and ``_pending`` and (1) and the check of (4) are
-skipped: a replay after (4) counts twice.
+commits' metadata, which log cleanup deletes (F30). With the ``gold_txn`` guard off
+(``Switches(off={"gold_txn"})``, negative controls only) no txn is set on gold and
+``_pending`` and (1) and the check of (4) are skipped: a replay after (4) counts twice.
 
 Limits, stated: one gold writer per table (two concurrent jobs would interleave batch ids);
 a lost or older checkpoint is refused by ``pipelines.run.stream`` rather than replayed blindly.
@@ -57,9 +57,9 @@ from core.commits import commit_metadata as metadata
 from core.config import GOLD_FOLD_SHARE
 from core.engine.api import Engine
 from core.engine.spark_delta import recorded
-from core.faults import FaultPoints
 from core.lsn import fmt
 from core.spark import local_frame
+from core.switches import NONE, Switches
 from gold import deltas as D
 from gold.asof import gold_state, step_app_id, txn_app_id
 from gold.fold import FoldClock, stamped, summed, unfolded
@@ -135,8 +135,8 @@ class GoldBatchWriter:
     see ``gold.asof``).
     ``accept_errors_upto``: parse-error rows with ``commit_lsn <=`` it count 0 instead of
     stopping gold (the operator checked them in quarantine).
-    ``guard=False`` switches the app-transaction protection off (none recorded, none
-    checked): negative controls only.
+    ``switches``: its fault points, and the ``gold_txn`` guard, which off switches the
+    app-transaction protection off (none recorded, none checked): negative controls only.
     ``storage_options``: delta-rs's, for a lakehouse on S3 (``Lakehouse.delta_rs_options``).
     ``engine``: the engine of gold's and ``_deltas``' commits (``gold.writes``; None:
     delta-rs with ``storage_options``); ``step_engine``: ``_deltas``' own, so a fold never
@@ -149,7 +149,7 @@ class GoldBatchWriter:
 
     def __init__(self, paths: GoldPaths, tables: CountedTables = COUNTED, *,
                  floor_lsn: int = 0, epoch: int | None = None, accept_errors_upto: int = 0,
-                 guard: bool = True, faults: FaultPoints | None = None,
+                 switches: Switches = NONE,
                  storage_options: dict | None = None, fold_share: float = GOLD_FOLD_SHARE,
                  engine: Engine | None = None, step_engine: Engine | None = None) -> None:
         self.paths = paths
@@ -165,8 +165,8 @@ class GoldBatchWriter:
         self.epoch = epoch
         self.app_id = txn_app_id(epoch)
         self.accept_errors_upto = accept_errors_upto
-        self.guard = guard
-        self.faults = faults or FaultPoints()
+        self.guard = switches.on("gold_txn")
+        self.switches = switches
         self.clock = FoldClock(fold_share)
         # (version, batch id) of an empty _pending this writer has not written since.
         self._pending_known_empty: tuple[int, int | None] | None = None
@@ -258,11 +258,11 @@ class GoldBatchWriter:
             result["merged_keys"], result["folded"] = self._take_step(plan, batch_id)
             result["merge_seconds"] = time.monotonic() - merging
             result["commit_lsn"] = plan.commit_lsn
-            self.faults.hit("after_gold_merge")
+            self.switches.hit("after_gold_merge")
         if plan.carried or stored:
             self._write_pending(local_frame(spark, plan.carried, D.CONTRIBUTIONS),
                                 batch_id, plan.carried_transactions)
-            self.faults.hit("after_gold_pending")
+            self.switches.hit("after_gold_pending")
         else:                                           # _pending was not written
             self._pending_known_empty = (pending.version, pending.last_batch)
         self._watermark = plan.commit_lsn if plan.applied else watermark
@@ -340,7 +340,7 @@ class GoldBatchWriter:
         if not parts:
             return 0
         merged = self._fold(parts)
-        self.faults.hit("after_gold_fold")
+        self.switches.hit("after_gold_fold")
         return merged
 
     def fold_if_due(self) -> bool:
@@ -375,7 +375,7 @@ class GoldBatchWriter:
     def _fold_in_background(self, parts: list[Step]) -> None:
         try:
             self._fold(parts)
-            self.faults.hit("after_gold_fold")
+            self.switches.hit("after_gold_fold")
         except Exception as exc:   # the next batch reads _deltas again and folds (recover)
             log.warning("folding gold's waiting steps failed; the next batch tries again: %s",
                         exc)

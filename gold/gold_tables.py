@@ -22,10 +22,10 @@ from core.commits import commit_metadata as metadata
 from core.commits import newest
 from core.engine.spark_delta import read_commits, recorded
 from core.errors import UserError
-from core.faults import FaultPoints
 from core.handle import CHECKPOINTS
 from core.layout import GOLD_DELTAS, GOLD_PENDING
 from core.spark_tables import create_table
+from core.switches import NONE, Switches
 from gold import deltas as D
 from gold.asof import APP_ID, REBUILD_APP_ID, SEED_APP_ID, gold_state
 from gold.fold import DELTAS_PROPERTIES, DELTAS_SCHEMA
@@ -92,7 +92,7 @@ def ensure_gold_tables(spark: SparkSession, paths: GoldPaths) -> list[str]:
 
 
 def seed_gold(spark: SparkSession, gold_path: str, counts: DataFrame, commit_lsn: int,
-              commit_ts: datetime | None = None, faults: FaultPoints | None = None) -> bool:
+              commit_ts: datetime | None = None, switches: Switches = NONE) -> bool:
     """Write baseline counts (dims + ``count``) counted at consistent point ``commit_lsn``.
 
     For setup's exported-snapshot baseline. One commit carrying the rows, a txn
@@ -105,7 +105,7 @@ def seed_gold(spark: SparkSession, gold_path: str, counts: DataFrame, commit_lsn
     """
     if not DeltaTable.isDeltaTable(spark, gold_path):
         create_table(spark, gold_path, GOLD_SCHEMA, GOLD_PROPERTIES)
-        (faults or FaultPoints()).hit("after_gold_create")
+        switches.hit("after_gold_create")
     found = recorded(spark, gold_path)
     if found.version_of(SEED_APP_ID) == commit_lsn:
         return False

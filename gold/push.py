@@ -30,9 +30,9 @@ from psycopg import sql
 
 from core.captured import DIMS
 from core.errors import UserError
-from core.faults import FaultPoints
 from core.postgres import Unreachable, connect
 from core.storage import gold_key
+from core.switches import NONE, Switches
 from gold.feed import FeedUnreadable, GoldView, position_of
 from gold.view import gold_view, read_errors
 from gold.view import open_gold as open_gold  # where the tests and callers find it
@@ -79,32 +79,30 @@ def dashboard_tables_exist(conn: psycopg.Connection) -> bool:
 
 
 def push_once(gold_path: str, dashboard_dsn: str, storage_options: dict | None = None, *,
-              version: int | None = None, faults=None, full: bool = False,
-              marks: dict | None = None, fence: bool = True, sole: bool = True,
-              take_over: bool = False, engine=None) -> PushResult:
+              version: int | None = None, switches: Switches = NONE, full: bool = False,
+              marks: dict | None = None, take_over: bool = False, engine=None) -> PushResult:
     """Push gold (at its latest version, or ``version``) to the dashboard; see module doc.
-    ``engine``: what reads gold (``gold.view``; None: delta-rs).
+    ``engine``: what reads gold (``gold.view``; None: delta-rs); ``switches``: the fault
+    points and guards of ``push_table``.
 
     ``full``: replace the dashboard with every gold row even if the feed is readable (after
     a rebuild), still guarded by version. ``marks``: what bronze and silver hold (layer →
     (commit LSN, commit time)), recorded in ``lakecdc_layer_progress`` with gold's and the
     dashboard's. ``take_over``: the dashboard holds another pipeline's counts, which this
-    push replaces (``claim``); ``sole=False`` (the ``sole_dashboard`` guard off) pushes
-    beside them: negative controls only."""
+    push replaces (``claim``); with the ``sole_dashboard`` guard off it pushes beside them:
+    negative controls only."""
     with connect(dashboard_dsn, what="dashboard") as conn:
-        return _push(conn, gold_path, storage_options, version=version, faults=faults,
-                     full=full, marks=marks, fence=fence, sole=sole, take_over=take_over,
-                     engine=engine)
+        return _push(conn, gold_path, storage_options, version=version, switches=switches,
+                     full=full, marks=marks, take_over=take_over, engine=engine)
 
 
 def _push(conn: psycopg.Connection, gold_path: str, storage_options: dict | None, *,
-          version: int | None = None, faults=None, full: bool = False,
-          marks: dict | None = None, fence: bool = True, sole: bool = True,
-          take_over: bool = False, engine=None) -> PushResult:
+          version: int | None = None, switches: Switches = NONE, full: bool = False,
+          marks: dict | None = None, take_over: bool = False, engine=None) -> PushResult:
     started = time.monotonic()
     table = gold_view(gold_path, storage_options, version, engine)
-    result = push_table(conn, table, gold_key(gold_path), faults or FaultPoints(), full, marks,
-                        fence, sole=sole, take_over=take_over)
+    result = push_table(conn, table, gold_key(gold_path), switches, full, marks,
+                        take_over=take_over)
     result = PushResult(**{**result.__dict__, "seconds": time.monotonic() - started})
     if result.pushed:
         log.info("pushed gold version %d (%s push): %d rows upserted, %d deleted, %.2fs",
@@ -119,9 +117,9 @@ def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
              on_result: Callable[[PushResult], None] | None = None,
              wake: threading.Event | None = None,
              marks: Callable[[], dict] | None = None,
-             fence: bool = True, sole: bool = True, engine=None) -> list[PushResult]:
+             switches: Switches = NONE, engine=None) -> list[PushResult]:
     """Push until ``stop`` is set (``once``: a single push). Returns the pushes that wrote.
-    ``engine``: what reads gold (``push_once``).
+    ``engine``, ``switches``: as for ``push_once``.
 
     Pushes every ``interval_s``, and at once whenever ``wake`` is set (the stream sets it
     after each batch: the dashboard follows gold within one push). One connection is kept
@@ -143,8 +141,8 @@ def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
                 if conn is None:
                     conn = connect(dashboard_dsn, what="dashboard")
                 result = _push(conn, gold_path, storage_options,
-                               marks=marks() if marks is not None else None, fence=fence,
-                               sole=sole, engine=engine)
+                               marks=marks() if marks is not None else None,
+                               switches=switches, engine=engine)
             except (psycopg.OperationalError, OSError, Unreachable,
                     *read_errors(engine)) as exc:
                 if conn is not None:
@@ -179,17 +177,18 @@ def gold_position(uri: str, storage_options: dict | None = None, version: int | 
                                        up_to=version))
 
 
-def push_table(conn: psycopg.Connection, table: GoldView, key: str, faults,
-               force_full: bool = False, marks: dict | None = None,
-               fence: bool = True, *, sole: bool = True, take_over: bool = False) -> PushResult:
+def push_table(conn: psycopg.Connection, table: GoldView, key: str,
+               switches: Switches = NONE, force_full: bool = False, marks: dict | None = None,
+               *, take_over: bool = False) -> PushResult:
     """Steps 1-4 of docs/gold.md, "The push", on an open connection (autocommit mode), of
     gold at one version (``gold.view``: delta-rs or Spark); the layer
-    marks are recorded in the same transaction. ``fence=False`` (the ``ahead_fence`` guard
-    off) skips step 2b: negative controls only. ``sole`` and ``take_over``: ``claim``."""
+    marks are recorded in the same transaction. ``switches``: the fault points, and the
+    guards ``ahead_fence`` (off: step 2b skipped) and ``sole_dashboard`` (off: no
+    ``claim``), off in negative controls only. ``take_over``: ``claim``."""
     version, table_id = table.version, table.table_id
     with conn.transaction():
         _lock_progress(conn)
-        if sole:
+        if switches.on("sole_dashboard"):
             claim(conn, key, take_over)
         conn.execute(sql.SQL("INSERT INTO {} (gold_table, gold_version) VALUES (%s, -1) "
                              "ON CONFLICT DO NOTHING").format(sql.Identifier(PROGRESS_TABLE)),
@@ -203,7 +202,8 @@ def push_table(conn: psycopg.Connection, table: GoldView, key: str, faults,
             _record_layers(conn, key, marks or {})
             return PushResult(version, prev_version, pushed=False)
         lsn, ts = table.position()
-        if fence and same_table and not force_full and behind(lsn, prev_lsn):
+        if (switches.on("ahead_fence") and same_table and not force_full
+                and behind(lsn, prev_lsn)):
             # Step 2b: the dashboard is at or ahead of V already (ahead pushes). V is
             # recorded only where the dashboard is exactly at V's watermark, so that the
             # recorded version stays one the dashboard equalled: the next write reads the
@@ -234,7 +234,7 @@ def push_table(conn: psycopg.Connection, table: GoldView, key: str, faults,
         if lsn is None:       # no watermark recorded (old gold): the newest change pushed
             lsn = max([r[5] for r in rows if r[5] is not None] + [prev_lsn or 0]) or None
         _stage(conn, rows, deleted)
-        faults.hit("after_push_stage")
+        switches.hit("after_push_stage")
         upserted, removed = _apply(conn, full, lsn, ts)
         conn.execute(sql.SQL(
             "UPDATE {} SET gold_version = %s, gold_table_id = %s, "
@@ -245,7 +245,7 @@ def push_table(conn: psycopg.Connection, table: GoldView, key: str, faults,
             conn.execute(sql.SQL("DELETE FROM {} WHERE gold_table = %s").format(
                 sql.Identifier(LAYER_TABLE)), [key])
         _record_layers(conn, key, {**(marks or {}), "gold": (lsn, ts), "dashboard": (lsn, ts)})
-    faults.hit("after_push_commit")
+    switches.hit("after_push_commit")
     return PushResult(version, prev_version if same_table else None, pushed=True, full=full,
                       upserted=upserted, deleted=removed, source_commit_lsn=lsn)
 
@@ -285,14 +285,14 @@ def behind(gold_lsn: int | None, dashboard_lsn: int | None) -> bool:
 
 
 def push_ahead(conn: psycopg.Connection, key: str, table_id: str, step,
-               marks: dict | None = None, fence: bool = True) -> bool:
+               marks: dict | None = None, switches: Switches = NONE) -> bool:
     """Add a step of gold (``gold.apply.Planned``) to the dashboard before gold's MERGE
     commits it (docs/gold.md, "Ahead of gold"). ``step`` is the step, or a function of the
     dashboard's watermark (None: it holds no counts of this gold table) that returns one or
     None (``gold.ahead``: the step from there). Returns whether it was added: False when the
     dashboard is not at the step's starting watermark of this gold table (behind, being
-    caught up by ``push_table``; or already past it: a replay). ``fence=False`` (the
-    ``ahead_fence`` guard off) adds it anyway: negative controls only."""
+    caught up by ``push_table``; or already past it: a replay). With the ``ahead_fence``
+    guard off (``switches``) it adds it anyway: negative controls only."""
     with conn.transaction():
         _lock_progress(conn)
         row = conn.execute(sql.SQL(
@@ -302,6 +302,7 @@ def push_ahead(conn: psycopg.Connection, key: str, table_id: str, step,
         at = row[2] if row is not None and row[0] >= 0 and row[1] == table_id else None
         if callable(step):
             step = step(at)
+        fence = switches.on("ahead_fence")
         if step is None or fence and (at is None or at != step.after_lsn):
             return False
         _upsert(conn, step.commit_lsn, step.commit_ts, deltas=step.key_deltas)
@@ -323,11 +324,11 @@ class AheadPush:
 
     def __init__(self, gold_path: str, dashboard_dsn: str,
                  storage_options: dict | None = None,
-                 marks: Callable[[], dict] | None = None, fence: bool = True,
+                 marks: Callable[[], dict] | None = None, switches: Switches = NONE,
                  engine=None) -> None:
         self.gold_path = gold_path
         self.engine = engine            # what reads gold's id (``gold.view``; None: delta-rs)
-        self.fence = fence
+        self.switches = switches        # ``push_ahead``'s
         self.dsn = dashboard_dsn
         self.storage_options = storage_options
         self.marks = marks
@@ -345,7 +346,8 @@ class AheadPush:
             if self._conn is None:
                 self._conn = connect(self.dsn, what="dashboard")
             pushed = push_ahead(self._conn, self.key, self._table_id, step,
-                                self.marks() if self.marks is not None else None, self.fence)
+                                self.marks() if self.marks is not None else None,
+                                self.switches)
         except (psycopg.Error, OSError, Unreachable, UserError,
                 *read_errors(self.engine)) as exc:
             said, self._said = self._said, str(exc)

@@ -25,6 +25,7 @@ from core.captured import COUNTED, CountedTables
 from core.config import GOLD_FOLD_SHARE
 from core.engine.api import Engine
 from core.engine.spark_delta import recorded
+from core.switches import NONE, Switches
 from gold.apply import GoldBatchWriter
 from gold.asof import baseline_of, gold_state, step_app_id, txn_app_id
 from gold.gold_tables import GoldPaths, ensure_gold_tables
@@ -32,15 +33,15 @@ from gold.gold_tables import GoldPaths, ensure_gold_tables
 log = logging.getLogger("lakecdc.gold")
 
 
-def prepare_gold(spark: SparkSession, paths: GoldPaths, faults=None) -> None:
+def prepare_gold(spark: SparkSession, paths: GoldPaths, switches: Switches = NONE) -> None:
     """Create gold, ``_pending`` and ``_deltas`` if absent (``ensure_gold_tables``: its
     refusals). Fault point ``after_gold_create``: created, not seeded yet
     (``pipelines.run.pipeline`` seeds next)."""
     created = ensure_gold_tables(spark, paths)
     for path in created:
         log.info("created %s", path)
-    if paths.gold in created and faults is not None:
-        faults.hit("after_gold_create")
+    if paths.gold in created:
+        switches.hit("after_gold_create")
 
 
 def applied_batch(spark: SparkSession, paths: GoldPaths) -> int | None:
@@ -65,7 +66,7 @@ def applied_batch(spark: SparkSession, paths: GoldPaths) -> int | None:
 
 
 def gold_writer(spark: SparkSession, paths: GoldPaths, *, tables: CountedTables = COUNTED,
-                accept_errors_upto: int = 0, guard: bool = True, faults=None,
+                accept_errors_upto: int = 0, switches: Switches = NONE,
                 storage_options: dict | None = None,
                 fold_share: float = GOLD_FOLD_SHARE, engine: Engine | None = None,
                 step_engine: Engine | None = None) -> GoldBatchWriter:
@@ -75,8 +76,8 @@ def gold_writer(spark: SparkSession, paths: GoldPaths, *, tables: CountedTables 
     state = gold_state(spark, paths.gold)
     writer = GoldBatchWriter(paths, tables, floor_lsn=state.floor if state else 0,
                              epoch=state.epoch if state else None,
-                             accept_errors_upto=accept_errors_upto, guard=guard,
-                             faults=faults, storage_options=storage_options,
+                             accept_errors_upto=accept_errors_upto, switches=switches,
+                             storage_options=storage_options,
                              fold_share=fold_share, engine=engine,
                              step_engine=step_engine)
     writer.recover(spark)

@@ -52,6 +52,7 @@ from core.errors import UserError
 from core.handle import CHECKPOINTS
 from core.layout import QUARANTINE, SILVER, Table
 from core.spark_tables import create_table
+from core.switches import NONE, Switches
 from silver.parse import BRONZE_COLUMNS, parse_table, quarantine_table
 from silver.schema import SILVER_ADDED, SILVER_CHANGES, SILVER_QUARANTINE
 
@@ -117,7 +118,7 @@ class SilverBatch:
 
 class SilverWriter:
     def __init__(self, silver_path: str, quarantine_path: str,
-                 known_tables: Iterable[str], guard: bool = True,
+                 known_tables: Iterable[str], switches: Switches = NONE,
                  counted_tables: Iterable[str] | None = None,
                  refresh_known: Callable[[], Iterable[str]] | None = None,
                  storage_options: dict | None = None, engine: Engine | None = None) -> None:
@@ -130,7 +131,8 @@ class SilverWriter:
         self.refresh_known = refresh_known
         # The tables whose changes must carry id and the dims (``silver.parse``).
         self.counted_tables = None if counted_tables is None else tuple(counted_tables)
-        self.guard = guard      # False: no txn ids (negative controls only)
+        # ``silver_txn`` off: no txn ids (negative controls only).
+        self.guard = switches.on("silver_txn")
         # path -> the newest batch id this writer knows the table holds (read once per
         # process, or again after a failure); a replayed batch is skipped before any write.
         self._written: dict[str, int] = {}
@@ -186,7 +188,7 @@ class SilverWriter:
                 batch_id: int) -> int:
         """Append ``rows`` as batch ``batch_id`` with the app transaction ``(app_id,
         batch_id)``; returns the rows written (0: the table records the batch already).
-        ``guard`` off: no app transaction, nothing skipped."""
+        ``silver_txn`` off: no app transaction, nothing skipped."""
         meta = commit_metadata("silver", batch_id=batch_id, rows=rows.num_rows)
         app = (app_id, batch_id) if self.guard else None
         if self.guard:

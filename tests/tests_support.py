@@ -134,21 +134,23 @@ def stream_paths(lakehouse: Path):
 
 
 def start_bare_stream(spark, paths, known_tables, once: bool = True, *, counted=None,
-                      accept_errors_upto: int = 0, silver_guard: bool = True,
-                      gold_guard: bool = True, faults=None, **start):
+                      accept_errors_upto: int = 0, switches=None, **start):
     """The one-pass stream on bare paths, as ``Pipeline.start_stream`` wires it, without a
-    source (no baseline seed): returns (query, writer)."""
+    source (no baseline seed): returns (query, writer). ``switches``: the fault points and
+    guards switched off every stage is handed (None: none, every guard on)."""
     from core.captured import COUNTED
+    from core.switches import NONE
     from gold.start import gold_writer
     from pipelines.run.stream import SilverGoldWriter, prepare, start_stream
     from silver.writer import SilverWriter
 
-    silver = SilverWriter(paths.silver, paths.quarantine, known_tables, guard=silver_guard,
+    switches = switches or NONE
+    silver = SilverWriter(paths.silver, paths.quarantine, known_tables, switches=switches,
                           counted_tables=(counted or COUNTED).names)
     prepare(spark, paths, silver)
     gold = gold_writer(spark, paths.gold, tables=counted or COUNTED,
-                       accept_errors_upto=accept_errors_upto, guard=gold_guard, faults=faults)
-    writer = SilverGoldWriter(silver, gold, faults)
+                       accept_errors_upto=accept_errors_upto, switches=switches)
+    writer = SilverGoldWriter(silver, gold, switches)
     return start_stream(spark, paths, writer, once, **start), writer
 
 
@@ -221,13 +223,13 @@ class Crash(Exception):
 
 def crash_once_at(monkeypatch, point: str) -> None:
     """The next pass through fault point ``point`` raises ``Crash``; later ones pass."""
-    from core.faults import FaultPoints
+    from core.switches import Switches
 
-    original = FaultPoints.hit
+    original = Switches.hit
 
     def hit(self, name: str) -> None:
         if name == point:
-            monkeypatch.setattr(FaultPoints, "hit", original)
+            monkeypatch.setattr(Switches, "hit", original)
             raise Crash(name)
         original(self, name)
-    monkeypatch.setattr(FaultPoints, "hit", hit)
+    monkeypatch.setattr(Switches, "hit", hit)

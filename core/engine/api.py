@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from core.commits import Commit, Recorded
 from core.maintenance import TableReport, TableSize
+from core.switches import NONE
 
 
 class Engine(Protocol):
@@ -101,9 +102,10 @@ class Engine(Protocol):
     def maintain(self, name: str, path: str, *, retention_hours: int,
                  log_retention_minutes: int, reader_floor: int | None = None,
                  log_floor: int | None = None, now: float | None = None,
-                 faults=None) -> TableReport:
-        """Compact, set the retentions, checkpoint, vacuum and clean the log (``faults``:
-        ``core.faults.FaultPoints`` hit between the steps, where the engine has them)."""
+                 switches=NONE) -> TableReport:
+        """Compact, set the retentions, checkpoint, vacuum and clean the log (``switches``:
+        ``core.switches.Switches``, its fault points hit between the steps, where the engine
+        has them)."""
 
     def clean_log(self, path: str, *, log_retention_minutes: int,
                   log_floor: int | None = None) -> str | None:

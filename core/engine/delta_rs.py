@@ -31,6 +31,7 @@ from core.maintenance import (
     table_size,
 )
 from core.storage import delta_rs_uri
+from core.switches import NONE
 
 
 class DeltaRs:
@@ -177,12 +178,12 @@ class DeltaRs:
     def maintain(self, name: str, path: str, *, retention_hours: int,
                  log_retention_minutes: int, reader_floor: int | None = None,
                  log_floor: int | None = None, now: float | None = None,
-                 target_bytes: int = TARGET_BYTES, faults=None) -> TableReport:
+                 target_bytes: int = TARGET_BYTES, switches=NONE) -> TableReport:
         return maintain_table(name, delta_rs_uri(path), self.storage_options,
                               retention_hours=retention_hours,
                               log_retention_minutes=log_retention_minutes,
                               reader_floor=reader_floor, log_floor=log_floor,
-                              target_bytes=target_bytes, now=now, faults=faults)
+                              target_bytes=target_bytes, now=now, switches=switches)
 
     def clean_log(self, path: str, *, log_retention_minutes: int,
                   log_floor: int | None = None) -> str | None:

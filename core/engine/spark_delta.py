@@ -39,6 +39,7 @@ import pyarrow as pa
 from core.commits import Commit, Recorded, parse_commit_metadata
 from core.maintenance import TableReport, TableSize
 from core.storage import on_databricks, spark_path
+from core.switches import NONE
 
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -227,8 +228,8 @@ class SparkDelta:
     def maintain(self, name: str, path: str, *, retention_hours: int,
                  log_retention_minutes: int, reader_floor: int | None = None,
                  log_floor: int | None = None, now: float | None = None,
-                 target_bytes: int | None = None, faults=None) -> TableReport:
-        """(``faults``: none on this engine's steps.)"""
+                 target_bytes: int | None = None, switches=NONE) -> TableReport:
+        """(``switches``: no fault point on this engine's steps.)"""
         from core.engine.spark_maintenance import maintain_table_spark
 
         extra = {} if target_bytes is None else {"target_bytes": target_bytes}

@@ -41,19 +41,22 @@ from pipelines.run.signals import stop_on_signals
 def ship(ctx, once, metrics_port, **flags):
     """slot → bronze."""
     from bronze.ship import Shipper
+    from core.switches import Switches
     from pipelines.maintain.schedule import Maintainer
     from pipelines.observe.metrics import pipeline_exporter
 
     config = load_config(ctx, **flags)
     engine = command_engine(ctx, config)
-    maintainer = Maintainer(config, "ship", engine=command_engine(ctx, config))
+    switches = Switches.from_config(config)
+    maintainer = Maintainer(config, "ship", engine=command_engine(ctx, config),
+                            switches=switches)
     with pipeline_exporter(config, metrics_port, stage="ship",
                            engine=lambda: command_engine(ctx, config)) as metrics:
         def on_batch(result, progress) -> None:
             if metrics is not None:
                 metrics.on_ship_batch(result, progress)
             maintainer.after_batch()        # bronze, between two of the shipper's commits
-        totals = Shipper(config, on_batch=on_batch, engine=engine).run(
+        totals = Shipper(config, switches, on_batch=on_batch, engine=engine).run(
             once=once, stop=stop_on_signals())
     click.echo(f"shipped {totals.changes} changes in {totals.transactions} transactions "
                f"({totals.commits} bronze commits)")
@@ -120,14 +123,14 @@ def _accepted(text: str | None) -> int | None:
 def push(ctx, once, take_over, wait_s, metrics_port):
     """gold → dashboard Postgres service_stats (JVM-free: delta-rs and psycopg; with
     LAKECDC_WRITER=spark gold is read through Spark)."""
-    from core.faults import FaultPoints
+    from core.switches import Switches
     from gold.push import push_once, run_push
     from pipelines.observe.metrics import pipeline_exporter
 
     config = load_config(ctx)
     gold_path = config.table_path(GOLD)
     engine = command_engine(ctx, config)       # what reads gold (Spark's: a session)
-    sole = config.guard_on("sole_dashboard")
+    switches = Switches.from_config(config)
     stop = stop_on_signals()
     await_input(ctx, "push", wait_s, stop)
     with pipeline_exporter(config, metrics_port, stage="push",
@@ -135,10 +138,10 @@ def push(ctx, once, take_over, wait_s, metrics_port):
         on_result = metrics.on_push if metrics is not None else None
         if not once and not take_over:
             run_push(gold_path, config.dashboard, stop, interval_s=0.5,
-                     on_result=on_result, sole=sole, engine=engine)
+                     on_result=on_result, switches=switches, engine=engine)
             return
-        result = push_once(gold_path, config.dashboard, faults=FaultPoints(config.faults),
-                           sole=sole, take_over=take_over, engine=engine)
+        result = push_once(gold_path, config.dashboard, switches=switches,
+                           take_over=take_over, engine=engine)
         if on_result is not None:
             on_result(result)
     click.echo(f"push: gold version {result.gold_version}"

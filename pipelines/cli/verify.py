@@ -76,7 +76,7 @@ def quality(ctx, suites, all_silver, full, as_json):
                         all_silver=all_silver, full=full,
                         state_path=spark_path(state_path, on_databricks()))
     maintain([Maintained("quality", state_path, config.log_retention_minutes)],
-             config)    # its one writer
+             config, switches=pipeline.switches)    # its one writer
     click.echo(to_json(results) if as_json else render(results))
     if not all(r.success for r in results):
         raise DriftFound(summary(results))

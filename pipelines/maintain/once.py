@@ -21,6 +21,7 @@ from core.layout import GOLD
 from core.locks import exclusive, gold_lock_name, mirrors_lock_name, ship_lock_name
 from core.maintenance import TableReport
 from core.storage import Lakehouse
+from core.switches import Switches
 from pipelines.maintain.owners import GROUPS, tables_of
 from pipelines.maintain.schedule import maintain
 from pipelines.setup.capture import captured_tables
@@ -44,6 +45,7 @@ def maintain_once(config: Config, engine: Engine | None = None) -> list[TableRep
 
         engine = engine_for(config)
     options = Lakehouse.from_config(config).delta_rs_options()
+    switches = Switches.from_config(config)
     reports: list[TableReport] = []
     for group in GROUPS:
         # The stored set's tables (a ``tables add`` one too), as the mirrors' query keeps them.
@@ -55,7 +57,7 @@ def maintain_once(config: Config, engine: Engine | None = None) -> list[TableRep
         running = f"passed over: its writer ({group}) is running and maintains it."
         try:
             with exclusive(dsn, lock, running, what=what):
-                reports += maintain(tables, config, engine=engine)
+                reports += maintain(tables, config, engine, switches)
         except UserError as exc:
             if not str(exc).startswith(running):
                 raise

@@ -24,18 +24,20 @@ from typing import Callable, ContextManager
 
 from core.config import LOG_CLEAN_INTERVAL_S, Config
 from core.engine.api import Engine
-from core.faults import FaultPoints
 from core.maintenance import TableReport
+from core.switches import Switches
 from pipelines.maintain.owners import Maintained, tables_of
 
 log = logging.getLogger("lakecdc.maintain")
 
 
-def maintain(tables: list[Maintained], config: Config,
-             engine: Engine | None = None) -> list[TableReport]:
+def maintain(tables: list[Maintained], config: Config, engine: Engine | None = None,
+             switches: Switches | None = None) -> list[TableReport]:
     """Maintain each of ``tables`` now (the caller is their writer, or holds its lock),
-    with ``engine`` (None: the configuration's, ``core.engine.choose.engine_for``)."""
+    with ``engine`` (None: the configuration's, ``core.engine.choose.engine_for``) and
+    ``switches`` (None: the configuration's, ``Switches.from_config``)."""
     engine = _engine(config, engine)
+    switches = switches or Switches.from_config(config)
     reports = []
     for table in tables:
         # Files removed from a table are kept as long as its log, in whole hours (time
@@ -44,20 +46,21 @@ def maintain(tables: list[Maintained], config: Config,
         reports.append(engine.maintain(
             table.name, table.uri, retention_hours=retention_hours,
             log_retention_minutes=table.log_retention_minutes,
-            reader_floor=_position(table, config, engine),
-            log_floor=_position(table, config, engine, True),
-            faults=FaultPoints(config.faults)))
+            reader_floor=_position(table, switches, engine),
+            log_floor=_position(table, switches, engine, True),
+            switches=switches))
     return reports
 
 
-def clean_logs(tables: list[Maintained], config: Config,
-               engine: Engine | None = None) -> None:
+def clean_logs(tables: list[Maintained], config: Config, engine: Engine | None = None,
+               switches: Switches | None = None) -> None:
     """Clean the expired log of each of ``tables`` now (``Engine.clean_log``; ``engine``
-    as for ``maintain``)."""
+    and ``switches`` as for ``maintain``)."""
     engine = _engine(config, engine)
+    switches = switches or Switches.from_config(config)
     for table in tables:
         note = engine.clean_log(table.uri, log_retention_minutes=table.log_retention_minutes,
-                                log_floor=_position(table, config, engine, True))
+                                log_floor=_position(table, switches, engine, True))
         if note:
             log.info("%s: %s", table.name, note)
 
@@ -70,18 +73,18 @@ def _engine(config: Config, engine: Engine | None) -> Engine:
     return engine_for(config)
 
 
-def _watched(table: Maintained, config: Config) -> bool:
+def _watched(table: Maintained, switches: Switches) -> bool:
     """Whether the stream reading the table holds back its vacuum and log cleanup
     (``core.maintenance``); the guard is off only in a negative control
     (docs/reliability.md, F17)."""
-    return table.reader is not None and config.guard_on("reader_floor")
+    return table.reader is not None and switches.on("reader_floor")
 
 
-def _position(table: Maintained, config: Config, engine: Engine,
+def _position(table: Maintained, switches: Switches, engine: Engine,
               replayed: bool = False) -> int | None:
     """Where the table's stream is (``Engine.stream_position``; ``replayed``: where it
     restarts); None when unwatched."""
-    if not _watched(table, config):
+    if not _watched(table, switches):
         return None
     return engine.stream_position(table.reader, replayed=replayed)
 
@@ -96,8 +99,9 @@ class Maintainer:
                  mirrored: Callable[[], tuple[str, ...]] = tuple,
                  clock: Callable[[], float] = time.monotonic,
                  exclusive: Callable[[], ContextManager] = nullcontext,
-                 engine: Engine | None = None) -> None:
+                 engine: Engine | None = None, switches: Switches | None = None) -> None:
         self.config = config
+        self.switches = switches or Switches.from_config(config)
         self._engine = engine            # the writer's (``maintain``; None: made when due)
         self.group = group
         self.mirrored = mirrored
@@ -133,7 +137,7 @@ class Maintainer:
         try:
             tables = tables_of(self.config, self.group, self.mirrored())
             with self.exclusive():
-                reports = maintain(tables, self.config, engine=self.engine)
+                reports = maintain(tables, self.config, self.engine, self.switches)
         except Exception as exc:
             log.warning("maintenance of the %s tables failed, tried again in %.0fs: %s",
                         self.group, self.config.maintain_interval_s, exc)
@@ -149,7 +153,7 @@ class Maintainer:
         try:
             tables = tables_of(self.config, self.group, self.mirrored())
             with self.exclusive():
-                clean_logs(tables, self.config, engine=self.engine)
+                clean_logs(tables, self.config, self.engine, self.switches)
         except Exception as exc:
             log.warning("cleaning the %s tables' logs failed, tried again in %.0fs: %s",
                         self.group, LOG_CLEAN_INTERVAL_S, exc)

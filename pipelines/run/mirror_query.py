@@ -19,11 +19,11 @@ from pyspark.sql.streaming import StreamingQuery
 from core.checkpoints import remove_checkpoint, source_table_ids
 from core.commits import commit_metadata
 from core.errors import UserError
-from core.faults import FaultPoints
 from core.layout import MIRROR_CHECKPOINT, mirror_baseline_path, mirror_path
 from core.lsn import fmt
 from core.postgres import connect
 from core.storage import on_databricks, spark_path
+from core.switches import NONE, Switches
 from pipelines.source.mirror_baseline import baseline_point
 from pipelines.source.mirror_specs import table_specs
 from silver.mirrors.merge import q
@@ -42,13 +42,15 @@ BATCH_BYTES = "8m"
 
 
 def prepare_mirrors(spark: SparkSession, config, storage_options: dict | None = None,
-                    store=None) -> tuple[dict[str, str], dict[str, int]]:
+                    store=None, switches: Switches | None = None
+                    ) -> tuple[dict[str, str], dict[str, int]]:
     """Create the mirror of every captured table that has none (its columns and key from
     the source's catalog) and start each from its initial rows (``seed_mirror``). Returns
     schema.table → Spark path of every mirror kept, and → its floor: the LSN of the rows it
     started from (its changes below it are in them). A table without a key
     (``REPLICA IDENTITY FULL`` and no primary key) gets no mirror. ``store``: how the
-    mirrors are read (``silver.mirrors.store``; None: the configuration's engine's)."""
+    mirrors are read (``silver.mirrors.store``; None: the configuration's engine's);
+    ``switches``: the fault points (None: the configuration's)."""
     from delta.tables import DeltaTable
 
     paths = {t: spark_path(mirror_path(config.lakehouse, t), on_databricks())
@@ -64,14 +66,15 @@ def prepare_mirrors(spark: SparkSession, config, storage_options: dict | None = 
                     continue
                 create_mirror(spark, paths[spec.name], spec, config.kept_minutes("mirrors"))
     store = store or _store(config, spark, storage_options)
-    faults = FaultPoints(config.faults)
-    floors = {t: seed_mirror(spark, config.lakehouse, t, p, storage_options, store, faults)
+    switches = switches or Switches.from_config(config)
+    floors = {t: seed_mirror(spark, config.lakehouse, t, p, storage_options, store, switches)
               for t, p in paths.items()}
     return paths, floors
 
 
 def mirror_discovery(spark: SparkSession, config, storage_options: dict | None = None,
-                     store=None) -> Callable[[str], str | None]:
+                     store=None, switches: Switches | None = None
+                     ) -> Callable[[str], str | None]:
     """For ``MirrorWriter``: the mirror of a table first seen in a batch - captured by
     ``lakecdc tables add`` while the query runs - created then (no initial rows: its rows
     arrive as the backfill's reads). None for a table that is not to be mirrored."""
@@ -85,7 +88,7 @@ def mirror_discovery(spark: SparkSession, config, storage_options: dict | None =
         if table not in captured_tables(config, storage_options, engine=store.engine):
             return None
         paths, _ = prepare_mirrors(spark, config.with_(tables=(table,)), storage_options,
-                                   store)
+                                   store, switches)
         return paths.get(table)
     return discover
 
@@ -100,8 +103,7 @@ def _store(config, spark: SparkSession, storage_options: dict | None):
 
 
 def seed_mirror(spark: SparkSession, lakehouse: str, table: str, path: str,
-                storage_options: dict | None, store, faults: FaultPoints | None = None
-                ) -> int:
+                storage_options: dict | None, store, switches: Switches = NONE) -> int:
     """Replace the mirror's rows with ``table``'s initial rows
     (``pipelines.source.mirror_baseline``) unless it already holds them; returns its floor
     (0: no initial rows).
@@ -129,7 +131,7 @@ def seed_mirror(spark: SparkSession, lakehouse: str, table: str, path: str,
         (typed_rows.write.format("delta").mode("overwrite")
          .option("txnAppId", SEED_APP_ID).option("txnVersion", point)
          .option("userMetadata", commit_metadata("mirror", seed=point)).save(path))
-    (faults or FaultPoints()).hit("after_mirror_seed")
+    switches.hit("after_mirror_seed")
     log.info("mirror of %s: started from its initial rows at %s", table, fmt(point))
     return point
 

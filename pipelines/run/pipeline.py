@@ -23,9 +23,9 @@ from bronze.ship import Shipper
 from core.config import Config
 from core.engine.api import Engine
 from core.engine.choose import start_engine
-from core.faults import FaultPoints
 from core.layout import GOLD, GOLD_DELTAS, GOLD_PENDING, STREAM_CHECKPOINT, Table
 from core.spark import low_latency, require_classic
+from core.switches import Switches
 from gold.ahead import ShipAhead
 from gold.gold_tables import GoldPaths
 from gold.push import AheadPush, push_once, run_push
@@ -109,7 +109,8 @@ class Pipeline:
         # The push runs after every stream batch; this is only how often it also looks by
         # itself (a gold written by another process, a dashboard back after an outage).
         self.push_interval_s = push_interval_s
-        self.faults = FaultPoints(config.faults)
+        # Fault points and guards switched off (test hooks), handed to every stage.
+        self.switches = Switches.from_config(config)
         self._gold_locked = False
         self._mirrors_locked = False
         self.marks = LayerProgress()
@@ -159,7 +160,7 @@ class Pipeline:
         from gold.gold_tables import holds_counts, seed_gold
         from pipelines.source.baseline import read_baseline
 
-        self.faults.hit("before_gold_seed")
+        self.switches.hit("before_gold_seed")
         baseline = read_baseline(self.config.baseline_path, engine=self.engine())
         if baseline is None or holds_counts(self.spark, self.where.gold):
             return False
@@ -167,8 +168,8 @@ class Pipeline:
         frame = self.spark.createDataFrame(counts.to_pylist(), schema=", ".join(
             [f"{c} string" for c in counts.column_names[:-1]] + ["count bigint"]))
         seeded = seed_gold(self.spark, self.where.gold, frame, commit_lsn,
-                           faults=self.faults)
-        self.faults.hit("after_gold_seed")
+                           switches=self.switches)
+        self.switches.hit("after_gold_seed")
         return seeded
 
     def require_no_gap(self) -> None:
@@ -239,25 +240,25 @@ class Pipeline:
         silver = SilverWriter(paths.silver, paths.quarantine, self.config.tables,
                               refresh_known=known_tables(self.config, self._delta_rs_options,
                                                          engine=self.engine()),
-                              guard=self.config.guard_on("silver_txn"),
+                              switches=self.switches,
                               counted_tables=self.config.counted.names,
                               storage_options=self._delta_rs_options,
                               engine=self.engine())
         self._observe_streams()
-        prepare(self.spark, paths, silver, self.faults)
+        prepare(self.spark, paths, silver, self.switches)
         self.seed_gold_from_baseline()
         self.require_no_gap()
         gold = gold_writer(self.spark, paths.gold, tables=self.config.counted,
                            accept_errors_upto=accept_errors_upto or 0,
-                           guard=self.config.guard_on("gold_txn"), faults=self.faults,
+                           switches=self.switches,
                            storage_options=self._delta_rs_options,
                            fold_share=self.config.gold_fold_share, engine=self.engine())
         callbacks = [self.marks.on_pass, *self.on_pass, *(on_pass or []),
                      Maintainer(self.config, "stream", exclusive=gold.paused,
-                                engine=self.engine()).after_batch]
+                                engine=self.engine(), switches=self.switches).after_batch]
         if self.metrics is not None:
             callbacks.append(self.metrics.on_pass)
-        writer = SilverGoldWriter(silver, gold, self.faults, callbacks, ahead)
+        writer = SilverGoldWriter(silver, gold, self.switches, callbacks, ahead)
         query = start_stream(self.spark, paths,
                              writer if behind is None else behind.holding("stream", writer), once,
                              trigger_interval=self.trigger_interval,
@@ -278,15 +279,14 @@ class Pipeline:
     def push(self, once: bool, stop: threading.Event | None = None,
              wake: threading.Event | None = None):
         if once:
-            result = push_once(self.where.gold, self.config.dashboard, faults=self.faults,
-                               marks=self.marks.snapshot(), fence=self._fence,
-                               sole=self._sole, engine=self.engine())
+            result = push_once(self.where.gold, self.config.dashboard, switches=self.switches,
+                               marks=self.marks.snapshot(), engine=self.engine())
             if self.metrics is not None:
                 self.metrics.on_push(result)
             return result
         return run_push(self.where.gold, self.config.dashboard, stop or threading.Event(),
                         interval_s=self.push_interval_s, wake=wake,
-                        marks=self.marks.snapshot, fence=self._fence, sole=self._sole,
+                        marks=self.marks.snapshot, switches=self.switches,
                         engine=self.engine(),
                         on_result=self.metrics.on_push if self.metrics is not None else None)
 
@@ -313,27 +313,28 @@ class Pipeline:
         options = self._delta_rs_options
         engine = self.engine()          # the mirrors' writer's, its markers' and its reads'
         store = mirror_store(engine=engine, storage_options=options,
-                             guard=self.config.guard_on("mirror_txn"),
+                             switches=self.switches,
                              merge_s=self.config.mirror_merge_s,
                              log_retention_minutes=self.config.log_retention_minutes)
         config = self.config.with_(tables=captured_tables(self.config, options, engine=engine))
-        paths, floors = prepare_mirrors(self.spark, config, options, store)
+        paths, floors = prepare_mirrors(self.spark, config, options, store, self.switches)
         progress = MirrorProgress(self.config.dashboard, gold_key(self.where.gold))
         writer = MirrorWriter(paths, accept_errors_upto or 0, floors,
-                              discover=mirror_discovery(self.spark, self.config, options, store),
+                              discover=mirror_discovery(self.spark, self.config, options, store,
+                                                        self.switches),
                               on_marker=record_marker(self.config.lakehouse, engine=engine),
-                              faults=self.faults, storage_options=options,
+                              switches=self.switches, storage_options=options,
                               on_complete=progress.record, on_finish=progress.close,
                               store=store, **(dict(
                                   loading=loading_tables(self.config, options, engine),
                                   held=held_changes(self.spark, self.where.silver.silver_path))
-                                  if self.config.guard_on("mirror_replay") else {}))
+                                  if self.switches.on("mirror_replay") else {}))
         writer.after_batch = Maintainer(self.config, "mirrors",
                                         mirrored=lambda: tuple(
                                             t for t in writer.paths
                                             if t not in writer.now_loading),
-                                        exclusive=store.paused,
-                                        engine=self.engine()).after_batch
+                                        exclusive=store.paused, engine=self.engine(),
+                                        switches=self.switches).after_batch
         query = start_mirrors(self.spark, self.where.silver.silver_path,
                               checkpoint_path(self.config),
                               writer if behind is None else behind.holding("mirrors", writer),
@@ -348,14 +349,6 @@ class Pipeline:
         with self.mirrors_lock():
             query, writer = self.start_mirrors(once, accept_errors_upto)
             return await_stream(query, writer, stop)
-
-    @property
-    def _fence(self) -> bool:
-        return self.config.guard_on("ahead_fence")
-
-    @property
-    def _sole(self) -> bool:
-        return self.config.guard_on("sole_dashboard")
 
     # --- all stages -----------------------------------------------------------------------
 
@@ -469,7 +462,7 @@ class Pipeline:
 
     def _ahead_push(self) -> AheadPush:
         return AheadPush(self.where.gold, self.config.dashboard, marks=self.marks.snapshot,
-                         fence=self._fence, engine=self.engine())
+                         switches=self.switches, engine=self.engine())
 
     def ship_ahead(self) -> ShipAhead:
         """Shipper batches' steps for the dashboard (``gold.ahead``)."""

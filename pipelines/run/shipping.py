@@ -26,7 +26,8 @@ def wired_shipper(pipeline, ahead: ShipAhead | None = None,
     a catch-up the dashboard follows: a full peek, after one that was not (a catch-up's start) or
     whose step the dashboard took. The shipper then peeks on meanwhile, and ``behind`` holds the
     stream's and the mirrors' batches until a peek is not full or a step not taken."""
-    maintainer = Maintainer(pipeline.config, "ship", engine=pipeline.engine())
+    maintainer = Maintainer(pipeline.config, "ship", engine=pipeline.engine(),
+                            switches=pipeline.switches)
     config = pipeline.config if ahead is None else pipeline.config.with_(
         upto_nchanges=min(pipeline.config.upto_nchanges, FOLLOWED_PEEK))
     last_full = [False]             # the shipper's previous batch's peek was full
@@ -38,7 +39,7 @@ def wired_shipper(pipeline, ahead: ShipAhead | None = None,
         except Exception:               # the stream's step, or the push loop, follows
             log.warning("a shipper batch was not pushed ahead", exc_info=True)
             return False
-        pipeline.faults.hit("after_ship_ahead")
+        pipeline.switches.hit("after_ship_ahead")
         return True
 
     def on_stored(result):
@@ -80,6 +81,6 @@ def wired_shipper(pipeline, ahead: ShipAhead | None = None,
             except Exception:            # an observer never fails the shipper
                 log.warning("a ship callback failed", exc_info=True)
         maintainer.after_batch()        # bronze, between two of the shipper's commits
-    return Shipper(config, on_batch=on_batch, engine=pipeline.engine(),
+    return Shipper(config, pipeline.switches, on_batch=on_batch, engine=pipeline.engine(),
                    **(dict(on_rows=on_rows, on_stored=on_stored)
                       if ahead is not None else {}))

@@ -47,8 +47,8 @@ from pyspark.sql.streaming import StreamingQuery
 from core.checkpoints import has_metadata, latest_planned_batch, remove_incomplete_writes
 from core.config import STREAM_TRIGGER_S
 from core.errors import UserError
-from core.faults import FaultPoints
 from core.layout import STREAM_QUERY
+from core.switches import NONE, Switches
 from gold.apply import GoldBatch, GoldBatchWriter, Planned
 from gold.deltas import REBUILD
 from gold.gold_tables import GoldPaths
@@ -120,13 +120,13 @@ class SilverGoldWriter:
     the CLI as its one sentence. ``on_pass`` callbacks never fail a batch, nor does
     ``ahead`` (it reports its own problems and returns)."""
 
-    def __init__(self, silver: SilverWriter, gold: GoldBatchWriter, faults=None,
+    def __init__(self, silver: SilverWriter, gold: GoldBatchWriter, switches: Switches = NONE,
                  on_pass: list[Callable[[PassResult], None]] | None = None,
                  ahead: Callable[[Planned], object] | None = None) -> None:
         self.silver = silver
         self.gold = gold
         self.ahead = ahead
-        self.faults = faults or FaultPoints()
+        self.switches = switches
         self.on_pass = list(on_pass or [])
         self.run = StreamRun()
         self.failure: BaseException | None = None
@@ -200,7 +200,7 @@ class SilverGoldWriter:
             begun = time.monotonic()
             if self._push_ahead(step):
                 ahead_done.append(time.monotonic())
-                self.faults.hit("after_ahead_push")
+                self.switches.hit("after_ahead_push")
             ahead_seconds.append(time.monotonic() - begun)
 
         def plan(step: Planned) -> None:
@@ -232,7 +232,7 @@ class SilverGoldWriter:
             parse_seconds = time.monotonic() - started
             written = self.silver.append(spark, parsed, batch_id)
             silver_seconds = time.monotonic() - started
-            self.faults.hit("after_silver_append")
+            self.switches.hit("after_silver_append")
         finally:
             thread.join()
             for pusher in pushes:
@@ -260,14 +260,14 @@ class StreamPaths:
 
 
 def prepare(spark: SparkSession, paths: StreamPaths, silver: SilverWriter,
-            faults=None) -> None:
+            switches: Switches = NONE) -> None:
     """Everything the stream needs before it starts, and the refusals that keep it exact."""
     from delta.tables import DeltaTable
 
     if not DeltaTable.isDeltaTable(spark, paths.bronze):
         raise UserError(f"no bronze table at {paths.bronze}: run `lakecdc setup` first.")
     silver.prepare(spark)
-    prepare_gold(spark, paths.gold, faults)
+    prepare_gold(spark, paths.gold, switches)
     check_checkpoint(spark, paths)
     remove_incomplete_writes(spark, paths.checkpoint)    # a kill mid-write must not wedge it
 

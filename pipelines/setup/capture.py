@@ -52,12 +52,12 @@ from core.config import TABLE_NAME, Config
 from core.engine.api import Engine
 from core.engine.choose import start_engine
 from core.errors import UserError
-from core.faults import FaultPoints
 from core.layout import GOLD, mirror_path
 from core.locks import locked, shipper_running
 from core.lsn import fmt
 from core.postgres import connect
 from core.storage import gold_key, on_databricks, spark_path
+from core.switches import Switches
 from gold.push import MIRRORS_LAYER, read_layer
 from pipelines.setup.mirror_loader import (
     DEFAULT_CHUNK_ROWS,
@@ -128,11 +128,12 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
     from pipelines.setup.register import names_session
 
     engine = start_engine(config, spark_factory)
+    switches = Switches.from_config(config)
     spark = names_session(config, spark_factory, (table,), "tables add")
     registered = None
     stop = stop or threading.Event()
     store = CaptureList(config.lakehouse, storage_options, engine=engine)
-    bronze = bronze_table(config, storage_options, engine=engine)
+    bronze = bronze_table(config, storage_options, engine=engine, switches=switches)
     if not bronze.exists():
         raise UserError(f"no bronze table at {config.bronze_path}: run `lakecdc setup` first.")
     started = time.monotonic()
@@ -150,10 +151,10 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
         if states.get(table) != SNAPSHOTTING:
             states[table] = SNAPSHOTTING
             stored = store.write(states, stored)
-            FaultPoints(config.faults).hit("after_capture_stored")
+            switches.hit("after_capture_stored")
         assert stored is not None
         at = (_wait_acknowledged(conn, config, bronze, stored.version, stop, timeout_s)
-              if config.guard_on("capture_ack") else _bronze_at(config, bronze))
+              if switches.on("capture_ack") else _bronze_at(config, bronze))
         if at is None:
             return (f"{table}: stopped before the shipper took it up; "
                     f"rerun `lakecdc tables add {table}`.")
@@ -166,7 +167,7 @@ def add_table(config: Config, name: str, storage_options: dict | None = None,
             run = int(stored.since(table).timestamp() * 1e6)
             report = load_mirror(config.require_source(), target, run, at + 1,
                                  chunk_rows=chunk_rows, stop=stop,
-                                 faults=FaultPoints(config.faults),
+                                 switches=switches,
                                  session=lambda: typing_session(config, spark, spark_factory),
                                  numbers_as_text=text)
             if not report.complete:

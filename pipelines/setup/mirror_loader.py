@@ -47,9 +47,9 @@ from core.commits import Commit, commit_metadata
 from core.config import READER_RETENTION_MINUTES
 from core.engine.api import Engine
 from core.errors import UserError
-from core.faults import FaultPoints
 from core.postgres import connect, table_rows
 from core.progress import ProgressBar
+from core.switches import NONE, Switches
 from silver.mirrors.chunk_load import (
     READ_SETTINGS,
     chunk_copy,
@@ -170,7 +170,7 @@ class MirrorTarget:
 
 def load_mirror(dsn: str, target: MirrorTarget, run: int, floor: int, *,
                 chunk_rows: int = DEFAULT_CHUNK_ROWS, stop: threading.Event | None = None,
-                faults: FaultPoints | None = None,
+                switches: Switches = NONE,
                 session: Callable[[], object] | None = None,
                 numbers_as_text: bool = False) -> LoadReport:
     """Load ``target``'s table into it (see the module's text), or go on with load ``run``
@@ -181,7 +181,6 @@ def load_mirror(dsn: str, target: MirrorTarget, run: int, floor: int, *,
     ±Infinity is loaded as the change stream gives it (``bronze.table.numbers_as_text``)."""
     started = time.monotonic()
     stop = stop or threading.Event()
-    faults = faults or FaultPoints()
     spec = target.spec
     target.ensure()
     state = load_state(target.history(), run)
@@ -229,7 +228,7 @@ def load_mirror(dsn: str, target: MirrorTarget, run: int, floor: int, *,
                 target.write(data, commit_metadata("mirror", load=run, chunk=chunks, after=end,
                                                    floor=floor, rows=rows, **done),
                              overwrite=chunks == 1, app=(LOAD_APP_ID, floor) if complete else None)
-                faults.hit("after_mirror_loaded" if complete else "after_mirror_chunk")
+                switches.hit("after_mirror_loaded" if complete else "after_mirror_chunk")
                 shown(data.num_rows)
         finally:
             halt.set()

@@ -52,11 +52,11 @@ from bronze.table import (
 from core.config import Config
 from core.engine.api import Engine
 from core.errors import UserError, first_line
-from core.faults import FaultPoints
 from core.layout import mirror_path
 from core.lsn import fmt
 from core.postgres import connect
 from core.storage import Lakehouse
+from core.switches import Switches
 from gold.push import ensure_dashboard_tables
 from pipelines.setup.capture import captured_tables
 from pipelines.source.baseline import count_in_snapshot, write_baseline
@@ -271,12 +271,13 @@ def _load_mirrors(config: Config, keyed: tuple[str, ...], floor: int,
         stored = store.write({**states, **dict.fromkeys(loading, SNAPSHOTTING)}, stored)
     with connect(config.require_source(), what="source") as conn:
         specs = table_specs(conn, loading)
+    switches = Switches.from_config(config)
     for spec in specs:
         target = MirrorTarget(mirror_path(config.lakehouse, spec.name), spec, engine=engine,
                               log_retention_minutes=config.kept_minutes("mirrors"))
         done = load_mirror(config.require_source(), target,
                            int(stored.since(spec.name).timestamp() * 1e6), floor,
-                           faults=FaultPoints(config.faults),
+                           switches=switches,
                            session=lambda: typing_session(config,
                                                           spark_factory=spark_factory),
                            numbers_as_text=numbers_as_text)

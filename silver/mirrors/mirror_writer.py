@@ -62,9 +62,9 @@ from pyspark.sql.types import (
 from core.commits import commit_metadata
 from core.config import READER_RETENTION_MINUTES
 from core.errors import UserError
-from core.faults import FaultPoints
 from core.lsn import fmt
 from core.spark_tables import create_table
+from core.switches import NONE, Switches
 from silver.mirrors.arrow_types import arrow_typed
 from silver.mirrors.merge import APP_ID, PARTS, MergeJob, q, txn_app_id
 from silver.mirrors.mirror_table import (
@@ -243,7 +243,7 @@ class MirrorWriter:
                  floors: dict[str, int] | None = None,
                  discover: Callable[[str], str | None] | None = None,
                  on_marker: Callable[[int, int], None] | None = None,
-                 faults: FaultPoints | None = None,
+                 switches: Switches = NONE,
                  storage_options: dict | None = None,
                  after_batch: Callable[[], object] | None = None,
                  on_complete: Callable[[int, object], None] | None = None,
@@ -274,7 +274,7 @@ class MirrorWriter:
         # (``pipelines.maintain``), between two batches of their only writer.
         self.after_batch = after_batch
         self.storage_options = storage_options       # delta-rs's, for a lakehouse on S3
-        self.faults = faults or FaultPoints()
+        self.switches = switches
         # Called with (LSN, batch id) of the newest verify marker of a batch once every
         # mirror holds that batch (``pipelines.verify.mirror_check``).
         self.on_marker = on_marker
@@ -488,7 +488,7 @@ class MirrorWriter:
         merged = self.store.merge(MergeJob(path, batch_id * PARTS + part, meta, source, key,
                                            types, truncate, plain, self._app))
         if merged:
-            self.faults.hit("after_mirror_merge")
+            self.switches.hit("after_mirror_merge")
         if "replayed" in held:
             # After the MERGE (or its replay, skipped): a kill between the two replays the
             # batch, whose MERGE is then skipped and this recorded.

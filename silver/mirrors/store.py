@@ -37,11 +37,12 @@ from __future__ import annotations
 
 from core.config import LOG_RETENTION_MINUTES
 from core.engine.delta_rs import DeltaRs
+from core.switches import NONE, Switches
 from silver.mirrors.store_rs import RsMirrors
 from silver.mirrors.store_spark import SparkMirrors
 
 
-def mirror_store(engine=None, storage_options: dict | None = None, guard: bool = True,
+def mirror_store(engine=None, storage_options: dict | None = None, switches: Switches = NONE,
                  merge_s: float = float("inf"),
                  log_retention_minutes: int = LOG_RETENTION_MINUTES):
     """The mirrors' store over ``engine`` (None: delta-rs with ``storage_options``).
@@ -51,6 +52,6 @@ def mirror_store(engine=None, storage_options: dict | None = None, guard: bool =
     batches into it, its log kept ``log_retention_minutes``), which needs delta-rs's
     handles; Spark's MERGEs every batch into the mirror's table."""
     if engine is None or isinstance(engine, DeltaRs):
-        return RsMirrors(storage_options, guard, merge_s, log_retention_minutes,
+        return RsMirrors(storage_options, switches, merge_s, log_retention_minutes,
                          engine=engine)
-    return SparkMirrors(engine, guard)
+    return SparkMirrors(engine, switches)

@@ -22,6 +22,7 @@ from core.config import LOG_RETENTION_MINUTES
 from core.engine.delta_rs import DeltaRs, merge_recorded, rs_commit
 from core.handle import WriterHandle
 from core.storage import delta_rs_uri
+from core.switches import NONE, Switches
 from silver.mirrors.merge import (
     HISTORY,
     MergeJob,
@@ -124,7 +125,7 @@ class RsMirrors:
     callers that read or write beside the mirrors (``engine`` of every store); the MERGEs
     and the tails use handles of their own."""
 
-    def __init__(self, storage_options: dict | None = None, guard: bool = True,
+    def __init__(self, storage_options: dict | None = None, switches: Switches = NONE,
                  merge_s: float = float("inf"),
                  log_retention_minutes: int = LOG_RETENTION_MINUTES,
                  engine: DeltaRs | None = None) -> None:
@@ -132,7 +133,7 @@ class RsMirrors:
             storage_options = engine.storage_options
         self.engine = engine if engine is not None else DeltaRs(storage_options)
         self.storage_options = storage_options
-        self.guard = guard
+        self.guard = switches.on("mirror_txn")
         self.merge_s = merge_s
         self.log_retention_minutes = log_retention_minutes
         self._handles: dict[str, WriterHandle] = {}

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from core.commits import commit_metadata
+from core.switches import NONE, Switches
 from silver.mirrors.merge import (
     HISTORY,
     MergeJob,
@@ -40,9 +41,9 @@ class SparkMirrors:
     """The mirrors' tables through Spark (see the module's text); ``engine``: the mirrors'
     own ``core.engine.spark_delta.SparkDelta``."""
 
-    def __init__(self, engine, guard: bool = True) -> None:
+    def __init__(self, engine, switches: Switches = NONE) -> None:
         self.engine = engine
-        self.guard = guard
+        self.guard = switches.on("mirror_txn")
         self._recorded: dict[tuple[str, str], int | None] = {}  # (path, app) → its newest
         self._settled: set[str] = set()         # mirrors whose tail was looked at
 

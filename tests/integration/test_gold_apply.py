@@ -25,6 +25,7 @@ from pyspark.sql import Row
 from core.commits import commit_metadata as metadata
 from core.commits import newest
 from core.engine.spark_delta import read_commits
+from core.switches import Switches
 import gold.apply
 from gold.gold_tables import GOLD_SCHEMA, GoldPaths, ensure_gold_tables, seed_gold
 from gold.asof import REBUILD_APP_ID, step_app_id
@@ -180,10 +181,12 @@ class Crash(Exception):
     pass
 
 
-class CrashAt:
-    """In-process stand-in for a kill at a fault point: raises instead of exiting."""
+class CrashAt(Switches):
+    """In-process stand-in for a kill at a fault point: raises instead of exiting (``off``:
+    the guards switched off, as ``Switches``)."""
 
-    def __init__(self, point: str) -> None:
+    def __init__(self, point: str, off=()) -> None:
+        super().__init__(off=off)
         self.point = point
 
     def hit(self, name: str) -> None:
@@ -247,15 +250,16 @@ def test_killed_after_the_step_before_pending_replays_without_double_count(spark
     rows = sim.rows
     first = len(sim.txs[0])                   # batch 0: the first transaction, a watermark
     split = len(rows) - 1                     # the last transaction arrives in batch 2
-    GoldBatchWriter(paths, guard=guard, fold_share=share).apply(
+    off = () if guard else {"gold_txn"}
+    GoldBatchWriter(paths, switches=Switches(off=off), fold_share=share).apply(
         spark, df(spark, rows[:first]).toArrow(), 0)
     handed: list = []
     with pytest.raises(Crash):
-        GoldBatchWriter(paths, guard=guard, fold_share=share,
-                        faults=CrashAt("after_gold_merge")).apply(
+        GoldBatchWriter(paths, fold_share=share,
+                        switches=CrashAt("after_gold_merge", off)).apply(
             spark, df(spark, rows[first:split]).toArrow(), 1, handed.append)
     assert [step.batch_id for step in handed] == [1]
-    restarted = GoldBatchWriter(paths, guard=guard, fold_share=share)
+    restarted = GoldBatchWriter(paths, switches=Switches(off=off), fold_share=share)
     again: list = []
     restarted.apply(spark, df(spark, rows[first:split]).toArrow(), 1,   # Spark re-runs it
                     again.append)
@@ -312,7 +316,7 @@ def test_steps_wait_in_deltas_until_a_fold_brings_gold_to_them_all(spark, paths)
 
 def test_a_kill_after_a_fold_of_several_steps_folds_none_again(spark, paths):
     sim, _ = busy_sim()
-    writer = GoldBatchWriter(paths, fold_share=ON_FINISH, faults=CrashAt("after_gold_fold"))
+    writer = GoldBatchWriter(paths, fold_share=ON_FINISH, switches=CrashAt("after_gold_fold"))
     for batch_id, tx in enumerate(sim.txs):
         writer.apply(spark, df(spark, tx).toArrow(), batch_id)
     with pytest.raises(Crash):
@@ -463,7 +467,7 @@ def test_killed_after_pending_write_replay_is_a_no_op(spark, paths):
     split = len(rows) - 1
     with pytest.raises(Crash):
         GoldBatchWriter(paths, fold_share=EVERY_BATCH,
-                        faults=CrashAt("after_gold_pending")).apply(
+                        switches=CrashAt("after_gold_pending")).apply(
             spark, df(spark, rows[:split]).toArrow(), 0)
     restarted = GoldBatchWriter(paths, fold_share=EVERY_BATCH)
     # Recomputing would add the carried 2 rows to the same 2 rows again (4 of 3: a stop);
@@ -547,13 +551,13 @@ def test_stream_truncate_stops_loudly_then_a_seeded_rebuild_resumes_exactly(spar
 
 CRASHING_GOLD = textwrap.dedent("""
     import sys
-    from core.faults import FaultPoints
     from core.spark import get_or_create
+    from core.switches import Switches
     from tests.tests_support import run_gold_over_silver
     silver, gold, ckpt, guard, fault, share = sys.argv[1:]
+    off = () if guard == "on" else {"gold_txn"}
     run_gold_over_silver(get_or_create("lakecdc-gold-crash"), silver, gold, ckpt,
-                         guard=guard == "on", faults=FaultPoints(fault),
-                         fold_share=float(share))
+                         switches=Switches(fault, off), fold_share=float(share))
 """)
 
 
@@ -592,7 +596,8 @@ def test_gold_killed_after_its_step_commits_before_checkpoint(spark, tmp_path, g
         assert nonzero(gold_counts(spark, gold)) == sim.truth()     # the MERGE did commit
     if fault.startswith("after_gold_merge"):      # a fold may end after the checkpoint
         assert not os.path.exists(os.path.join(ckpt, "commits", "0"))
-    run_gold(spark, silver, gold, ckpt, guard=guard == "on")              # batch 0 again
+    run_gold(spark, silver, gold, ckpt,                                   # batch 0 again
+             switches=Switches(off=() if guard == "on" else {"gold_txn"}))
     got = nonzero(gold_counts(spark, gold))
     if guard == "on":
         assert got == sim.truth()

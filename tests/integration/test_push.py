@@ -24,6 +24,7 @@ from gold.apply import GoldBatchWriter
 from gold.gold_tables import GoldPaths, ensure_gold_tables
 from core.errors import UserError
 from core.storage import gold_key
+from core.switches import Switches
 from gold.push import AheadPush, ensure_dashboard_tables, push_ahead, push_once
 from gold.view import open_gold
 from tests.tests_support import ROOT, error_line, run_cli
@@ -81,8 +82,9 @@ class Crash(Exception):
     pass
 
 
-class CrashAt:
+class CrashAt(Switches):
     def __init__(self, point):
+        super().__init__()
         self.point = point
 
     def hit(self, name):
@@ -179,9 +181,14 @@ def planned_step(spark, paths, sim, start, batch_id):
     return steps[0]
 
 
+def fenced(fence: bool) -> Switches:
+    """No fault point; the ``ahead_fence`` guard on, or off (negative controls)."""
+    return Switches(off=() if fence else {"ahead_fence"})
+
+
 def ahead(dash, paths, step, fence=True) -> bool:
     return push_ahead(dash, gold_key(paths.gold), open_gold(paths.gold).metadata().id, step,
-                      fence=fence)
+                      switches=fenced(fence))
 
 
 def test_a_step_pushed_ahead_of_gold_is_added_once_and_gold_catching_up_changes_nothing(
@@ -225,7 +232,7 @@ def test_a_push_of_a_gold_version_behind_the_dashboard_never_overwrites_it(spark
                                                                            source_db):
     """Two steps ahead, then a push of gold at the first: the dashboard already holds gold
     further on, and the counts at that version must not take keys back. Without the fence
-    (``fence=False``, the ``ahead_fence`` guard off) they do."""
+    (the ``ahead_fence`` guard off) they do."""
     for fence in (True, False):
         dash.execute("DELETE FROM service_stats")
         dash.execute("DELETE FROM lakecdc_push_progress")
@@ -245,7 +252,7 @@ def test_a_push_of_a_gold_version_behind_the_dashboard_never_overwrites_it(spark
         assert ahead(dash, gold, second)
         assert nonzero(counts(dash)) == sim.truth()
         recorded = progress(dash, gold.gold)[0]
-        stale = push_once(gold.gold, source_db.dsn, fence=fence)   # gold at batch 1
+        stale = push_once(gold.gold, source_db.dsn, switches=fenced(fence))   # gold at batch 1
         if fence:
             assert not stale.pushed
             assert nonzero(counts(dash)) == sim.truth()
@@ -255,7 +262,7 @@ def test_a_push_of_a_gold_version_behind_the_dashboard_never_overwrites_it(spark
         else:
             assert counts(dash)[A] == 1 != sim.truth().get(A, 0)   # taken back
         apply(spark, gold, sim, done, 2)
-        push_once(gold.gold, source_db.dsn, fence=fence)
+        push_once(gold.gold, source_db.dsn, switches=fenced(fence))
         assert nonzero(counts(dash)) == sim.truth()          # either way, gold catches up
 
 
@@ -265,7 +272,7 @@ def test_failure_path_push_dying_before_commit_leaves_nothing_behind(spark, gold
     sim.create(A, B, B)
     apply(spark, gold, sim, 0, 0)
     with pytest.raises(Crash):
-        push_once(gold.gold, source_db.dsn, faults=CrashAt("after_push_stage"))
+        push_once(gold.gold, source_db.dsn, switches=CrashAt("after_push_stage"))
     assert counts(dash) == {}
     assert progress(dash, gold.gold) is None
     assert push_once(gold.gold, source_db.dsn).pushed
@@ -280,7 +287,7 @@ def test_killed_right_after_the_push_commit_the_replay_changes_nothing(spark, go
     sim.create(A, B, B)
     apply(spark, gold, sim, 0, 0)
     with pytest.raises(Crash):
-        push_once(gold.gold, source_db.dsn, faults=CrashAt("after_push_commit"))
+        push_once(gold.gold, source_db.dsn, switches=CrashAt("after_push_commit"))
     assert counts(dash) == sim.truth()
     committed = dash.execute("SELECT gold_version, pushed_at FROM lakecdc_push_progress "
                              "WHERE gold_table = %s", [gold_key(gold.gold)]).fetchone()
@@ -369,7 +376,7 @@ def test_a_second_pipeline_is_refused_the_dashboard_until_it_takes_it_over(
     second.create(B, B, C, C)                          # B: 1 in the first, 2 here
     apply(spark, other, second, 0, 0)
     if not sole:
-        push_once(other.gold, source_db.dsn, sole=False)
+        push_once(other.gold, source_db.dsn, switches=Switches(off={"sole_dashboard"}))
         assert nonzero(counts(dash)) == second.truth() != first.truth()   # the first's: gone
         return
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAKECDC_")}

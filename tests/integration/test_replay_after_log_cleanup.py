@@ -35,6 +35,7 @@ from core.engine.delta_rs import read_commits_rs
 from core.errors import UserError
 from core.layout import GOLD, GOLD_DELTAS, GOLD_PENDING, QUARANTINE, SILVER, STREAM_CHECKPOINT
 from core.maintenance import clean_log
+from core.switches import Switches
 from gold.gold_tables import GOLD_SCHEMA, GoldPaths, ensure_gold_tables, seed_gold
 from gold.apply import GoldBatchWriter
 from gold.asof import REBUILD_APP_ID, gold_state
@@ -90,12 +91,13 @@ def test_silver_recognises_a_replayed_batch_after_the_log_is_cleaned(spark, tmp_
     cleaned. The replay of batch 1 appends nothing: silver holds each bronze row once.
     With silver's app transaction off (``silver_txn``) the replay appends it again."""
     paths = stream_paths(tmp_path / "lakehouse")
+    switches = Switches(off=() if guard else {"silver_txn"})
     for n in (1, 2):
         append_bronze(paths.bronze, [row(100 * n, insert_json(n))])
-        run_bare_stream(spark, paths, KNOWN, silver_guard=guard)
+        run_bare_stream(spark, paths, KNOWN, switches=switches)
     drop_last_commit(paths.checkpoint)
     outlive_the_log(paths.silver, paths.quarantine, *gold_tables(paths.gold))
-    replay = run_bare_stream(spark, paths, KNOWN, silver_guard=guard)
+    replay = run_bare_stream(spark, paths, KNOWN, switches=switches)
     assert replay.batches == 1
     silver = keys(paths.silver)
     if guard:
@@ -183,7 +185,7 @@ def test_a_batch_that_wrote_pending_is_recognised_after_the_log_is_cleaned(spark
     rows = sim.rows
     split = len(rows) - 1
     with pytest.raises(Crash):
-        GoldBatchWriter(paths, fold_share=1.0, faults=CrashAt("after_gold_pending")).apply(
+        GoldBatchWriter(paths, fold_share=1.0, switches=CrashAt("after_gold_pending")).apply(
             spark, df(spark, rows[:split]).toArrow(), 0)
     outlive_the_log(*gold_tables(paths))
     restarted = gold_writer(spark, paths, fold_share=1.0)

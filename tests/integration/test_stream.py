@@ -21,6 +21,7 @@ from pyspark.testing import assertDataFrameEqual
 from bronze.records import BRONZE_SCHEMA
 from bronze.table import BronzeTable, Progress, SourceIdentity
 from core.errors import UserError
+from core.switches import Switches
 from gold.deltas import GoldStopped
 from pipelines.run.stream import StreamPaths
 from tests.tests_support import run_bare_stream, start_bare_stream, stream_paths
@@ -288,9 +289,9 @@ def test_negative_control_without_the_silver_guard_a_replayed_batch_appends_twic
     """The replay of the test above with silver's guard off (no app transaction, no replay
     check): the batch's rows land in silver a second time."""
     append_bronze(paths.bronze, SECOND)
-    run_once(spark, paths, silver_guard=False)
+    run_once(spark, paths, switches=Switches(off={"silver_txn"}))
     _drop_last_commit(Path(paths.checkpoint))
-    run_once(spark, paths, silver_guard=False)
+    run_once(spark, paths, switches=Switches(off={"silver_txn"}))
     keys = [tuple(r) for r in read(spark, paths.silver).select(KEY).collect()]
     assert len(keys) == 2 * len(SECOND) and len(set(keys)) == len(SECOND)
 

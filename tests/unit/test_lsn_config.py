@@ -1,8 +1,8 @@
 import pytest
 
-from core.config import Config
+from core.config import GUARDS, Config
 from core.errors import UserError, redact
-from core.faults import FaultPoints
+from core.switches import NONE, Switches
 from core.lsn import Lsn, fmt
 
 
@@ -158,8 +158,21 @@ def test_redact_hides_passwords_in_any_dsn_form(text, expected):
 def test_fault_point_fires_only_on_its_nth_pass(monkeypatch):
     calls = []
     monkeypatch.setattr("os._exit", lambda code: calls.append(code))
-    faults = FaultPoints("after_peek:3,other:1")
+    switches = Switches("after_peek:3,other:1")
     for _ in range(5):
-        faults.hit("after_peek")
-        faults.hit("unlisted")
+        switches.hit("after_peek")
+        switches.hit("unlisted")
+    assert calls == [137]
+
+
+def test_switches_from_the_configuration_and_the_default_that_does_nothing(monkeypatch):
+    calls = []
+    monkeypatch.setattr("os._exit", lambda code: calls.append(code))
+    config = Config.load(env={"LAKECDC_FAULT": "after_peek:1",
+                              "LAKECDC_UNSAFE_DISABLE_GUARDS": "gold_txn"})
+    switches = Switches.from_config(config)
+    assert not switches.on("gold_txn") and switches.on("silver_txn")
+    NONE.hit("after_peek")
+    assert calls == [] and all(NONE.on(g) for g in GUARDS)
+    switches.hit("after_peek")
     assert calls == [137]
