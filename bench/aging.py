@@ -66,8 +66,8 @@ from core.maintenance import clean_log, maintain_table
 from gold.apply import GoldBatchWriter
 from gold.gold_tables import GoldPaths, ensure_gold_tables
 from silver.mirrors.mirror_table import COMMIT_LSN, COMMIT_TS, TableSpec
-from silver.mirrors.mirror_writer import create_mirror
 from silver.mirrors.store_rs import merge_changes
+from silver.mirrors.typed_rows import create_mirror
 from silver.parse import parse_table
 from silver.writer import ParsedBatch, SilverWriter
 

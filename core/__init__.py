@@ -8,8 +8,9 @@
 - ``postgres``: every connection to Postgres (``connect``, ``Unreachable``) and every
   logical message lakecdc writes (``emit_message``);
 - ``locks``: advisory locks (the gold writer, the shipper) and who holds them;
-- ``storage``: where the lakehouse is (local or S3), its writability check,
-  how a table is named across engines (``delta_rs_uri``, ``gold_key``);
+- ``storage``: where the lakehouse is (local or S3), how each engine reaches it, how a
+  table is named across engines (``delta_rs_uri``, ``gold_key``); ``store_checks``: that
+  the lakehouse can be reached and written;
 - ``spark``: the one Spark session factory;
 - ``commits``: lakecdc's metadata in Delta commits, and delta-rs commits carrying it;
   ``tables``: creating its Delta tables;

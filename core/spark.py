@@ -39,8 +39,8 @@ from core.storage import (
     SPARK_PACKAGES,
     Lakehouse,
     on_databricks,
-    require_spark_reach,
 )
+from core.store_checks import require_spark_reach
 
 log = logging.getLogger("lakecdc.spark")
 

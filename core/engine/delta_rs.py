@@ -191,8 +191,8 @@ class DeltaRs:
                          log_retention_minutes=log_retention_minutes, log_floor=log_floor)
 
     def check_writable(self, root: str, lakehouse=None) -> None:
-        """(``core.storage.check_writable``: a probe written where delta-rs writes.)"""
-        from core.storage import check_writable
+        """(``core.store_checks.check_writable``: a probe written where delta-rs writes.)"""
+        from core.store_checks import check_writable
 
         check_writable(root, lakehouse)
 

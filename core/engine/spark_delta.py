@@ -246,9 +246,9 @@ class SparkDelta:
                                log_floor=log_floor)
 
     def check_writable(self, root: str, lakehouse=None) -> None:
-        """(``core.storage.check_spark_writable``: Spark, the only engine holding the
+        """(``core.store_checks.check_spark_writable``: Spark, the only engine holding the
         credentials then, writes and reads back a probe.)"""
-        from core.storage import check_spark_writable
+        from core.store_checks import check_spark_writable
 
         check_spark_writable(self._spark, root)
 

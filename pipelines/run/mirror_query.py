@@ -29,7 +29,8 @@ from pipelines.source.mirror_specs import table_specs
 from silver.mirrors.merge import q
 from silver.mirrors.mirror_table import COMMIT_LSN, COMMIT_TS, SEED_APP_ID
 from silver.mirrors.mirror_types import typed
-from silver.mirrors.mirror_writer import MirrorWriter, bad_values_stop, create_mirror
+from silver.mirrors.mirror_writer import MirrorWriter, bad_values_stop
+from silver.mirrors.typed_rows import create_mirror
 from silver.writer import ADDED_AT_PROPERTY
 
 log = logging.getLogger("lakecdc.mirrors")

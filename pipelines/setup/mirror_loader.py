@@ -215,7 +215,8 @@ def load_mirror(dsn: str, target: MirrorTarget, run: int, floor: int, *,
                     raise _bad_value(spec.name, exc) from None
                 spark_typed = {c.name: data[c.name] for c in columns if c.typed}
                 if spark_typed:
-                    from silver.mirrors.mirror_writer import bad_values_stop, typed_texts
+                    from silver.mirrors.mirror_writer import bad_values_stop
+                    from silver.mirrors.typed_rows import typed_texts
 
                     with bad_values_stop(spec.name):
                         data = _replace(data, typed_texts(session(), spark_typed, types,

@@ -122,7 +122,7 @@ def _create_mirrors(spark, config: Config, tables) -> dict[str, str]:
     from delta.tables import DeltaTable
 
     from pipelines.source.mirror_specs import table_specs
-    from silver.mirrors.mirror_writer import create_mirror
+    from silver.mirrors.typed_rows import create_mirror
 
     wanted = [t for t in tables if config.mirrors is None or t in config.mirrors]
     if not wanted:

@@ -4,6 +4,8 @@ table (docs/silver.md, "Mirrors"), module by module:
 - ``mirror_writer``: the mirrors' ``foreachBatch`` writer (``MirrorWriter``): each table's
   changes netted, typed and MERGEd, per micro-batch of silver;
 - ``net_changes``: a batch's changes per table, netted to one row per key, in Arrow;
+- ``typed_rows``: a mirror's Spark schema and creation, and the netted rows typed as its
+  columns for the MERGE (by Arrow where it can, else by Spark);
 - ``mirror_types``: Postgres types as Spark types, and a value's text typed by Spark;
 - ``type_map``: the type map without Spark (a Postgres type to the kind of its column);
 - ``arrow_types``: a column's text typed by Arrow where its cast reads it as Spark's does;

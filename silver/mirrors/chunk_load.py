@@ -15,7 +15,7 @@ mirror's type (``silver.mirrors.type_map``), with the values the change stream g
   stops the mirrors' typing of the change stream (``silver.mirrors.arrow_types``); dates
   as days since the epoch;
 - bytea (as its hex digits, as wal2json prints it) and arrays that the mirror holds typed
-  go through ``silver.mirrors.mirror_writer.typed_texts`` (Spark's typing, the one implementation of
+  go through ``silver.mirrors.typed_rows.typed_texts`` (Spark's typing, the one implementation of
   ``silver.mirrors.mirror_types``): the only columns that need a Spark session. Nothing else here
   imports Spark, so ``setup`` and ``tables add`` run without it.
 

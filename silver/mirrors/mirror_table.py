@@ -21,7 +21,7 @@ SEED_APP_ID = "lakecdc-mirror-seed"          # the initial rows' point (a baseli
 # log cleanup, and a replay must still be recognised (``silver.mirrors.merge.due_replay``).
 LOAD_APP_ID = "lakecdc-mirror-load"
 REPLAYED_APP_ID = "lakecdc-mirror-replayed"
-# A MERGE source's columns besides the mirror's (``silver.mirrors.mirror_writer.merge_source``):
+# A MERGE source's columns besides the mirror's (``silver.mirrors.typed_rows.merge_source``):
 # whether the key's final row exists, and per non-key column ``i`` whether the batch carried it.
 EXISTS, HAS_PREFIX = "__lakecdc_exists", "__lakecdc_has_"
 # No deletion vectors: delta-rs (deltalake 1.6.6) refuses to read a table with that reader
@@ -60,5 +60,5 @@ def mirror_shape_of(properties: dict[str, str]) -> tuple[tuple[str, ...], dict[s
 
 def mirrored_columns(key: tuple[str, ...], types: dict[str, str]) -> list[str]:
     """The mirror's non-key columns, in the order
-    ``silver.mirrors.mirror_writer.merge_source`` numbers them. Pure."""
+    ``silver.mirrors.typed_rows.merge_source`` numbers them. Pure."""
     return [n for n in types if n not in key]

@@ -8,7 +8,7 @@ the whole table, nearly the whole table, every batch, so its cost grows with the
 (docs/silver.md, "Big mirrors"). A mirror whose MERGE takes
 longer than ``LAKECDC_MIRROR_MERGE_S`` is therefore kept merge-on-read:
 
-- each batch appends its MERGE source (``silver.mirrors.mirror_writer.typed_rows``: one row
+- each batch appends its MERGE source (``silver.mirrors.typed_rows.typed_rows``: one row
   per key, with ``__lakecdc_exists`` and the ``__lakecdc_has_<i>`` flags) to the tail, a
   Delta table at ``<mirror>/_lakecdc_pending`` (``TAIL_DIR``; every Delta reader and vacuum
   passes over a folder whose name starts with ``_``), with the batch's ``_lakecdc_version``

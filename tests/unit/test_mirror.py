@@ -177,7 +177,7 @@ def test_typed_rows_equal_the_whole_spark_typing_and_stop_on_a_bad_value(spark):
     error."""
     import random
 
-    from silver.mirrors.mirror_writer import merge_source, typed_rows
+    from silver.mirrors.typed_rows import merge_source, typed_rows
     from silver.mirrors.net_changes import column_values
     from silver.mirrors.mirror_table import mirrored_columns
 
