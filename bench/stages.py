@@ -19,8 +19,8 @@ batch. Its stages:
 - **gold + push**: from the parse to the end of the batch's push ahead (gold's step planned
   and upserted into the dashboard); for a batch not pushed ahead (the dashboard was not at
   the step's starting point), to the batch's end;
-- **seen**: what is left: the dashboard poller's own interval (0.05 s), the push loop for
-  a batch not pushed ahead, and anything the stages above did not cover.
+- **seen**: what is left: the dashboard poller's own interval (0.05 s), the feeder's
+  catch-up for a batch not pushed ahead, and anything the stages above did not cover.
 
 The last three are 0 for a probe shown ahead of the stream. The stages add up to the
 probe's latency by construction; ``breakdown`` reports each one's percentiles over the
@@ -49,7 +49,7 @@ class _Span:
     end: float
     parse_s: float = 0.0
     done_s: float = 0.0         # from the start to the batch's rows on the dashboard
-    ahead: bool = False         # pushed ahead of gold (else by the push loop, later)
+    ahead: bool = False         # pushed ahead of gold (else by the feeder's catch-up, later)
 
 
 class StageClock:

@@ -12,12 +12,16 @@ that history, each checked before the shipper reads anything:
   point (PITR, a snapshot of the disk); the LSNs bronze holds will be reused by different
   transactions.
 
-And the slot itself, checked by the shipper (``bronze.ship``) at start and with every batch:
-missing (``slot_missing``), invalidated (``slot_lost``), or ahead of bronze (``slot_ahead``).
+And the slot itself, checked by the shipper (``bronze.ship``) at start and with every batch
+(``SlotWatch``): missing (``slot_missing``), invalidated (``slot_lost``), or ahead of bronze
+(``slot_ahead``).
 Recovery commands are in the messages; the runbook is ``docs/failover.md``.
 """
 
 from __future__ import annotations
+
+import logging
+import time
 
 import psycopg
 
@@ -25,6 +29,12 @@ from bronze.slot import SlotState
 from bronze.table import Progress, SourceIdentity
 from core.errors import UserError
 from core.lsn import fmt
+from core.units import byte_size
+
+log = logging.getLogger("lakecdc.ship")
+
+# wal_status alerts repeat with every batch, at most this often.
+ALERT_REPEAT_S = 5.0
 
 REBASELINE = ("run `lakecdc setup --rebaseline`, then `lakecdc backfill rebuild-gold`, then "
               "`lakecdc verify` (runbook: docs/failover.md)")
@@ -77,3 +87,43 @@ def slot_ahead(slot: str, state: SlotState, progress: Progress) -> UserError | N
     return UserError(f"replication slot {slot} is at {fmt(state.confirmed_flush_lsn)}, past "
                      f"bronze's {fmt(progress.end_lsn)}: it was advanced or recreated outside "
                      f"lakecdc and changes may be lost; {REBASELINE}.")
+
+
+class SlotWatch:
+    """The slot, read with every batch: a stop with its recovery command when it is gone,
+    invalidated or moved by someone else; an alert while its WAL is no longer reserved
+    (``wal_status``)."""
+
+    def __init__(self, slot: str) -> None:
+        self.slot = slot
+        self._wal_status: str | None = None
+        self._alerted_at = 0.0
+
+    def __call__(self, state: SlotState | None, progress: Progress) -> None:
+        slot = self.slot
+        if state is None:
+            raise slot_missing(slot, progress)
+        if state.invalidated:
+            raise slot_lost(slot, state, progress)
+        if (ahead := slot_ahead(slot, state, progress)) is not None:
+            raise ahead
+        status, now = state.wal_status, time.monotonic()
+        if status == "unreserved":
+            if self._wal_status != status or now - self._alerted_at >= ALERT_REPEAT_S:
+                self._alerted_at = now
+                log.warning(
+                    "ALERT slot %s wal_status=unreserved: lag %s, it retains %s of WAL, more "
+                    "than max_slot_wal_keep_size = %s; the next checkpoint invalidates it and "
+                    "then only a re-baseline recovers; let the shipper catch up, or raise "
+                    "max_slot_wal_keep_size now (docs/operations.md)", slot,
+                    byte_size(state.lag_bytes), byte_size(state.retained_bytes),
+                    state.max_slot_wal_keep_size)
+        elif status == "extended" and self._wal_status != status:
+            log.warning("slot %s wal_status=extended: it retains %s of WAL, more than "
+                        "max_wal_size (lag %s; %s more before max_slot_wal_keep_size = %s)",
+                        slot, byte_size(state.retained_bytes), byte_size(state.lag_bytes),
+                        byte_size(state.safe_wal_size), state.max_slot_wal_keep_size)
+        elif status == "reserved" and self._wal_status in ("extended", "unreserved"):
+            log.info("slot %s wal_status=reserved again (lag %s)", slot,
+                     byte_size(state.lag_bytes))
+        self._wal_status = status

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from core.errors import UserError
 from core.postgres import emit_message
 
 PREFIX = "lakecdc.heartbeat"
@@ -41,7 +42,15 @@ MIN_LAG_BYTES = 1 << 20
 def emit(conn: psycopg.Connection, slot: str) -> int:
     """Commit one heartbeat (``conn`` is in autocommit); returns its message's LSN. The
     transaction's end, where the slot may then be advanced to, is just past it."""
-    return emit_message(conn, PREFIX, slot)
+    try:
+        return emit_message(conn, PREFIX, slot)
+    except psycopg.errors.InsufficientPrivilege:
+        raise UserError("the shipper's role may not call pg_logical_emit_message, which "
+                        "heartbeats need: GRANT EXECUTE ON FUNCTION "
+                        "pg_logical_emit_message(boolean, text, text) to it, or turn "
+                        "heartbeats off with LAKECDC_HEARTBEAT_INTERVAL=0 (WAL written "
+                        "elsewhere then stays pinned while the captured tables are idle; "
+                        "docs/operations.md).") from None
 
 
 @dataclass

@@ -32,9 +32,7 @@ import gc
 import logging
 import threading
 import time
-from dataclasses import dataclass, replace
-from datetime import datetime, timezone
-from typing import Callable
+from dataclasses import replace
 
 import psycopg
 import pyarrow as pa
@@ -45,9 +43,10 @@ from bronze.backfill_emitter import BackfillEmitter
 from bronze.backfill_join import join_backfill
 from bronze.batch_rows import BatchRows
 from bronze.capture_list import ShipperSet
-from bronze.failover import check_same_history, slot_ahead, slot_lost, slot_missing
-from bronze.records import BRONZE_SCHEMA, UTC_US, PeekSummary, TransactionAssembler
+from bronze.failover import SlotWatch, check_same_history, slot_ahead, slot_lost, slot_missing
+from bronze.records import UTC_US, PeekSummary, TransactionAssembler
 from bronze.session_loss import diagnose, reconnect_reason, transient
+from bronze.shipped import Downstream, KeptRows, ShipBatch, ShipTotals, newest_stored
 from bronze.source import check_replication_role, require_identity
 from bronze.spark_table import bronze_table
 from bronze.table import NUMBERS_SUFFIX, Progress
@@ -70,85 +69,20 @@ SESSION_OPTIONS = {"application_name": "lakecdc ship", "keepalives": 1,
                    "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
                    "tcp_user_timeout": 30_000}
 RETRY_FIRST_S = 0.5            # first reconnect delay; doubles up to reconnect_max_backoff_s
-ALERT_REPEAT_S = 5.0           # wal_status alerts repeat every batch, at most this often
-# The most rows, and bytes of them, a batch keeps in memory for ``on_rows``: a
-# continuous batch (about 500 rows at 2,000 changes/s) is far below. ``lakecdc run`` peeks
-# at most ``FOLLOWED_PEEK`` changes, so that each batch of a catch-up is kept too (a peek
-# ends at a transaction's end, past its bound) and the dashboard follows the shipper
-# through it (``gold.ahead``). A batch bigger still (one big transaction) is left to the
-# stream, and memory stays bounded by the peek's chunk.
-FOLLOWED_PEEK = 50_000
-KEPT_ROWS = 64_000
-KEPT_BYTES = 96 << 20
-
-
-@dataclass
-class ShipBatch:
-    peek_rows: int
-    changes: int
-    transactions: int
-    full: bool              # the peek hit upto_nchanges: more may be waiting
-    committed: bool         # a bronze commit was made
-    seconds: float          # the peek and the bronze commit (not the slot's advance)
-    read_rows: int = 0      # snapshot backfill rows appended (not counted in ``changes``)
-    # Set by ``Shipper.run`` for ``on_batch``: what happened since the previous batch it
-    # reported - heartbeats sent, and why each reconnect's session was lost
-    # (``reconnect_reason``). Events of a failed attempt are reported with the next batch.
-    heartbeats: int = 0
-    reconnects: tuple[str, ...] = ()
-    # Logical messages under lakecdc's prefixes skipped as not lakecdc's: malformed, or
-    # backfill marks of runs never staged (docs/security.md).
-    skipped_messages: int = 0
-    # The newest source commit this batch stored in bronze (None: none).
-    commit_lsn: int | None = None
-    commit_ts: datetime | None = None
-    # For a batch that stored changes: the newest source commit bronze held before it (None:
-    # none).
-    after_lsn: int | None = None
-    # Set by ``on_stored`` in ``lakecdc run`` (``pipelines.run.pipeline``) when the
-    # dashboard took this batch's step as soon as bronze held it (``gold.ahead``): the
-    # seconds that took, right after ``seconds``. 0.0: not taken, or not waited for (a
-    # catch-up's batch, its step pushed beside the next peek).
-    ahead_seconds: float = 0.0
-    started_at: float = 0.0     # when the peek began (wall clock, ``time.time()``)
-
-
-@dataclass
-class ShipTotals:
-    batches: int = 0
-    changes: int = 0
-    transactions: int = 0
-    commits: int = 0
-    read_rows: int = 0
-    heartbeats: int = 0     # heartbeats sent (bronze/heartbeat.py)
-    reconnects: int = 0     # times the source went away and the shipper reconnected
-
 
 class Shipper:
     def __init__(self, config: Config, switches: Switches | None = None,
-                 storage_options: dict | None = None,
-                 on_batch: Callable[[ShipBatch, Progress], None] | None = None,
-                 engine: Engine | None = None,
-                 on_rows: Callable[[int | None, pa.Table, tuple[str, ...]], None] | None = None,
-                 on_stored: Callable[[ShipBatch], ShipBatch] | None = None) -> None:
+                 storage_options: dict | None = None, engine: Engine | None = None,
+                 downstream: Downstream | None = None) -> None:
         """``engine``: the one every lakehouse read and write goes through (None:
         ``config``'s, ``core.engine.choose.engine_for``); ``storage_options``: bronze's.
-        ``lakecdc run`` pushes each batch to the dashboard ahead of the stream
-        (``gold.ahead``) through two calls, which must not raise: ``on_rows``, right
-        before a batch's bronze commit, with the newest source commit bronze held before
-        it (``ShipBatch.after_lsn``), its rows, when they are few (``KEPT_ROWS``,
-        ``KEPT_BYTES``), so their parse overlaps the commit, and the tables bronze may
-        hold changes of as of its peek (``ShipperSet.known``); ``on_stored``, right after
-        the commit and before the slot's advance, with each batch that stored changes; it
-        returns the batch as ``on_batch`` is to hear of it."""
+        ``downstream``: what each batch is handed to (``bronze.shipped.Downstream``)."""
         self.config = config
-        self.on_rows = on_rows
-        self.on_stored = on_stored
+        self.downstream = downstream or Downstream()
         # The newest source commit bronze holds (None: none), read from bronze's progress
         # at every (re)connect and kept by each commit: bronze has one writer, the shipper
         # holding the slot's lock.
         self._stored_lsn: int | None = None
-        self.on_batch = on_batch         # called after every batch (metrics); must not raise
         self.switches = on = switches or Switches.from_config(config)
         engine = engine if engine is not None else engine_for(config)
         self.table = bronze_table(config, storage_options, engine=engine, switches=on)
@@ -159,11 +93,10 @@ class Shipper:
         self._last_progress_commit = time.monotonic()
         self.heartbeat = heartbeats.Heartbeat(config.heartbeat_interval_s)
         self._session: tuple[int, object] | None = None   # (pid, backend_start) on the source
-        self._wal_status: str | None = None
-        self._alerted_at = 0.0
+        self.watch = SlotWatch(config.slot)
         self.reconnects = 0
         self.reconnect_reasons: list[str] = []    # one per reconnect, in order
-        self._reported = (0, 0)     # heartbeats, reconnects already passed to on_batch
+        self._reported = (0, 0)     # heartbeats, reconnects already passed downstream
         self._unreported: tuple[ShipBatch, Progress] | None = None   # see _report
         self.numbers_as_text: bool | None = None   # wal2json's, asked at every start
         self.recorded: dict[str, int] = {}         # app versions every commit records
@@ -263,7 +196,7 @@ class Shipper:
         if (ahead := slot_ahead(cfg.slot, state, progress)) is not None:
             raise ahead
         self._numbers_as_text(conn)
-        self._watch(state, progress)
+        self.watch(state, progress)
         return progress
 
     def _numbers_as_text(self, conn: psycopg.Connection) -> None:
@@ -282,36 +215,6 @@ class Shipper:
         self.numbers_as_text = text
         self.recorded = {slot + NUMBERS_SUFFIX: int(text)}
 
-    def _watch(self, state: slots.SlotState | None, progress: Progress) -> None:
-        """Every batch: stop loudly if the slot is gone, invalidated or moved by someone
-        else; alert while its WAL is no longer reserved (``wal_status``)."""
-        slot = self.config.slot
-        if state is None:
-            raise slot_missing(slot, progress)
-        if state.invalidated:
-            raise slot_lost(slot, state, progress)
-        if (ahead := slot_ahead(slot, state, progress)) is not None:
-            raise ahead
-        status, now = state.wal_status, time.monotonic()
-        if status == "unreserved":
-            if self._wal_status != status or now - self._alerted_at >= ALERT_REPEAT_S:
-                self._alerted_at = now
-                log.warning(
-                    "ALERT slot %s wal_status=unreserved: lag %s, it retains %s of WAL, more "
-                    "than max_slot_wal_keep_size = %s; the next checkpoint invalidates it and "
-                    "then only a re-baseline recovers; let the shipper catch up, or raise "
-                    "max_slot_wal_keep_size now (docs/operations.md)", slot,
-                    byte_size(state.lag_bytes), byte_size(state.retained_bytes),
-                    state.max_slot_wal_keep_size)
-        elif status == "extended" and self._wal_status != status:
-            log.warning("slot %s wal_status=extended: it retains %s of WAL, more than "
-                        "max_wal_size (lag %s; %s more before max_slot_wal_keep_size = %s)",
-                        slot, byte_size(state.retained_bytes), byte_size(state.lag_bytes),
-                        byte_size(state.safe_wal_size), state.max_slot_wal_keep_size)
-        elif status == "reserved" and self._wal_status in ("extended", "unreserved"):
-            log.info("slot %s wal_status=reserved again (lag %s)", slot, byte_size(state.lag_bytes))
-        self._wal_status = status
-
     # --- the delivery rule ----------------------------------------------------------------
 
     def ship_batch(self, conn: psycopg.Connection, progress: Progress,
@@ -327,7 +230,7 @@ class Shipper:
         shipped_at = pa.scalar(int(time.time() * 1e6), pa.int64()).cast(UTC_US)
         self.captured.refresh()          # the captured set (bronze.capture_list)
         ack = self.captured.ack()
-        kept = _Kept() if self.on_rows is not None else None
+        kept = KeptRows() if self.downstream.takes_rows else None
 
         def to_bronze(batch: pa.RecordBatch) -> pa.RecordBatch:
             self.switches.hit("during_bronze_write")
@@ -364,10 +267,10 @@ class Shipper:
                     new = Progress(progress.commit_lsn, progress.end_lsn)
             result = ShipBatch(summary.rows, summary.kept, summary.transactions, full,
                                committed, time.monotonic() - started, started_at=started_at,
-                               **_newest(summary, committed), **stored)
+                               **newest_stored(summary, committed), **stored)
             if committed:
-                if self.on_stored is not None and result.commit_lsn is not None:
-                    result = self.on_stored(result)
+                if result.commit_lsn is not None:
+                    result = self.downstream.stored(result)
                 # In bronze now: reported even if the advance fails (a reconnect completes it).
                 self._done(result, new)
                 self.switches.hit("after_bronze_commit")
@@ -376,7 +279,7 @@ class Shipper:
         return self._done(result, new)
 
     def _commit_changes(self, rows: BatchRows, summary: PeekSummary, progress: Progress,
-                        new: Progress, ack: dict[str, int], kept: _Kept | None) -> dict:
+                        new: Progress, ack: dict[str, int], kept: KeptRows | None) -> dict:
         """Commit the batch's changes with ``new``, and the read rows of the backfill chunks
         announced in it; returns what ``ShipBatch`` reports of them."""
         metadata = {"lakecdc.changes": summary.kept,
@@ -384,7 +287,7 @@ class Shipper:
         emission, skipped = join_backfill(self.backfill, rows, summary, progress.commit_lsn,
                                           metadata)
         if kept is not None and kept.batches is not None:
-            self.on_rows(self._stored_lsn, kept.table(), self.captured.known)
+            self.downstream.rows(self._stored_lsn, kept.table(), self.captured.known)
         self.table.commit(rows.files, self.config.slot, new, metadata,
                           {**ack, **self.recorded, **(emission.app_versions if emission else {})})
         stored = {"read_rows": emission.rows if emission is not None else 0,
@@ -415,7 +318,7 @@ class Shipper:
             self.heartbeat.recorded()
 
     def _done(self, result: ShipBatch, progress: Progress) -> tuple[ShipBatch, Progress]:
-        """The batch ``run`` reports next (``on_batch``, totals)."""
+        """The batch ``run`` reports next (downstream, totals)."""
         self._unreported = (result, progress)
         return result, progress
 
@@ -425,8 +328,7 @@ class Shipper:
         if self._unreported is None:
             return
         (result, progress), self._unreported = self._unreported, None
-        if self.on_batch is not None:
-            self.on_batch(self._with_events(result), progress)
+        self.downstream.shipped(self._with_events(result), progress)
         totals.batches += 1
         totals.changes += result.changes
         totals.transactions += result.transactions
@@ -495,7 +397,7 @@ class Shipper:
         return totals
 
     def _with_events(self, result: ShipBatch) -> ShipBatch:
-        """``result`` with the heartbeats and reconnects not yet reported to ``on_batch``."""
+        """``result`` with the heartbeats and reconnects not yet reported downstream."""
         heartbeats, reconnects = self._reported
         self._reported = (self.heartbeat.sent, len(self.reconnect_reasons))
         return replace(result, heartbeats=self.heartbeat.sent - heartbeats,
@@ -512,7 +414,7 @@ class Shipper:
         shipper after a burst kept one of the source's cores busy (docs/operations.md,
         "Idle after a burst")."""
         state = slots.slot_state(conn, self.config.slot)
-        self._watch(state, progress)
+        self.watch(state, progress)
         if not once and self.heartbeat.due(state.lag_bytes, self._last_progress_commit):
             self._send_heartbeat(conn, state)
             self._drained_at = None
@@ -524,15 +426,7 @@ class Shipper:
         return result, progress
 
     def _send_heartbeat(self, conn: psycopg.Connection, state: slots.SlotState) -> None:
-        try:
-            lsn = heartbeats.emit(conn, self.config.slot)
-        except psycopg.errors.InsufficientPrivilege:
-            raise UserError("the shipper's role may not call pg_logical_emit_message, which "
-                            "heartbeats need: GRANT EXECUTE ON FUNCTION "
-                            "pg_logical_emit_message(boolean, text, text) to it, or turn "
-                            "heartbeats off with LAKECDC_HEARTBEAT_INTERVAL=0 (WAL written "
-                            "elsewhere then stays pinned while the captured tables are idle; "
-                            "docs/operations.md).") from None
+        lsn = heartbeats.emit(conn, self.config.slot)
         self.heartbeat.sent_one(lsn)
         log.debug("heartbeat at %s (slot %s lag %s)", fmt(lsn), self.config.slot,
                   byte_size(state.lag_bytes))
@@ -578,35 +472,3 @@ class Shipper:
                      "%s); bronze holds up to %s", attempt, time.monotonic() - started,
                      reason, fmt(progress.commit_lsn))
             return conn, progress
-
-
-class _Kept:
-    """A batch's bronze rows, as they are written, while they stay within ``KEPT_ROWS`` and
-    ``KEPT_BYTES``."""
-
-    def __init__(self) -> None:
-        self.batches: list[pa.RecordBatch] | None = []
-        self.rows = self.bytes = 0
-
-    def add(self, batch: pa.RecordBatch) -> None:
-        if self.batches is None:
-            return
-        self.rows += batch.num_rows
-        self.bytes += batch.nbytes
-        if self.rows > KEPT_ROWS or self.bytes > KEPT_BYTES:
-            self.batches = None
-        else:
-            self.batches.append(batch)
-
-    def table(self) -> pa.Table:
-        return pa.Table.from_batches(self.batches, BRONZE_SCHEMA)
-
-
-def _newest(summary, committed: bool) -> dict:
-    """``ShipBatch``'s newest stored source commit, from a peek's summary."""
-    if not committed or summary.max_commit_lsn is None:
-        return {}
-    ts = summary.max_commit_ts_us
-    return {"commit_lsn": summary.max_commit_lsn,
-            "commit_ts": None if ts is None else
-            datetime.fromtimestamp(ts / 1e6, timezone.utc)}

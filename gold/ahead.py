@@ -5,15 +5,15 @@ A shipper batch is one bronze commit of whole source transactions, so its rows a
 gold's step across it: the Arrow parse (``silver.parse``), gold's rules and lines
 (``gold.deltas.line_table``) and the plan (``gold.plan``), the stream's own functions on
 the same rows. They are worked out in a thread of their own while bronze commits the rows
-(``prepare``), and offered to the dashboard, from another thread, once it has
+(``prepare``), and handed to the dashboard's feeder (``gold.feeder``) once it has
 (``__call__``).
 
 ``ShipAhead`` keeps the steps of the last few batches, each with the newest source commit
 bronze held before it, and offers the dashboard the step from its own watermark to the
 newest batch: the push adds it only when the dashboard's watermark is that step's start
 (``gold.push.push_ahead``'s fence), so the dashboard stays exact as of its watermark
-whoever moves it - these steps, the stream's (``gold.apply.Planned``), or the push loop
-from gold (whose step 3b refreshes every key such steps wrote).
+whoever moves it - these steps, the stream's (``gold.apply.Planned``), or the feeder's
+catch-up from gold (whose step 3b refreshes every key such steps wrote).
 
 A batch gold would stop on, quarantine rows of, or that does not plan whole (a TRUNCATE,
 a row without its dims), or too big to keep (``bronze.ship.KEPT_ROWS``), is never offered,
@@ -33,7 +33,8 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Iterable
+from functools import partial
+from typing import Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,6 +42,7 @@ import pyarrow.compute as pc
 from core.captured import CountedTables
 from gold.apply import Planned
 from gold.deltas import line_table
+from gold.feeder import DashboardFeeder
 from gold.plan import LINES, plan
 from silver.parse import parse_table
 
@@ -88,26 +90,23 @@ def shipped_lines(rows: pa.Table, after_lsn: int | None, known_tables: Iterable[
 
 
 class ShipAhead:
-    """The shipper's ``on_rows`` (``prepare``) and ``on_stored`` (``__call__``), in bronze's
-    order, from one thread. ``__call__`` hands each shipper batch that stored changes
-    (``bronze.ship.ShipBatch``) to a thread of its own, which adds it to the batches kept and
-    offers the dashboard the step to it, in bronze's order; the future it returns says
-    whether the dashboard took the step. The shipper waits for it, or, in a catch-up, peeks
-    on meanwhile (``pipelines.run.pipeline``): at most ``WAITING`` batches wait for the
-    thread, so the rows held stay bounded.
+    """Each shipper batch's step, handed to the dashboard's feeder (``gold.feeder``) in
+    bronze's order, from the shipper's thread: ``prepare`` with a batch's rows right before
+    bronze commits them, ``__call__`` once it has. The feeder adds the batch to those kept
+    and asks for the step from the dashboard's watermark to it; the future ``__call__``
+    returns says whether the dashboard took it. The shipper waits for it, or, in a catch-up,
+    peeks on meanwhile (``pipelines.run.shipping``): at most ``WAITING`` batches wait for
+    the feeder, so the rows held stay bounded."""
 
-    ``push``: ``gold.push.AheadPush`` (never raises)."""
-
-    def __init__(self, push: Callable, tables: CountedTables) -> None:
-        self.push = push
+    def __init__(self, feeder: DashboardFeeder, tables: CountedTables) -> None:
+        self.feeder = feeder
         self.tables = tables
         self.batches: list[Shipped] = []
         # Whether the dashboard took the newest batch handed on's step: it follows the
-        # shipper (set by the pushing thread).
+        # shipper (set from the feeder's thread).
         self.following = False
         self._prepared: tuple[int | None, int, Future] | None = None
         self._parse: ThreadPoolExecutor | None = None
-        self._pushes: ThreadPoolExecutor | None = None
         self._waiting: deque[Future] = deque()
 
     def prepare(self, after_lsn: int | None, rows: pa.Table, known: Iterable[str]) -> None:
@@ -123,32 +122,30 @@ class ShipAhead:
             shipped_lines, rows, after_lsn, tuple(known), self.tables))
 
     def __call__(self, batch) -> Future | None:
-        """Hand ``batch`` on (None: it stored no source commit); waits while ``WAITING``
-        batches already do."""
+        """Hand ``batch`` on (None: it stored no source commit); the future's result is the
+        feeder's ``Offered``. Waits while ``WAITING`` batches already do."""
         if batch.commit_lsn is None:
             return None
         prepared, self._prepared = self._prepared, None
         while self._waiting and (self._waiting[0].done() or len(self._waiting) >= WAITING):
             wait([self._waiting.popleft()])
-        if self._pushes is None:
-            self._pushes = ThreadPoolExecutor(1, thread_name_prefix="lakecdc-ahead-push")
-        taken = self._pushes.submit(self._take, batch, prepared)
-        self._waiting.append(taken)
-        return taken
+        offered = self.feeder.offer(partial(self._step_to, batch, prepared), by="shipper")
+        offered.add_done_callback(self._followed)
+        self._waiting.append(offered)
+        return offered
+
+    def _followed(self, offered: Future) -> None:
+        self.following = offered.result().taken
 
     def drain(self) -> None:
         """Until every batch handed on has been offered."""
         wait(list(self._waiting))
 
-    def _take(self, batch, prepared) -> bool:
-        try:
-            self.add(batch, prepared)
-            took = self.batches[-1].lines is not None and bool(self.push(self.step_from))
-        except BaseException:
-            self.following = False
-            raise
-        self.following = took
-        return took
+    def _step_to(self, batch, prepared, at: int | None) -> Planned | None:
+        """In the feeder, at the dashboard's watermark ``at``: ``batch`` kept, then the
+        step from ``at`` to it (None: not one to go ahead)."""
+        self.add(batch, prepared)
+        return self.step_from(at) if self.batches[-1].lines is not None else None
 
     def add(self, batch, prepared: tuple[int | None, int, Future] | None) -> None:
         """The batch bronze just committed, with its prepared lines if they are its own
@@ -183,9 +180,6 @@ class ShipAhead:
                        step.key_deltas)
 
     def close(self) -> None:
-        """After the shipper stopped: the batches handed on are offered, then the
-        dashboard's connection closed."""
-        for pool in (self._parse, self._pushes):
-            if pool is not None:
-                pool.shutdown(wait=True)
-        self.push.close()
+        """After the shipper stopped: its last batch's parse done."""
+        if self._parse is not None:
+            self._parse.shutdown(wait=True)

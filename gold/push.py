@@ -11,18 +11,17 @@ push). All or nothing: the dashboard shows gold at one watermark.
 ``push_ahead`` adds a step of gold to the dashboard before gold's MERGE commits it - a
 stream batch's planned step, or a shipper batch's before the stream reads it
 (``gold.ahead``) - fenced on the dashboard being at the step's start (docs/gold.md, "Ahead
-of gold", "Ahead of the stream"). The two tables here must never be captured (F20).
+of gold", "Ahead of the stream"). In a running pipeline one writer does both, in one thread
+(``gold.feeder``). The two tables here must never be captured (F20).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
-from typing import Callable
 
 import psycopg
 import pyarrow as pa
@@ -30,11 +29,11 @@ from psycopg import sql
 
 from core.captured import DIMS
 from core.errors import UserError
-from core.postgres import Unreachable, connect
+from core.postgres import connect
 from core.storage import gold_key
 from core.switches import NONE, Switches
 from gold.feed import FeedUnreadable, GoldView, position_of
-from gold.view import gold_view, read_errors
+from gold.view import gold_view
 from gold.view import open_gold as open_gold  # where the tests and callers find it
 
 log = logging.getLogger("lakecdc.push")
@@ -92,13 +91,14 @@ def push_once(gold_path: str, dashboard_dsn: str, storage_options: dict | None =
     push replaces (``claim``); with the ``sole_dashboard`` guard off it pushes beside them:
     negative controls only."""
     with connect(dashboard_dsn, what="dashboard") as conn:
-        return _push(conn, gold_path, storage_options, version=version, switches=switches,
+        return push_gold(conn, gold_path, storage_options, version=version, switches=switches,
                      full=full, marks=marks, take_over=take_over, engine=engine)
 
 
-def _push(conn: psycopg.Connection, gold_path: str, storage_options: dict | None, *,
-          version: int | None = None, switches: Switches = NONE, full: bool = False,
-          marks: dict | None = None, take_over: bool = False, engine=None) -> PushResult:
+def push_gold(conn: psycopg.Connection, gold_path: str, storage_options: dict | None, *,
+              version: int | None = None, switches: Switches = NONE, full: bool = False,
+              marks: dict | None = None, take_over: bool = False, engine=None) -> PushResult:
+    """``push_once`` on an open connection (autocommit mode)."""
     started = time.monotonic()
     table = gold_view(gold_path, storage_options, version, engine)
     result = push_table(conn, table, gold_key(gold_path), switches, full, marks,
@@ -109,62 +109,6 @@ def _push(conn: psycopg.Connection, gold_path: str, storage_options: dict | None
                  result.gold_version, "full" if result.full else "incremental",
                  result.upserted, result.deleted, result.seconds)
     return result
-
-
-def run_push(gold_path: str, dashboard_dsn: str, stop: threading.Event, *,
-             once: bool = False, interval_s: float = 5.0,
-             storage_options: dict | None = None,
-             on_result: Callable[[PushResult], None] | None = None,
-             wake: threading.Event | None = None,
-             marks: Callable[[], dict] | None = None,
-             switches: Switches = NONE, engine=None) -> list[PushResult]:
-    """Push until ``stop`` is set (``once``: a single push). Returns the pushes that wrote.
-    ``engine``, ``switches``: as for ``push_once``.
-
-    Pushes every ``interval_s``, and at once whenever ``wake`` is set (the stream sets it
-    after each batch: the dashboard follows gold within one push). One connection is kept
-    open between pushes. A lost connection, a dashboard that cannot be reached once it has
-    been (a restart) or a gold read that fails is retried at the next interval; problems a
-    person must fix (``UserError``, or no connection at the very first push) end the loop.
-
-    ``on_result`` (metrics) is called with every push that completed, including those that
-    found gold already pushed; not with failed ones. It must not raise.
-    """
-    done: list[PushResult] = []
-    reached = False
-    conn = None
-    wake = wake or threading.Event()
-    try:
-        while True:
-            wake.clear()
-            try:
-                if conn is None:
-                    conn = connect(dashboard_dsn, what="dashboard")
-                result = _push(conn, gold_path, storage_options,
-                               marks=marks() if marks is not None else None,
-                               switches=switches, engine=engine)
-            except (psycopg.OperationalError, OSError, Unreachable,
-                    *read_errors(engine)) as exc:
-                if conn is not None:
-                    conn.close()
-                    conn = None
-                if once or (isinstance(exc, Unreachable) and not reached):
-                    raise
-                log.warning("push failed, retrying in %.0fs: %s", interval_s, exc)
-            else:
-                reached = True
-                if result.pushed:
-                    done.append(result)
-                if on_result is not None:
-                    on_result(result)
-            if once or stop.is_set():
-                return done
-            wake.wait(interval_s)
-            if stop.is_set():
-                return done
-    finally:
-        if conn is not None:
-            conn.close()
 
 
 def gold_position(uri: str, storage_options: dict | None = None, version: int | None = None,
@@ -313,55 +257,6 @@ def push_ahead(conn: psycopg.Connection, key: str, table_id: str, step,
         _record_layers(conn, key, {**(marks or {}),
                                    "dashboard": (step.commit_lsn, step.commit_ts)})
     return True
-
-
-class AheadPush:
-    """``push_ahead`` for one stream (``pipelines.run.stream.SilverGoldWriter``'s ``ahead``): one
-    connection kept between batches, gold's table id read once. Never raises: a dashboard
-    it cannot reach is left to the push loop, which catches it up from gold. Why a step
-    was not pushed is said once while it lasts (a first start's forty steps before gold
-    exists), and again after a step went through."""
-
-    def __init__(self, gold_path: str, dashboard_dsn: str,
-                 storage_options: dict | None = None,
-                 marks: Callable[[], dict] | None = None, switches: Switches = NONE,
-                 engine=None) -> None:
-        self.gold_path = gold_path
-        self.engine = engine            # what reads gold's id (``gold.view``; None: delta-rs)
-        self.switches = switches        # ``push_ahead``'s
-        self.dsn = dashboard_dsn
-        self.storage_options = storage_options
-        self.marks = marks
-        self.key = gold_key(gold_path)
-        self._table_id: str | None = None
-        self._conn: psycopg.Connection | None = None
-        self._said: str | None = None          # the reason last logged, until a step goes
-
-    def __call__(self, step) -> bool:
-        """``push_ahead`` of ``step`` (a step, or a function of the dashboard's watermark)."""
-        try:
-            if self._table_id is None:
-                self._table_id = gold_view(self.gold_path, self.storage_options,
-                                           engine=self.engine).table_id
-            if self._conn is None:
-                self._conn = connect(self.dsn, what="dashboard")
-            pushed = push_ahead(self._conn, self.key, self._table_id, step,
-                                self.marks() if self.marks is not None else None,
-                                self.switches)
-        except (psycopg.Error, OSError, Unreachable, UserError,
-                *read_errors(self.engine)) as exc:
-            said, self._said = self._said, str(exc)
-            log.log(logging.DEBUG if said == self._said else logging.WARNING,
-                    "a step was not pushed ahead of gold (the push catches up): %s", exc)
-            self.close()
-            return False
-        self._said = None if pushed else self._said
-        return pushed
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
 
 
 def _lock_progress(conn: psycopg.Connection) -> None:

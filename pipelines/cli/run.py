@@ -44,6 +44,7 @@ def ship(ctx, once, metrics_port, **flags):
     from core.switches import Switches
     from pipelines.maintain.schedule import Maintainer
     from pipelines.observe.metrics import pipeline_exporter
+    from pipelines.run.shipping import Reports
 
     config = load_config(ctx, **flags)
     engine = command_engine(ctx, config)
@@ -52,11 +53,8 @@ def ship(ctx, once, metrics_port, **flags):
                             switches=switches)
     with pipeline_exporter(config, metrics_port, stage="ship",
                            engine=lambda: command_engine(ctx, config)) as metrics:
-        def on_batch(result, progress) -> None:
-            if metrics is not None:
-                metrics.on_ship_batch(result, progress)
-            maintainer.after_batch()        # bronze, between two of the shipper's commits
-        totals = Shipper(config, switches, on_batch=on_batch, engine=engine).run(
+        totals = Shipper(config, switches, engine=engine,
+                         downstream=Reports(metrics, maintainer)).run(
             once=once, stop=stop_on_signals())
     click.echo(f"shipped {totals.changes} changes in {totals.transactions} transactions "
                f"({totals.commits} bronze commits)")
@@ -124,7 +122,8 @@ def push(ctx, once, take_over, wait_s, metrics_port):
     """gold → dashboard Postgres service_stats (JVM-free: delta-rs and psycopg; with
     LAKECDC_WRITER=spark gold is read through Spark)."""
     from core.switches import Switches
-    from gold.push import push_once, run_push
+    from gold.feeder import DashboardFeeder
+    from gold.push import push_once
     from pipelines.observe.metrics import pipeline_exporter
 
     config = load_config(ctx)
@@ -137,8 +136,10 @@ def push(ctx, once, take_over, wait_s, metrics_port):
                            engine=lambda: engine) as metrics:
         on_result = metrics.on_push if metrics is not None else None
         if not once and not take_over:
-            run_push(gold_path, config.dashboard, stop, interval_s=0.5,
-                     on_result=on_result, switches=switches, engine=engine)
+            feeder = DashboardFeeder(gold_path, config.dashboard, interval_s=0.5,
+                                     on_result=on_result, switches=switches, engine=engine)
+            feeder.catch_up()
+            feeder.run(stop)
             return
         result = push_once(gold_path, config.dashboard, switches=switches,
                            take_over=take_over, engine=engine)

@@ -1,7 +1,7 @@
 """Maintenance between a writer's batches: ``Maintainer`` is the hook each writer calls
-after a batch of its own (the shipper's ``on_batch``, the stream's ``on_pass``, the mirrors'
-``after_batch``), in the writer's thread, so no write of lakecdc's runs beside it (gold's
-fold, which runs beside the stream's batches, waits: ``Maintainer.exclusive``).
+after a batch of its own (the shipper's ``Downstream.shipped``, the stream's ``on_pass``,
+the mirrors' ``after_batch``), in the writer's thread, so no write of lakecdc's runs beside
+it (gold's fold, which runs beside the stream's batches, waits: ``Maintainer.exclusive``).
 
 At most once per ``Config.maintain_interval_s`` it maintains every table of its group
 (``Engine.maintain``, ``core.engine``), one after the other; the writer's next batch waits

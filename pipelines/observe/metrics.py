@@ -3,7 +3,7 @@
 Two sources, on one registry per process (docs/observability.md lists every metric):
 
 - **Events** (``PipelineMetrics``), recorded where the work happens, so only in the process
-  that runs the stage: the shipper's ``on_batch`` (bronze), Spark's streaming progress of
+  that runs the stage: the shipper's ``Downstream.shipped`` (bronze), Spark's streaming progress of
   the silver query (a ``StreamingQueryListener``), the gold writer's ``GoldBatch`` and the
   push's ``PushResult`` (dashboard). Counters and histograms by ``layer``; rows per second
   is ``rate(lakecdc_rows_total[5m])`` in PromQL, not a gauge computed here.
@@ -77,9 +77,9 @@ class PipelineMetrics:
     """The event metrics of one process, on their own registry (``self.registry``).
 
     Hook methods match the stages' results: ``on_ship_batch(result, progress)`` is the
-    ``Shipper``'s ``on_batch`` (its batches, and the heartbeats and reconnects before
+    ``Shipper``'s downstream (its batches, and the heartbeats and reconnects before
     them); ``on_pass(PassResult)`` (a stream batch: silver and gold);
-    ``on_push(PushResult)`` (``run_push``'s
+    ``on_push(PushResult)`` (the dashboard feeder's, ``gold.feeder``,
     ``on_result``); ``stream_listener()`` returns a Spark ``StreamingQueryListener`` feeding
     ``on_stream_progress``. None of them raises.
 
@@ -158,7 +158,7 @@ class PipelineMetrics:
         self.last_batch.labels(layer).set(time.time())
 
     def on_ship_batch(self, result, progress=None) -> None:
-        """``bronze.ship.Shipper(on_batch=...)``: one peek and its commit, and the heartbeats
+        """``bronze.shipped.Downstream.shipped``: one peek and its commit, and the heartbeats
         sent and reconnects made since the previous batch."""
         def record():
             self._batch("bronze", result.changes + result.read_rows, result.seconds,

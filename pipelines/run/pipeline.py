@@ -3,11 +3,15 @@
 - ``run_once``: ship until the slot is drained, then the stream (bronze → silver → gold, one
   query, ``availableNow``), then one push. Everything committed on the source before it
   started reaches the dashboard, then it returns.
-- ``run_continuous``: the shipper and the push in threads, the stream as one streaming
-  query in this process's Spark session; each stream batch wakes the push, so the dashboard
-  follows gold at once. Stops on the ``stop`` event (SIGTERM / Ctrl-C) or on the first
-  failure of any stage, which is then raised. Each stage commits its progress with its
-  data, so stopping anywhere - even mid-batch - only repeats work the next run skips.
+- ``run_continuous``: four stages, each handing on to the next. The shipper (a thread)
+  commits each batch to bronze and hands its step to the dashboard's feeder
+  (``pipelines.run.shipping``); the stream (one streaming query in this process's Spark
+  session) writes silver and gold and hands the feeder gold's step of each batch, then asks
+  it to catch up from gold; the mirrors' query follows silver; the feeder (a thread,
+  ``gold.feeder``) is the dashboard's one writer. Stops on the ``stop`` event (SIGTERM /
+  Ctrl-C) or on the first failure of any stage, which is then raised. Each stage commits
+  its progress with its data, so stopping anywhere - even mid-batch - only repeats work the
+  next run skips.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from core.layout import GOLD, GOLD_DELTAS, GOLD_PENDING, STREAM_CHECKPOINT, Tabl
 from core.spark import low_latency, require_classic
 from core.switches import Switches
 from gold.ahead import ShipAhead
+from gold.feeder import DashboardFeeder
 from gold.gold_tables import GoldPaths
-from gold.push import AheadPush, push_once, run_push
+from gold.push import push_once
 from pipelines.maintain.schedule import Maintainer
 from pipelines.run.behind import ShipperBehind
 from pipelines.run.stream import (
@@ -106,8 +111,9 @@ class Pipeline:
         self._spark_factory = spark_factory
         self._spark = None
         self.trigger_interval = trigger_interval or f"{config.stream_trigger_s:g} seconds"
-        # The push runs after every stream batch; this is only how often it also looks by
-        # itself (a gold written by another process, a dashboard back after an outage).
+        # The dashboard's feeder catches up from gold after every stream batch; this is only
+        # how often it also looks by itself (a gold written by another process, a dashboard
+        # back after an outage).
         self.push_interval_s = push_interval_s
         # Fault points and guards switched off (test hooks), handed to every stage.
         self.switches = Switches.from_config(config)
@@ -227,12 +233,13 @@ class Pipeline:
     # --- stages, one at a time -----------------------------------------------------------
 
     def start_stream(self, once: bool, accept_errors_upto: int | None = None,
-                     on_pass: list | None = None, max_files_per_trigger: int | None = None,
-                     ahead: Callable | None = None, behind: ShipperBehind | None = None):
+                     max_files_per_trigger: int | None = None,
+                     feeder: DashboardFeeder | None = None, behind: ShipperBehind | None = None):
         """Prepare, seed gold if it has no counts yet, and start the one-pass stream
         (``pipelines.run.stream``); returns (query, writer). Call under ``gold_lock``.
-        ``behind``: each batch held while the shipper catches up with the dashboard
-        following it (``pipelines.run.behind``)."""
+        ``feeder``: the dashboard's, handed each batch's step; ``behind``: each batch held
+        while the shipper catches up with the dashboard following it
+        (``pipelines.run.behind``)."""
         from gold.start import gold_writer
         from pipelines.setup.capture import known_tables
 
@@ -253,12 +260,12 @@ class Pipeline:
                            switches=self.switches,
                            storage_options=self._delta_rs_options,
                            fold_share=self.config.gold_fold_share, engine=self.engine())
-        callbacks = [self.marks.on_pass, *self.on_pass, *(on_pass or []),
+        callbacks = [self.marks.on_pass, *self.on_pass,
                      Maintainer(self.config, "stream", exclusive=gold.paused,
                                 engine=self.engine(), switches=self.switches).after_batch]
         if self.metrics is not None:
             callbacks.append(self.metrics.on_pass)
-        writer = SilverGoldWriter(silver, gold, self.switches, callbacks, ahead)
+        writer = SilverGoldWriter(silver, gold, self.switches, callbacks, feeder)
         query = start_stream(self.spark, paths,
                              writer if behind is None else behind.holding("stream", writer), once,
                              trigger_interval=self.trigger_interval,
@@ -276,19 +283,17 @@ class Pipeline:
                                               max_files_per_trigger=max_files_per_trigger)
             return await_stream(query, writer, stop)
 
-    def push(self, once: bool, stop: threading.Event | None = None,
-             wake: threading.Event | None = None):
+    def push(self, once: bool, stop: threading.Event | None = None):
+        """gold → the dashboard: one push, or pushes until ``stop`` (``gold.feeder``)."""
         if once:
             result = push_once(self.where.gold, self.config.dashboard, switches=self.switches,
                                marks=self.marks.snapshot(), engine=self.engine())
             if self.metrics is not None:
                 self.metrics.on_push(result)
             return result
-        return run_push(self.where.gold, self.config.dashboard, stop or threading.Event(),
-                        interval_s=self.push_interval_s, wake=wake,
-                        marks=self.marks.snapshot, switches=self.switches,
-                        engine=self.engine(),
-                        on_result=self.metrics.on_push if self.metrics is not None else None)
+        feeder = self.dashboard_feeder()
+        feeder.catch_up()
+        return feeder.run(stop)
 
     def start_mirrors(self, once: bool, accept_errors_upto: int | None = None,
                       behind: ShipperBehind | None = None):
@@ -393,23 +398,21 @@ class Pipeline:
             thread.start()
             return thread
 
-        wake = threading.Event()
-        # Each shipper batch's step reaches the dashboard as soon as bronze holds it, from
-        # the shipper's first batch, while the stream starts (gold.ahead); each stream
-        # batch's, while gold's MERGE runs (gold.push): whichever comes first, the other
-        # finds the dashboard past it. In a catch-up the dashboard follows the shipper,
-        # and the stream and the mirrors wait for it (pipelines.run.behind).
-        ship_ahead = self.ship_ahead()
+        # The dashboard's one writer, from the shipper's first batch on: each stage hands it
+        # its steps (gold.feeder). In a catch-up the dashboard follows the shipper, and the
+        # stream and the mirrors wait for it (pipelines.run.behind).
+        feeder = self.dashboard_feeder()
+        feeding = guarded("dashboard", feeder.run)
+        steps = ShipAhead(feeder, self.config.counted)
         behind = ShipperBehind(stop)
         shipped = threading.Event()         # the shipper's first batch is done
 
         def first_batch(result, progress) -> None:
             shipped.set()
         self.on_ship.append(first_batch)
-        threads = [guarded("ship", lambda: self.shipper(ship_ahead, behind).run(
-            once=False, stop=stop))]
+        shipping = guarded("ship", lambda: self.shipper(steps, behind).run(once=False,
+                                                                           stop=stop))
         query = writer = mirrors = None
-        ahead = self._ahead_push()
         with ExitStack() as latency:
             try:
                 # Started on a backlog, the dashboard follows the shipper from its first
@@ -418,13 +421,11 @@ class Pipeline:
                 # would take a core from it.
                 behind.hold("stream", before=shipped)
                 latency.enter_context(low_latency(self.spark, True))
-                query, writer = self.start_stream(False, on_pass=[lambda _: wake.set()],
-                                                  ahead=ahead, behind=behind)
+                query, writer = self.start_stream(False, feeder=feeder, behind=behind)
                 if self.config.mirrored:
                     mirrors = self.start_mirrors(False, behind=behind)
                 self.started.set()
-                threads.append(guarded("push", lambda: self.push(once=False, stop=stop,
-                                                                 wake=wake)))
+                feeder.catch_up()               # and from now on every push_interval_s
                 while not stop.is_set():
                     for q, w in ((query, writer), *([mirrors] if mirrors else [])):
                         if not q.isActive and not stop.is_set():
@@ -439,7 +440,6 @@ class Pipeline:
                     stop.wait(0.5)
             finally:
                 stop.set()
-                wake.set()
                 for running in (query, mirrors[0] if mirrors else None):
                     if running is not None:
                         stop_between_batches(running)
@@ -450,32 +450,29 @@ class Pipeline:
                         writer.finish()     # service_stats holds every step applied
                     except Exception as exc:
                         errors.append(exc)
-                for thread in threads:
-                    thread.join(timeout=120)
-                ahead.close()
-                ship_ahead.close()
+                shipping.join(timeout=120)
+                steps.close()
+                feeder.close()              # after the steps still handed on
+                feeding.join(timeout=120)
                 self.on_ship.remove(first_batch)
         if errors:
             raise errors[0]
 
-    # --- metrics hooks (no-ops without self.metrics) ---------------------------------------
+    def dashboard_feeder(self) -> DashboardFeeder:
+        """The dashboard's one writer (``gold.feeder``), recording this pipeline's marks."""
+        return DashboardFeeder(self.where.gold, self.config.dashboard,
+                               interval_s=self.push_interval_s, marks=self.marks.snapshot,
+                               switches=self.switches, engine=self.engine(),
+                               on_result=self.metrics.on_push if self.metrics else None)
 
-    def _ahead_push(self) -> AheadPush:
-        return AheadPush(self.where.gold, self.config.dashboard, marks=self.marks.snapshot,
-                         switches=self.switches, engine=self.engine())
-
-    def ship_ahead(self) -> ShipAhead:
-        """Shipper batches' steps for the dashboard (``gold.ahead``)."""
-        return ShipAhead(self._ahead_push(), self.config.counted)
-
-    def shipper(self, ahead: ShipAhead | None = None,
+    def shipper(self, steps: ShipAhead | None = None,
                 behind: ShipperBehind | None = None) -> Shipper:
-        """The shipper, wired to this pipeline (``pipelines.run.shipping``): with ``ahead``
+        """The shipper, handing each batch on (``pipelines.run.shipping``): with ``steps``
         each batch's step goes to the dashboard as soon as bronze holds it, and ``behind``
         holds the stream's and the mirrors' batches in a catch-up the dashboard follows."""
-        from pipelines.run.shipping import wired_shipper
+        from pipelines.run.shipping import run_shipper
 
-        return wired_shipper(self, ahead, behind)
+        return run_shipper(self, steps, behind)
 
     def _observe_streams(self) -> None:
         """Record Spark streaming progress (rows and batch durations per query) into

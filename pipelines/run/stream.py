@@ -11,12 +11,12 @@ One query reads bronze; its ``foreachBatch`` (``SilverGoldWriter``) does, per mi
    - gold (``gold.apply``): the parsed rows' signed deltas of whole source transactions,
      MERGEd into ``gold/service_stats`` (app transaction ``lakecdc-gold[@epoch]``, version
      ``b``), partial transactions carried in ``gold/_pending``;
-3. ``ahead`` (``lakecdc run``): as soon as gold has planned its step, the step goes to the
-   dashboard (``gold.push.push_ahead``) in a third thread, while silver appends and gold
-   writes its step: the dashboard's upsert, which grows with the dashboard, is on neither
-   half's path, and the batch ends when all three are done;
-4. ``on_pass`` callbacks: metrics, and the push thread woken so the dashboard follows gold
-   at once (``pipelines.run.pipeline``).
+3. ``feeder`` (``lakecdc run``): as soon as gold has planned its step, the step is handed
+   to the dashboard's feeder (``gold.feeder``), which adds it in its own thread while silver
+   appends and gold writes its step: the dashboard's upsert, which grows with the
+   dashboard, is on neither half's path, and the batch ends when the feeder has answered;
+   then the feeder is asked to catch the dashboard up from gold;
+4. ``on_pass`` callbacks: the layers' marks, metrics, maintenance.
 
 Why one query (docs/benchmarks.md): a change used to wait for a silver micro-batch, then a
 gold one, then the push loop, paying Spark's per-batch cost at each hop, and three queries
@@ -51,6 +51,7 @@ from core.layout import STREAM_QUERY
 from core.switches import NONE, Switches
 from gold.apply import GoldBatch, GoldBatchWriter, Planned
 from gold.deltas import REBUILD
+from gold.feeder import DashboardFeeder
 from gold.gold_tables import GoldPaths
 from gold.start import applied_batch, prepare_gold
 from silver.writer import SilverBatch, SilverWriter, last_batch
@@ -89,7 +90,7 @@ class PassResult:
     input_rows: int = 0
     ahead_seconds: float = 0.0      # the push of gold's step ahead of gold, beside both halves
     # From the batch's start to the end of its last push ahead (its rows on the dashboard);
-    # 0.0 when none was pushed ahead (the push loop brings them, after gold's MERGE).
+    # 0.0 when none was pushed ahead (the feeder's catch-up brings them, after gold's MERGE).
     ahead_done_seconds: float = 0.0
     started_at: float = 0.0         # the batch's start, wall clock (time.time())
 
@@ -117,15 +118,15 @@ class SilverGoldWriter:
     """The ``foreachBatch`` function of the stream (see the module docstring).
 
     ``failure`` keeps a batch's own exception (Spark wraps it), so a ``GoldStopped`` reaches
-    the CLI as its one sentence. ``on_pass`` callbacks never fail a batch, nor does
-    ``ahead`` (it reports its own problems and returns)."""
+    the CLI as its one sentence. ``on_pass`` callbacks never fail a batch, nor does the
+    ``feeder`` (a step it cannot add is answered not taken)."""
 
     def __init__(self, silver: SilverWriter, gold: GoldBatchWriter, switches: Switches = NONE,
                  on_pass: list[Callable[[PassResult], None]] | None = None,
-                 ahead: Callable[[Planned], object] | None = None) -> None:
+                 feeder: DashboardFeeder | None = None) -> None:
         self.silver = silver
         self.gold = gold
-        self.ahead = ahead
+        self.feeder = feeder
         self.switches = switches
         self.on_pass = list(on_pass or [])
         self.run = StreamRun()
@@ -162,6 +163,8 @@ class SilverGoldWriter:
                             max(0.0, ahead_done - started) if ahead_done else 0.0,
                             started_at)
         self.run.add(result)
+        if self.feeder is not None:
+            self.feeder.catch_up()          # the batch is in gold
         log.info("batch %d: %d rows to silver (%d quarantined), %d transactions applied to "
                  "gold (%d keys), %d carried, %.2fs%s", batch_id, written.rows,
                  written.quarantined, applied.applied_transactions, applied.step_keys,
@@ -183,40 +186,27 @@ class SilverGoldWriter:
         thread inherits the batch's Spark job properties (its query's job group: stopping
         the query cancels its jobs too).
 
-        With ``ahead``, the gold thread hands its step, as soon as it is planned, to a third
-        thread that pushes it to the dashboard, beside gold's write of the step and whether or
+        With a ``feeder``, the gold thread hands it its step as soon as the step is planned;
+        the feeder adds it to the dashboard beside gold's write of the step and whether or
         not silver's appends are done (``verify`` waits for silver to hold what the dashboard
-        holds before reading it). Neither half waits for that push: an upsert into the
-        dashboard grows with the dashboard's rows, gold's step does not. The batch waits
-        for it, so a batch's steps reach the dashboard in order, and before the push loop
-        is woken for the batch (``on_pass``)."""
+        holds before reading it). Neither half waits for that: an upsert into the dashboard
+        grows with the dashboard's rows, gold's step does not. The batch waits for the
+        feeder's answer, so a batch's steps reach the dashboard before its catch-up is asked
+        for."""
         gold: dict = {}
         parsed_batch: Future = Future()
-        pushes: list[threading.Thread] = []
-        ahead_seconds: list[float] = []
-        ahead_done: list[float] = []
-
-        def push(step: Planned) -> None:
-            begun = time.monotonic()
-            if self._push_ahead(step):
-                ahead_done.append(time.monotonic())
-                self.switches.hit("after_ahead_push")
-            ahead_seconds.append(time.monotonic() - begun)
+        offered: list[Future] = []
+        spark = bronze.sparkSession
 
         def plan(step: Planned) -> None:
-            pusher = threading.Thread(target=push, args=(step,), daemon=True,
-                                      name=f"lakecdc-ahead-{batch_id}")
-            pushes.append(pusher)
-            pusher.start()
-
-        spark = bronze.sparkSession
+            offered.append(self.feeder.offer(step, by="stream"))
 
         def apply() -> None:
             try:
                 pending = self.gold.read_pending(spark, batch_id)
                 gold["result"] = self.gold.apply(
                     spark, parsed_batch.result().rows, batch_id,
-                    plan if self.ahead is not None else None, pending)
+                    plan if self.feeder is not None else None, pending)
             except BaseException as exc:
                 gold["error"] = exc
 
@@ -235,19 +225,12 @@ class SilverGoldWriter:
             self.switches.hit("after_silver_append")
         finally:
             thread.join()
-            for pusher in pushes:
-                pusher.join()
+            answers = [answer.result() for answer in offered]
         if "error" in gold:
             raise gold["error"]
         return (written, gold["result"], parse_seconds, silver_seconds, parsed.rows.num_rows,
-                sum(ahead_seconds), max(ahead_done, default=0.0))
-
-    def _push_ahead(self, step: Planned) -> bool:
-        try:
-            return bool(self.ahead(step))
-        except Exception:           # like an observer: the push loop catches up from gold
-            log.warning("batch %d: not pushed ahead of gold", step.batch_id, exc_info=True)
-            return False
+                sum(a.seconds for a in answers),
+                max((a.done_at for a in answers if a.taken), default=0.0))
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import pytest
 from deltalake import DeltaTable
 
 from bronze.ship import Shipper
+from bronze.shipped import Downstream
 from tests.invariants import check_i1, check_i3_i4, check_i5
 from pipelines.observe.metrics import PipelineMetrics
 from pipelines.run.pipeline import Pipeline
@@ -63,6 +64,16 @@ def bronze_texts(config) -> list[str]:
 
 
 @pytest.mark.spark
+class Reported(Downstream):
+    """Each batch into the shipper's metrics, as ``lakecdc ship`` reports it."""
+
+    def __init__(self, metrics) -> None:
+        self.metrics = metrics
+
+    def shipped(self, batch, progress) -> None:
+        self.metrics.on_ship_batch(batch, progress)
+
+
 def test_malformed_oversized_and_foreign_messages_are_skipped_and_counts_stay_exact(
         source_db, config, intruder, spark):
     setup(config)
@@ -121,7 +132,7 @@ def test_twenty_thousand_forged_high_marks_in_one_statement_cost_no_io_per_mark(
     metrics = PipelineMetrics(layers=("bronze",))
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="lakecdc"):
-        Shipper(config, on_batch=metrics.on_ship_batch).run(once=True)
+        Shipper(config, downstream=Reported(metrics)).run(once=True)
     took = time.monotonic() - started
     assert took < 90, f"ship --once took {took:.1f}s"
     assert "20000 HIGH marks of runs that were never staged ignored" in caplog.text

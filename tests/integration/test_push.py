@@ -12,7 +12,9 @@ import logging
 import os
 import shutil
 import socket
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -25,7 +27,8 @@ from gold.gold_tables import GoldPaths, ensure_gold_tables
 from core.errors import UserError
 from core.storage import gold_key
 from core.switches import Switches
-from gold.push import AheadPush, ensure_dashboard_tables, push_ahead, push_once
+from gold.feeder import DashboardFeeder
+from gold.push import ensure_dashboard_tables, push_ahead, push_once
 from gold.view import open_gold
 from tests.tests_support import ROOT, error_line, run_cli
 
@@ -454,6 +457,20 @@ def test_a_push_past_a_dashboard_moved_ahead_refreshes_every_key_a_step_ahead_wr
     assert nonzero(counts(dash)) == sim.truth()
 
 
+@contextmanager
+def feeding(gold_path: str, dsn: str):
+    """A dashboard feeder (``gold.feeder``) running in a thread of its own for the block."""
+    feeder = DashboardFeeder(gold_path, dsn)
+    thread = threading.Thread(target=feeder.run, daemon=True)
+    thread.start()
+    try:
+        yield feeder
+    finally:
+        feeder.close()
+        thread.join(60)
+    assert not thread.is_alive()
+
+
 def test_a_step_that_cannot_go_ahead_says_why_once_and_again_after_one_went(
         spark, gold, dash, source_db, caplog):
     """A first start's steps come before gold exists, about forty of them; a dashboard that
@@ -471,20 +488,71 @@ def test_a_step_that_cannot_go_ahead_says_why_once_and_again_after_one_went(
                 and "was not pushed ahead" in r.getMessage()]
 
     caplog.set_level(logging.DEBUG, logger="lakecdc.push")
-    no_gold = AheadPush(str(gold.gold) + "_missing", source_db.dsn)
-    assert not any(no_gold(step) for _ in range(40))
+    with feeding(str(gold.gold) + "_missing", source_db.dsn) as no_gold:
+        assert not any(no_gold.offer(step, "stream").result(60).taken for _ in range(40))
     assert len(said()) == 1 and "no gold table" in said()[0].getMessage(), said()
 
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
     down = f"host=127.0.0.1 port={closed.getsockname()[1]} dbname=x user=x connect_timeout=2"
-    push = AheadPush(gold.gold, down)
-    assert not any(push(step) for _ in range(10))
-    push.dsn = source_db.dsn
-    assert push(step)                          # it went: the next failure is said again
-    push.close()
-    push.dsn = down
-    assert not any(push(step) for _ in range(10))
+    with feeding(gold.gold, down) as feeder:
+        assert not any(feeder.offer(step, "stream").result(60).taken for _ in range(10))
+        feeder.dsn = source_db.dsn
+        assert feeder.offer(step, "stream").result(60).taken   # the next failure: said again
+        feeder.dsn = down
+        feeder._disconnect()                    # idle between steps: the dashboard lost
+        assert not any(feeder.offer(step, "stream").result(60).taken for _ in range(10))
     closed.close()
-    push.close()
     assert len(said()) == 3, [r.getMessage() for r in said()]
+
+
+def test_the_feeder_adds_steps_in_order_catches_up_between_them_and_stops_on_a_refusal(
+        spark, gold, dash, source_db, tmp_path):
+    """The dashboard's one writer (``gold.feeder``): the steps handed to it are added in
+    order, each under the fence (a replayed one is not taken); a catch-up runs only once no
+    step waits, and brings the dashboard to gold (step 2b where it is there already). A
+    catch-up refused with a sentence (the dashboard holds another pipeline's counts) ends
+    the feeder with it, and a step handed on afterwards is answered not taken."""
+    sim = Sim()
+    ids = sim.create(A, A, B)
+    done = apply(spark, gold, sim, 0, 0)
+    push_once(gold.gold, source_db.dsn)
+    sim.set_status(ids[:2], "sending")
+    step = planned_step(spark, gold, sim, done, 1)
+    caught_up = threading.Event()
+    results = []
+
+    def heard(result) -> None:
+        results.append(result)
+        caught_up.set()
+    feeder = DashboardFeeder(gold.gold, source_db.dsn, on_result=heard)
+    first, replayed = feeder.offer(step, "stream"), feeder.offer(step, "stream")
+    feeder.catch_up()
+    thread = threading.Thread(target=feeder.run, daemon=True)
+    thread.start()
+    assert first.result(60).taken and not replayed.result(60).taken
+    assert caught_up.wait(60)
+    assert [r.pushed for r in results] == [False]      # gold behind the dashboard: 2b
+    assert nonzero(counts(dash)) == sim.truth()
+    caught_up.clear()
+    apply(spark, gold, sim, done, 1)                   # gold takes the step too
+    feeder.catch_up()
+    assert caught_up.wait(60)
+    assert progress(dash, gold.gold) == (results[-1].gold_version, sim.lsn)
+    assert nonzero(counts(dash)) == sim.truth()
+    feeder.close()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert not feeder.offer(step, "stream").result(0).taken
+
+    other = GoldPaths.beside(str(tmp_path / "other" / "gold" / "service_stats"))
+    ensure_gold_tables(spark, other)
+    second = Sim()
+    second.create(B)
+    apply(spark, other, second, 0, 0)
+    refused = DashboardFeeder(other.gold, source_db.dsn)
+    refused.catch_up()
+    with pytest.raises(UserError, match="another pipeline"):
+        refused.run()
+    assert not refused.offer(step, "stream").result(0).taken
+    assert nonzero(counts(dash)) == sim.truth()

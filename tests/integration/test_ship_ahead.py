@@ -11,11 +11,13 @@ from __future__ import annotations
 import functools
 import threading
 from collections import Counter
+from contextlib import contextmanager
 
 import psycopg
 import pytest
 
 from core.storage import gold_key
+from gold.ahead import ShipAhead
 from pipelines.run.behind import ShipperBehind
 from pipelines.run.pipeline import Pipeline
 from pipelines.setup.prepare import setup
@@ -41,6 +43,24 @@ def dashboard_lsn(config, pipeline: Pipeline) -> int:
     with psycopg.connect(config.dashboard) as conn:
         return conn.execute("SELECT source_commit_lsn FROM lakecdc_push_progress WHERE "
                             "gold_table = %s", [gold_key(pipeline.where.gold)]).fetchone()[0]
+
+
+@contextmanager
+def steps_ahead(pipeline: Pipeline):
+    """``lakecdc run``'s steps ahead of the stream (``gold.ahead``), added by the
+    pipeline's dashboard feeder running in a thread of its own for the block (without a
+    catch-up from gold: the stream is not running)."""
+    feeder = pipeline.dashboard_feeder()
+    thread = threading.Thread(target=feeder.run, daemon=True)
+    thread.start()
+    steps = ShipAhead(feeder, pipeline.config.counted)
+    try:
+        yield steps
+    finally:
+        steps.close()
+        feeder.close()
+        thread.join(60)
+    assert not thread.is_alive()
 
 
 def ship(shipper, pipeline: Pipeline) -> list:
@@ -79,13 +99,14 @@ def test_each_shipper_batch_reaches_the_dashboard_before_the_stream_reads_it(
     knows the captured set's tables without the stream."""
     pipeline, purged = started(config, spark, source_db.dsn)
     for shippers in (1, 2):             # the second: a restarted shipper's first batch
-        shipper = pipeline.shipper(pipeline.ship_ahead())
-        for seed in (shippers * 10, shippers * 10 + 1):
-            purged += mixed(source_db.dsn, seed=seed)
-            batches = ship(shipper, pipeline)
-            assert batches and all(b.ahead_seconds > 0 for b in batches)
-            dashboard_exact_at(config, pipeline, source_db.dsn, purged,
-                               batches[-1].commit_lsn)
+        with steps_ahead(pipeline) as steps:
+            shipper = pipeline.shipper(steps)
+            for seed in (shippers * 10, shippers * 10 + 1):
+                purged += mixed(source_db.dsn, seed=seed)
+                batches = ship(shipper, pipeline)
+                assert batches and all(b.ahead_seconds > 0 for b in batches)
+                dashboard_exact_at(config, pipeline, source_db.dsn, purged,
+                                   batches[-1].commit_lsn)
     stream_changes_nothing(config, pipeline, source_db.dsn, purged)
 
 
@@ -98,7 +119,8 @@ def test_a_batch_the_dashboard_lacks_is_never_skipped_over(source_db, config, sp
     purged += mixed(source_db.dsn, seed=3)
     ship(pipeline.shipper(), pipeline)        # `lakecdc ship` alone: bronze moves, not the
     purged += mixed(source_db.dsn, seed=4)    # dashboard
-    batches = ship(pipeline.shipper(pipeline.ship_ahead()), pipeline)
+    with steps_ahead(pipeline) as steps:
+        batches = ship(pipeline.shipper(steps), pipeline)
     if fence:
         assert not any(b.ahead_seconds for b in batches)
         assert _nonzero(dashboard_counts(source_db.dsn)) == before
@@ -129,19 +151,20 @@ def test_in_a_catch_up_the_dashboard_follows_the_shipper_which_peeks_on_meanwhil
     config = config.with_(upto_nchanges=40)
     pipeline, purged = started(config, spark, source_db.dsn)
     behind = Recorded()
-    ahead = pipeline.ship_ahead()
-    shipper = pipeline.shipper(ahead, behind)
-    for seed in (3, 4):
-        behind.calls.clear()
-        purged += mixed(source_db.dsn, seed=seed)
-        batches = ship(shipper, pipeline)
-        # Each full batch is handed on, not waited for, and the stream held, until a peek
-        # is not full: from the shipper's first batch on.
-        assert sum(b.full for b in batches) >= 3
-        assert not any(b.ahead_seconds for b in batches if b.full)
-        assert behind.calls[0] is True and behind.calls[-1] is False
-        ahead.drain()
-        dashboard_exact_at(config, pipeline, source_db.dsn, purged, batches[-1].commit_lsn)
+    with steps_ahead(pipeline) as steps:
+        shipper = pipeline.shipper(steps, behind)
+        for seed in (3, 4):
+            behind.calls.clear()
+            purged += mixed(source_db.dsn, seed=seed)
+            batches = ship(shipper, pipeline)
+            # Each full batch is handed on, not waited for, and the stream held, until a
+            # peek is not full: from the shipper's first batch on.
+            assert sum(b.full for b in batches) >= 3
+            assert not any(b.ahead_seconds for b in batches if b.full)
+            assert behind.calls[0] is True and behind.calls[-1] is False
+            steps.drain()
+            dashboard_exact_at(config, pipeline, source_db.dsn, purged,
+                               batches[-1].commit_lsn)
     stream_changes_nothing(config, pipeline, source_db.dsn, purged)
 
 

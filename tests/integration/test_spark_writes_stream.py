@@ -150,7 +150,7 @@ def test_negative_controls_without_a_txn_guard_the_replay_writes_twice(
 def test_a_continuous_run_through_spark_pushes_ahead_and_ends_exact(source_db, config,
                                                                     lakecdc, spark):
     """``lakecdc run`` (continuous) with ``LAKECDC_WRITER=spark`` in this process: the
-    stream's batches push their steps ahead of gold, the push thread reads gold through
+    stream's batches push their steps ahead of gold, the dashboard's feeder reads gold through
     Spark; the dashboard reaches the source while it runs, and gold equals it after."""
     from pipelines.run.pipeline import Pipeline
     from tests.truth import dashboard_counts, source_truth

@@ -10,7 +10,7 @@ the pipeline's code does not produce, and the peek bound.
   sentence, exit 2, before any work); ``ship`` and ``run`` refuse a negative heartbeat
   interval or backoff.
 - The stream (silver and gold) and push exporters (Spark): each layer's events equal its
-  table; the continuous push (``run_push(on_result=...)``, as ``lakecdc run`` and
+  table; the continuous push (``gold.feeder.DashboardFeeder(on_result=...)``, as ``lakecdc run`` and
   ``lakecdc push`` use it) records every push: rows equal what the dashboard received, the
   pushed version equals the dashboard's progress row.
 - A peek that outlives ``--peek-timeout``: one sentence, exit 2, nothing in bronze, the slot

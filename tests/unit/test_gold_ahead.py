@@ -1,14 +1,16 @@
 """gold.ahead: a shipper batch's step from the dashboard's watermark, across every batch
 after it, with the stream's own parse and plan; never across a batch the stream must judge.
 
-``Dashboard`` stands in for ``gold.push.push_ahead`` (its fence is tested on a real
-dashboard in tests/integration/test_ship_ahead.py): it takes a step only from its own
-watermark, and adds its key deltas."""
+``Dashboard`` stands in for the dashboard's feeder (``gold.feeder``) and its
+``push_ahead`` (the fence is tested on a real dashboard in
+tests/integration/test_ship_ahead.py): it takes a step only from its own watermark, and
+adds its key deltas."""
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
+from concurrent.futures import Future
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -16,6 +18,7 @@ import pyarrow as pa
 from bronze.records import BRONZE_SCHEMA
 from core.captured import COUNTED, DIMS
 from gold.ahead import ShipAhead, shipped_lines
+from gold.feeder import Offered
 from tests.unit.test_silver_parse import bronze_row, dims, nid, w2j
 
 KNOWN = ("public.notifications", "public.notification_history", "public.services")
@@ -50,7 +53,7 @@ def offer(push: ShipAhead, after: int | None, *txs: list[dict]) -> bool:
     push.prepare(after, rows, KNOWN)
     batch = SimpleNamespace(after_lsn=after, commit_ts=None,
                             commit_lsn=max(rows.column("commit_lsn").to_pylist()))
-    return push(batch).result()
+    return push(batch).result().taken
 
 
 class Dashboard:
@@ -67,6 +70,30 @@ class Dashboard:
             self.counts[key(row)] += row["delta"]
         self.at = step.commit_lsn
         return True
+
+    def offer(self, choose, by: str) -> Future:
+        """The feeder's answer, at once."""
+        assert by == "shipper"
+        answer: Future = Future()
+        answer.set_result(Offered(self(choose), 0.0, 0.0))
+        return answer
+
+
+class Slow(Dashboard):
+    """A feeder that answers once ``release`` is set, from a thread of its own."""
+
+    def __init__(self, at: int | None, release: threading.Event) -> None:
+        super().__init__(at)
+        self.release = release
+
+    def offer(self, choose, by: str) -> Future:
+        answer: Future = Future()
+
+        def add() -> None:
+            self.release.wait()
+            answer.set_result(Offered(self(choose), 0.0, 0.0))
+        threading.Thread(target=add, daemon=True).start()
+        return answer
 
 
 def ahead(dashboard: Dashboard) -> ShipAhead:
@@ -134,7 +161,7 @@ def test_rows_prepared_for_another_batch_are_not_taken():
     offer(push, None, tx(110, ins(1)))
     push.prepare(110, bronze(tx(120, ins(2))), KNOWN)      # its commit failed: never stored
     stored = SimpleNamespace(after_lsn=110, commit_lsn=130, commit_ts=None)
-    assert not push(stored).result()                 # stored anew, with rows unseen
+    assert not push(stored).result().taken           # stored anew, with rows unseen
     assert board.at == 110 and not board.counts
 
 
@@ -154,12 +181,8 @@ def test_a_batch_waits_to_be_handed_on_while_the_one_before_is_pushed():
     """The shipper peeks on beside one batch's push, never more: the rows it holds stay
     bounded (``gold.ahead.WAITING``)."""
     release = threading.Event()
-    board = Dashboard(at=110)
-
-    def slow(choose):
-        release.wait()
-        return board(choose)
-    push = ShipAhead(slow, COUNTED)
+    board = Slow(at=110, release=release)
+    push = ShipAhead(board, COUNTED)
     offer_rows = [(110, bronze(tx(120, ins(1)))), (120, bronze(tx(130, ins(2))))]
     handed = []
     for after, rows in offer_rows:
@@ -169,5 +192,5 @@ def test_a_batch_waits_to_be_handed_on_while_the_one_before_is_pushed():
         handed.append(push(SimpleNamespace(after_lsn=after, commit_ts=None,
                                            commit_lsn=after + 10)))
         assert all(f.done() for f in handed[:-1])
-    assert [f.result() for f in handed] == [True, True]
+    assert [f.result().taken for f in handed] == [True, True]
     assert board.at == 130 and board.counts == {key(CREATED): 2}
