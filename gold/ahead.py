@@ -16,7 +16,7 @@ whoever moves it - these steps, the stream's (``gold.apply.Planned``), or the fe
 catch-up from gold (whose step 3b refreshes every key such steps wrote).
 
 A batch gold would stop on, quarantine rows of, or that does not plan whole (a TRUNCATE,
-a row without its dims), or too big to keep (``bronze.ship.KEPT_ROWS``), is never offered,
+a row without its dims), or too big to keep (``bronze.shipped.KEPT_ROWS``), is never offered,
 and no step goes across it: the stream decides those, and the dashboard follows it from
 there.
 

@@ -47,7 +47,7 @@ def bronze(*txs: list[dict]) -> pa.Table:
 
 def offer(push: ShipAhead, after: int | None, *txs: list[dict]) -> bool:
     """A shipper batch of ``txs``, as the shipper hands it on: its rows before its bronze
-    commit, then the batch (a ``bronze.ship.ShipBatch``) after it. Whether the dashboard
+    commit, then the batch (a ``bronze.shipped.ShipBatch``) after it. Whether the dashboard
     took its step."""
     rows = bronze(*txs)
     push.prepare(after, rows, KNOWN)
