@@ -146,9 +146,10 @@ def require_classic(spark, command: str) -> None:
     ``foreachBatch`` writers (``pipelines.run.stream.SilverGoldWriter``,
     ``silver.mirrors.mirror_writer.MirrorWriter``) keep locks, threads, delta-rs handles and the
     Spark session across batches, and the driver reads what they did (the batch's own error, gold's
-    steps folded between batches, the push woken after each). Spark Connect runs that function in a
-    Python process of the server's, pickled: it refuses to pickle them, and that process's state
-    would never reach the driver (docs/databricks.md, "Which workspace you have")."""
+    steps folded between batches, the dashboard's feeder asked to catch up after each). Spark
+    Connect runs that function in a Python process of the server's, pickled: it refuses to
+    pickle them, and that process's state would never reach the driver (docs/databricks.md,
+    "Which workspace you have")."""
     if is_connect(spark):
         raise UserError(
             f"`lakecdc {command}` needs a classic Spark session and this one is Spark Connect "
