@@ -102,12 +102,19 @@ class ShipAhead:
         self.feeder = feeder
         self.tables = tables
         self.batches: list[Shipped] = []
-        # Whether the dashboard took the newest batch handed on's step: it follows the
-        # shipper (set from the feeder's thread).
-        self.following = False
         self._prepared: tuple[int | None, int, Future] | None = None
         self._parse: ThreadPoolExecutor | None = None
         self._waiting: deque[Future] = deque()
+        self._took = False          # whether the newest batch no longer waiting was taken
+
+    @property
+    def following(self) -> bool:
+        """Whether the dashboard took the step of the newest batch the feeder has answered
+        for: it follows the shipper."""
+        for offered in reversed(self._waiting):
+            if offered.done():
+                return offered.result().taken
+        return self._took
 
     def prepare(self, after_lsn: int | None, rows: pa.Table, known: Iterable[str]) -> None:
         """A batch's rows, about to be committed: their lines worked out meanwhile, parsed
@@ -128,14 +135,10 @@ class ShipAhead:
             return None
         prepared, self._prepared = self._prepared, None
         while self._waiting and (self._waiting[0].done() or len(self._waiting) >= WAITING):
-            wait([self._waiting.popleft()])
+            self._took = self._waiting.popleft().result().taken
         offered = self.feeder.offer(partial(self._step_to, batch, prepared), by="shipper")
-        offered.add_done_callback(self._followed)
         self._waiting.append(offered)
         return offered
-
-    def _followed(self, offered: Future) -> None:
-        self.following = offered.result().taken
 
     def drain(self) -> None:
         """Until every batch handed on has been offered."""
