@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import uuid
 from collections import Counter
 from datetime import datetime, timezone
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -77,6 +79,80 @@ def _options(s3) -> dict[str, str]:
 def _ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert result.returncode == 0, result.stderr[-4000:]
     return result
+
+
+class OneProcess:
+    """``lakecdc`` commands one after another in one child process, each as ``python -m
+    pipelines ARGS`` runs it (``pipelines.cli.main``: its own output and exit code), all on
+    one Spark JVM, as the tasks of a Databricks job share their cluster's. A fresh JVM's
+    start, its S3 connector and its first Delta jobs cost each command 15-30 s here; commands
+    that follow one another share them. The child's environment is ``env``; a command's own
+    variables (``run``'s ``env``) are set for that command alone. A fault point's
+    ``os._exit(137)`` ends the process, as it ends a command's own."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        results, theirs = os.pipe()
+        with open(log, "ab") as sink:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", "from tests.integration.test_spark_only import serve; "
+                 "serve()", str(theirs)], env=env, cwd=ROOT, stdin=subprocess.PIPE,
+                stdout=sink, stderr=subprocess.STDOUT, pass_fds=(theirs,), text=True)
+        os.close(theirs)
+        self.log = log
+        self._results = os.fdopen(results)
+
+    def run(self, args: list[str], env: dict[str, str] | None = None,
+            timeout: float = 900) -> subprocess.CompletedProcess:
+        self.proc.stdin.write(json.dumps({"args": args, "env": env or {}}) + "\n")
+        self.proc.stdin.flush()
+        if not select.select([self._results], [], [], timeout)[0]:
+            self.proc.kill()
+            raise AssertionError(f"lakecdc {' '.join(args)}: not done within {timeout}s")
+        line = self._results.readline()
+        if not line:                            # the process ended in the command
+            code = self.proc.wait(timeout=60)
+            return subprocess.CompletedProcess(args, code, "", self.log.read_text()[-4000:])
+        done = json.loads(line)
+        return subprocess.CompletedProcess(args, done["code"], done["stdout"], done["stderr"])
+
+    def __enter__(self) -> "OneProcess":
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        if self.proc.poll() is None:            # its commands done: stdin closed, it ends
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._results.close()
+
+
+def serve() -> None:
+    """``OneProcess``'s child: a command per line on stdin, its result a line on the file
+    descriptor given; the process ends as ``pipelines.cli.process_entry`` ends it."""
+    import io
+
+    from pipelines.cli.main import main
+
+    results = os.fdopen(int(sys.argv[1]), "w")
+    os.umask(0o077)
+    for line in sys.stdin:
+        request = json.loads(line)
+        environ, streams = dict(os.environ), (sys.stdout, sys.stderr)
+        os.environ.update(request["env"])
+        sys.stdout, sys.stderr = io.StringIO(), io.StringIO()
+        try:
+            code = main(request["args"])
+        finally:
+            out, err = sys.stdout.getvalue(), sys.stderr.getvalue()
+            sys.stdout, sys.stderr = streams
+            os.environ.clear()
+            os.environ.update(environ)
+        results.write(json.dumps({"code": code, "stdout": out, "stderr": err}) + "\n")
+        results.flush()
+    os._exit(0)
 
 
 def _writers(s3, bucket: str) -> dict[str, Counter]:
@@ -159,47 +235,49 @@ def test_every_table_is_written_by_spark_alone_and_exact(source_db, config, s3, 
     """With a shipper killed between its bronze commit and the slot advance first: bronze
     equals what a second slot witnessed, exactly once (the progress map in the commit's
     metadata decides what is new on restart); gold's baseline equals the source's GROUP BY
-    at setup and the mirrors hold every row, loaded by setup."""
+    at setup and the mirrors hold every row, loaded by setup. Two processes
+    (``OneProcess``): ``setup`` and the shipper killed in it; ``run --once`` and ``status``."""
     bucket, root = lakehouse
     env = _env(config, s3, root, tmp_path / "spark.conf")
     options = _options(s3)
     mixed(source_db.dsn, seed=71)      # a populated database first (rows purged before
     truth_at_setup = source_truth(source_db.dsn)    # setup were never counted)
-    _ok(run_cli(["setup"], env, timeout=600))
-    witness = Witness(source_db.dsn, source_db.slot + "_w")
-    try:
-        baseline = DeltaTable(f"{root}/gold/_baseline", storage_options=options
-                              ).to_pyarrow_table().to_pylist()
-        counted = Counter({(r["service_id"], r["template_id"], r["notification_type"],
-                            r["notification_status"]): r["count"] for r in baseline})
-        assert +counted == +truth_at_setup and sum(counted.values()) > 0
-        with psycopg.connect(source_db.dsn) as conn:
-            rows = conn.execute("SELECT count(*) FROM notifications").fetchone()[0]
-        assert DeltaTable(f"{root}/silver/tables/public/notifications",
-                          storage_options=options).to_pyarrow_dataset().count_rows() == rows
+    with OneProcess(env, tmp_path / "setup-and-ship.log") as first:
+        _ok(first.run(["setup"]))
+        witness = Witness(source_db.dsn, source_db.slot + "_w")
+        try:
+            baseline = DeltaTable(f"{root}/gold/_baseline", storage_options=options
+                                  ).to_pyarrow_table().to_pylist()
+            counted = Counter({(r["service_id"], r["template_id"], r["notification_type"],
+                                r["notification_status"]): r["count"] for r in baseline})
+            assert +counted == +truth_at_setup and sum(counted.values()) > 0
+            with psycopg.connect(source_db.dsn) as conn:
+                rows = conn.execute("SELECT count(*) FROM notifications").fetchone()[0]
+            assert DeltaTable(f"{root}/silver/tables/public/notifications",
+                              storage_options=options).to_pyarrow_dataset().count_rows() == rows
 
-        purged = mixed(source_db.dsn, seed=72)
-        killed = run_cli(["ship", "--once"], {**env, "LAKECDC_FAULT": "after_bronze_commit:1"},
-                         timeout=600)
-        assert killed.returncode == 137, killed.stderr[-3000:]
-        _ok(run_cli(["run", "--once"], env, timeout=900))
-        bronze = f"{root}/bronze/wal2json_changes"
-        check_bronze(bronze, witness.transactions(), options)
-        # Each bronze commit: one app transaction, the whole progress map in its metadata.
-        table = DeltaTable(bronze, storage_options=options)
-        metas = [parse_commit_metadata(c.get("userMetadata"), "bronze")
-                 for c in table.history()]
-        newest = next(m for m in metas if m is not None)
-        assert table.transaction_version(source_db.slot + ":end_lsn") == newest["end_lsn"]
-        assert table.transaction_version(source_db.slot) is None
-        assert newest["apps"][source_db.slot] == newest["commit_lsn"] == max(
-            witness.transactions())
-    finally:
-        witness.drop()
+            purged = mixed(source_db.dsn, seed=72)
+            killed = first.run(["ship", "--once"], {"LAKECDC_FAULT": "after_bronze_commit:1"})
+            assert killed.returncode == 137, killed.stderr[-3000:]
+            with OneProcess(env, tmp_path / "run-and-status.log") as second:
+                _ok(second.run(["run", "--once"]))
+                status = json.loads(_ok(second.run(["status", "--json"])).stdout)
+            bronze = f"{root}/bronze/wal2json_changes"
+            check_bronze(bronze, witness.transactions(), options)
+            # Each bronze commit: one app transaction, the whole progress map in its metadata.
+            table = DeltaTable(bronze, storage_options=options)
+            metas = [parse_commit_metadata(c.get("userMetadata"), "bronze")
+                     for c in table.history()]
+            newest = next(m for m in metas if m is not None)
+            assert table.transaction_version(source_db.slot + ":end_lsn") == newest["end_lsn"]
+            assert table.transaction_version(source_db.slot) is None
+            assert newest["apps"][source_db.slot] == newest["commit_lsn"] == max(
+                witness.transactions())
+        finally:
+            witness.drop()
     _check_exact(s3, root, source_db.dsn, purged)
     for table_name in config.tables:
         assert _mirror_equals_source(s3, root, source_db.dsn, table_name), table_name
-    status = json.loads(_ok(run_cli(["status", "--json"], env, timeout=600)).stdout)
     assert {layer["layer"]: layer["note"] for layer in status["layers"]
             if layer["layer"] in ("bronze", "silver", "gold")} == dict.fromkeys(
         ("bronze", "silver", "gold"), ""), status["layers"]
