@@ -163,8 +163,6 @@ class SilverGoldWriter:
                             max(0.0, ahead_done - started) if ahead_done else 0.0,
                             started_at)
         self.run.add(result)
-        if self.feeder is not None:
-            self.feeder.catch_up()          # the batch is in gold
         log.info("batch %d: %d rows to silver (%d quarantined), %d transactions applied to "
                  "gold (%d keys), %d carried, %.2fs%s", batch_id, written.rows,
                  written.quarantined, applied.applied_transactions, applied.step_keys,
@@ -175,6 +173,8 @@ class SilverGoldWriter:
                 callback(result)
             except Exception:                # an observer never fails the batch
                 log.warning("batch %d: a pass callback failed", batch_id, exc_info=True)
+        if self.feeder is not None:
+            self.feeder.catch_up()          # the batch is in gold, its marks recorded
 
     def _both(self, bronze: DataFrame, batch_id: int, started: float):
         """The parse, then silver's appends and gold's MERGE of the parsed batch at the same
