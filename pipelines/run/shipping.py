@@ -14,14 +14,16 @@ import logging
 import time
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from bronze.ship import Shipper
 from bronze.shipped import FOLLOWED_PEEK, Downstream, ShipBatch
 from bronze.table import Progress
-from gold.ahead import ShipAhead
 from pipelines.maintain.schedule import Maintainer
 from pipelines.run.behind import ShipperBehind
+
+if TYPE_CHECKING:               # `lakecdc ship` needs no Spark: gold's plan imports it
+    from gold.ahead import ShipAhead
 
 log = logging.getLogger("lakecdc.run")
 
