@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICK = Params(changes=6_000, tx_size=500, rates=(300.0,), freshness_s=10.0,
                scale_keys=(2_000, 20_000), scale_rates=(300.0,), scale_s=10.0,
                big_tx_rows=20_000, big_rows=100_000, big_rate=300.0, big_kept_s=30.0,
-               big_compare_rows=10_000, quick=True)
+               big_compare_rows=10_000, shape_changes=3_000, quick=True)
 
 
 def _sizes(text: str) -> tuple[int, ...]:

@@ -162,14 +162,20 @@ def _newest_batch(config: Config) -> int:
     return max(ids, default=-1)
 
 
-def warm(config: Config, work: Path, changes: int, tx_size: int) -> dict:
-    """The warm figure on ``config``'s database (set up, empty)."""
+def warm(config: Config, work: Path, changes: int, tx_size: int,
+         shape: workload.Shape | None = None) -> dict:
+    """The warm figure on ``config``'s database (set up, empty): a backlog like the
+    benchmark's (``workload.write_backlog``), or of ``shape`` (``workload.write_shape``;
+    the rows it updates are written before the warm-up, and caught up with it)."""
     from bench.counts import truth
 
-    run = RunProcess(config, work / "catch-up-warm.log")
+    slug = "" if shape is None else "-" + "".join(c if c.isalnum() else "-" for c in shape.name)
+    run = RunProcess(config, work / f"catch-up-warm{slug}.log")
     try:
         workload.write_backlog(config.source_dsn, WARM_CHANGES, tx_size, round_rows=1000,
                                tag="w")
+        if shape is not None:           # after the warm-up's own updates, which pick any row
+            workload.prepare_shape(config.source_dsn, shape)
         warmed = truth(config.source_dsn)
         until_exact(run, config, warmed, timeout=600)
         until_exact(run, config, warmed, timeout=600, layer="gold")    # every layer
@@ -177,7 +183,8 @@ def warm(config: Config, work: Path, changes: int, tx_size: int) -> dict:
             _until_mirrored(run, config, timeout=600)
         run.signal(signal.SIGSTOP)
         load = numbers.load()
-        written = workload.write_backlog(config.source_dsn, changes, tx_size)
+        written = workload.write_backlog(config.source_dsn, changes, tx_size) \
+            if shape is None else workload.write_shape(config.source_dsn, shape)
         expected = truth(config.source_dsn)
         account = CpuAccount(run.proc.pid, _postmaster_pid(config))
         account.start()

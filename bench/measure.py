@@ -88,6 +88,7 @@ class Params:
     big_rate: float = 2000.0          # its traffic: changes/s, half on it, half counted
     big_kept_s: float = 300.0         # its mirror kept under the traffic, probed
     big_compare_rows: int = 1_000_000   # the same first on a table this big (0: not)
+    shape_changes: int = 300_000      # catch-up: each shape's backlog (workload.shapes)
     quick: bool = False
 
 
@@ -370,8 +371,8 @@ class Bench:
     def catch_up(self) -> dict:
         """The end-to-end catch-up of a ``lakecdc run`` process, warm (frozen while the
         backlog is committed, then thawed), cold (started again on the backlog) and first
-        (its very first run, on the backlog), each on a database of its own
-        (``bench.catch_up``)."""
+        (its very first run, on the backlog), then warm on backlogs of other shapes
+        (``workload.shapes``), each on a database of its own (``bench.catch_up``)."""
         p = self.params
         out: dict = {"load_before": numbers.load()}
         for name, measure in (("warm", catch_up.warm), ("cold", catch_up.cold),
@@ -380,6 +381,13 @@ class Bench:
             setup(config)
             out[name] = measure(config, self.work, p.changes, p.tx_size)
             out[name]["lakecdc"] = exactness(config)
+        out["shapes"] = []
+        for i, shape in enumerate(workload.shapes(p.shape_changes)):
+            config = self.database(f"catchup_shape{i}")
+            setup(config)
+            run = catch_up.warm(config, self.work, p.changes, p.tx_size, shape)
+            out["shapes"].append({"shape": asdict(shape), **run,
+                                  "lakecdc": exactness(config)})
         return out
 
     def gold_scaling(self) -> dict:

@@ -1,6 +1,6 @@
 """Benchmark workloads on the Notify-like schema (``infra/postgres/source_schema.sql``).
 
-Three shapes, all sized by parameters:
+Four kinds of workload, all sized by parameters:
 
 - ``write_backlog``: a deterministic backlog of about ``changes`` changes in rounds of
   inserts, status transitions, archival moves (INSERT history + DELETE in one transaction)
@@ -14,6 +14,9 @@ Three shapes, all sized by parameters:
   scaling benchmark uses them: the same batch against a source (and gold) ten times larger.
 - ``SteadyTraffic``: the same mix of operations at a steady rate of changes per second, for
   the freshness benchmark.
+- ``Shape`` and ``write_shape``: catch-up backlogs of one kind each (inserts, updates, or
+  inserts then updates of the same rows), in transactions of 1 to 10,000 rows, narrow or
+  wide (``shapes``, the catch-up section's).
 """
 
 from __future__ import annotations
@@ -40,22 +43,26 @@ _DIMS_SQL = """
 
 _INSERT = """
 INSERT INTO notifications (id, service_id, template_id, notification_type, notification_status,
-                           key_type, created_at, "to", reference, billable_units)
+                           key_type, created_at, "to", reference, billable_units{wide_columns})
 SELECT md5(%(tag)s || '-' || g)::uuid, {dims}, {status}, 'normal', now(),
-       'someone@example.com', 'ref-' || g, 1
+       'someone@example.com', 'ref-' || g, 1{wide_values}
 FROM generate_series(%(first)s::bigint, %(last)s::bigint) g"""
+# A wide row's personalisation: about 1.8 KB of JSON, as a letter's fills it.
+_WIDE = (", personalisation",
+         """, repeat('{"name": "A Person", "reference": "' || g || '"}', 40)""")
 
 # Deterministic choice of a fraction of rows: a hash of the id and a salt per statement.
 _PICK = "abs(hashtext(id::text || %(salt)s)) %% 1000 < %(per_mille)s"
 
 
-def _insert_sql(status: str) -> str:
+def _insert_sql(status: str, wide: bool = False) -> str:
     # One hash per dim: a shared one would tie the dims together (h % 8 fixes h % 4).
+    columns, values = _WIDE if wide else ("", "")
     return _INSERT.format(dims=_DIMS_SQL.format(
         n_service="abs(hashtext(g::text || %(tag)s || 's'))",
         n_template="abs(hashtext(g::text || %(tag)s || 't'))",
         n_type="abs(hashtext(g::text || %(tag)s || 'y'))", templates=TEMPLATES),
-        status=status)
+        status=status, wide_columns=columns, wide_values=values)
 
 
 @dataclass
@@ -79,9 +86,10 @@ class Written:
 
 
 def _insert(conn: psycopg.Connection, tag: str, first: int, last: int, services: int,
-            status_sql: str = "'created'") -> int:
-    return conn.execute(_insert_sql(status_sql), {"tag": tag, "first": first, "last": last,
-                                                  "services": services}).rowcount
+            status_sql: str = "'created'", wide: bool = False) -> int:
+    return conn.execute(_insert_sql(status_sql, wide),
+                        {"tag": tag, "first": first, "last": last,
+                         "services": services}).rowcount
 
 
 def _transition(conn: psycopg.Connection, old: str, new: str, per_mille: int,
@@ -341,3 +349,66 @@ class NeighbourTraffic:
                 n += 1
                 stop.wait(max(0.0, started + n * self.tick_s - time.monotonic()))
             self.elapsed_s = time.monotonic() - started
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A catch-up backlog of about ``changes`` changes of one kind: ``inserts``;
+    ``updates`` of rows inserted before it (``prepare_shape``), each row's status moved
+    twice; or ``inserts+updates``, a third of the changes inserted, then each of those rows'
+    status moved twice. Each statement is one transaction of ``tx_size`` rows; ``wide``
+    rows carry about 1.8 KB of personalisation."""
+
+    name: str
+    kind: str
+    tx_size: int
+    changes: int
+    wide: bool = False
+
+    def rows(self) -> int:
+        """The rows the shape inserts (before it, for ``updates``)."""
+        return self.changes if self.kind == "inserts" else self.changes // 3 \
+            if self.kind == "inserts+updates" else self.changes // 2
+
+
+def shapes(changes: int) -> tuple[Shape, ...]:
+    """The catch-up section's shapes, each about ``changes`` changes (a tenth for the
+    single-row transactions, which the bench itself commits one by one)."""
+    return (Shape("single-row inserts", "inserts", 1, changes // 10),
+            Shape("inserts, 10,000 a transaction", "inserts", 10_000, changes),
+            Shape("updates only", "updates", 1000, changes),
+            Shape("wide inserts", "inserts", 1000, changes, wide=True),
+            Shape("wide inserts, then updates", "inserts+updates", 1000, changes, wide=True))
+
+
+def prepare_shape(dsn: str, shape: Shape, services: int = 8) -> None:
+    """What a shape's backlog needs before it: the rows an ``updates`` shape moves."""
+    if shape.kind == "updates":
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for first in range(1, shape.rows() + 1, 10_000):
+                _insert(conn, "u", first, min(first + 9_999, shape.rows()), services,
+                        wide=shape.wide)
+
+
+def write_shape(dsn: str, shape: Shape, services: int = 8) -> Written:
+    """``shape``'s backlog (``prepare_shape`` first)."""
+    done, rows, size = Written(), shape.rows(), shape.tx_size
+    tag = "u" if shape.kind == "updates" else "i"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if shape.kind != "updates":
+            for first in range(1, rows + 1, size):
+                done.inserts += _insert(conn, tag, first, min(first + size, rows + 1) - 1,
+                                        services, wide=shape.wide)
+                done.transactions += 1
+        if shape.kind != "inserts":
+            for old, new in (("created", "sending"), ("sending", "delivered")):
+                for first in range(1, rows + 1, size):
+                    done.updates += conn.execute(
+                        "UPDATE notifications SET notification_status = %(new)s, "
+                        "updated_at = now() WHERE id IN (SELECT md5(%(tag)s || '-' || g)::uuid"
+                        " FROM generate_series(%(first)s::bigint, %(last)s::bigint) g) "
+                        "AND notification_status = %(old)s",
+                        {"new": new, "old": old, "tag": tag, "first": first,
+                         "last": min(first + size, rows + 1) - 1}).rowcount
+                    done.transactions += 1
+    return done

@@ -46,7 +46,14 @@ from bronze.capture_list import ShipperSet
 from bronze.failover import SlotWatch, check_same_history, slot_ahead, slot_lost, slot_missing
 from bronze.records import UTC_US, PeekSummary, TransactionAssembler
 from bronze.session_loss import diagnose, reconnect_reason, transient
-from bronze.shipped import Downstream, KeptRows, ShipBatch, ShipTotals, newest_stored
+from bronze.shipped import (
+    FIRST_FOLLOWED_PEEK,
+    Downstream,
+    KeptRows,
+    ShipBatch,
+    ShipTotals,
+    newest_stored,
+)
 from bronze.source import check_replication_role, require_identity
 from bronze.spark_table import bronze_table
 from bronze.table import NUMBERS_SUFFIX, Progress
@@ -83,6 +90,8 @@ class Shipper:
         # at every (re)connect and kept by each commit: bronze has one writer, the shipper
         # holding the slot's lock.
         self._stored_lsn: int | None = None
+        # The next peek's bound where each batch's rows are kept (``KeptRows.next_peek``).
+        self._upto = min(config.upto_nchanges, FIRST_FOLLOWED_PEEK)
         self.switches = on = switches or Switches.from_config(config)
         engine = engine if engine is not None else engine_for(config)
         self.table = bronze_table(config, storage_options, engine=engine, switches=on)
@@ -231,6 +240,7 @@ class Shipper:
         self.captured.refresh()          # the captured set (bronze.capture_list)
         ack = self.captured.ack()
         kept = KeptRows() if self.downstream.takes_rows else None
+        upto = self._upto if kept is not None else cfg.upto_nchanges
 
         def to_bronze(batch: pa.RecordBatch) -> pa.RecordBatch:
             self.switches.hit("during_bronze_write")
@@ -240,12 +250,14 @@ class Shipper:
 
         with self.table.data_files() as files, BatchRows(
                 files, assembler, cfg, shipped_at, to_bronze) as rows:
-            for cols in slots.peek(conn, cfg.slot, self.captured.tables, cfg.upto_nchanges,
+            for cols in slots.peek(conn, cfg.slot, self.captured.tables, upto,
                                    int(cfg.chunk_mb * (1 << 20)), bool(self.numbers_as_text)):
                 rows.add(assembler.add(cols))
             summary = assembler.finish()
             self.switches.hit("after_peek")
-            full = summary.rows >= cfg.upto_nchanges
+            full = summary.rows >= upto
+            if kept is not None:
+                self._upto = kept.next_peek(cfg.upto_nchanges, upto, full)
             if summary.last_lsn is None:
                 return self._done(ShipBatch(0, 0, 0, False, False, time.monotonic() - started,
                                             started_at=started_at), progress)

@@ -21,11 +21,17 @@ from bronze.table import Progress
 # continuous batch (about 500 rows at 2,000 changes/s) is far below. ``lakecdc run`` peeks
 # at most ``FOLLOWED_PEEK`` changes, so that each batch of a catch-up is kept too (a peek
 # ends at a transaction's end, past its bound) and the dashboard follows the shipper
-# through it (``gold.ahead``). A batch bigger still (one big transaction) is left to the
-# stream, and memory stays bounded by the peek's chunk.
+# through it (``gold.ahead``); where rows are wide, fewer (``KeptRows.next_peek``). A batch
+# bigger still (one big transaction) is left to the stream, and memory stays bounded by the
+# peek's chunk.
 FOLLOWED_PEEK = 50_000
 KEPT_ROWS = 64_000
 KEPT_BYTES = 96 << 20
+# A catch-up's first peek; each full peek after it may ask for twice as many. Neither asks
+# for more than ``KEPT_BYTES`` keeps at the width of the rows just shipped, nor for fewer
+# than ``NARROWEST_PEEK`` (``KeptRows.next_peek``).
+FIRST_FOLLOWED_PEEK = 20_000
+NARROWEST_PEEK = 1_000
 
 
 @dataclass
@@ -102,14 +108,25 @@ class KeptRows:
         self.rows = self.bytes = 0
 
     def add(self, batch: pa.RecordBatch) -> None:
-        if self.batches is None:
-            return
         self.rows += batch.num_rows
         self.bytes += batch.nbytes
+        if self.batches is None:
+            return
         if self.rows > KEPT_ROWS or self.bytes > KEPT_BYTES:
             self.batches = None
         else:
             self.batches.append(batch)
+
+    def next_peek(self, most: int, asked: int, full: bool) -> int:
+        """The next peek's bound, after one that asked for ``asked`` changes and came back
+        ``full`` or not, holding these rows: after a full one twice ``asked``, else (a
+        catch-up's first) ``FIRST_FOLLOWED_PEEK``; never more than ``most``, nor than three
+        quarters of ``KEPT_BYTES`` holds at these rows' width (a peek counts wal2json's
+        rows, a transaction's begin and commit too, so the bound is on the safe side), nor
+        fewer than ``NARROWEST_PEEK``."""
+        grown = 2 * asked if full else FIRST_FOLLOWED_PEEK
+        fits = int(KEPT_BYTES * 0.75 * self.rows / max(self.bytes, 1)) if self.rows else most
+        return min(most, max(NARROWEST_PEEK, min(grown, fits)))
 
     def table(self) -> pa.Table:
         return pa.Table.from_batches(self.batches, BRONZE_SCHEMA)

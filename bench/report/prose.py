@@ -156,7 +156,9 @@ shipper ran at ${ship_changes_per_s} changes/s in the backlog section). Until th
 dashboard was exact they used ${warm_cpu} CPU seconds.
 Gold was exact ${warm_gold_s} s after the thaw. Cold, started again on the backlog: exact
 on the dashboard after ${cold_s} s, the stream's first batch at ${cold_start_s} s; a very
-first run: ${first_s} s."""),
+first run: ${first_s} s. The other shapes ran ${shapes_range}: the server's decode and
+the shipper's work grow with a row's bytes, so wide rows cost the most a change (their CPU
+per change is in the table)."""),
     "mirror_catch_up": (
         """**Mirrors' catch-up (met, ${mirror_rate} changes/s).** The fold is Arrow and numpy
 on the driver, only the columns whose mirror type is not text are typed in Spark, and

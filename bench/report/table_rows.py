@@ -117,6 +117,22 @@ def catch_up_rows(doc: dict) -> str:
     return "\n".join(rows) or "| not measured in this run | | | | | | | | |"
 
 
+def shape_rows(doc: dict) -> str:
+    """The catch-up section's warm runs on backlogs of other shapes (none in an older
+    result), with the CPU a change cost until the dashboard was exact."""
+    rows = []
+    for r in doc.get("catch_up", {}).get("shapes", []):
+        shape, cpu = r["shape"], r.get("cpu_s") or {}
+        per_change = cpu.get("total", 0) / max(r["workload"]["changes"], 1) * 1e6
+        rows.append(f"| {shape['name']} | {_n(shape['tx_size'])} | "
+                    f"{_n(r['workload']['changes'])} | {_n(r['seconds'])} | "
+                    f"{_n(r['changes_per_s'])} | {_or_dash(r.get('gold_seconds'))} | "
+                    f"{_cpu(cpu)} | {_n(per_change) if cpu else '-'} | "
+                    f"{r['load_before'][0]} | "
+                    f"{'exact' if _exact(r['lakecdc']) else 'NOT exact'} |")
+    return "\n".join(rows) or "| not measured in this run | | | | | | | | | |"
+
+
 def writer_rows(doc: dict) -> str:
     """The writers section's runs, one row each (none in an older result)."""
     rows = [f"| {r['writer']} | {_n(r['rate'])} | {_n(r['achieved_rate'])} | "

@@ -15,6 +15,7 @@ from bench.report.table_rows import (
     pass_table,
     poc_rows,
     scale_rows,
+    shape_rows,
     target_rows,
     writer_rows,
 )
@@ -173,6 +174,7 @@ def _catch_up_section_values(doc: dict) -> dict:
     """The end-to-end catch-up's and the writers' sections."""
     return {
         "catch_up_rows": catch_up_rows(doc),
+        "shape_rows": shape_rows(doc),
         "writer_rows": writer_rows(doc),
         **_catch_up_values(doc),
         "writers_when": _when(doc.get("writers", {})),
@@ -229,7 +231,13 @@ def _catch_up_values(doc: dict) -> dict:
     """The end-to-end catch-up's figures for the analysis (``n/a`` where not measured)."""
     runs = _catch_up_runs(doc)
     warm, cold = runs.get("warm", {}), runs.get("cold", {})
+    shapes = doc.get("catch_up", {}).get("shapes", [])
+    slowest = min(shapes, key=lambda r: r["changes_per_s"], default=None)
+    fastest = max(shapes, key=lambda r: r["changes_per_s"], default=None)
     return {"warm_rate": _n(warm.get("changes_per_s")),
+            "shapes_range": "not measured in this run" if slowest is None else
+            f"from {_n(slowest['changes_per_s'])} changes/s ({slowest['shape']['name']}) "
+            f"to {_n(fastest['changes_per_s'])} ({fastest['shape']['name']})",
             "warm_gold_s": _n(warm.get("gold_seconds")),
             "warm_cpu": _cpu(warm.get("cpu_s")),
             "cold_s": _n(cold.get("seconds")),

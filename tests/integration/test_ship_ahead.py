@@ -202,3 +202,50 @@ def test_run_started_on_a_backlog_starts_the_stream_once_the_shipper_caught_up(
     assert sum(shipped) >= 3 and shipped[-1] is False, shipped
     assert _nonzero(dashboard_counts(source_db.dsn)) == _nonzero(
         source_truth(source_db.dsn, purged))
+
+
+WIDE_ROWS = """
+INSERT INTO notifications (id, service_id, template_id, notification_type,
+                           notification_status, key_type, created_at, personalisation)
+SELECT gen_random_uuid(), md5('wide-service')::uuid, md5('wide-template')::uuid, 'letter',
+       'created', 'normal', now(), repeat('{"address": "1 Some Street"}', 64)
+FROM generate_series(1, 10)"""
+
+
+@pytest.mark.parametrize("grown", [True, False], ids=["peeks-grown-to-the-width", "full-peeks"])
+def test_a_catch_up_of_wide_rows_is_followed_from_its_first_batch(source_db, config, spark,
+                                                                  monkeypatch, grown):
+    """Rows so wide that a peek of the shipper's bound holds more than a batch keeps
+    (``bronze.shipped.KEPT_BYTES``, small here): a catch-up's first peek asks for
+    ``FIRST_FOLLOWED_PEEK`` changes, and each next one for no more than the rows' width
+    keeps, so every batch's step goes ahead and the stream is held from the first batch to
+    the last. Peeks at the full bound (``full-peeks``, the negative control) hold too much:
+    the first batch's step is left to the stream, which is released at once."""
+    monkeypatch.setattr("bronze.shipped.KEPT_BYTES", 64 << 10)
+    monkeypatch.setattr("bronze.shipped.NARROWEST_PEEK", 10)
+    first = 20 if grown else 400
+    monkeypatch.setattr("bronze.shipped.FIRST_FOLLOWED_PEEK", first)
+    monkeypatch.setattr("bronze.ship.FIRST_FOLLOWED_PEEK", first)
+    config = config.with_(upto_nchanges=400)
+    pipeline, purged = started(config, spark, source_db.dsn)
+    behind = Recorded()
+    with steps_ahead(pipeline) as steps:
+        shipper = pipeline.shipper(steps, behind)
+        shipper.run(once=True)          # the first peek after nothing waited asks for `first`
+        with psycopg.connect(source_db.dsn, autocommit=True) as conn:
+            for _ in range(30):                 # 30 transactions of 10 rows of 2 KB
+                conn.execute(WIDE_ROWS)
+        behind.calls.clear()
+        batches = ship(shipper, pipeline)
+        steps.drain()
+    if grown:
+        assert sum(b.full for b in batches) >= 3
+        # Held from the first batch, released only at the end: no step was left behind.
+        calls = behind.calls
+        assert calls[0] is True and calls[-1] is False and calls == sorted(calls, reverse=True)
+        dashboard_exact_at(config, pipeline, source_db.dsn, purged, batches[-1].commit_lsn)
+        stream_changes_nothing(config, pipeline, source_db.dsn, purged)
+    else:
+        assert behind.calls[:1] == [False]      # not followed: the stream is not held
+        pipeline.run_once()
+        check_gold(config.lakehouse, source_db.dsn, source_db.dsn, purged)
