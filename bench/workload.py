@@ -367,8 +367,12 @@ class Shape:
 
     def rows(self) -> int:
         """The rows the shape inserts (before it, for ``updates``)."""
-        return self.changes if self.kind == "inserts" else self.changes // 3 \
-            if self.kind == "inserts+updates" else self.changes // 2
+        return self.changes // {"inserts": 1, "updates": 2, "inserts+updates": 3}[self.kind]
+
+    @property
+    def tag(self) -> str:
+        """Its rows' ids' prefix (``_insert``), the same before it and in it."""
+        return "u" if self.kind == "updates" else "i"
 
 
 def shapes(changes: int) -> tuple[Shape, ...]:
@@ -386,14 +390,13 @@ def prepare_shape(dsn: str, shape: Shape, services: int = 8) -> None:
     if shape.kind == "updates":
         with psycopg.connect(dsn, autocommit=True) as conn:
             for first in range(1, shape.rows() + 1, 10_000):
-                _insert(conn, "u", first, min(first + 9_999, shape.rows()), services,
+                _insert(conn, shape.tag, first, min(first + 9_999, shape.rows()), services,
                         wide=shape.wide)
 
 
 def write_shape(dsn: str, shape: Shape, services: int = 8) -> Written:
     """``shape``'s backlog (``prepare_shape`` first)."""
-    done, rows, size = Written(), shape.rows(), shape.tx_size
-    tag = "u" if shape.kind == "updates" else "i"
+    done, rows, size, tag = Written(), shape.rows(), shape.tx_size, shape.tag
     with psycopg.connect(dsn, autocommit=True) as conn:
         if shape.kind != "updates":
             for first in range(1, rows + 1, size):
