@@ -75,7 +75,10 @@ WRITERS = ("delta-rs", "spark")
 #   recorded version; complete an interrupted advance on start).
 # - commit_before_advance: the slot moves only after the bronze commit.
 # - silver_txn: silver's appends carry txnAppId/txnVersion (replays skipped).
-# - gold_txn: gold's MERGE and pending writes carry txnAppId/txnVersion (replays skipped).
+# - gold_txn: gold's steps, folds and pending writes record their app transactions (replays
+#   skipped).
+# - gold_watermark: the stream's gold half leaves out rows at or below gold's watermark (a
+#   shipper batch's step took them, gold/apply.py); off, they are counted again.
 # - backfill_window: the shipper drops snapshot backfill rows changed inside their chunk's
 #   watermark window (bronze/snapshot_backfill.py); off, silver can receive a stale read.
 # - ahead_fence: a batch's step reaches the dashboard ahead of gold only from the watermark
@@ -85,8 +88,8 @@ WRITERS = ("delta-rs", "spark")
 # - sole_dashboard: a push refuses a dashboard that holds another pipeline's counts
 #   (gold/push.py, claim); off, the second pipeline overwrites and deletes the first's.
 GUARDS = frozenset({"version_check", "commit_before_advance", "silver_txn", "gold_txn",
-                    "backfill_window", "ahead_fence", "capture_ack", "sole_dashboard",
-                    "reader_floor", "mirror_txn", "mirror_replay"})
+                    "gold_watermark", "backfill_window", "ahead_fence", "capture_ack",
+                    "sole_dashboard", "reader_floor", "mirror_txn", "mirror_replay"})
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,13 @@ def step_app_id(epoch: int | None) -> str:
     return f"{APP_ID}-step" if epoch is None else f"{APP_ID}-step@{epoch}"
 
 
+def folded_app_id(epoch: int | None) -> str:
+    """The Delta app id of the folds of ``epoch``'s steps into gold; its version is the
+    newest folded step's watermark, so gold holds exactly the rows of ``_deltas`` whose
+    ``last_commit_lsn`` is at or below it (``gold.fold.unfolded``)."""
+    return f"{APP_ID}-folded" if epoch is None else f"{APP_ID}-folded@{epoch}"
+
+
 @dataclass(frozen=True)
 class GoldState:
     version: int

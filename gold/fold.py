@@ -11,12 +11,13 @@ every batch before; a large one every several seconds. Folds run in the backgrou
 the batches (``gold.apply``).
 
 Rows of ``_deltas`` (``DELTAS``): a key, its net delta and newest commit in one batch, and
-the batch id. Each append's commit carries the batch's step in its metadata
-(``commit_lsn``, ``commit_ts``, ``floor``, ``epoch``, ``batch_id``: ``gold.apply``) and the
-step's watermark in an app transaction (``gold.asof.step_app_id``); the fold's MERGE
-carries the step of the newest batch it folds, and that batch in gold's app transaction,
-which says which rows are folded: those of that batch and before. The first append after a
-fold overwrites ``_deltas``, which then holds only what is not folded yet.
+the batch id (``SHIP_STEP`` for a shipper batch's step, ``gold.ahead``). Each append's
+commit carries the step in its metadata (``commit_lsn``, ``commit_ts``, ``floor``,
+``epoch``, ``batch_id``: ``gold.apply``) and the step's watermark in an app transaction
+(``gold.asof.step_app_id``); the fold's MERGE carries the newest step it folds, and that
+step's watermark in gold's app transaction (``gold.asof.folded_app_id``), which says which
+rows are folded: those at or below it. The first append after a fold overwrites
+``_deltas``, which then holds only what is not folded yet.
 
 Pure Arrow here; the writes are ``gold.apply``'s.
 """
@@ -41,6 +42,8 @@ from gold.plan import KEY_DELTA_COLUMNS
 DELTAS_SCHEMA = StructType([*KEY_DELTAS.fields, StructField("batch_id", LongType(), False)])
 DELTAS = to_arrow_schema(DELTAS_SCHEMA)
 DELTAS_PROPERTIES = {**CHECKPOINTS, "delta.enableDeletionVectors": "false"}
+# The batch id of a step ahead of the stream, a shipper batch's (it is no stream batch).
+SHIP_STEP = -1
 
 
 def stamped(key_deltas: pa.Table, batch_id: int) -> pa.Table:
@@ -50,12 +53,18 @@ def stamped(key_deltas: pa.Table, batch_id: int) -> pa.Table:
                                               key_deltas.num_rows)).cast(DELTAS)
 
 
-def unfolded(rows: pa.Table, folded: int | None, floor: int) -> pa.Table:
-    """The rows of ``_deltas`` not in gold yet: after batch ``folded`` (all if None), and
-    at or past gold's ``floor`` (older rows are inside a rebuild's baseline)."""
+def unfolded(rows: pa.Table, folded_lsn: int | None, floor: int,
+             folded_batch: int | None = None) -> pa.Table:
+    """The rows of ``_deltas`` not in gold yet: past ``folded_lsn``, the watermark of the
+    newest step folded (each step's rows lie past the watermark of the step before it, so
+    those of the steps gold holds are exactly the rows at or below it); where gold records
+    none (folded before folds recorded it), after batch ``folded_batch``; all if neither.
+    And at or past gold's ``floor`` (older rows are inside a rebuild's baseline)."""
     keep = pc.greater_equal(rows.column("last_commit_lsn"), floor)
-    if folded is not None:
-        keep = pc.and_(keep, pc.greater(rows.column("batch_id"), folded))
+    if folded_lsn is not None:
+        keep = pc.and_(keep, pc.greater(rows.column("last_commit_lsn"), folded_lsn))
+    elif folded_batch is not None:
+        keep = pc.and_(keep, pc.greater(rows.column("batch_id"), folded_batch))
     return rows.filter(keep)
 
 

@@ -27,7 +27,7 @@ from core.layout import GOLD_DELTAS, GOLD_PENDING
 from core.spark_tables import create_table
 from core.switches import NONE, Switches
 from gold import deltas as D
-from gold.asof import APP_ID, REBUILD_APP_ID, SEED_APP_ID, gold_state
+from gold.asof import APP_ID, REBUILD_APP_ID, SEED_APP_ID, folded_app_id, gold_state
 from gold.fold import DELTAS_PROPERTIES, DELTAS_SCHEMA
 
 GOLD_SCHEMA = StructType([
@@ -140,9 +140,10 @@ def holds_counts(spark: SparkSession, gold_path: str) -> bool:
 
 def _holds_counts(found) -> bool:
     """Whether gold, as ``found`` (``core.commits.Recorded``), records a seed, a rebuild or
-    a batch of the stream from before any rebuild (one after it records the rebuild)."""
+    a fold of steps from before any rebuild (one after it records the rebuild; ``APP_ID``:
+    the batch of a fold before folds recorded their watermark)."""
     return any(found.version_of(app) is not None
-               for app in (SEED_APP_ID, REBUILD_APP_ID, APP_ID))
+               for app in (SEED_APP_ID, REBUILD_APP_ID, folded_app_id(None), APP_ID))
 
 
 def seed_floor(spark: SparkSession, gold_path: str) -> int:

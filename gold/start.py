@@ -61,6 +61,7 @@ def applied_batch(spark: SparkSession, paths: GoldPaths) -> int | None:
     deltas = recorded(spark, paths.deltas)
     if deltas is not None and deltas.version_of(step_app_id(epoch)) is not None:
         batches.append(spark.read.format("delta").load(paths.deltas)
+                       .where(F.col("batch_id") >= 0)          # not a shipper batch's step
                        .agg(F.max("batch_id")).first()[0])
     return max((b for b in batches if b is not None), default=None)
 

@@ -5,13 +5,13 @@
   started reaches the dashboard, then it returns.
 - ``run_continuous``: four stages, each handing on to the next. The shipper (a thread)
   commits each batch to bronze and hands its step to the dashboard's feeder
-  (``pipelines.run.shipping``); the stream (one streaming query in this process's Spark
-  session) writes silver and gold and hands the feeder gold's step of each batch, then asks
-  it to catch up from gold; the mirrors' query follows silver; the feeder (a thread,
-  ``gold.feeder``) is the dashboard's one writer. Stops on the ``stop`` event (SIGTERM /
-  Ctrl-C) or on the first failure of any stage, which is then raised. Each stage commits
-  its progress with its data, so stopping anywhere - even mid-batch - only repeats work the
-  next run skips.
+  (``pipelines.run.shipping``) and to gold's ``_deltas`` (``gold.ahead``); the stream (one
+  streaming query in this process's Spark session) writes silver and gold and hands the
+  feeder gold's step of each batch, then asks it to catch up from gold; the mirrors' query
+  follows silver; the feeder (a thread, ``gold.feeder``) is the dashboard's one writer.
+  Stops on the ``stop`` event (SIGTERM / Ctrl-C) or on the first failure of any stage,
+  which is then raised. Each stage commits its progress with its data, so stopping
+  anywhere - even mid-batch - only repeats work the next run skips.
 """
 
 from __future__ import annotations
@@ -422,6 +422,8 @@ class Pipeline:
                 behind.hold("stream", before=shipped)
                 latency.enter_context(low_latency(self.spark, True))
                 query, writer = self.start_stream(False, feeder=feeder, behind=behind)
+                if not self.config.spark_writes:    # an append of milliseconds, not Spark's
+                    steps.to_gold(writer.gold)      # gold follows the shipper too
                 if self.config.mirrored:
                     mirrors = self.start_mirrors(False, behind=behind)
                 self.started.set()
@@ -445,6 +447,7 @@ class Pipeline:
                         stop_between_batches(running)
                 if mirrors:
                     mirrors[1].finish()
+                steps.to_gold(None)
                 if writer is not None:
                     try:
                         writer.finish()     # service_stats holds every step applied

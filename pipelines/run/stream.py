@@ -8,9 +8,11 @@ One query reads bronze; its ``foreachBatch`` (``SilverGoldWriter``) does, per mi
    the batch is parsed):
    - silver: append ``silver/changes`` and the batch's failed rows to ``silver/quarantine``
      (Delta app transactions ``lakecdc-silver`` / ``lakecdc-quarantine``, version ``b``);
-   - gold (``gold.apply``): the parsed rows' signed deltas of whole source transactions,
-     MERGEd into ``gold/service_stats`` (app transaction ``lakecdc-gold[@epoch]``, version
-     ``b``), partial transactions carried in ``gold/_pending``;
+   - gold (``gold.apply``): the parsed rows' signed deltas of whole source transactions
+     past gold's watermark, a step appended to ``gold/_deltas`` and folded into
+     ``gold/service_stats`` (app transactions versioned by the step's watermark), partial
+     transactions carried in ``gold/_pending`` (app transaction ``lakecdc-gold[@epoch]``,
+     version ``b``);
 3. ``feeder`` (``lakecdc run``): as soon as gold has planned its step, the step is handed
    to the dashboard's feeder (``gold.feeder``), which adds it in its own thread while silver
    appends and gold writes its step: the dashboard's upsert, which grows with the

@@ -372,9 +372,11 @@ def test_kill_9_right_after_a_step_is_pushed_ahead_of_gold_or_of_the_stream_ends
     driver dies right after a stream batch's push, silver's appends and the MERGE anywhere
     (not started, mid-way, committed). Cycle 2: restarted under traffic, it replays the
     batch (its step is fenced off: the dashboard is past its starting watermark), and dies
-    right after a shipper batch's push, before the slot's advance. Cycle 3: restarted, the
-    advance completed and the stream's steps over those rows fenced off, it is killed once
-    the dashboard has moved on; then I1-I5 hold."""
+    right after a shipper batch's push, before the slot's advance. Cycle 3: restarted, it
+    dies right after a shipper batch's step is appended to gold's ``_deltas``
+    (``gold.ahead``), before any fold. Cycle 4: restarted, the advance completed, the step
+    folded and the stream's steps over those rows left out of gold and fenced off the
+    dashboard, it is killed once the dashboard has moved on; then I1-I5 hold."""
     soak = killed_at(config, tmp_path, "after_ahead_push:1")
 
     def dashboard_lsn() -> int:
@@ -383,6 +385,7 @@ def test_kill_9_right_after_a_step_is_pushed_ahead_of_gold_or_of_the_stream_ends
                                 ).fetchone()[0]
 
     assert soak.cycle(fault="after_ship_ahead:2").exit_code == 137
+    assert soak.cycle(fault="after_gold_ahead:1").exit_code == 137
     ahead_lsn = dashboard_lsn()
     soak.cycle(until=lambda: dashboard_lsn() > ahead_lsn, then_s=2)
     drained_exact(config, witness, pipeline, traffic)

@@ -121,14 +121,17 @@ def test_a_lost_checkpoint_is_recovered_by_a_new_silver_and_a_rebuild_only_with_
         source_db, config, pipeline, monkeypatch, epoch_app_id):
     """The documented way out of a lost stream checkpoint: move silver and the checkpoint
     away, rebuild gold. The new checkpoint's batch ids start at 0 again; under the old Delta
-    app id those ids are already recorded and Delta would skip gold's writes. Each rebuild
-    is an epoch with an app id of its own, so they apply. Negative control: with the epoch
-    taken out of the app id, the changes after the rebuild never reach gold."""
+    app id ``_pending`` records the old ones (here its last batch's, which carried a
+    transaction's start and wrote it), so the new batches would be taken for replays and
+    skipped. Each rebuild is an epoch with an app id of its own, so they apply. Negative
+    control: with the epoch taken out of the app id, the changes after the rebuild never
+    reach gold."""
     import shutil
     from pathlib import Path
 
     import gold.apply
     import gold.asof
+    from gold.deltas import CONTRIBUTIONS
 
     if epoch_app_id == "off":
         monkeypatch.setattr(gold.apply, "txn_app_id", lambda epoch: gold.asof.APP_ID)
@@ -137,6 +140,9 @@ def test_a_lost_checkpoint_is_recovered_by_a_new_silver_and_a_rebuild_only_with_
         with source_db.connect() as conn:
             insert(conn, rng, 20)
         pipeline.run_once()
+    (pipeline.spark.createDataFrame([], CONTRIBUTIONS).write.format("delta").mode("overwrite")
+     .option("txnAppId", gold.asof.APP_ID).option("txnVersion", 2)
+     .save(pipeline.where.stream.gold.pending))
     lakehouse = Path(config.lakehouse)
     for part in ("silver", "_checkpoints/stream"):
         shutil.move(str(lakehouse / part), str(lakehouse.parent / part.replace("/", "_")))

@@ -194,3 +194,84 @@ def test_a_batch_waits_to_be_handed_on_while_the_one_before_is_pushed():
         assert all(f.done() for f in handed[:-1])
     assert [f.result().taken for f in handed] == [True, True]
     assert board.at == 130 and board.counts == {key(CREATED): 2}
+
+
+
+class Gold:
+    """Stands in for gold's writer (``GoldBatchWriter.step_ahead``, tested on real tables in
+    tests/integration/test_gold_ahead.py): a step only from its own watermark; ``gate``,
+    when given, holds each step until it is set."""
+
+    def __init__(self, at: int, gate: threading.Event | None = None) -> None:
+        self.known_watermark = at
+        self.counts: Counter = Counter()
+        self.gate = gate
+        self.steps: list[tuple[int, int]] = []
+
+    def step_ahead(self, step) -> bool:
+        if self.gate is not None:
+            self.gate.wait()
+        if step.after_lsn != self.known_watermark:
+            return False
+        for row in step.key_deltas.to_pylist():
+            self.counts[key(row)] += row["delta"]
+        self.steps.append((step.after_lsn, step.commit_lsn))
+        self.known_watermark = step.commit_lsn
+        return True
+
+
+def shipped(push: ShipAhead, after: int, *txs: list[dict], full: bool = False) -> None:
+    """A shipper batch handed on (``offer``), from a full peek or not."""
+    rows = bronze(*txs)
+    push.prepare(after, rows, KNOWN)
+    push(SimpleNamespace(after_lsn=after, commit_ts=None, full=full,
+                         commit_lsn=max(rows.column("commit_lsn").to_pylist())))
+
+
+def test_each_batch_goes_into_gold_too_from_gold_s_own_watermark():
+    board, gold = Dashboard(at=110), Gold(at=110)
+    push = ahead(board)
+    shipped(push, None, tx(110, ins(1)))                # before gold's writer started
+    push.to_gold(gold)
+    shipped(push, 110, tx(120, ins(2)), tx(130, send(2)))
+    shipped(push, 130, tx(140, w2j("T")))               # the stream's to judge
+    shipped(push, 140, tx(150, ins(3)))                 # no step goes across 140
+    push.to_gold(None)                                  # every batch handed on is in
+    assert gold.steps == [(110, 130)] and gold.counts == {key(SENDING): 1}
+    gold.known_watermark = 150                          # the stream brought gold there
+    shipped(push, 150, tx(160, ins(4)))                 # after to_gold(None): not handed
+    assert gold.known_watermark == 150
+    push.close()
+
+
+def test_gold_behind_a_batch_steps_across_the_kept_ones_once_the_stream_brings_it_to_one():
+    board, gold = Dashboard(at=100), Gold(at=90)            # gold behind: its writer's start
+    push = ahead(board)
+    push.to_gold(gold)
+    for n in range(3):
+        shipped(push, 100 + 10 * n, tx(110 + 10 * n, ins(n)))
+    push.to_gold(None)
+    assert gold.steps == []
+    gold.known_watermark = 110                          # the stream's batch ended at 110
+    push.to_gold(gold)
+    shipped(push, 130, tx(140, ins(3)))
+    push.to_gold(None)
+    assert gold.steps == [(110, 140)]                   # across 120, 130 and 140 at once
+    assert gold.counts == {key(CREATED): 3}
+    push.close()
+
+
+def test_in_a_catch_up_gold_waits_and_then_steps_across_the_batches_it_kept():
+    """Batches of full peeks are kept, not stepped (the dashboard follows, gold waits), and
+    batches handed on while gold's thread was busy go in one step."""
+    gate = threading.Event()
+    board, gold = Dashboard(at=100), Gold(at=100, gate=gate)
+    push = ahead(board)
+    push.to_gold(gold)
+    shipped(push, 100, tx(110, ins(0)))                 # held in gold's thread by the gate
+    for n in range(1, 4):
+        shipped(push, 100 + 10 * n, tx(110 + 10 * n, ins(n)), full=n < 3)
+    gate.set()
+    push.to_gold(None)
+    assert gold.steps == [(100, 110), (110, 140)]
+    push.close()

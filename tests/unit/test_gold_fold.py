@@ -37,13 +37,23 @@ def test_rows_read_back_from_deltas_hold_several_steps_and_are_summed_too():
     assert summed([]).num_rows == 0
 
 
-def test_not_folded_yet_is_after_gold_s_batch_and_at_or_past_its_floor():
-    held = pa.concat_tables([stamped(deltas((A, 1, 100)), 3), stamped(deltas((A, 1, 200)), 4),
+def test_not_folded_yet_is_past_gold_s_folded_watermark_and_at_or_past_its_floor():
+    # Steps (100], (150, 200], (200, 300]: a shipper batch's among them, batch id -1.
+    held = pa.concat_tables([stamped(deltas((A, 1, 100)), 3), stamped(deltas((A, 1, 200)), -1),
                              stamped(deltas((B, 1, 300)), 5)])
-    assert unfolded(held, 4, 0).column("batch_id").to_pylist() == [5]
+    assert unfolded(held, 200, 0).column("batch_id").to_pylist() == [5]
+    assert unfolded(held, 100, 0).column("batch_id").to_pylist() == [-1, 5]
     assert unfolded(held, None, 0).num_rows == 3
     # Rows below a rebuild's floor are inside its baseline.
     assert unfolded(held, None, 250).column("batch_id").to_pylist() == [5]
+
+
+def test_a_gold_folded_before_folds_recorded_their_watermark_is_read_by_batch():
+    held = pa.concat_tables([stamped(deltas((A, 1, 100)), 3), stamped(deltas((A, 1, 200)), 4),
+                             stamped(deltas((B, 1, 300)), 5)])
+    assert unfolded(held, None, 0, folded_batch=4).column("batch_id").to_pylist() == [5]
+    # The watermark, once recorded, decides.
+    assert unfolded(held, 100, 0, folded_batch=4).column("batch_id").to_pylist() == [4, 5]
 
 
 def test_a_fold_takes_at_most_its_share_of_the_time():

@@ -47,6 +47,7 @@ WRITER_KIND = {
     "gold.view": 1,                        # a push read from one pinned delta-rs handle
     "pipelines.source.mirror_baseline": 1,  # a baseline streamed chunk by chunk
     "pipelines.observe.query_rs": 1,       # DataFusion answers SQL only on delta-rs
+    "pipelines.run.pipeline": 1,           # gold takes the shipper's steps: appends of ms
 }
 
 
